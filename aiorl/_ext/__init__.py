@@ -1,0 +1,1 @@
+"""Compiled replay kernels (Cython). Import through `aiorl.replay`, not directly."""
