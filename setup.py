@@ -5,6 +5,7 @@ There is no pure-Python fallback build.
 """
 from pathlib import Path
 
+import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
@@ -14,6 +15,8 @@ extensions = [
     Extension(
         f"aiorl._ext.{src.stem}",
         [str(src.relative_to(HERE))],
+        # numpy headers: the C array API and numpy.random's bitgen_t.
+        include_dirs=[numpy.get_include()],
         extra_compile_args=["-O3"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )

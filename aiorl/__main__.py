@@ -1,0 +1,3 @@
+from aiorl.cli import main
+
+raise SystemExit(main())

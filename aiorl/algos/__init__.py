@@ -1,0 +1,1 @@
+"""Algorithms: one module each, exposing ``ALGORITHM`` (see aiorl.runtime.algorithm)."""

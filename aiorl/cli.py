@@ -1,0 +1,69 @@
+"""The `aiorl` command: run a config (every role locally, or one role of a cluster)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from aiorl.config import Config, ConfigError, load_config
+
+
+def _default_run_dir(cfg: Config) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.algo}-{cfg.env.id}-{stamp}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, args.set)
+        if args.role is not None:
+            from aiorl.runtime.process import run_role
+
+            limit = {"actor": cfg.cluster.actors, "memory": cfg.cluster.memories,
+                     "learner": cfg.cluster.learners}[args.role]
+            if not 0 <= args.index < limit:
+                raise ConfigError(f"--index {args.index}: this cluster has {limit} {args.role} role(s) "
+                                  f"(indices 0..{limit - 1})")
+            run_dir = Path(cfg.run.dir) if cfg.run.dir else _default_run_dir(cfg)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            return run_role(cfg, args.role, args.index, run_dir)
+        from aiorl.envs import env_spec
+        from aiorl.runtime.algorithm import get_algorithm
+
+        # Fail on an unknown env or unsupported spaces before any process starts.
+        get_algorithm(cfg.algo)(cfg, env_spec(cfg.env)).transition_spec()
+    except ConfigError as exc:
+        print(f"aiorl: config error: {exc}", file=sys.stderr)
+        return 2
+    from aiorl.launch import LocalLauncher
+
+    run_dir = Path(cfg.run.dir) if cfg.run.dir else _default_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.run.dir = str(run_dir.resolve())
+    cfg.dump(run_dir / "config.yaml")
+    if not args.quiet:
+        c = cfg.cluster
+        print(f"aiorl: {cfg.algo} on {cfg.env.id}: {c.actors} actor(s), {c.memories} memory host(s), "
+              f"{c.learners} learner(s); run directory {run_dir}", flush=True)
+    return LocalLauncher(cfg, run_dir, quiet=args.quiet).run()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aiorl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a config: every role locally, or one role with --role/--index")
+    run.add_argument("config", help="run config (YAML or JSON)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                     help="override a config value (parsed as a YAML scalar); repeatable")
+    run.add_argument("--role", choices=("actor", "memory", "learner"),
+                     help="run only this role (one-role-per-host deployments)")
+    run.add_argument("--index", type=int, default=0, help="index of the role given with --role")
+    run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,1 @@
+"""Role processes: coordinator, actor, memory host, learner, and the phases they share."""

@@ -1,0 +1,161 @@
+"""The algorithm plug-in interface the runtime drives.
+
+An algorithm is one module in `aiorl.algos` exposing ``ALGORITHM``, a subclass
+of `Algorithm`. The runtime never touches tensors or losses; it moves
+``dict[str, np.ndarray]`` batches and weight dicts between three small
+objects the algorithm builds:
+
+- `ActorPolicy` (in every actor): ``act(obs) -> actions`` for a vector of
+  envs, ``postprocess(rollout) -> (batch, priorities)`` turning raw
+  ``[T, num_envs, ...]`` env output into replay rows (n-step, GAE, ...),
+  ``flush()`` at shutdown for rows still held back, ``set_weights``.
+- `LearnerCore` (in every learner): ``step(batch) -> LearnerResult`` with
+  metrics and new priorities, ``get_weights()``, checkpoint and export.
+- the replay ``transition_spec()`` memories preallocate.
+
+Asynchronous algorithms (Ape-X) stream batches through prioritized or
+uniform replay; synchronous ones (``synchronous = True``: PPO, ES) send one
+rollout per actor per iteration, aggregated by the memories, and actors wait
+for the weights of the next iteration.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from aiorl.config import Config
+    from aiorl.envs import EnvSpec
+
+Batch = dict[str, np.ndarray]
+Spec = dict[str, tuple[tuple[int, ...], str]]
+
+
+@dataclass
+class LearnerResult:
+    """What one learner step gives back to the runtime."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    priorities: np.ndarray | None = None  # one per batch row, for prioritized replay
+    # Data-parallel learners: a peer ran out of data, so this step was not applied
+    # and the runtime stops training (it still drains what memories send).
+    stop: bool = False
+
+
+class ActorPolicy:
+    """Acting side of an algorithm, one per actor process."""
+
+    weights_version: int = -1
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def postprocess(self, rollout: Batch) -> tuple[Batch, np.ndarray | None]:
+        """Turn a ``[T, num_envs, ...]`` rollout into replay rows and optional priorities."""
+        raise NotImplementedError
+
+    def flush(self) -> tuple[Batch, np.ndarray | None]:
+        """Rows still held back (e.g. open n-step windows) when the actor stops."""
+        return {}, None
+
+    def set_weights(self, weights: dict[str, np.ndarray], version: int) -> None:
+        raise NotImplementedError
+
+
+class LearnerCore:
+    """Learning side of an algorithm, one per learner process."""
+
+    def step(self, batch: Batch) -> LearnerResult:
+        raise NotImplementedError
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def save_checkpoint(self, directory: str, counters: dict[str, int]) -> str | None:
+        """Write a checkpoint under `directory`; return its path."""
+        return None
+
+    def export_policy(self, directory: str) -> str | None:
+        """Write the acting policy for `aiorl eval`; return its path."""
+        return None
+
+    def finish(self) -> None:
+        """Called once when this learner's data has ended (after its last `step`).
+
+        Data-parallel cores use it to tell their peers to stop, so that no
+        learner waits forever in a collective; it must be idempotent with a
+        `step` that already returned ``stop=True``.
+        """
+
+    def close(self) -> None:
+        """Release what the core holds (process groups, devices)."""
+
+
+class Algorithm:
+    """Builder: one per algorithm, makes policies, learner cores and the replay spec."""
+
+    name: ClassVar[str] = ""
+    model_config: ClassVar[type] = dict
+    synchronous: ClassVar[bool] = False
+
+    def __init__(self, cfg: Config, env_spec: EnvSpec):
+        self.cfg = cfg
+        self.env_spec = env_spec
+
+    @classmethod
+    def is_synchronous(cls, cfg: Config) -> bool:
+        return cls.synchronous
+
+    @classmethod
+    def validate(cls, cfg: Config) -> None:
+        """Refuse algorithm-specific values that cannot work (raise ConfigError)."""
+
+    def transition_spec(self) -> Spec:
+        raise NotImplementedError
+
+    def make_actor(self, actor_index: int, num_actors: int, seed: int) -> ActorPolicy:
+        raise NotImplementedError
+
+    def make_learner(self, learner_index: int, num_learners: int, seed: int,
+                     rendezvous: str | None = None) -> LearnerCore:
+        """Build the learning side; called in a worker thread (it may block joining peers).
+
+        ``rendezvous`` is a ``tcp://host:port`` address for ``torch.distributed``
+        when ``num_learners > 1``, handed out by the coordinator.
+        """
+        raise NotImplementedError
+
+
+def available_algorithms() -> list[str]:
+    import aiorl.algos
+
+    return sorted(m.name for m in pkgutil.iter_modules(aiorl.algos.__path__) if not m.name.startswith("_"))
+
+
+def get_algorithm(name: str) -> type[Algorithm]:
+    """The `Algorithm` class registered as module `aiorl.algos.<name>`."""
+    from aiorl.config import ConfigError
+
+    names = available_algorithms()
+    if name not in names:
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"algo: unknown algorithm {name!r}{hint} (available: {', '.join(names)})")
+    module = importlib.import_module(f"aiorl.algos.{name}")
+    algo = getattr(module, "ALGORITHM", None)
+    if not (isinstance(algo, type) and issubclass(algo, Algorithm)):
+        raise ConfigError(f"algo: module aiorl.algos.{name} does not define ALGORITHM")
+    if not dataclasses.is_dataclass(algo.model_config) and algo.model_config is not dict:
+        raise TypeError(f"{algo.__name__}.model_config must be a dataclass")
+    return algo
+
+
+def spec_from_arrays(arrays: dict[str, Any]) -> Spec:
+    return {k: (tuple(v.shape[1:]), v.dtype.str) for k, v in arrays.items()}

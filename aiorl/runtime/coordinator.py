@@ -1,0 +1,541 @@
+"""The coordinator: registration, heartbeats, counters, stop criteria, barriers,
+the parameter store and the shutdown phases. It lives in memory host 0.
+
+Every role keeps one control connection to it. Requests (register, heartbeat,
+publish, get_weights, barrier, done, stop) are answered on that connection;
+phase changes and the final ``exit`` are pushed to every role on it.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from aiorl.config import Config
+from aiorl.runtime.barrier import Barrier, BarrierAborted
+from aiorl.runtime.phase import PHASE_OWNER, Phase, parse_role_name, role_name
+from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
+
+log = logging.getLogger("aiorl.coordinator")
+
+KINDS = ("memory", "learner", "actor")
+
+
+@dataclass
+class RoleRecord:
+    name: str
+    kind: str
+    index: int
+    conn: Connection | None = None
+    pid: int | None = None
+    host: str | None = None
+    address: tuple[str, int] | None = None  # memory hosts: where actors and learners connect
+    status: str = "expected"  # expected, running, done, lost, failed
+    reason: str | None = None
+    last_heartbeat: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        return self.status in ("expected", "running", "done")
+
+    def public(self, now: float) -> dict:
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "pid": self.pid,
+            "host": self.host,
+            "heartbeat_age_s": round(now - self.last_heartbeat, 3) if self.last_heartbeat else None,
+            "counters": self.counters,
+            "metrics": self.metrics,
+        }
+
+
+class Coordinator:
+    """Owns the run's global state; one instance, inside memory host 0."""
+
+    def __init__(self, cfg: Config, run_dir: str | Path, token: bytes, ssl=None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.token = token
+        self.ssl = ssl
+        self.config_hash = cfg.config_hash()
+        c = cfg.cluster
+        self.roles: dict[str, RoleRecord] = {}
+        for kind, count in (("memory", c.memories), ("learner", c.learners), ("actor", c.actors)):
+            for i in range(count):
+                self.roles[role_name(kind, i)] = RoleRecord(role_name(kind, i), kind, i)
+        self.phase = Phase.STARTING
+        self.phase_changed = asyncio.Event()
+        self.phase_times: list[dict] = []
+        self.started = asyncio.Event()
+        self.stop_reason: str | None = None
+        self.stop_event = asyncio.Event()
+        self.failures: list[str] = []
+        self.role_changed = asyncio.Event()  # any status change: phase waits re-check
+        self.weights: dict[str, np.ndarray] = {}
+        self.weights_version = -1
+        self.weights_changed = asyncio.Condition()
+        self.weights_published: list[tuple[int, float]] = []  # (version, time.monotonic()), bounded
+        self.barriers: dict[str, Barrier] = {}
+        self.returns = collections.deque(maxlen=100)
+        self.episodes = 0
+        self.server: Server | None = None
+        self.rendezvous: str | None = None
+        self.t_start = time.time()
+        self.t_running: float | None = None
+        self._metrics_file = None
+        self._last_metrics: tuple[float, int, int] | None = None
+
+    def __repr__(self) -> str:
+        alive = sum(r.live for r in self.roles.values())
+        return f"<Coordinator phase={self.phase.name} roles={alive}/{len(self.roles)} weights_v={self.weights_version}>"
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def env_steps(self) -> int:
+        return sum(r.counters.get("env_steps", 0) for r in self.roles.values())
+
+    @property
+    def learner_steps(self) -> int:
+        return sum(r.counters.get("learner_steps", 0) for r in self.roles.values())
+
+    def _check_stop_criteria(self) -> None:
+        if self.phase != Phase.RUNNING or self.stop_event.is_set():
+            return
+        a = self.cfg.agent
+        if a.scheduled_timesteps is not None and self.env_steps >= a.scheduled_timesteps:
+            self.begin_stop(f"reached scheduled_timesteps ({self.env_steps} >= {a.scheduled_timesteps})")
+        elif a.scheduled_global_steps is not None and self.learner_steps >= a.scheduled_global_steps:
+            self.begin_stop(
+                f"reached scheduled_global_steps ({self.learner_steps} >= {a.scheduled_global_steps})"
+            )
+        elif a.target_return is not None and len(self.returns) >= min(100, self.returns.maxlen):
+            mean = float(np.mean(self.returns))
+            if mean >= a.target_return:
+                self.begin_stop(f"mean return of the last {len(self.returns)} episodes {mean:.1f} "
+                                f">= target_return {a.target_return}")
+
+    def begin_stop(self, reason: str, failed: bool = False) -> None:
+        if failed:
+            self.failures.append(reason)
+        if self.stop_event.is_set():
+            return
+        log.info("stopping: %s", reason)
+        self.stop_reason = reason
+        self.stop_event.set()
+
+    # ------------------------------------------------------------------ serving
+
+    def _pick_rendezvous(self, host: str) -> str | None:
+        """A tcp:// address for torch.distributed among data-parallel learners."""
+        c = self.cfg.cluster
+        if c.learners < 2:
+            return None
+        if c.rendezvous_port:
+            port = c.rendezvous_port
+        else:
+            with socket.socket() as s:  # a free port now; learner 0 binds it moments later
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        return f"tcp://{c.advertise_host or host}:{port}"
+
+    async def start(self, host: str, port: int) -> int:
+        self.rendezvous = self._pick_rendezvous(host)
+        self.server = await serve(self._on_connection, host=host, port=port, token=self.token,
+                                  name="coordinator", ssl=self.ssl)
+        return self.server.port
+
+    async def _on_connection(self, conn: Connection) -> None:
+        record: RoleRecord | None = None
+        # Requests that wait (start, barrier, weights of a version) get a task each so
+        # the heartbeats on this connection keep being answered; they end with it.
+        waiters: set[asyncio.Task] = set()
+        try:
+            async for msg in conn:
+                if record is None and msg.kind == "register":
+                    record = await self._register(conn, msg)
+                    continue
+                if msg.kind == "status":
+                    await conn.reply(msg, meta=self.status())
+                    continue
+                if record is None:
+                    await self._reply_error(conn, msg, f"{msg.kind!r} before register")
+                    return
+                waiter = await self._dispatch(record, conn, msg)
+                if waiter is not None:
+                    waiters.add(waiter)
+                    waiter.add_done_callback(waiters.discard)
+        except ConnectionClosed:
+            pass
+        finally:
+            for waiter in list(waiters):
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            if record is not None and record.conn is conn:
+                self._connection_lost(record)
+
+    async def _reply_error(self, conn: Connection, msg: Message, reason: str) -> None:
+        if msg.request_id is not None:
+            try:
+                await conn.reply_error(msg, reason)
+            except ConnectionClosed:
+                pass
+
+    async def _register(self, conn: Connection, msg: Message) -> RoleRecord | None:
+        meta = msg.meta
+        name = str(meta.get("role", ""))
+        record = self.roles.get(name)
+        reason = None
+        if record is None:
+            reason = (f"unknown role {name!r}: this cluster has {self.cfg.cluster.actors} actors, "
+                      f"{self.cfg.cluster.memories} memories, {self.cfg.cluster.learners} learners")
+        elif meta.get("config_hash") != self.config_hash:
+            reason = (f"config hash mismatch: {name} runs config {meta.get('config_hash')}, the coordinator "
+                      f"runs {self.config_hash}; start every role with the same config")
+        elif record.status != "expected":
+            reason = f"{name} is already registered (status {record.status})"
+        elif self.phase != Phase.STARTING:
+            reason = f"{name} registered too late: the run is in phase {self.phase.name}"
+        if reason is not None:
+            log.warning("refused registration from %s: %s", conn.peer, reason)
+            await conn.reply_error(msg, reason)
+            await conn.close()
+            return None
+        record.conn = conn
+        record.pid = meta.get("pid")
+        record.host = meta.get("host")
+        address = meta.get("address")
+        record.address = (str(address[0]), int(address[1])) if address else None
+        record.status = "running"
+        record.last_heartbeat = asyncio.get_running_loop().time()
+        log.info("registered %s (pid %s, %s)", name, record.pid, conn.peer)
+        await conn.reply(msg, meta={"phase": int(self.phase), "config_hash": self.config_hash})
+        if all(r.status == "running" for r in self.roles.values()):
+            self.started.set()
+        return record
+
+    def _connection_lost(self, record: RoleRecord) -> None:
+        record.conn = None
+        if record.status == "running":
+            self._mark(record, "lost", "its connection to the coordinator closed before it reported done")
+
+    def _mark(self, record: RoleRecord, status: str, reason: str) -> None:
+        record.status = status
+        record.reason = reason
+        log.warning("%s %s: %s", record.name, status, reason)
+        self.role_changed.set()
+        for barrier in self.barriers.values():
+            barrier.remove(record.name)
+        if status in ("lost", "failed"):
+            self._role_failed(record)
+
+    def _role_failed(self, record: RoleRecord) -> None:
+        kind_alive = [r for r in self.roles.values() if r.kind == record.kind and r.live]
+        if record.kind == "actor" and self.phase <= Phase.RUNNING:
+            if not kind_alive:
+                self.begin_stop("every actor is gone", failed=True)
+            else:
+                self.failures.append(f"{record.name} {record.status}: {record.reason}")
+            return
+        if record.kind == "actor":
+            self.failures.append(f"{record.name} {record.status}: {record.reason}")
+            return
+        # Losing a learner or a memory host loses data or learning: end the run.
+        self.begin_stop(f"{record.name} {record.status}: {record.reason}", failed=True)
+
+    async def _dispatch(self, record: RoleRecord, conn: Connection, msg: Message) -> asyncio.Task | None:
+        kind = msg.kind
+        if kind == "heartbeat":
+            self._heartbeat(record, msg.meta)
+            await conn.reply(msg, meta={"phase": int(self.phase), "weights_version": self.weights_version})
+        elif kind == "wait_start":
+            return asyncio.create_task(self._answer_start(conn, msg))
+        elif kind == "publish":
+            await self._publish(record, conn, msg)
+        elif kind == "get_weights":
+            return asyncio.create_task(self._answer_weights(conn, msg))
+        elif kind == "barrier":
+            return asyncio.create_task(self._answer_barrier(record, conn, msg))
+        elif kind == "done":
+            self._heartbeat(record, msg.meta)
+            record.stats = dict(msg.meta.get("stats", {}))
+            if record.status == "running":
+                record.status = "done"
+                log.info("%s done", record.name)
+                self.role_changed.set()
+            await conn.reply(msg)
+        elif kind == "fail":
+            reason = str(msg.meta.get("reason", "no reason given"))
+            self._mark(record, "failed", reason)
+            await conn.reply(msg)
+        elif kind == "stop":
+            self.begin_stop(f"{record.name} asked to stop ({msg.meta.get('reason', 'no reason')})")
+            await conn.reply(msg)
+        else:
+            await self._reply_error(conn, msg, f"unknown control message {kind!r}")
+        return None
+
+    def _heartbeat(self, record: RoleRecord, meta: dict) -> None:
+        record.last_heartbeat = asyncio.get_running_loop().time()
+        counters = meta.get("counters")
+        if counters:
+            record.counters = {str(k): int(v) for k, v in counters.items()}
+        metrics = meta.get("metrics")
+        if metrics:
+            record.metrics = metrics
+        returns = meta.get("episode_returns")
+        if returns:
+            self.returns.extend(float(r) for r in returns)
+            self.episodes += len(returns)
+        self._check_stop_criteria()
+
+    async def _answer_start(self, conn: Connection, msg: Message) -> None:
+        try:
+            await self.started.wait()
+            memories = [self.roles[role_name("memory", i)].address for i in range(self.cfg.cluster.memories)]
+            await conn.reply(msg, meta={"memories": [list(a) for a in memories],
+                                        "rendezvous": self.rendezvous, "phase": int(self.phase)})
+        except ConnectionClosed:
+            pass
+
+    async def _publish(self, record: RoleRecord, conn: Connection, msg: Message) -> None:
+        if record.name != "learner-0":
+            await conn.reply_error(msg, f"only learner-0 publishes weights, not {record.name}")
+            return
+        async with self.weights_changed:
+            # The arrays are views over the received frame: keeping them is free.
+            self.weights = dict(msg.arrays)
+            self.weights_version += 1
+            self.weights_published.append((self.weights_version, time.monotonic()))
+            del self.weights_published[:-1000]
+            self.weights_changed.notify_all()
+        await conn.reply(msg, meta={"version": self.weights_version})
+
+    async def _answer_weights(self, conn: Connection, msg: Message) -> None:
+        """Reply with the weights if newer than ``have``; with ``min_version``, wait for it."""
+        have = int(msg.meta.get("have", -1))
+        min_version = msg.meta.get("min_version")
+        try:
+            if min_version is not None:
+                async with self.weights_changed:
+                    await self.weights_changed.wait_for(
+                        lambda: self.weights_version >= int(min_version) or self.phase > Phase.RUNNING
+                    )
+                if self.weights_version < int(min_version):
+                    await conn.reply(msg, meta={"version": self.weights_version, "stop": True})
+                    return
+            if self.weights_version > have:
+                await conn.reply(msg, meta={"version": self.weights_version}, arrays=self.weights)
+            else:
+                await conn.reply(msg, meta={"version": self.weights_version})
+        except ConnectionClosed:
+            pass
+
+    async def _answer_barrier(self, record: RoleRecord, conn: Connection, msg: Message) -> None:
+        name = str(msg.meta.get("name", "default"))
+        barrier = self.barriers.get(name)
+        if barrier is None:
+            live = [r.name for r in self.roles.values() if r.kind == record.kind and r.status == "running"]
+            barrier = self.barriers[name] = Barrier(live)
+        try:
+            await barrier.wait(record.name, int(msg.meta["generation"]))
+            await conn.reply(msg, meta={"generation": int(msg.meta["generation"])})
+        except (BarrierAborted, ValueError, KeyError) as exc:
+            await self._reply_error(conn, msg, f"barrier {name!r}: {exc}")
+        except ConnectionClosed:
+            pass
+
+    # ------------------------------------------------------------------ phases
+
+    async def broadcast(self, kind: str, meta: dict) -> None:
+        async def send(record: RoleRecord) -> None:
+            try:
+                await record.conn.send(kind, meta)
+            except ConnectionClosed:
+                pass
+
+        targets = [r for r in self.roles.values() if r.conn is not None]
+        await asyncio.gather(*(send(r) for r in targets))
+
+    async def _set_phase(self, phase: Phase) -> None:
+        self.phase = phase
+        self.phase_times.append({"phase": phase.name, "time": time.time()})
+        log.info("phase %s", phase.name)
+        self.phase_changed.set()
+        self.phase_changed = asyncio.Event()
+        async with self.weights_changed:
+            self.weights_changed.notify_all()  # actors waiting for weights learn the run stopped
+        if phase > Phase.RUNNING:
+            for barrier in self.barriers.values():
+                barrier.abort(f"the run is {phase.name}")
+        await self.broadcast("phase", {"phase": int(phase), "reason": self.stop_reason})
+
+    async def _wait_roles(self, kind: str | None, deadline_s: float, what: str) -> None:
+        """Wait until every live role of `kind` reported done; mark late ones failed."""
+
+        def pending():
+            return [r for r in self.roles.values()
+                    if (kind is None or r.kind == kind) and r.status == "running"]
+
+        try:
+            async with asyncio.timeout(deadline_s):
+                while pending():
+                    self.role_changed.clear()
+                    await self.role_changed.wait()
+        except TimeoutError:
+            for record in pending():
+                self._mark(record, "failed", f"missed the {what} deadline ({deadline_s:g} s)")
+                if record.conn is not None:
+                    await self._send_exit(record, ok=False)
+
+    async def _send_exit(self, record: RoleRecord, ok: bool) -> None:
+        try:
+            await record.conn.send("exit", {"ok": ok, "role_ok": record.status == "done",
+                                            "reason": record.reason})
+        except ConnectionClosed:
+            pass
+
+    async def run(self) -> bool:
+        """Drive the phases of the run; return True when it ended cleanly."""
+        c = self.cfg.cluster
+        metrics_task = asyncio.create_task(self._metrics_loop())
+        monitor_task = asyncio.create_task(self._heartbeat_monitor())
+        try:
+            try:
+                async with asyncio.timeout(c.start_timeout_s):
+                    await self.started.wait()
+            except TimeoutError:
+                missing = sorted(r.name for r in self.roles.values() if r.status != "running")
+                self.begin_stop(f"roles did not register within cluster.start_timeout_s "
+                                f"({c.start_timeout_s:g} s): {', '.join(missing)}", failed=True)
+                for record in self.roles.values():
+                    if record.status == "expected":
+                        self._mark(record, "lost", "never registered")
+            if not self.stop_event.is_set():
+                self.t_running = time.time()
+                await self._set_phase(Phase.RUNNING)
+                try:
+                    async with asyncio.timeout(self.cfg.run.max_seconds):
+                        await self.stop_event.wait()
+                except TimeoutError:
+                    self.begin_stop(f"reached run.max_seconds ({self.cfg.run.max_seconds:g} s)")
+            for phase in (Phase.STOPPING, Phase.DRAINING, Phase.CLOSING):
+                await self._set_phase(phase)
+                await self._wait_roles(PHASE_OWNER[phase], c.phase_timeout_s, phase.name)
+            ok = not self.failures and all(r.status == "done" for r in self.roles.values())
+            self.phase = Phase.EXITED
+            self.phase_times.append({"phase": "EXITED", "time": time.time()})
+            self.write_summary(ok)
+            for record in self.roles.values():
+                if record.conn is not None:
+                    await self._send_exit(record, ok)
+            return ok
+        finally:
+            metrics_task.cancel()
+            monitor_task.cancel()
+            await asyncio.gather(metrics_task, monitor_task, return_exceptions=True)
+            self._write_metrics_row()
+            if self._metrics_file is not None:
+                self._metrics_file.close()
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Let roles read their exit message, then close every connection."""
+        conns = [r.conn for r in self.roles.values() if r.conn is not None]
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(conn.wait_closed() for conn in conns))
+        except TimeoutError:
+            pass
+        if self.server is not None:
+            await self.server.close()
+
+    async def _heartbeat_monitor(self) -> None:
+        c = self.cfg.cluster
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(c.heartbeat_interval_s)
+            now = loop.time()
+            for record in self.roles.values():
+                if record.status == "running" and now - record.last_heartbeat > c.heartbeat_timeout_s:
+                    self._mark(record, "lost", f"no heartbeat for {now - record.last_heartbeat:.1f} s "
+                                               f"(cluster.heartbeat_timeout_s {c.heartbeat_timeout_s:g})")
+                    if record.conn is not None:
+                        record.conn.abort()
+
+    # ------------------------------------------------------------------ reporting
+
+    def status(self) -> dict:
+        now = asyncio.get_running_loop().time()
+        return {
+            "phase": self.phase.name,
+            "stop_reason": self.stop_reason,
+            "elapsed_s": round(time.time() - self.t_start, 3),
+            "env_steps": self.env_steps,
+            "learner_steps": self.learner_steps,
+            "episodes": self.episodes,
+            "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
+            "weights_version": self.weights_version,
+            "roles": {name: r.public(now) for name, r in self.roles.items()},
+        }
+
+    def _write_metrics_row(self) -> None:
+        if self._metrics_file is None:
+            self._metrics_file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        now = time.time()
+        env_steps, learner_steps = self.env_steps, self.learner_steps
+        row = {
+            "time_s": round(now - self.t_start, 3),
+            "phase": self.phase.name,
+            "env_steps": env_steps,
+            "learner_steps": learner_steps,
+            "episodes": self.episodes,
+            "return_mean_100": round(float(np.mean(self.returns)), 4) if self.returns else None,
+            "weights_version": self.weights_version,
+            "roles_alive": sum(r.status in ("running", "done") for r in self.roles.values()),
+            "replay_size": sum(r.metrics.get("replay_size", 0) for r in self.roles.values() if r.kind == "memory"),
+        }
+        if self._last_metrics is not None:
+            t0, e0, l0 = self._last_metrics
+            dt = max(now - t0, 1e-9)
+            row["env_steps_per_s"] = round((env_steps - e0) / dt, 2)
+            row["learner_steps_per_s"] = round((learner_steps - l0) / dt, 2)
+        self._last_metrics = (now, env_steps, learner_steps)
+        self._metrics_file.write(json.dumps(row) + "\n")
+
+    async def _metrics_loop(self) -> None:
+        while True:
+            self._write_metrics_row()
+            await asyncio.sleep(self.cfg.run.metrics_interval_s)
+
+    def write_summary(self, ok: bool) -> None:
+        summary = {
+            "ok": ok,
+            "stop_reason": self.stop_reason,
+            "failures": self.failures,
+            "phases": self.phase_times,
+            "env_steps": self.env_steps,
+            "learner_steps": self.learner_steps,
+            "episodes": self.episodes,
+            "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
+            "weights_version": self.weights_version,
+            "weights_published_monotonic": self.weights_published,
+            "roles": {name: {"status": r.status, "reason": r.reason, "pid": r.pid,
+                             "counters": r.counters, "stats": r.stats}
+                      for name, r in self.roles.items()},
+        }
+        path = self.run_dir / "summary.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary, indent=1, default=str))
+        os.replace(tmp, path)

@@ -1,0 +1,213 @@
+"""Learner: pulls batches from every memory with credits, trains, ships
+priorities back to the memory each batch came from, and (learner 0) publishes
+weights, checkpoints and exports the policy.
+
+Training runs in a worker thread (torch releases the GIL), so heartbeats and
+incoming batches keep flowing while a step computes. A learner holds at most
+``cluster.learner_credits`` batches requested-but-unconsumed per memory: no
+learner starves whatever the learner/memory counts, and memories never sample
+ahead of demand.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+
+from aiorl.envs import env_spec
+from aiorl.runtime.algorithm import get_algorithm
+from aiorl.runtime.phase import Phase
+from aiorl.runtime.role import Role
+from aiorl.wire import Connection, ConnectionClosed, connect
+
+_END = None
+
+
+class LearnerRole(Role):
+    kind = "learner"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.memories: list[Connection] = []
+        self.queue: asyncio.Queue = asyncio.Queue()  # bounded by the credits granted
+        self.per_memory: list[dict] = []
+        self.counters = {"learner_steps": 0}
+        self.last_metrics: dict = {}
+        self.wait_s = 0.0
+        self.train_s = 0.0
+        self._publish: asyncio.Task | None = None
+        self.published = 0
+        self.checkpoints: list[str] = []
+        self.stopped = False  # a data-parallel peer ran out of data: no more steps
+        self.unused_batches = 0
+
+    def metrics(self) -> dict:
+        return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3)}
+
+    async def cleanup(self) -> None:
+        for conn in self.memories:
+            conn.abort()
+
+    def beta(self) -> float:
+        a = self.cfg.agent
+        if a.prioritized_replay_beta_final is None or not a.scheduled_global_steps:
+            return a.prioritized_replay_beta
+        frac = min(1.0, self.counters["learner_steps"] / a.scheduled_global_steps)
+        return a.prioritized_replay_beta + frac * (a.prioritized_replay_beta_final - a.prioritized_replay_beta)
+
+    async def main(self) -> dict:
+        cfg = self.cfg
+        algo = get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+        self.core = await asyncio.to_thread(
+            algo.make_learner, self.index, cfg.cluster.learners, cfg.run.seed + 100 * (self.index + 1),
+            self.start_info.get("rendezvous"))
+        for host, port in self.start_info["memories"]:
+            self.memories.append(await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client))
+        self.per_memory = [{"batches": 0, "priority_messages": 0, "priorities": 0} for _ in self.memories]
+        if self.index == 0:
+            await self._publish_weights()  # version 0: actors start from the learner's weights
+        async with asyncio.TaskGroup() as tg:
+            for m, conn in enumerate(self.memories):
+                tg.create_task(self._reader(m, conn))
+            if algo.is_synchronous(cfg):
+                await self._sync_loop()
+            else:
+                await self._async_loop()
+        await asyncio.to_thread(self.core.finish)
+        for m, conn in enumerate(self.memories):
+            await conn.send("learner_done", {"learner": self.index, **self.per_memory[m]})
+        if self.index == 0:
+            await self._finish_outputs()
+        await asyncio.to_thread(self.core.close)
+        return {"learner_steps": self.counters["learner_steps"], "memories": self.per_memory,
+                "published": self.published, "checkpoints": self.checkpoints,
+                "unused_batches": self.unused_batches}
+
+    async def _reader(self, m: int, conn: Connection) -> None:
+        try:
+            async for msg in conn:
+                if msg.kind == "samples":
+                    self.queue.put_nowait((m, msg))
+                elif msg.kind == "end":
+                    break
+                else:
+                    self.log.warning("ignored %r from memory %d", msg.kind, m)
+        except ConnectionClosed as exc:
+            self.log.error("lost memory %d: %s", m, exc)
+        self.queue.put_nowait((m, _END))
+
+    async def _train(self, m: int | None, batch: dict) -> None:
+        if self.stopped:
+            self.unused_batches += 1
+            return
+        t0 = time.perf_counter()
+        step = self.counters["learner_steps"] + 1
+        try:
+            result = await asyncio.to_thread(self.core.step, batch)
+        except Exception as exc:
+            source = f"memory-{m}" if m is not None else "every memory (synchronous aggregate)"
+            raise RuntimeError(f"learner step {step} on a batch from {source}: {exc}") from exc
+        self.train_s += time.perf_counter() - t0
+        if result.stop:
+            self.stopped = True
+            self.unused_batches += 1
+            self.log.info("a data-parallel peer ran out of data; stopping after %d steps", step - 1)
+            return
+        self.counters["learner_steps"] += 1
+        self.last_metrics = {k: float(v) for k, v in result.metrics.items()}
+        if m is not None:
+            self.per_memory[m]["batches"] += 1
+            if result.priorities is not None and "generations" in batch:
+                await self.memories[m].send("priorities", {}, {
+                    "indices": batch["indices"], "generations": batch["generations"],
+                    "priorities": np.asarray(result.priorities, np.float64)})
+                self.per_memory[m]["priority_messages"] += 1
+                self.per_memory[m]["priorities"] += len(batch["indices"])
+        steps = self.counters["learner_steps"]
+        every = self.cfg.run.checkpoint_every
+        if self.index == 0 and every and steps % every == 0:
+            await self._checkpoint()
+
+    async def _next(self):
+        t0 = time.perf_counter()
+        item = await self.queue.get()
+        self.wait_s += time.perf_counter() - t0
+        return item
+
+    async def _async_loop(self) -> None:
+        credits = self.cfg.cluster.learner_credits
+        for conn in self.memories:
+            await conn.send("credit", {"n": credits, "beta": self.beta()})
+        ended = 0
+        while ended < len(self.memories):
+            m, msg = await self._next()
+            if msg is _END:
+                ended += 1
+                continue
+            await self._train(m, msg.arrays)
+            try:
+                await self.memories[m].send("credit", {"n": 1, "beta": self.beta()})
+            except ConnectionClosed:
+                pass  # that memory is gone; its reader reports it
+            if (self.index == 0 and self.counters["learner_steps"] % self.cfg.agent.publish_interval == 0
+                    and (self._publish is None or self._publish.done())):
+                self._publish = asyncio.create_task(self._publish_weights())
+        if self._publish is not None:
+            await self._publish
+
+    async def _sync_loop(self) -> None:
+        """Iteration k: one aggregate from every memory, one step, publish version k+1."""
+        iteration = 0
+        open_memories = set(range(len(self.memories)))
+        while open_memories:
+            for m in open_memories:
+                await self.memories[m].send("credit", {"n": 1, "iteration": iteration})
+            parts = []
+            waiting = set(open_memories)
+            while waiting:
+                m, msg = await self._next()
+                if msg is _END:
+                    open_memories.discard(m)
+                    waiting.discard(m)
+                    continue
+                waiting.discard(m)
+                self.per_memory[m]["batches"] += 1
+                if not msg.meta.get("empty"):
+                    parts.append(msg.arrays)
+            if waiting or len(parts) == 0 or open_memories != set(range(len(self.memories))):
+                break  # the run is draining: an incomplete iteration is not trained on
+            batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            await self._train(None, batch)
+            if self.index == 0:
+                await self._publish_weights()
+            iteration += 1
+        # Drain the ends of memories still open.
+        while open_memories:
+            m, msg = await self._next()
+            if msg is _END:
+                open_memories.discard(m)
+
+    async def _publish_weights(self) -> None:
+        weights = self.core.get_weights()
+        reply = await self._request_or_lost("publish", {"learner_steps": self.counters["learner_steps"]},
+                                            arrays=weights)
+        self.published += 1
+        self.log.debug("published weights version %s", reply.meta.get("version"))
+
+    async def _checkpoint(self) -> None:
+        directory = self.run_dir / "checkpoints"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = await asyncio.to_thread(self.core.save_checkpoint, str(directory), dict(self.counters))
+        if path:
+            self.checkpoints.append(str(path))
+
+    async def _finish_outputs(self) -> None:
+        await self._publish_weights()
+        await self._checkpoint()
+        directory = self.run_dir / "policy"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = await asyncio.to_thread(self.core.export_policy, str(directory))
+        if path:
+            self.log.info("exported policy to %s", path)

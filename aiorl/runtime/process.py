@@ -1,0 +1,114 @@
+"""Entry point of one role process: logging, token, TLS, the uvloop runner.
+
+Memory host 0 runs the coordinator in the same event loop as its replay.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import ssl
+import sys
+from pathlib import Path
+
+from aiorl.config import Config
+from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, role_name
+from aiorl.wire import load_token
+
+ROLE_KINDS = ("actor", "memory", "learner")
+
+
+def setup_logging(run_dir: Path, name: str, level: str) -> None:
+    """One log file per role, plus warnings on stderr, every line prefixed by the role."""
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(level.upper())
+    file_handler = logging.FileHandler(logs / f"{name}.log")
+    file_handler.setFormatter(fmt)
+    root.addHandler(file_handler)
+    err = logging.StreamHandler(sys.stderr)
+    err.setLevel(logging.WARNING)
+    err.setFormatter(logging.Formatter(f"{name} %(levelname)s: %(message)s"))
+    root.addHandler(err)
+
+
+def tls_contexts(cfg: Config) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """(client, server) contexts when cluster.tls_cert is set, else (None, None)."""
+    c = cfg.cluster
+    if not c.tls_cert:
+        return None, None
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(c.tls_cert, c.tls_key)
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=c.tls_ca or c.tls_cert)
+    client.check_hostname = False  # peers are addressed by IP; the CA pins them
+    return client, server
+
+
+def cluster_token(cfg: Config, run_dir: Path) -> bytes:
+    path = cfg.run.token_file
+    if path is None and (run_dir / "token").exists():
+        path = run_dir / "token"
+    return load_token(path)
+
+
+async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl_server) -> int:
+    from aiorl.runtime.coordinator import Coordinator
+    from aiorl.runtime.memory import MemoryRole
+
+    coordinator = Coordinator(cfg, run_dir, token, ssl=ssl_server)
+    port = await coordinator.start(cfg.cluster.host, cfg.cluster.port)
+    cfg.cluster.port = port
+    address = {"host": cfg.cluster.advertise_host or cfg.cluster.host, "port": port, "pid": os.getpid()}
+    tmp = run_dir / "coordinator.json.tmp"
+    tmp.write_text(json.dumps(address))
+    os.replace(tmp, run_dir / "coordinator.json")
+    logging.getLogger("aiorl.coordinator").info("coordinator listening on %s:%s", cfg.cluster.host, port)
+    memory = MemoryRole(cfg, 0, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server,
+                        coordinator=coordinator)
+    async with asyncio.TaskGroup() as tg:
+        run_ok = tg.create_task(coordinator.run())
+        memory_code = tg.create_task(memory.run())
+        await run_ok
+        await coordinator.close(timeout_s=cfg.cluster.coordinator_timeout_s)
+    code = memory_code.result()
+    if code == EXIT_OK and not run_ok.result():
+        return EXIT_FAILED
+    return code
+
+
+async def _run_role(cfg: Config, kind: str, index: int, run_dir: Path) -> int:
+    token = cluster_token(cfg, run_dir)
+    ssl_client, ssl_server = tls_contexts(cfg)
+    if kind == "memory" and index == 0:
+        return await _run_memory0(cfg, run_dir, token, ssl_client, ssl_server)
+    if kind == "memory":
+        from aiorl.runtime.memory import MemoryRole as cls
+    elif kind == "learner":
+        from aiorl.runtime.learner import LearnerRole as cls
+    else:
+        from aiorl.runtime.actor import ActorRole as cls
+    return await cls(cfg, index, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server).run()
+
+
+def run_role(cfg: Config, kind: str, index: int, run_dir: str | Path) -> int:
+    """Run one role to its end in this process; return its exit code."""
+    import uvloop
+
+    run_dir = Path(run_dir)
+    name = role_name(kind, index)
+    setup_logging(run_dir, name, cfg.run.log_level)
+    log = logging.getLogger(f"aiorl.{name}")
+    log.info("starting (pid %d)", os.getpid())
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            code = runner.run(_run_role(cfg, kind, index, run_dir))
+    except Exception:
+        log.exception("crashed")
+        code = EXIT_FAILED
+    log.info("exit code %d", code)
+    logging.shutdown()
+    return code

@@ -1,0 +1,89 @@
+"""Start real `aiorl run` clusters (real processes, real TCP on loopback) for tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+FAST_CLUSTER = {
+    "heartbeat_interval_s": 0.2,
+    "heartbeat_timeout_s": 5.0,
+    "coordinator_timeout_s": 3.0,
+    "start_timeout_s": 60.0,
+    "phase_timeout_s": 20.0,
+}
+
+
+def write_config(tmp_path: Path, config: dict) -> tuple[Path, Path]:
+    run_dir = tmp_path / "run"
+    config = json.loads(json.dumps(config))
+    config.setdefault("run", {})["dir"] = str(run_dir)
+    config.setdefault("cluster", {})
+    for key, value in FAST_CLUSTER.items():
+        config["cluster"].setdefault(key, value)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path, run_dir
+
+
+def start(tmp_path: Path, config: dict, *extra: str) -> tuple[subprocess.Popen, Path]:
+    path, run_dir = write_config(tmp_path, config)
+    proc = subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--quiet", *extra],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, run_dir
+
+
+def finish(proc: subprocess.Popen, timeout_s: float = 180.0) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"aiorl run did not finish within {timeout_s} s:\n{out}")
+    return proc.returncode, out
+
+
+def run(tmp_path: Path, config: dict, timeout_s: float = 180.0) -> tuple[int, str, Path]:
+    proc, run_dir = start(tmp_path, config)
+    code, out = finish(proc, timeout_s)
+    return code, out, run_dir
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
+    """Wait on a condition; the timeout only bounds a hang."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text())
+
+
+def pids(run_dir: Path) -> dict[str, int]:
+    return wait_for(lambda: (run_dir / "pids.json").exists() and read_json(run_dir / "pids.json"),
+                    60, "pids.json")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def last_metrics(run_dir: Path) -> dict | None:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    lines = [l for l in path.read_text().splitlines() if l.strip()]
+    return json.loads(lines[-1]) if lines else None

@@ -1,0 +1,148 @@
+"""Acceptance tests of the runtime: real role processes over real TCP on loopback."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from cluster_helpers import alive, finish, last_metrics, pids, read_json, run, start, wait_for
+
+pytestmark = pytest.mark.cluster
+
+ASYNC = {
+    "algo": "random_agent",
+    "env": {"id": "CartPole-v1", "num_envs": 2},
+    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200,
+              "publish_interval": 5},
+    "model": {"n_step": 3, "gamma": 0.99},
+}
+
+
+def cluster(actors, memories, learners, **agent):
+    config = {**ASYNC, "cluster": {"actors": actors, "memories": memories, "learners": learners}}
+    config["agent"] = {**ASYNC["agent"], **agent}
+    return config
+
+
+def test_2x2x2_run_reaches_schedule_loses_nothing_and_leaves_no_process(tmp_path):
+    code, out, run_dir = run(tmp_path, cluster(2, 2, 2, scheduled_timesteps=6000))
+    assert code == 0, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["ok"] and summary["env_steps"] >= 6000
+    assert [p["phase"] for p in summary["phases"]] == ["RUNNING", "STOPPING", "DRAINING", "CLOSING", "EXITED"]
+    roles = summary["roles"]
+    assert all(r["status"] == "done" for r in roles.values())
+    assert set(read_json(run_dir / "exits.json").values()) == {0}
+
+    # Every learner was fed by both memories.
+    for learner in ("learner-0", "learner-1"):
+        batches = [m["batches"] for m in roles[learner]["stats"]["memories"]]
+        assert len(batches) == 2 and min(batches) > 0, (learner, batches)
+
+    # Nothing lost: every transition an actor sent was inserted exactly once, in sequence.
+    memories = {name: roles[name]["stats"] for name in ("memory-0", "memory-1")}
+    total_sent = 0
+    for actor in ("actor-0", "actor-1"):
+        sent = roles[actor]["stats"]["memories"]
+        for m, memory in enumerate(("memory-0", "memory-1")):
+            received = memories[memory]["actors"][actor]
+            assert received["transitions"] == sent[m]["transitions"] > 0
+            assert received["batches"] == received["next_seq"] == sent[m]["batches"]
+            assert received["seq_errors"] == 0 and received["finished"]
+            total_sent += sent[m]["transitions"]
+    assert sum(m["inserted"] for m in memories.values()) == total_sent
+
+    # Every priority update sent was applied or counted stale.
+    for learner in ("learner-0", "learner-1"):
+        sent = roles[learner]["stats"]["memories"]
+        for m, memory in enumerate(("memory-0", "memory-1")):
+            got = memories[memory]["learners"][learner]
+            assert got["priority_messages"] == sent[m]["priority_messages"] > 0
+            assert got["priorities_applied"] + got["priorities_stale"] == sent[m]["priorities"]
+
+    # Outputs of the run directory.
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints/checkpoint.npz"):
+        assert (run_dir / name).exists(), name
+    for role in roles:
+        assert (run_dir / "logs" / f"{role}.log").exists()
+    assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
+
+
+def test_learners_outnumbering_memories_all_get_batches(tmp_path):
+    code, out, run_dir = run(tmp_path, cluster(1, 1, 3, scheduled_global_steps=30))
+    assert code == 0, out
+    roles = read_json(run_dir / "summary.json")["roles"]
+    for i in range(3):
+        assert roles[f"learner-{i}"]["stats"]["memories"][0]["batches"] > 0
+
+
+def test_sync_barrier_no_iteration_starts_before_its_weights(tmp_path):
+    actors, iterations, steps = 3, 6, 8
+    config = cluster(actors, 2, 1, scheduled_timesteps=actors * iterations * steps * 2, sample_batch_size=steps)
+    config["model"] = {"synchronous": True}
+    code, out, run_dir = run(tmp_path, config)
+    assert code == 0, out
+    summary = read_json(run_dir / "summary.json")
+    published = dict(summary["weights_published_monotonic"])
+    for a in range(actors):
+        log = summary["roles"][f"actor-{a}"]["stats"]["iterations"]
+        assert len(log) >= iterations
+        for k, entry in enumerate(log):
+            assert entry["iteration"] == k
+            assert entry["weights_version"] == k  # iteration k acts with version k
+            assert entry["started_monotonic"] >= published[k]
+
+
+def test_sigkill_an_actor_the_run_still_ends_cleanly(tmp_path):
+    proc, run_dir = start(tmp_path, cluster(3, 2, 1, scheduled_timesteps=20000))
+    try:
+        victim = pids(run_dir)["actor-1"]
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 2000, 120, "env steps")
+        os.kill(victim, signal.SIGKILL)
+        code, out = finish(proc)
+    finally:
+        proc.kill()
+    summary = read_json(run_dir / "summary.json")
+    assert summary["env_steps"] >= 20000
+    assert summary["roles"]["actor-1"]["status"] == "lost"
+    assert [p["phase"] for p in summary["phases"]][-1] == "EXITED"
+    exits = read_json(run_dir / "exits.json")
+    assert exits.pop("actor-1") == -signal.SIGKILL
+    assert set(exits.values()) == {0}, exits  # every other role finished its phases
+    assert code != 0 and "actor-1" in out  # the launcher names the lost role
+    assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
+
+
+def test_killing_the_coordinator_ends_every_role_nonzero(tmp_path):
+    proc, run_dir = start(tmp_path, cluster(2, 2, 1, scheduled_timesteps=10**9))
+    try:
+        started = pids(run_dir)
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 120, "learner steps")
+        os.kill(started["memory-0"], signal.SIGKILL)
+        code, out = finish(proc, timeout_s=60)
+    finally:
+        proc.kill()
+    exits = read_json(run_dir / "exits.json")
+    assert exits.pop("memory-0") == -signal.SIGKILL
+    assert all(code == 3 for code in exits.values()), exits  # EXIT_COORDINATOR_LOST
+    for name in exits:
+        assert "lost the coordinator" in (run_dir / "logs" / f"{name}.log").read_text()
+    assert code != 0
+    assert not any(alive(pid) for pid in started.values())
+
+
+def test_sigint_to_the_launcher_runs_the_shutdown_phases(tmp_path):
+    proc, run_dir = start(tmp_path, cluster(2, 1, 1, scheduled_timesteps=10**9))
+    try:
+        started = pids(run_dir)
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 120, "learner steps")
+        proc.send_signal(signal.SIGINT)
+        code, out = finish(proc, timeout_s=60)
+    finally:
+        proc.kill()
+    assert code == 0, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["ok"] and "SIGTERM" in summary["stop_reason"]
+    assert (run_dir / "checkpoints" / "checkpoint.npz").exists()
+    assert not any(alive(pid) for pid in started.values())
