@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--index", type=int, default=0, help="index of the role given with --role")
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.set_defaults(func=cmd_run)
+    from aiorl import plot, status
+
+    plot.add_parser(sub)
+    status.add_parser(sub)
+    from aiorl import evaluate
+
+    evaluate.add_parser(sub)
     return parser
 
 

@@ -23,6 +23,7 @@ def write_config(tmp_path: Path, config: dict) -> tuple[Path, Path]:
     run_dir = tmp_path / "run"
     config = json.loads(json.dumps(config))
     config.setdefault("run", {})["dir"] = str(run_dir)
+    config["run"].setdefault("metrics_interval_s", 0.2)
     config.setdefault("cluster", {})
     for key, value in FAST_CLUSTER.items():
         config["cluster"].setdefault(key, value)

@@ -66,7 +66,12 @@ async def test_errors_and_abort():
     barrier.abort("stopping")
     with pytest.raises(BarrierAborted, match="stopping"):
         await waiter
-    barrier.participants = {"a"}
+    with pytest.raises(BarrierAborted, match="stopping"):  # late arrivals do not wait
+        await barrier.wait("b", 1)
+
+
+async def test_already_released_generation_is_an_error():
+    barrier = Barrier(["a"])
     await barrier.wait("a", 2)
     with pytest.raises(ValueError, match="already released"):
         await barrier.wait("a", 2)

@@ -95,21 +95,25 @@ def test_sync_barrier_no_iteration_starts_before_its_weights(tmp_path):
 
 
 def test_sigkill_an_actor_the_run_still_ends_cleanly(tmp_path):
-    proc, run_dir = start(tmp_path, cluster(3, 2, 1, scheduled_timesteps=20000))
+    proc, run_dir = start(tmp_path, cluster(3, 2, 1, scheduled_timesteps=150_000))
     try:
         victim = pids(run_dir)["actor-1"]
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 2000, 120, "env steps")
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 1000, 120, "env steps")
         os.kill(victim, signal.SIGKILL)
         code, out = finish(proc)
     finally:
         proc.kill()
     summary = read_json(run_dir / "summary.json")
-    assert summary["env_steps"] >= 20000
+    assert summary["env_steps"] >= 150_000
     assert summary["roles"]["actor-1"]["status"] == "lost"
     assert [p["phase"] for p in summary["phases"]][-1] == "EXITED"
+    assert all(r["status"] == "done" for n, r in summary["roles"].items() if n != "actor-1")
+    assert any("actor-1 lost" in failure for failure in summary["failures"])
     exits = read_json(run_dir / "exits.json")
     assert exits.pop("actor-1") == -signal.SIGKILL
-    assert set(exits.values()) == {0}, exits  # every other role finished its phases
+    # The coordinator's process reports the run's outcome; every other role finished its phases.
+    assert exits.pop("memory-0") == 2
+    assert set(exits.values()) == {0}, exits
     assert code != 0 and "actor-1" in out  # the launcher names the lost role
     assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
 

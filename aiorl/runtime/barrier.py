@@ -23,6 +23,7 @@ class Barrier:
         self._arrived: dict[int, set[str]] = {}
         self._released: dict[int, asyncio.Future] = {}
         self.last_released = -1
+        self.aborted: str | None = None  # once aborted, every wait fails at once
 
     def __repr__(self) -> str:
         open_gens = {g: len(a) for g, a in self._arrived.items()}
@@ -37,6 +38,8 @@ class Barrier:
             self._check(generation)
 
     async def wait(self, participant: str, generation: int) -> None:
+        if self.aborted is not None:
+            raise BarrierAborted(self.aborted)
         if participant not in self.participants:
             raise ValueError(f"{participant!r} is not a participant of {self!r}")
         if generation <= self.last_released:
@@ -65,6 +68,7 @@ class Barrier:
             future.set_result(None)
 
     def abort(self, reason: str) -> None:
+        self.aborted = reason
         for future in self._released.values():
             if not future.done():
                 future.set_exception(BarrierAborted(reason))

@@ -346,6 +346,9 @@ class Coordinator:
     async def _answer_barrier(self, record: RoleRecord, conn: Connection, msg: Message) -> None:
         name = str(msg.meta.get("name", "default"))
         barrier = self.barriers.get(name)
+        if barrier is None and self.phase > Phase.RUNNING:
+            await self._reply_error(conn, msg, f"barrier {name!r}: the run is {self.phase.name}")
+            return
         if barrier is None:
             live = [r.name for r in self.roles.values() if r.kind == record.kind and r.status == "running"]
             barrier = self.barriers[name] = Barrier(live)

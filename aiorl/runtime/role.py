@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import time
 from pathlib import Path
 
 import psutil
@@ -131,13 +130,16 @@ class Role:
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             return await self._run()
-        except* CoordinatorLost as group:
-            self.log.error("lost the coordinator at %s:%s: %s; exiting", *self.coordinator_address(),
-                           group.exceptions[0])
-            return EXIT_COORDINATOR_LOST
-        except* RoleFailed as group:
-            self.log.error("failed: %s", group.exceptions[0])
-            return EXIT_FAILED
+        except (CoordinatorLost, RoleFailed, ExceptionGroup) as exc:
+            lost = _leaves(exc, CoordinatorLost)
+            failed = _leaves(exc, RoleFailed)
+            if lost:
+                self.log.error("lost the coordinator at %s:%s: %s; exiting", *self.coordinator_address(), lost[0])
+                return EXIT_COORDINATOR_LOST
+            if failed:
+                self.log.error("failed: %s", failed[0])
+                return EXIT_FAILED
+            raise
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
@@ -271,5 +273,8 @@ class Role:
             self.log.warning("could not ask the coordinator to stop: %r", exc)
 
 
-def wall_time() -> float:
-    return time.time()
+def _leaves(exc: BaseException, kind: type) -> list[BaseException]:
+    """The exceptions of type `kind` in `exc`, looking inside exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner, kind)]
+    return [exc] if isinstance(exc, kind) else []
