@@ -94,6 +94,10 @@ class AgentConfig:
     target_return: float | None = doc(
         "Stop once the mean of the last 100 episode returns reaches this.", default=None
     )
+    max_samples_per_insert: float | None = doc(
+        "Rate limit: memories serve a batch only while sampled <= this x inserted transitions "
+        "(None: learners train as fast as they can).", default=None
+    )
     sync_interval: int = doc("Actors check for newer weights every this many batches.", default=1)
     publish_interval: int = doc("Learner 0 publishes weights every this many learner steps.", default=10)
 
@@ -105,6 +109,10 @@ class RunSection:
     max_seconds: float | None = doc("Stop the run after this many seconds.", default=None)
     log_level: str = doc("Logging level of every role.", default="INFO")
     metrics_interval_s: float = doc("Seconds between metrics.jsonl rows.", default=1.0)
+    metrics: bool = doc("Roles report gauges (rates, losses, lag, memory) with their heartbeats.",
+                        default=True)
+    tensorboard: bool = doc("Also write TensorBoard event files when TensorBoard is installed.",
+                            default=True)
     checkpoint_every: int | None = doc(
         "Learner 0 checkpoints every this many learner steps (and at shutdown).", default=None
     )
@@ -313,6 +321,8 @@ def validate(cfg: Config) -> None:
     for name in ("scheduled_timesteps", "scheduled_global_steps"):
         value = getattr(a, name)
         _check(value is None or value >= 1, f"agent.{name}: must be at least 1, got {value}")
+    _check(a.max_samples_per_insert is None or a.max_samples_per_insert > 0,
+           f"agent.max_samples_per_insert: must be > 0, got {a.max_samples_per_insert}")
     _check(a.sync_interval >= 1, f"agent.sync_interval: must be at least 1, got {a.sync_interval}")
     _check(a.publish_interval >= 1, f"agent.publish_interval: must be at least 1, got {a.publish_interval}")
     _check(r.max_seconds is None or r.max_seconds > 0, f"run.max_seconds: must be > 0, got {r.max_seconds}")

@@ -1,8 +1,9 @@
 """Progress of a run as the launcher shows it, read from the run's metrics.jsonl.
 
 On a terminal: a live rich panel (progress bar toward the stop criterion with
-ETA, rates, return, replay fill, phase). Elsewhere (CI, files): one plain line
-every few seconds, without control characters. ``--quiet`` shows nothing.
+ETA, env and learner rates, recent return, replay fill, phase, and a line per
+role that is late or lost). Elsewhere (CI, files): one plain line every few
+seconds, with no control characters. ``--quiet`` shows nothing.
 """
 from __future__ import annotations
 
@@ -44,14 +45,29 @@ class MetricsTail:
         return self.last
 
 
+def summary_line(row: dict) -> str:
+    fill = row.get("replay_fill")
+    return (f"env {_fmt(row.get('env_steps_per_s'), ',.0f')}/s  "
+            f"learner {row.get('learner_steps', 0):,} ({_fmt(row.get('learner_steps_per_s'), ',.0f')}/s)  "
+            f"return {_fmt(row.get('return_mean_100'))}  "
+            f"replay {row.get('replay_size', 0):,}{'' if fill is None else f' ({100 * fill:.0f}%)'}")
+
+
+def role_problems(row: dict) -> list[str]:
+    return ([f"{name} is late (no heartbeat for 2 intervals)" for name in row.get("roles_late") or []]
+            + [f"{name} is lost" for name in row.get("roles_lost") or []])
+
+
 class Progress:
     def __init__(self, cfg: Config, run_dir: Path, quiet: bool = False, stream=None):
         self.cfg = cfg
+        self.run_dir = run_dir
         self.stream = stream or sys.stdout
         self.quiet = quiet
         self.tail = MetricsTail(run_dir / "metrics.jsonl")
         self.live = None
         self.last_plain = 0.0
+        self.printed: dict | None = None
         a = cfg.agent
         if a.scheduled_timesteps:
             self.goal_key, self.goal = "env_steps", a.scheduled_timesteps
@@ -64,31 +80,42 @@ class Progress:
         if self.quiet or not self.stream.isatty():
             return
         from rich.console import Console
-        from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, \
-            TimeRemainingColumn
+        from rich.live import Live
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, \
+            TimeElapsedColumn, TimeRemainingColumn
 
-        self.live = RichProgress(
-            TextColumn("[bold]{task.fields[phase]:<9}"),
-            BarColumn(),
-            TextColumn("{task.completed:>9.0f}/{task.total:<9.0f}" if self.goal else "{task.completed:>9.0f}"),
-            TimeElapsedColumn(), TimeRemainingColumn(),
-            TextColumn("{task.fields[line]}"),
-            console=Console(file=self.stream), transient=False,
-        )
-        self.task = self.live.add_task(self.goal_key, total=self.goal, phase="STARTING", line="")
+        self.bar = Bar(TextColumn(f"[bold]{self.goal_key}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+        self.task = self.bar.add_task(self.goal_key, total=self.goal)
+        self.live = Live(self._render({}), console=Console(file=self.stream), refresh_per_second=4,
+                         transient=False)
         self.live.start()
+
+    def _render(self, row: dict):
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table.grid(padding=(0, 2))
+        for _ in range(4):
+            table.add_column()
+        fill = row.get("replay_fill")
+        table.add_row("phase", f"[bold]{row.get('phase', 'STARTING')}", "roles alive", str(row.get("roles_alive", "-")))
+        table.add_row("env steps/s", _fmt(row.get("env_steps_per_s"), ",.0f"),
+                      "learner steps/s", _fmt(row.get("learner_steps_per_s"), ",.0f"))
+        table.add_row("return (100 ep.)", _fmt(row.get("return_mean_100"), ".2f"),
+                      "replay", f"{row.get('replay_size', 0):,}" + ("" if fill is None else f" ({100 * fill:.0f}%)"))
+        table.add_row("episodes", f"{row.get('episodes', 0):,}", "weights version", str(row.get("weights_version", "-")))
+        problems = [Text(line, style="bold red") for line in role_problems(row)]
+        return Panel(Group(self.bar, table, *problems), title=f"aiorl {self.cfg.algo} on {self.cfg.env.id}",
+                     subtitle=str(self.run_dir), expand=False)
 
     def stop(self) -> None:
         if self.live is not None:
             self.update()
             self.live.stop()
             self.live = None
-
-    def line(self, row: dict) -> str:
-        return (f"env_steps/s {_fmt(row.get('env_steps_per_s'), '.0f')}  "
-                f"learner_steps {row.get('learner_steps', 0)} ({_fmt(row.get('learner_steps_per_s'), '.0f')}/s)  "
-                f"return {_fmt(row.get('return_mean_100'))}  replay {row.get('replay_size', 0)}  "
-                f"roles {row.get('roles_alive', '-')}")
 
     def update(self) -> None:
         if self.quiet:
@@ -97,13 +124,16 @@ class Progress:
         if row is None:
             return
         if self.live is not None:
-            self.live.update(self.task, completed=row.get(self.goal_key, 0), phase=row.get("phase", ""),
-                             line=self.line(row))
+            self.bar.update(self.task, completed=row.get(self.goal_key, 0))
+            self.live.update(self._render(row))
             return
         now = time.monotonic()
-        if now - self.last_plain >= PLAIN_INTERVAL_S:
+        final = row.get("phase") == "EXITED" and row is not self.printed
+        if (now - self.last_plain >= PLAIN_INTERVAL_S and row is not self.printed) or final:
             self.last_plain = now
+            self.printed = row
             done = row.get(self.goal_key, 0)
-            goal = f"/{self.goal} ({100 * done / self.goal:.0f}%)" if self.goal else ""
-            print(f"[{row.get('time_s', 0):7.1f}s] {row.get('phase', '?'):<8} {self.goal_key} {done}{goal}  "
-                  f"{self.line(row)}", file=self.stream, flush=True)
+            goal = f"/{self.goal} ({100 * min(done / self.goal, 1):.0f}%)" if self.goal else ""
+            problems = "; ".join(role_problems(row))
+            print(f"[{row.get('time_s', 0):7.1f}s] {row.get('phase', '?'):<8} {self.goal_key} {done:,}{goal}  "
+                  f"{summary_line(row)}" + (f"  !! {problems}" if problems else ""), file=self.stream, flush=True)

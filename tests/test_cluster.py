@@ -150,3 +150,73 @@ def test_sigint_to_the_launcher_runs_the_shutdown_phases(tmp_path):
     assert summary["ok"] and "SIGTERM" in summary["stop_reason"]
     assert (run_dir / "checkpoints" / "checkpoint.npz").exists()
     assert not any(alive(pid) for pid in started.values())
+
+
+def test_actors_pull_newer_weights(tmp_path):
+    config = cluster(2, 1, 1, scheduled_global_steps=200)
+    config["model"]["learner_step_sleep_s"] = 0.01  # a run of a few heartbeats
+    code, out, run_dir = run(tmp_path, config)
+    assert code == 0, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["weights_version"] >= 5
+    for actor in ("actor-0", "actor-1"):
+        assert summary["roles"][actor]["stats"]["weights_version"] >= 1
+
+
+def test_heartbeats_flow_while_a_learner_step_runs_longer_than_the_heartbeat_timeout(tmp_path):
+    config = cluster(1, 1, 1, scheduled_global_steps=3)
+    config["cluster"]["heartbeat_timeout_s"] = 1.0
+    config["model"]["learner_step_sleep_s"] = 2.5  # each step blocks 2.5x the timeout
+    code, out, run_dir = run(tmp_path, config)
+    assert code == 0, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["roles"]["learner-0"]["status"] == "done"
+    assert summary["learner_steps"] >= 3
+
+
+@pytest.mark.parametrize("stop, expected", [
+    ({"agent": {"target_return": 15.0}}, "target_return"),
+    ({"run": {"max_seconds": 2.0}}, "run.max_seconds"),
+])
+def test_other_stop_criteria(tmp_path, stop, expected):
+    config = cluster(1, 1, 1)
+    for section, values in stop.items():
+        config.setdefault(section, {}).update(values)
+    code, out, run_dir = run(tmp_path, config)
+    assert code == 0, out
+    assert expected in read_json(run_dir / "summary.json")["stop_reason"]
+
+
+def test_one_role_per_process_deployment_and_config_hash_refusal(tmp_path):
+    """Start every role with `aiorl run --role`, as one would on separate hosts."""
+    import json
+    import subprocess
+    import sys
+
+    from aiorl.wire import generate_token
+    from cluster_helpers import write_config
+
+    config = cluster(1, 2, 1, scheduled_timesteps=3000)
+    path, run_dir = write_config(tmp_path, config)
+    env = {**os.environ, "AIORL_TOKEN": generate_token().decode()}
+
+    def role(kind, index, *extra):
+        return subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--role", kind,
+                                 "--index", str(index), *extra], env=env, cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    procs = [role("memory", 0)]
+    try:
+        port = wait_for(lambda: (run_dir / "coordinator.json").exists()
+                        and json.loads((run_dir / "coordinator.json").read_text())["port"], 60, "coordinator")
+        at = f"cluster.port={port}"
+        intruder = role("actor", 0, "--set", at, "--set", "agent.batch_size=16")
+        assert intruder.wait(60) == 2
+        assert "config hash mismatch" in intruder.stdout.read()
+        procs += [role("memory", 1, "--set", at), role("learner", 0, "--set", at), role("actor", 0, "--set", at)]
+        codes = [p.wait(120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [0, 0, 0, 0], [p.stdout.read() for p in procs]
+    assert read_json(run_dir / "summary.json")["ok"]

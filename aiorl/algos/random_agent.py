@@ -9,6 +9,7 @@ distributed PPO does.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,9 @@ class RandomAgentConfig:
     gamma: float = doc("Discount of the n-step returns.", default=0.99)
     learning_rate: float = doc("Step size of the learner's running mean.", default=0.1)
     synchronous: bool = doc("Run as a synchronous (barrier) algorithm.", default=False)
+    learner_step_sleep_s: float = doc(
+        "Seconds each learner step blocks without the GIL, standing in for a long torch step.", default=0.0
+    )
 
 
 class RandomPolicy(ActorPolicy):
@@ -65,8 +69,11 @@ class MeanLearner(LearnerCore):
         self.mean_obs = np.zeros(int(np.prod(obs_shape)), np.float64)
         self.steps = 0
         self.lr = algo.cfg.model.learning_rate
+        self.sleep_s = algo.cfg.model.learner_step_sleep_s
 
     def step(self, batch):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         obs = batch["obs"].reshape(len(batch["obs"]), -1).astype(np.float64)
         delta = obs.mean(axis=0) - self.mean_obs
         self.mean_obs += self.lr * delta

@@ -20,7 +20,7 @@ from aiorl.envs import EnvRunner, env_spec
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Role
-from aiorl.wire import Connection, RemoteError, connect
+from aiorl.wire import Connection, connect
 
 # Waits whose liveness comes from heartbeats and connection loss, not a timer.
 UNBOUNDED_S = 365 * 24 * 3600.0
@@ -35,6 +35,7 @@ class ActorRole(Role):
         self.sent = []  # per memory: batches, transitions
         self.batches = 0
         self.episode_returns: list[float] = []
+        self.episode_lengths: list[int] = []
         self.iterations: list[dict] = []
         self._pull: asyncio.Task | None = None
         self._pending_weights = None
@@ -42,7 +43,8 @@ class ActorRole(Role):
 
     def heartbeat_extra(self) -> dict:
         returns, self.episode_returns = self.episode_returns, []
-        return {"episode_returns": returns}
+        lengths, self.episode_lengths = self.episode_lengths, []
+        return {"episode_returns": returns, "episode_lengths": lengths}
 
     def metrics(self) -> dict:
         version = self.policy.weights_version if hasattr(self, "policy") else -1
@@ -76,12 +78,14 @@ class ActorRole(Role):
         finally:
             self.runner.close()
         return {"env_steps": self.runner.env_steps, "memories": self.sent, "batches": self.batches,
+                "weights_version": self.policy.weights_version,
                 "iterations": self.iterations[-1000:]}
 
     async def _rollout(self):
         rollout = await asyncio.to_thread(self.runner.rollout, self.policy.act, self.cfg.agent.sample_batch_size)
-        returns, _ = self.runner.pop_episodes()
+        returns, lengths = self.runner.pop_episodes()
         self.episode_returns.extend(returns)
+        self.episode_lengths.extend(lengths)
         self.counters["env_steps"] = self.runner.env_steps
         return rollout
 
@@ -136,16 +140,13 @@ class ActorRole(Role):
             self.batches += 1
             self.iterations.append({"iteration": iteration, "weights_version": self.policy.weights_version,
                                     "started_monotonic": started})
-            try:
-                await self.coordinator.request("barrier", {"name": "iteration", "generation": iteration},
-                                               timeout_s=UNBOUNDED_S)
-                reply = await self.coordinator.request(
-                    "get_weights", {"have": self.policy.weights_version, "min_version": iteration + 1},
-                    timeout_s=UNBOUNDED_S)
-            except RemoteError:
-                if self.phase > Phase.RUNNING:
-                    break  # the barrier was released because the run is stopping
-                raise
+            reply = await self.coordinator.request(
+                "barrier", {"name": "iteration", "generation": iteration}, timeout_s=UNBOUNDED_S)
+            if reply.meta.get("stop"):
+                break  # the run stopped while this actor waited for the others
+            reply = await self.coordinator.request(
+                "get_weights", {"have": self.policy.weights_version, "min_version": iteration + 1},
+                timeout_s=UNBOUNDED_S)
             if reply.meta.get("stop"):
                 break
             self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))

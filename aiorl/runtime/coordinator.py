@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from aiorl.config import Config
+from aiorl.metrics import MetricsWriter, mean_or_none
 from aiorl.runtime.barrier import Barrier, BarrierAborted
 from aiorl.runtime.phase import PHASE_OWNER, Phase, parse_role_name, role_name
 from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
@@ -27,6 +28,8 @@ from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
 log = logging.getLogger("aiorl.coordinator")
 
 KINDS = ("memory", "learner", "actor")
+# Learner gauges the runtime itself reports; the rest are the algorithm's (learner/<name>).
+LEARNER_RUNTIME_KEYS = {"wait_s", "train_s", "loop_lag_s", "rss_bytes", "queue_depth"}
 
 
 @dataclass
@@ -89,13 +92,17 @@ class Coordinator:
         self.weights_published: list[tuple[int, float]] = []  # (version, time.monotonic()), bounded
         self.barriers: dict[str, Barrier] = {}
         self.returns = collections.deque(maxlen=100)
+        self.lengths = collections.deque(maxlen=100)
         self.episodes = 0
         self.server: Server | None = None
         self.rendezvous: str | None = None
+        self.loop_lag_max_s = 0.0  # how late the coordinator's own timer fired, worst case
         self.t_start = time.time()
         self.t_running: float | None = None
-        self._metrics_file = None
-        self._last_metrics: tuple[float, int, int] | None = None
+        # Made now, before serving: importing TensorBoard's writer takes a while.
+        self._metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
+        self.last_row: dict = {}
+        self._last_metrics: tuple | None = None
 
     def __repr__(self) -> str:
         alive = sum(r.live for r in self.roles.values())
@@ -298,6 +305,7 @@ class Coordinator:
         returns = meta.get("episode_returns")
         if returns:
             self.returns.extend(float(r) for r in returns)
+            self.lengths.extend(int(n) for n in meta.get("episode_lengths", ()))
             self.episodes += len(returns)
         self._check_stop_criteria()
 
@@ -344,19 +352,25 @@ class Coordinator:
             pass
 
     async def _answer_barrier(self, record: RoleRecord, conn: Connection, msg: Message) -> None:
+        """Reply once every live participant arrived; ``stop: True`` when the run stops first."""
         name = str(msg.meta.get("name", "default"))
-        barrier = self.barriers.get(name)
-        if barrier is None and self.phase > Phase.RUNNING:
-            await self._reply_error(conn, msg, f"barrier {name!r}: the run is {self.phase.name}")
-            return
-        if barrier is None:
-            live = [r.name for r in self.roles.values() if r.kind == record.kind and r.status == "running"]
-            barrier = self.barriers[name] = Barrier(live)
         try:
-            await barrier.wait(record.name, int(msg.meta["generation"]))
+            barrier = self.barriers.get(name)
+            if barrier is None and self.phase > Phase.RUNNING:
+                await conn.reply(msg, meta={"stop": True})
+                return
+            if barrier is None:
+                live = [r.name for r in self.roles.values() if r.kind == record.kind and r.status == "running"]
+                barrier = self.barriers[name] = Barrier(live)
+            try:
+                await barrier.wait(record.name, int(msg.meta["generation"]))
+            except BarrierAborted:
+                await conn.reply(msg, meta={"stop": True})
+                return
+            except (ValueError, KeyError) as exc:
+                await self._reply_error(conn, msg, f"barrier {name!r}: {exc}")
+                return
             await conn.reply(msg, meta={"generation": int(msg.meta["generation"])})
-        except (BarrierAborted, ValueError, KeyError) as exc:
-            await self._reply_error(conn, msg, f"barrier {name!r}: {exc}")
         except ConnectionClosed:
             pass
 
@@ -450,8 +464,7 @@ class Coordinator:
             monitor_task.cancel()
             await asyncio.gather(metrics_task, monitor_task, return_exceptions=True)
             self._write_metrics_row()
-            if self._metrics_file is not None:
-                self._metrics_file.close()
+            self._metrics.close()
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Let roles read their exit message, then close every connection."""
@@ -468,8 +481,10 @@ class Coordinator:
         c = self.cfg.cluster
         loop = asyncio.get_running_loop()
         while True:
+            expected = loop.time() + c.heartbeat_interval_s
             await asyncio.sleep(c.heartbeat_interval_s)
             now = loop.time()
+            self.loop_lag_max_s = max(self.loop_lag_max_s, now - expected)
             for record in self.roles.values():
                 if record.status == "running" and now - record.last_heartbeat > c.heartbeat_timeout_s:
                     self._mark(record, "lost", f"no heartbeat for {now - record.last_heartbeat:.1f} s "
@@ -490,32 +505,69 @@ class Coordinator:
             "episodes": self.episodes,
             "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
             "weights_version": self.weights_version,
+            "loop_lag_max_s": round(self.loop_lag_max_s, 6),
+            "metrics": self.last_row,
             "roles": {name: r.public(now) for name, r in self.roles.items()},
         }
 
-    def _write_metrics_row(self) -> None:
-        if self._metrics_file is None:
-            self._metrics_file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+    def metrics_row(self) -> dict:
+        """One row of metrics.jsonl (keys documented in aiorl.metrics)."""
         now = time.time()
+        loop_now = asyncio.get_running_loop().time()
+        roles = list(self.roles.values())
+        memories = [r.metrics for r in roles if r.kind == "memory" and r.metrics]
+        learners = [r.metrics for r in roles if r.kind == "learner" and r.metrics]
+        actors = [r.metrics for r in roles if r.kind == "actor" and r.metrics]
         env_steps, learner_steps = self.env_steps, self.learner_steps
+        inserted = sum(m.get("inserted", 0) for m in memories)
+        sampled = sum(m.get("sampled", 0) for m in memories)
+        capacity = sum(m.get("replay_capacity", 0) for m in memories)
+        replay_size = sum(m.get("replay_size", 0) for m in memories)
+        wait_s = sum(m.get("wait_s", 0.0) for m in learners)
+        train_s = sum(m.get("train_s", 0.0) for m in learners)
+        late_after = 2 * self.cfg.cluster.heartbeat_interval_s
         row = {
             "time_s": round(now - self.t_start, 3),
             "phase": self.phase.name,
             "env_steps": env_steps,
             "learner_steps": learner_steps,
             "episodes": self.episodes,
-            "return_mean_100": round(float(np.mean(self.returns)), 4) if self.returns else None,
+            "env_steps_per_s": None,
+            "learner_steps_per_s": None,
+            "return_mean_100": mean_or_none(self.returns),
+            "episode_length_mean_100": mean_or_none(self.lengths),
             "weights_version": self.weights_version,
-            "roles_alive": sum(r.status in ("running", "done") for r in self.roles.values()),
-            "replay_size": sum(r.metrics.get("replay_size", 0) for r in self.roles.values() if r.kind == "memory"),
+            "weights_lag_max": max((m.get("weights_lag", 0) for m in actors), default=None),
+            "replay_size": replay_size,
+            "replay_fill": round(replay_size / capacity, 6) if capacity else None,
+            "insert_per_s": None,
+            "sample_per_s": None,
+            "samples_per_insert": round(sampled / inserted, 6) if inserted else None,
+            "learner_wait_fraction": round(wait_s / (wait_s + train_s), 6) if wait_s + train_s > 0 else None,
+            "loop_lag_max_s": max([m.get("loop_lag_s", 0.0) for r in roles for m in [r.metrics] if m]
+                                  + [self.loop_lag_max_s]),
+            "rss_bytes": sum(r.metrics.get("rss_bytes", 0) for r in roles if r.live),
+            "roles_alive": sum(r.status in ("running", "done") for r in roles),
+            "roles_late": [r.name for r in roles
+                           if r.status == "running" and loop_now - r.last_heartbeat > late_after],
+            "roles_lost": [r.name for r in roles if r.status in ("lost", "failed")],
         }
+        algo_keys = sorted({k for m in learners for k in m} - LEARNER_RUNTIME_KEYS)
+        for key in algo_keys:
+            row[f"learner/{key}"] = mean_or_none(m[key] for m in learners if isinstance(m.get(key), (int, float)))
         if self._last_metrics is not None:
-            t0, e0, l0 = self._last_metrics
+            t0, e0, l0, i0, s0 = self._last_metrics
             dt = max(now - t0, 1e-9)
             row["env_steps_per_s"] = round((env_steps - e0) / dt, 2)
             row["learner_steps_per_s"] = round((learner_steps - l0) / dt, 2)
-        self._last_metrics = (now, env_steps, learner_steps)
-        self._metrics_file.write(json.dumps(row) + "\n")
+            row["insert_per_s"] = round((inserted - i0) / dt, 2)
+            row["sample_per_s"] = round((sampled - s0) / dt, 2)
+        self._last_metrics = (now, env_steps, learner_steps, inserted, sampled)
+        return row
+
+    def _write_metrics_row(self) -> None:
+        self.last_row = self.metrics_row()
+        self._metrics.write(self.last_row)
 
     async def _metrics_loop(self) -> None:
         while True:

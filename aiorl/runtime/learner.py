@@ -44,7 +44,8 @@ class LearnerRole(Role):
         self.unused_batches = 0
 
     def metrics(self) -> dict:
-        return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3)}
+        return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),
+                "queue_depth": self.queue.qsize()}
 
     async def cleanup(self) -> None:
         for conn in self.memories:

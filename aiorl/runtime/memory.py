@@ -99,7 +99,9 @@ class MemoryRole(Role):
 
     def metrics(self) -> dict:
         return {"replay_size": len(self.replay) if self.replay is not None else 0,
-                "inserted": self.inserted, "sampled": self.sampled}
+                "replay_capacity": self.capacity, "inserted": self.inserted, "sampled": self.sampled,
+                "actor_connections": sum(not link.closed for link in self.actors.values()),
+                "learner_credits": sum(link.credits for link in self.learners.values())}
 
     async def _run(self) -> int:
         spec = self.algo_cls(self.cfg, env_spec(self.cfg.env)).transition_spec()
@@ -263,6 +265,10 @@ class MemoryRole(Role):
         link.priorities_stale += int(stale)
         link.priorities_applied += len(arrays["indices"]) - int(stale)
 
+    def _within_rate(self, batch_size: int) -> bool:
+        limit = self.cfg.agent.max_samples_per_insert
+        return limit is None or self.sampled + batch_size <= limit * self.inserted
+
     async def _sampler(self, conn: Connection, link: LearnerLink) -> None:
         """Send one batch per credit while RUNNING or STOPPING, then ``end``."""
         batch_size = self.cfg.agent.batch_size
@@ -273,7 +279,7 @@ class MemoryRole(Role):
                     link.credits > 0 and link.iteration is not None and self._aggregate_ready(link.iteration)))
             else:
                 await self.changed.wait_for(lambda: draining() or (
-                    link.credits > 0 and len(self.replay) >= self.threshold))
+                    link.credits > 0 and len(self.replay) >= self.threshold and self._within_rate(batch_size)))
             if draining():
                 break
             link.credits -= 1

@@ -231,6 +231,8 @@ class Role:
         raise CoordinatorLost("connection closed before the exit message")
 
     def _heartbeat_meta(self) -> dict:
+        if not self.cfg.run.metrics:
+            return {"counters": dict(self.counters), **self.heartbeat_extra()}
         meta = {
             "counters": dict(self.counters),
             "metrics": {

@@ -1,0 +1,84 @@
+"""Run metrics: the rows of ``metrics.jsonl`` and their optional TensorBoard copy.
+
+Roles report their counters and gauges with every heartbeat (one small
+message per ``cluster.heartbeat_interval_s``, nothing per step); the
+coordinator folds them into one row every ``run.metrics_interval_s``.
+
+Keys of a row (stable; counters are monotonic):
+
+==========================  ===========================================================
+time_s                      seconds since the coordinator started (monotonic)
+phase                       STARTING, RUNNING, STOPPING, DRAINING, CLOSING, EXITED
+env_steps                   env steps taken by all actors (exact; monotonic)
+learner_steps               learner steps of all learners (exact; monotonic)
+episodes                    episodes finished by all actors (monotonic)
+env_steps_per_s             env steps per second since the previous row
+learner_steps_per_s         learner steps per second since the previous row
+return_mean_100             mean return of the last 100 finished episodes
+episode_length_mean_100     mean length of the last 100 finished episodes
+weights_version             newest published weights version
+weights_lag_max             worst actor lag behind the newest weights (versions)
+replay_size                 transitions held by all memories
+replay_fill                 replay_size / total capacity
+insert_per_s, sample_per_s  transitions inserted into / sampled from replay per second
+samples_per_insert          sampled / inserted transitions since the start
+learner_wait_fraction       share of learner time spent waiting for batches
+learner/<name>              an algorithm metric (e.g. learner/loss), mean over learners
+loop_lag_max_s              worst event-loop lag of any role (timer lateness)
+rss_bytes                   resident memory of all role processes together
+roles_alive                 roles registered and not lost or failed
+roles_late                  names of roles whose last heartbeat is over 2 intervals old
+roles_lost                  names of roles lost or failed
+==========================  ===========================================================
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+log = logging.getLogger("aiorl.metrics")
+
+ROW_KEYS = (
+    "time_s", "phase", "env_steps", "learner_steps", "episodes", "env_steps_per_s", "learner_steps_per_s",
+    "return_mean_100", "episode_length_mean_100", "weights_version", "weights_lag_max", "replay_size",
+    "replay_fill", "insert_per_s", "sample_per_s", "samples_per_insert", "learner_wait_fraction",
+    "loop_lag_max_s", "rss_bytes", "roles_alive", "roles_late", "roles_lost",
+)
+
+
+class MetricsWriter:
+    """Appends rows to ``metrics.jsonl``; mirrors numbers to TensorBoard when it is installed."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.file = open(self.path, "a", buffering=1)
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+            except ImportError:
+                log.info("TensorBoard is not installed (pip install 'aiorl[tb]'): metrics go to "
+                         "metrics.jsonl only")
+
+    def write(self, row: dict) -> None:
+        self.file.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            step = int(row.get("env_steps", 0))
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                        and key not in ("env_steps", "time_s"):
+                    self.tb.add_scalar(key if "/" in key else f"charts/{key}", value, step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def mean_or_none(values) -> float | None:
+    values = list(values)
+    return round(sum(values) / len(values), 6) if values else None

@@ -1,0 +1,113 @@
+"""Seeing a run: metrics.jsonl, `aiorl plot`, `aiorl status`, plain progress output."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from aiorl.metrics import ROW_KEYS
+from cluster_helpers import finish, pids, read_json, run, start, wait_for
+
+pytestmark = pytest.mark.cluster
+
+CONFIG = {
+    "algo": "random_agent",
+    "env": {"id": "CartPole-v1", "num_envs": 2},
+    "cluster": {"actors": 2, "memories": 1, "learners": 1},
+    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200,
+              "max_samples_per_insert": 2.0},
+    "run": {"metrics_interval_s": 0.1},
+}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("obs")
+    config = {**CONFIG, "agent": {**CONFIG["agent"], "scheduled_timesteps": 40_000}}
+    code, out, run_dir = run(tmp, config)
+    assert code == 0, out
+    return run_dir, out
+
+
+def test_metrics_jsonl_has_documented_keys_and_monotonic_counters(finished_run):
+    run_dir, _ = finished_run
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) >= 5
+    for row in rows:
+        assert set(ROW_KEYS) <= set(row), set(ROW_KEYS) - set(row)
+    for key in ("time_s", "env_steps", "learner_steps", "episodes"):
+        values = [r[key] for r in rows]
+        assert values == sorted(values), key
+    running = [r for r in rows if r["phase"] == "RUNNING" and r["env_steps_per_s"]]
+    assert running and all(r["env_steps_per_s"] > 0 for r in running[1:])
+    last = rows[-1]
+    assert last["phase"] == "EXITED" and last["env_steps"] >= 40_000
+    assert 0 < last["replay_fill"] <= 1 and last["return_mean_100"] > 0
+    assert "learner/loss" in last and last["rss_bytes"] > 0 and last["loop_lag_max_s"] >= 0
+    assert (run_dir / "tb").is_dir()  # TensorBoard is installed in the test environment
+
+
+def test_plain_progress_output_is_line_oriented(tmp_path):
+    path = tmp_path / "c.json"
+    config = {**CONFIG, "agent": {**CONFIG["agent"], "scheduled_timesteps": 20_000},
+              "run": {"dir": str(tmp_path / "run")}}
+    path.write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "aiorl", "run", str(path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", proc.stdout)  # no escapes, no carriage returns
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert progress and "EXITED" in progress[-1] and "env_steps" in progress[-1]
+
+
+def test_plot_writes_a_png_of_the_requested_size(finished_run, tmp_path):
+    from PIL import Image
+
+    run_dir, _ = finished_run
+    out = tmp_path / "curve.png"
+    proc = subprocess.run([sys.executable, "-m", "aiorl", "plot", str(run_dir), str(run_dir), "-o", str(out),
+                           "--size", "800x500", "--metric", "return_mean_100"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    image = Image.open(out)
+    assert image.format == "PNG" and image.size == (800, 500)
+    pixels = np.asarray(image.convert("L"))
+    assert pixels.std() > 5  # not blank
+    proc = subprocess.run([sys.executable, "-m", "aiorl", "plot", str(run_dir), "-o", str(out),
+                           "--metric", "no_such_metric"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "no run has values of 'no_such_metric'" in proc.stderr
+
+
+def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
+    config = {**CONFIG, "agent": {**CONFIG["agent"], "scheduled_timesteps": 10**9}}
+    proc, run_dir = start(tmp_path, config)
+    try:
+        started = pids(run_dir)
+        wait_for(lambda: (run_dir / "coordinator.json").exists(), 60, "coordinator.json")
+
+        def live_status():
+            out = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+                                 capture_output=True, text=True, timeout=60)
+            status = json.loads(out.stdout) if out.returncode == 0 else None
+            return status if status and status["phase"] == "RUNNING" and status["env_steps"] > 0 else None
+
+        status = wait_for(live_status, 120, "a RUNNING status", interval_s=0.5)
+        assert set(status["roles"]) == set(started)
+        assert all(r["status"] == "running" and r["heartbeat_age_s"] is not None for r in status["roles"].values())
+        text = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir)],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "phase RUNNING" in text and "learner-0" in text
+        proc.send_signal(2)
+        code, out = finish(proc, 60)
+    finally:
+        proc.kill()
+    assert code == 0, out
+    final = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+                           capture_output=True, text=True, timeout=60)
+    summary = json.loads(final.stdout)
+    assert summary["live"] is False and summary["ok"] and set(summary["roles"]) == set(started)
+    assert read_json(run_dir / "summary.json")["ok"]
