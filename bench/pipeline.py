@@ -13,6 +13,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,8 +63,10 @@ def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = Tr
         "agent": {"sample_batch_size": SAMPLE_BATCH, "batch_size": 64, "buffer_size": 100_000,
                   "learning_starts": 1000, "max_samples_per_insert": 1.0},
         "model": {"n_step": 3},
-        "run": {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.5},
+        "run": {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.5, "metrics": metrics,
+                "tensorboard": metrics},
     }
+    shutil.rmtree(run_dir, ignore_errors=True)
     path = workdir / f"pipeline-{actors}.json"
     path.write_text(json.dumps(config))
     proc = subprocess.run([sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
@@ -177,6 +180,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per configuration")
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--json", default=None, help="write results here")
+    parser.add_argument("--overhead-repeats", type=int, default=3,
+                        help="alternating with/without-metrics runs (medians are compared)")
     args = parser.parse_args()
 
     results = {"pipeline": [], "control": None}
@@ -190,6 +195,16 @@ def main() -> int:
                 "actors": actors, "reference_env_steps_per_s": ref, **pipe,
                 "ratio": pipe["env_steps_per_s"] / ref, "overhead_us_per_transition": overhead_us,
             })
+        # Metrics overhead: the same pipeline with role gauges and TensorBoard off, alternated.
+        with_m, without_m = [], []
+        for _ in range(args.overhead_repeats):
+            with_m.append(pipeline_rate(1, args.seconds, Path(tmp), metrics=True)["env_steps_per_s"])
+            without_m.append(pipeline_rate(1, args.seconds, Path(tmp), metrics=False)["env_steps_per_s"])
+        results["metrics_overhead"] = {
+            "with_metrics_env_steps_per_s": statistics.median(with_m),
+            "without_metrics_env_steps_per_s": statistics.median(without_m),
+            "cost_fraction": 1 - statistics.median(with_m) / statistics.median(without_m),
+        }
     results["control"] = control_plane()
 
     print(f"{'actors':>6} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} {'ratio':>6} "
@@ -197,6 +212,9 @@ def main() -> int:
     for r in results["pipeline"]:
         print(f"{r['actors']:>6} {r['reference_env_steps_per_s']:>23,.0f} {r['env_steps_per_s']:>19,.0f} "
               f"{r['ratio']:>6.2f} {r['overhead_us_per_transition']:>23.1f} {r['learner_steps']:>13}")
+    m = results["metrics_overhead"]
+    print(f"\nmetrics reporting, 1 actor: {m['with_metrics_env_steps_per_s']:,.0f} steps/s with, "
+          f"{m['without_metrics_env_steps_per_s']:,.0f} without: cost {100 * m['cost_fraction']:+.1f}%")
     c = results["control"]
     print(f"\ncoordinator, {c['connections']} actor connections: {c['heartbeats_per_s']:,.0f} heartbeats/s "
           f"(target {c['target_per_s']:,.0f}/s), reply latency p50 {c['latency_p50_ms']:.2f} ms, "

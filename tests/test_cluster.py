@@ -220,3 +220,15 @@ def test_one_role_per_process_deployment_and_config_hash_refusal(tmp_path):
             p.kill()
     assert codes == [0, 0, 0, 0], [p.stdout.read() for p in procs]
     assert read_json(run_dir / "summary.json")["ok"]
+
+
+def test_tls_cluster(tmp_path):
+    from aiorl.wire.tls import generate_self_signed
+
+    cert, key = generate_self_signed(tmp_path / "tls", hosts=("127.0.0.1", "localhost"))
+    config = cluster(1, 2, 1, scheduled_timesteps=3000)
+    config["cluster"].update(tls_cert=str(cert), tls_key=str(key), tls_ca=str(cert))
+    code, out, run_dir = run(tmp_path, config)
+    assert code == 0, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["ok"] and summary["learner_steps"] > 0

@@ -37,14 +37,18 @@ def setup_logging(run_dir: Path, name: str, level: str) -> None:
 
 
 def tls_contexts(cfg: Config) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
-    """(client, server) contexts when cluster.tls_cert is set, else (None, None)."""
+    """(client, server) contexts when cluster.tls_cert is set, else (None, None).
+
+    Every role presents the cluster certificate both ways; with ``cluster.tls_ca``
+    servers also require client certificates signed by that CA.
+    """
+    from aiorl.wire.tls import client_context, server_context
+
     c = cfg.cluster
     if not c.tls_cert:
         return None, None
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(c.tls_cert, c.tls_key)
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=c.tls_ca or c.tls_cert)
-    client.check_hostname = False  # peers are addressed by IP; the CA pins them
+    server = server_context(c.tls_cert, c.tls_key, client_cafile=c.tls_ca)
+    client = client_context(c.tls_ca or c.tls_cert, certfile=c.tls_cert, keyfile=c.tls_key)
     return client, server
 
 
