@@ -3,9 +3,6 @@
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
-ctypedef double float64_t
-ctypedef float float32_t
-
 ctypedef fused floating:
     float
     double
@@ -35,13 +32,3 @@ cdef inline void copy_row(char *dst, const char *src, Py_ssize_t nbytes) noexcep
     else:
         memcpy(dst, src, nbytes)
 
-
-cdef inline void gather_rows(char *dst, const char *src, const int64_t *rows, Py_ssize_t n,
-                             Py_ssize_t nbytes) noexcept nogil:
-    """dst[j] = src[rows[j]] for rows of `nbytes` bytes; the source rows are prefetched ahead."""
-    cdef Py_ssize_t j
-    cdef Py_ssize_t ahead = 8
-    for j in range(n):
-        if j + ahead < n:
-            prefetch(src + rows[j + ahead] * nbytes)
-        copy_row(dst + j * nbytes, src + rows[j] * nbytes, nbytes)

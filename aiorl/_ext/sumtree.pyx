@@ -1,22 +1,23 @@
 # cython: language_level=3
 """Sum-tree with a min-tree over float64 leaves: the index behind prioritized replay.
 
-The tree is the binary sum-tree over 2**depth >= capacity leaves (padding
-leaves hold 0 in the sum and +inf in the min, so any capacity >= 1 works,
-powers of two and 1 included), but only every third binary level is stored:
-each stored node's 8 descendants three levels down sit in one 64-byte line,
-and the two binary levels between are recomputed from them on the fly. A
-descent touches depth/3 lines instead of depth, which is what decides speed
-once the tree outgrows the caches (2**20 leaves: 7 lines instead of 20).
+Layout: an 8-ary tree stored level by level, each node's 8 children in one
+64-byte line (the min tree has no leaf level of its own: it reads the leaves
+from the sum tree), so a descent touches ceil(log8(capacity)) lines (7 for 2**20
+leaves, against 20 for a binary heap): that, not arithmetic, decides speed
+once the tree outgrows the caches. Levels are padded to multiples of 8 with 0
+in the sum and +inf in the min, so any capacity >= 1 works.
 
-Every sum is computed in binary-tree order, ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)),
-so totals and sampled indices are bitwise those of the plain binary tree in
-`aiorl.replay.reference.SumTree`. Every write recomputes each touched parent
-from its children (never `parent += delta`), so the tree is a pure function of
-its leaves: no drift however many updates it has seen.
+Arithmetic (the numpy oracle `aiorl.replay.reference.SumTree` does the same,
+so results agree bitwise): a node is the pairwise sum
+((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)) of its children; a descent with remaining
+mass x picks the child c with P[c] <= x < P[c+1] over the group's running
+sums P (a fixed parallel-prefix order, see the group kernels) and continues with
+x - P[c]. Every write recomputes each touched parent from its children
+(never `parent += delta`), so the tree is a pure function of its leaves: no
+drift however many updates it has seen.
 """
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.math cimport INFINITY, fmin, isfinite
+from libc.math cimport INFINITY, isfinite
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free, malloc
 
@@ -26,6 +27,7 @@ cimport numpy as cnp
 from numpy.random cimport bitgen_t
 
 from aiorl._ext._common cimport int64_t, prefetch
+from aiorl._ext._checks cimport as_float64_array, as_generator, as_index_array, bitgen_of
 
 cnp.import_array()
 
@@ -33,82 +35,172 @@ cnp.import_array()
 cdef Py_ssize_t _MAX_CAPACITY = (<Py_ssize_t> 1) << 40
 
 
-cdef bitgen_t *bitgen_of(object rng) except NULL:
-    """The C bit generator behind a numpy Generator (caller holds `rng` and its lock)."""
-    capsule = rng.bit_generator.capsule
-    if not PyCapsule_IsValid(capsule, "BitGenerator"):
-        raise ValueError(f"{rng!r} does not expose a numpy BitGenerator capsule")
-    return <bitgen_t *> PyCapsule_GetPointer(capsule, "BitGenerator")
-
-
-cdef object as_generator(object seed):
-    if isinstance(seed, np.random.Generator):
-        return seed
-    return np.random.default_rng(seed)
-
-
-cdef object as_index_array(object x, str what):
-    """1-D contiguous int64 copy-if-needed of an integer array_like (0-d becomes length 1)."""
-    arr = np.asarray(x)
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    if arr.ndim != 1:
-        raise ValueError(f"{what}: expected a 1-D integer array, got shape {arr.shape}")
-    if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
-        raise ValueError(f"{what}: expected an integer dtype, got {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=np.int64)
-
-
-cdef object as_float64_array(object x, str what, Py_ssize_t n):
-    """1-D contiguous float64 array of length n from a real array_like (0-d becomes length 1)."""
-    arr = np.asarray(x)
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    if arr.dtype.kind not in "fiub":
-        raise ValueError(f"{what}: expected real numbers, got dtype {arr.dtype}")
-    if arr.shape != (n,):
-        raise ValueError(f"{what}: expected shape ({n},), got {arr.shape}")
-    return np.ascontiguousarray(arr, dtype=np.float64)
-
-
-cdef inline double _pairwise8(const double *g) noexcept nogil:
-    """Sum of 8 values in binary-tree order (the order the reference tree uses)."""
-    return ((g[0] + g[1]) + (g[2] + g[3])) + ((g[4] + g[5]) + (g[6] + g[7]))
-
-
-cdef inline double _min8(const double *g) noexcept nogil:
-    return fmin(fmin(fmin(g[0], g[1]), fmin(g[2], g[3])), fmin(fmin(g[4], g[5]), fmin(g[6], g[7])))
-
-
-cdef inline int _descend8(const double *g, double *v) noexcept nogil:
-    """Three binary steps inside one 8-child group: index of the child holding mass v[0].
-
-    Go right when v >= left and the right side has mass (a zero-mass side is
-    never entered, so rounding at a boundary cannot land on an empty leaf);
-    v is reduced by the mass skipped. Branch-free: each step is a coin flip.
+cdef extern from *:
     """
-    cdef double pairs[4]
-    pairs[0] = g[0] + g[1]
-    pairs[1] = g[2] + g[3]
-    pairs[2] = g[4] + g[5]
-    pairs[3] = g[6] + g[7]
-    cdef double left = pairs[0] + pairs[1]
-    cdef double right = pairs[2] + pairs[3]
-    cdef double x = v[0]
-    cdef int b = (x >= left) & (right > 0.0)
-    x -= left * b
-    cdef int i = 2 * b
-    left = pairs[i]
-    right = pairs[i + 1]
-    b = (x >= left) & (right > 0.0)
-    x -= left * b
-    i = 2 * (i + b)
-    left = g[i]
-    right = g[i + 1]
-    b = (x >= left) & (right > 0.0)
-    x -= left * b
-    v[0] = x
-    return i + b
+    /* Group kernels of the 8-ary tree (see the module docstring). Every sum
+     * has one fixed order, which the numpy oracle repeats:
+     *   group sum  ((g0+g1)+(g2+g3))+((g4+g5)+(g6+g7))
+     *   running    P = [0, g0, g01, g01+g2, g0123, g0123+g4, g0123+g45, g0123+(g45+g6)]
+     *              with g01 = g0+g1, g0123 = g01+(g2+g3), g45 = g4+g5
+     * The SSE2 path (baseline on x86-64) and the portable one perform the
+     * same IEEE additions, so their results are identical. AIORL_PREFETCH
+     * comes from _common.pxd. */
+    #include <math.h>
+
+    static inline void aiorl_scalar_runs(const double *g, double *run) {
+        double g01 = g[0] + g[1], g0123 = g01 + (g[2] + g[3]), g45 = g[4] + g[5];
+        run[0] = 0.0; run[1] = g[0]; run[2] = g01; run[3] = g01 + g[2];
+        run[4] = g0123; run[5] = g0123 + g[4]; run[6] = g0123 + g45; run[7] = g0123 + (g45 + g[6]);
+    }
+
+    /* A child with zero mass has an empty interval [P[k], P[k+1]), so it is
+     * never picked, except the last child when the target reaches the
+     * group's sum through rounding: then step back to the last child with mass. */
+    static inline int aiorl_step_back(const double *g, int k) {
+        if (k == 7) { while (k > 0 && g[k] == 0.0) k--; }
+        return k;
+    }
+
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    typedef struct { __m128d r01, r23, r45, r67; double p[8]; } aiorl_runs_t;
+
+    static inline void aiorl_runs(const double *g, aiorl_runs_t *r) {
+        const __m128d zero = _mm_setzero_pd();
+        __m128d a = _mm_load_pd(g), b = _mm_load_pd(g + 2), c = _mm_load_pd(g + 4), d = _mm_load_pd(g + 6);
+        __m128d s01 = _mm_add_pd(a, _mm_shuffle_pd(a, a, 1));                      /* [g01, g01] */
+        __m128d s0123 = _mm_add_pd(s01, _mm_add_pd(b, _mm_shuffle_pd(b, b, 1)));   /* [g0123, g0123] */
+        __m128d s45 = _mm_add_pd(c, _mm_shuffle_pd(c, c, 1));                      /* [g45, g45] */
+        r->r01 = _mm_unpacklo_pd(zero, a);                                         /* [0, g0] */
+        r->r23 = _mm_add_pd(s01, _mm_unpacklo_pd(zero, b));                        /* [g01, g01+g2] */
+        r->r45 = _mm_add_pd(s0123, _mm_unpacklo_pd(zero, c));                      /* [g0123, g0123+g4] */
+        r->r67 = _mm_add_pd(s0123, _mm_add_pd(s45, _mm_unpacklo_pd(zero, d)));
+        aiorl_scalar_runs(g, r->p);
+    }
+
+    /* Child c = #{1 <= k < 8 : P[k] <= *v} (P is non-decreasing); *v -= P[c]. */
+    static inline int aiorl_pick(const aiorl_runs_t *r, const double *g, double *v) {
+        __m128d x = _mm_set1_pd(*v);
+        __m128d m01 = _mm_cmple_pd(r->r01, x), m23 = _mm_cmple_pd(r->r23, x);
+        __m128d m45 = _mm_cmple_pd(r->r45, x), m67 = _mm_cmple_pd(r->r67, x);
+        /* Lanes are all ones (-1 as an integer) where P[k] <= x; P[0] = 0 always is. */
+        __m128i n = _mm_add_epi64(_mm_add_epi64(_mm_castpd_si128(m01), _mm_castpd_si128(m23)),
+                                  _mm_add_epi64(_mm_castpd_si128(m45), _mm_castpd_si128(m67)));
+        n = _mm_add_epi64(n, _mm_unpackhi_epi64(n, n));
+        int k = -(int)_mm_cvtsi128_si64(n) - 1;
+        if (k == 7 && g[7] == 0.0) {
+            k = aiorl_step_back(g, k);
+            *v -= r->p[k];
+            return k;
+        }
+        /* P[k] is the largest P <= x: a masked max, not a reload of a stored
+         * vector (that stalls on store forwarding). */
+        __m128d p = _mm_max_pd(_mm_max_pd(_mm_and_pd(m01, r->r01), _mm_and_pd(m23, r->r23)),
+                               _mm_max_pd(_mm_and_pd(m45, r->r45), _mm_and_pd(m67, r->r67)));
+        p = _mm_max_sd(p, _mm_unpackhi_pd(p, p));
+        *v -= _mm_cvtsd_f64(p);
+        return k;
+    }
+
+    static inline double aiorl_sum8(const double *g) {
+        __m128d a = _mm_load_pd(g), b = _mm_load_pd(g + 2), c = _mm_load_pd(g + 4), d = _mm_load_pd(g + 6);
+        __m128d p = _mm_add_pd(_mm_unpacklo_pd(a, b), _mm_unpackhi_pd(a, b));      /* [g01, g23] */
+        __m128d q = _mm_add_pd(_mm_unpacklo_pd(c, d), _mm_unpackhi_pd(c, d));      /* [g45, g67] */
+        __m128d s = _mm_add_pd(_mm_unpacklo_pd(p, q), _mm_unpackhi_pd(p, q));      /* [g0123, g4567] */
+        return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+    }
+
+    static inline double aiorl_hmin(__m128d a, __m128d b, __m128d c, __m128d d) {
+        __m128d m = _mm_min_pd(_mm_min_pd(a, b), _mm_min_pd(c, d));
+        return _mm_cvtsd_f64(_mm_min_sd(m, _mm_unpackhi_pd(m, m)));
+    }
+
+    static inline double aiorl_min8(const double *g) {
+        return aiorl_hmin(_mm_load_pd(g), _mm_load_pd(g + 2), _mm_load_pd(g + 4), _mm_load_pd(g + 6));
+    }
+
+    /* Smallest positive value (+inf if none): an empty leaf carries no mass. */
+    static inline __m128d aiorl_pos(__m128d v) {
+        const __m128d inf = _mm_set1_pd(INFINITY);
+        __m128d keep = _mm_cmpgt_pd(v, _mm_setzero_pd());
+        return _mm_or_pd(_mm_and_pd(keep, v), _mm_andnot_pd(keep, inf));
+    }
+
+    static inline double aiorl_minpos8(const double *g) {
+        return aiorl_hmin(aiorl_pos(_mm_load_pd(g)), aiorl_pos(_mm_load_pd(g + 2)),
+                          aiorl_pos(_mm_load_pd(g + 4)), aiorl_pos(_mm_load_pd(g + 6)));
+    }
+    #else
+    typedef struct { double p[8]; } aiorl_runs_t;
+
+    static inline void aiorl_runs(const double *g, aiorl_runs_t *r) {
+        aiorl_scalar_runs(g, r->p);
+    }
+
+    static inline int aiorl_pick(const aiorl_runs_t *r, const double *g, double *v) {
+        double x = *v;
+        int k = 0;
+        for (int i = 1; i < 8; i++) k += r->p[i] <= x;
+        k = aiorl_step_back(g, k);
+        *v = x - r->p[k];
+        return k;
+    }
+
+    static inline double aiorl_sum8(const double *g) {
+        return ((g[0] + g[1]) + (g[2] + g[3])) + ((g[4] + g[5]) + (g[6] + g[7]));
+    }
+
+    static inline double aiorl_min8(const double *g) {
+        double m = g[0];
+        for (int k = 1; k < 8; k++) m = g[k] < m ? g[k] : m;
+        return m;
+    }
+
+    static inline double aiorl_minpos8(const double *g) {
+        double m = INFINITY;
+        for (int k = 0; k < 8; k++) m = (g[k] > 0.0 && g[k] < m) ? g[k] : m;
+        return m;
+    }
+    #endif
+
+    /* One level of n descents. node[j] is a group index into `level` and
+     * becomes the chosen child's index one level down; u[j] is reduced by
+     * the mass skipped. Stratified targets arrive sorted, and stay sorted
+     * within a group (all of its targets took the same path), so a descent
+     * in the same group as the one before (near the root: nearly all) reuses
+     * its running sums and walks on from its child, giving the same child
+     * as the compares would. Prefetches the next level's group of each
+     * child, and the parent min a following update will rewrite, while the
+     * other descents run. */
+    static void aiorl_descend_level(const double *level, int64_t *node, double *u, Py_ssize_t n,
+                                    const double *next_level, const double *parent_min) {
+        const double *prev = NULL;
+        aiorl_runs_t r;
+        int k = 0;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            const double *g = level + 8 * node[j];
+            if (g != prev) {
+                aiorl_runs(g, &r);
+                prev = g;
+                k = aiorl_pick(&r, g, &u[j]);
+            } else {
+                double x = u[j];
+                while (k < 7 && x >= r.p[k + 1]) k++;
+                k = aiorl_step_back(g, k);
+                u[j] = x - r.p[k];
+            }
+            if (parent_min) AIORL_PREFETCH(parent_min + node[j]);
+            int64_t child = 8 * node[j] + k;
+            node[j] = child;
+            if (next_level) AIORL_PREFETCH(next_level + 8 * child);
+        }
+    }
+    """
+    double _sum8 "aiorl_sum8"(const double *g) noexcept nogil
+    double _min8 "aiorl_min8"(const double *g) noexcept nogil
+    double _minpos8 "aiorl_minpos8"(const double *g) noexcept nogil
+    void _descend_level "aiorl_descend_level"(const double *level, int64_t *node, double *u, Py_ssize_t n,
+                                               const double *next_level, const double *parent_min) noexcept nogil
 
 
 cdef double *_aligned_block(Py_ssize_t n, void **block) noexcept nogil:
@@ -122,33 +214,33 @@ cdef double *_aligned_block(Py_ssize_t n, void **block) noexcept nogil:
 cdef class SumTree:
     """Sums and minimum of `capacity` non-negative float64 leaves, with stratified sampling.
 
-    Leaves start unset: 0 in the sum, ignored by `min` (which is +inf until a
-    leaf is written). `update` is batched (duplicate indices: the last value
-    wins); `sample(batch_size, rng)` draws one leaf from each of `batch_size`
-    equal slices of the total mass, so leaf i is drawn with probability
-    value_i / total and zero-valued leaves never are. Not thread-safe: one
-    owner calls it (the GIL is released inside each call).
+    Leaves start at 0. `min` is the smallest positive leaf (+inf when there
+    is none): a zero leaf carries no mass, is never sampled, and so does not
+    bound importance weights either. `update` is batched (duplicate indices:
+    the last value wins); `sample(batch_size, rng)` draws one leaf from each
+    of `batch_size` equal slices of the total mass, so leaf i is drawn with
+    probability value_i / total and zero-valued leaves never are. Not
+    thread-safe: one owner calls it (the GIL is released inside each call).
     """
 
     def __cinit__(self, Py_ssize_t capacity):
         if capacity < 1 or capacity > _MAX_CAPACITY:
             raise ValueError(f"SumTree: capacity must be in [1, 2**40], got {capacity}")
         self.capacity = capacity
-        cdef int depth = 0
-        while (<Py_ssize_t> 1 << depth) < capacity:
-            depth += 1
-        # Level 0 is one 8-slot group holding the top 2**(depth % 3) nodes;
-        # each further level has 8x the nodes of the one above.
-        self._levels = depth // 3
-        cdef Py_ssize_t size = 1 << (depth % 3)
-        cdef int k
+        # Level sizes bottom-up: leaves rounded up to a multiple of 8, then
+        # one parent per group, again rounded up, until one group remains.
+        cdef Py_ssize_t sizes[16]
+        cdef int k, levels = 0
+        sizes[0] = (capacity + 7) // 8 * 8
+        while sizes[levels] > 8:
+            sizes[levels + 1] = (sizes[levels] // 8 + 7) // 8 * 8
+            levels += 1
+        self._levels = levels
         self._off[0] = 0
-        self._off[1] = 8
-        for k in range(1, self._levels + 1):
-            size *= 8
-            self._off[k + 1] = self._off[k] + size
+        for k in range(levels + 1):
+            self._off[k + 1] = self._off[k] + sizes[levels - k]
         self._sum = _aligned_block(self._off[self._levels + 1], &self._sum_block)
-        self._min = _aligned_block(self._off[self._levels + 1], &self._min_block)
+        self._min = _aligned_block(self._off[self._levels], &self._min_block)
         if self._sum == NULL or self._min == NULL:
             raise MemoryError(f"SumTree: cannot allocate a tree for capacity {capacity}")
         self._reset()
@@ -167,7 +259,7 @@ cdef class SumTree:
 
     @property
     def min(self):
-        """Smallest leaf ever written and still present; +inf when none was written."""
+        """Smallest positive leaf (float64); +inf when every leaf is 0."""
         return self._min_value
 
     def update(self, indices, values):
@@ -213,8 +305,9 @@ cdef class SumTree:
     def sample(self, Py_ssize_t batch_size, rng):
         """Stratified sample of `batch_size` leaf indices (int64, non-decreasing).
 
-        Draw j is leaf i with cumsum[i-1] <= (j + U_j) * (total / batch_size) < cumsum[i],
-        U_j ~ U[0, 1) the j-th `random()` of `rng` (a numpy Generator, or a seed for one).
+        Draw j is leaf i with cumsum[i-1] <= (j + U_j) * (total / batch_size) < cumsum[i]
+        (up to rounding in the tree's sums), U_j ~ U[0, 1) the j-th `random()` of `rng`
+        (a numpy Generator, or a seed for one). Zero leaves are never drawn.
         """
         if batch_size < 1:
             raise ValueError(f"SumTree.sample: batch_size must be >= 1, got {batch_size}")
@@ -235,38 +328,46 @@ cdef class SumTree:
         return out
 
     def _max_parent_error(self):
-        """Test helper: largest |node - f(children)| over stored nodes of both trees (0.0 when exact)."""
-        cdef Py_ssize_t k, p
-        cdef double err = abs(self._total_value - _pairwise8(self._sum))
-        if self._min_value != _min8(self._min):
+        """Test helper: largest |node - f(children)| over the stored nodes (0.0 when exact)."""
+        cdef Py_ssize_t p
+        cdef int k
+        cdef double err = abs(self._total_value - _sum8(self._sum))
+        if self._min_value != self._group_min(0, 0):
             return INFINITY
         for k in range(1, self._levels + 1):
             for p in range((self._off[k + 1] - self._off[k]) // 8):
-                err = max(err, abs(self._sum[self._off[k - 1] + p] - _pairwise8(self._sum + self._off[k] + 8 * p)))
-                if self._min[self._off[k - 1] + p] != _min8(self._min + self._off[k] + 8 * p):
+                err = max(err, abs(self._sum[self._off[k - 1] + p] - _sum8(self._sum + self._off[k] + 8 * p)))
+                if self._min[self._off[k - 1] + p] != self._group_min(k, p):
                     return INFINITY
         return err
 
     # -- kernels (nogil) ---------------------------------------------------------
 
+    cdef double _group_min(self, int k, Py_ssize_t p) noexcept nogil:
+        """Min over group p of level k: positive leaves at the leaf level, the min tree above."""
+        if k == self._levels:
+            return _minpos8(self._sum + self._off[k] + 8 * p)
+        return _min8(self._min + self._off[k] + 8 * p)
+
     cdef void _reset(self) noexcept nogil:
         cdef Py_ssize_t i
         for i in range(self._off[self._levels + 1]):
             self._sum[i] = 0.0
+        for i in range(self._off[self._levels]):
             self._min[i] = INFINITY
         self._total_value = 0.0
         self._min_value = INFINITY
 
     cdef void _rebuild(self) noexcept nogil:
-        """Recompute every stored node from the leaves."""
+        """Recompute every internal node from the leaves."""
         cdef Py_ssize_t p
         cdef int k
         for k in range(self._levels, 0, -1):
             for p in range((self._off[k + 1] - self._off[k]) // 8):
-                self._sum[self._off[k - 1] + p] = _pairwise8(self._sum + self._off[k] + 8 * p)
-                self._min[self._off[k - 1] + p] = _min8(self._min + self._off[k] + 8 * p)
-        self._total_value = _pairwise8(self._sum)
-        self._min_value = _min8(self._min)
+                self._sum[self._off[k - 1] + p] = _sum8(self._sum + self._off[k] + 8 * p)
+                self._min[self._off[k - 1] + p] = self._group_min(k, p)
+        self._total_value = _sum8(self._sum)
+        self._min_value = self._group_min(0, 0)
 
     cdef void _write(self, int64_t *slots, const double *values, Py_ssize_t n) noexcept nogil:
         """Set leaves slots[j] = values[j] in order, then fix the ancestors level by level.
@@ -274,60 +375,61 @@ cdef class SumTree:
         `slots` must be valid and is overwritten (it becomes the node cursor).
         Leaves are written first, in order, so duplicates resolve to the last
         value; each level is then recomputed from the level below, which is
-        already final, so recomputing a shared parent twice is harmless and
-        consecutive equal parents (sorted input, the common case) are skipped.
+        already final, so recomputing a shared parent twice is harmless;
+        consecutive equal parents (sorted input, the common case) are merged
+        as the cursor moves up.
         """
         cdef double *s = self._sum
         cdef double *m = self._min
         cdef Py_ssize_t leaf0 = self._off[self._levels]
-        cdef Py_ssize_t j, node, prev, parent0, child0
-        cdef Py_ssize_t ahead = 8
+        cdef const double *level
+        cdef const double *mins
+        cdef Py_ssize_t j, node, prev, parent0, distinct
+        cdef Py_ssize_t ahead = 16
         cdef int k
         for j in range(n):
             if j + ahead < n:
                 prefetch(s + leaf0 + slots[j + ahead])
-                prefetch(m + leaf0 + slots[j + ahead])
             s[leaf0 + slots[j]] = values[j]
-            m[leaf0 + slots[j]] = values[j]
         for k in range(self._levels, 0, -1):
             parent0 = self._off[k - 1]
-            child0 = self._off[k]
+            level = s + self._off[k]
+            # Parent mins come from the leaves (positive ones) at the leaf level, else from the min tree.
+            mins = s + self._off[k] if k == self._levels else m + self._off[k]
             prev = -1
+            distinct = 0
             for j in range(n):
                 node = slots[j] >> 3
-                slots[j] = node
                 if node == prev:
                     continue
                 prev = node
+                slots[distinct] = node
+                distinct += 1
                 if k > 1:
-                    # The next level writes node's parent: start fetching its line now.
+                    # The next level writes node's parent: start fetching its lines now.
                     prefetch(s + self._off[k - 2] + (node >> 3))
                     prefetch(m + self._off[k - 2] + (node >> 3))
-                s[parent0 + node] = _pairwise8(s + child0 + 8 * node)
-                m[parent0 + node] = _min8(m + child0 + 8 * node)
-        self._total_value = _pairwise8(s)
-        self._min_value = _min8(m)
+                s[parent0 + node] = _sum8(level + 8 * node)
+                m[parent0 + node] = _minpos8(mins + 8 * node) if k == self._levels else _min8(mins + 8 * node)
+            n = distinct
+        self._total_value = _sum8(s)
+        self._min_value = self._group_min(0, 0)
 
     cdef void _sample(self, bitgen_t *rng, double *scratch, Py_ssize_t n, int64_t *out) noexcept nogil:
         """out[j] = leaf holding mass (j + U_j) * (total / n); the caller checked total > 0.
 
-        All n descents advance one level at a time so that each one's next
+        All n descents advance one level at a time, so that each one's next
         line is prefetched while the others run.
         """
-        cdef const double *s = self._sum
-        cdef double *u = scratch
         cdef double segment = self._total_value / n
-        cdef Py_ssize_t j, node, group0
-        cdef int k
+        cdef Py_ssize_t j
+        cdef int k, levels = self._levels
         for j in range(n):
-            u[j] = (j + rng.next_double(rng.state)) * segment
-            out[j] = _descend8(s, &u[j])
-            if self._levels > 0:
-                prefetch(s + self._off[1] + 8 * out[j])
-        for k in range(1, self._levels + 1):
-            group0 = self._off[k]
-            for j in range(n):
-                node = 8 * out[j] + _descend8(s + group0 + 8 * out[j], &u[j])
-                out[j] = node
-                if k < self._levels:
-                    prefetch(s + self._off[k + 1] + 8 * node)
+            scratch[j] = (j + rng.next_double(rng.state)) * segment
+            out[j] = 0
+        for k in range(levels + 1):
+            _descend_level(self._sum + self._off[k], out, scratch, n,
+                           self._sum + self._off[k + 1] if k < levels else NULL,
+                           # An update of these samples (the learner's next
+                           # call) rewrites the leaves' parent mins.
+                           self._min + self._off[k - 1] if k == levels and k > 0 else NULL)

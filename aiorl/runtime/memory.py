@@ -166,7 +166,7 @@ class MemoryRole(Role):
                     raise ValueError(f"unexpected message {msg.kind!r}")
         except ConnectionClosed:
             pass
-        except ValueError as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             self.log.error("closing connection of %s: bad batch: %s", link.name, exc)
         finally:
             link.closed = True
@@ -248,8 +248,8 @@ class MemoryRole(Role):
                     raise ValueError(f"unexpected message {msg.kind!r}")
         except ConnectionClosed:
             pass
-        except ValueError as exc:
-            self.log.error("closing connection of %s: %s", link.name, exc)
+        except (ValueError, KeyError, TypeError) as exc:
+            self.log.error("closing connection of %s: bad message: %s", link.name, exc)
         finally:
             if link.done_meta is None:
                 self.log.warning("%s went away without finishing", link.name)

@@ -60,6 +60,7 @@ class Role:
         self._exit_meta: dict | None = None
         self._exited: asyncio.Event | None = None
         self._signals = 0
+        self._stop_task: asyncio.Task | None = None
         self._loop_lag_s = 0.0
         self._process = psutil.Process()
 
@@ -261,7 +262,7 @@ class Role:
         if self._signals == 1:
             self.log.warning("got %s: asking the coordinator to stop the run (again to exit now)",
                              signal.Signals(sig).name)
-            asyncio.get_running_loop().create_task(self._ask_stop(signal.Signals(sig).name))
+            self._stop_task = asyncio.get_running_loop().create_task(self._ask_stop(signal.Signals(sig).name))
         else:
             self.log.warning("got %s again: exiting now", signal.Signals(sig).name)
             self._exit_meta = {"ok": False, "role_ok": False, "reason": "interrupted"}

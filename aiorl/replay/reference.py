@@ -1,0 +1,292 @@
+"""Plain numpy implementations of the replay kernels: test oracles and benchmark baselines.
+
+Nothing imports this module implicitly; `aiorl.replay` is always the compiled
+code. Each function here is written for clarity, vectorised with numpy where
+that stays obvious, and follows the same arithmetic order as the compiled
+kernel so that tests can compare results bitwise:
+
+- SumTree: the 8-ary layout and summation order of `aiorl._ext.sumtree`
+  (see its module docstring), one numpy step per tree level.
+- ReplayBuffer / PrioritizedReplayBuffer: the same ring, rng use and
+  priority formulas as the compiled buffers, with numpy gathers.
+- n_step_adjustment / n_step_flush: windows accumulated one offset k < n at a
+  time over the whole [time, env] grid.
+- gae: the backward recursion, one numpy step per time step.
+"""
+import numpy as np
+
+RESERVED_NAMES = ("indices", "weights", "generations")
+
+
+def _round8(n):
+    return (n + 7) // 8 * 8
+
+
+def _pairwise8(g):
+    """Sum over the last axis of 8 values, ((g0+g1)+(g2+g3))+((g4+g5)+(g6+g7))."""
+    return ((g[..., 0] + g[..., 1]) + (g[..., 2] + g[..., 3])) + ((g[..., 4] + g[..., 5]) + (g[..., 6] + g[..., 7]))
+
+
+def _running8(g):
+    """Running sums P[k] = g0 + ... + g(k-1), k = 0..7, in the compiled kernel's order."""
+    g01 = g[:, 0] + g[:, 1]
+    g0123 = g01 + (g[:, 2] + g[:, 3])
+    g45 = g[:, 4] + g[:, 5]
+    return np.stack([np.zeros_like(g01), g[:, 0], g01, g01 + g[:, 2], g0123, g0123 + g[:, 4],
+                     g0123 + g45, g0123 + (g45 + g[:, 6])], axis=1)
+
+
+class SumTree:
+    """Sum-tree over `capacity` leaves with the compiled SumTree's semantics.
+
+    levels[0] is the top 8-slot group, levels[-1] the leaves (padded with 0 to
+    a multiple of 8); node p of level k-1 sums the group [8p, 8p+8) of level k.
+    `min` is the smallest positive leaf (+inf if none).
+    """
+
+    def __init__(self, capacity):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        sizes = [_round8(capacity)]
+        while sizes[-1] > 8:
+            sizes.append(_round8(sizes[-1] // 8))
+        self.levels = [np.zeros(size) for size in reversed(sizes)]
+        self.mins = [np.full(size, np.inf) for size in reversed(sizes[1:])]
+
+    @property
+    def total(self):
+        return float(_pairwise8(self.levels[0]))
+
+    @property
+    def min(self):
+        return float(self._group_min(0, np.array([0]))[0])
+
+    def _group_min(self, k, groups):
+        g = self.levels[k].reshape(-1, 8)[groups] if k == len(self.levels) - 1 else self.mins[k].reshape(-1, 8)[groups]
+        if k == len(self.levels) - 1:
+            g = np.where(g > 0, g, np.inf)
+        return g.min(axis=1)
+
+    def get(self, indices):
+        return self.levels[-1][np.asarray(indices, dtype=np.int64)].copy()
+
+    def update(self, indices, values):
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        val = np.asarray(values, dtype=np.float64).reshape(-1)
+        if idx.size == 0:
+            return
+        if idx.min() < 0 or idx.max() >= self.capacity or not (np.isfinite(val).all() and (val >= 0).all()):
+            raise ValueError("indices out of range or values not finite and >= 0")
+        # Last occurrence wins: keep, for every distinct index, its last value.
+        rev_first = np.unique(idx[::-1], return_index=True)[1]
+        keep = idx.size - 1 - rev_first
+        self.levels[-1][idx[keep]] = val[keep]
+        nodes = np.unique(idx)
+        for k in range(len(self.levels) - 1, 0, -1):
+            nodes = np.unique(nodes // 8)
+            self.levels[k - 1][nodes] = _pairwise8(self.levels[k].reshape(-1, 8)[nodes])
+            self.mins[k - 1][nodes] = self._group_min(k, nodes)
+
+    def sample(self, batch_size, rng):
+        """Stratified: draw j targets mass (j + U_j) * (total / batch_size), U_j = rng.random()."""
+        total = self.total
+        if not total > 0:
+            raise ValueError("nothing to sample")
+        u = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
+        node = np.zeros(batch_size, dtype=np.int64)
+        for level in self.levels:
+            g = level.reshape(-1, 8)[node]
+            run = _running8(g)
+            c = (u[:, None] >= run[:, 1:]).sum(axis=1)
+            # Rounding can push u past the group's sum onto an empty last child:
+            # step back to the last child with mass.
+            edge = (c == 7) & (g[:, 7] == 0)
+            if edge.any():
+                c[edge] = 7 - np.argmax(g[edge][:, ::-1] > 0, axis=1)
+            u = u - run[np.arange(batch_size), c]
+            node = 8 * node + c
+        return node
+
+
+class ReplayBuffer:
+    """Uniform ring buffer with the compiled ReplayBuffer's ring and sampling."""
+
+    def __init__(self, capacity, spec, seed=None):
+        self.capacity = capacity
+        self.spec = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()}
+        self.storage = {name: np.zeros((capacity,) + shape, dtype) for name, (shape, dtype) in self.spec.items()}
+        self.rng = np.random.default_rng(seed)
+        self.size = 0
+        self.next = 0
+        self.added = 0
+
+    def __len__(self):
+        return self.size
+
+    def _write(self, batch):
+        n = len(next(iter(batch.values())))
+        if n > self.capacity:
+            raise ValueError("batch larger than capacity")
+        idx = (self.next + np.arange(n)) % self.capacity
+        for name, arr in self.storage.items():
+            arr[idx] = batch[name]
+        self.next = (self.next + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+        self.added += n
+        return idx
+
+    def add(self, batch):
+        return self._write(batch)
+
+    def generation(self, indices):
+        back = (self.next - 1 - np.asarray(indices)) % self.capacity
+        return (self.added - 1 - back).astype(np.uint64)
+
+    def _gather(self, idx):
+        return {name: arr.take(idx, axis=0) for name, arr in self.storage.items()}
+
+    def sample(self, batch_size):
+        idx = np.minimum((self.rng.random(batch_size) * self.size).astype(np.int64), self.size - 1)
+        out = self._gather(idx)
+        out["indices"] = idx
+        return out
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """Proportional prioritized replay with the compiled buffer's formulas and rng use."""
+
+    def __init__(self, capacity, spec, alpha, eps=1e-6, seed=None):
+        super().__init__(capacity, spec, seed)
+        self.alpha = alpha
+        self.eps = eps
+        self.max_priority = 1.0
+        self.tree = SumTree(capacity)
+
+    def _values(self, priorities):
+        q = np.asarray(priorities, dtype=np.float64) + self.eps
+        return q if self.alpha == 1.0 else np.power(q, self.alpha)
+
+    def add(self, batch, priorities=None):
+        idx = self._write(batch)
+        if priorities is None:
+            q = np.full(len(idx), self.max_priority)
+        else:
+            q = self._values(priorities)
+            self.max_priority = max(self.max_priority, float(q.max())) if len(q) else self.max_priority
+        self.tree.update(idx, q)
+        return idx
+
+    def sample(self, batch_size, beta):
+        idx = self.tree.sample(batch_size, self.rng)
+        out = self._gather(idx)
+        out["indices"] = idx
+        out["weights"] = np.power(self.tree.get(idx) / self.tree.min, -beta).astype(np.float32)
+        out["generations"] = self.generation(idx)
+        return out
+
+    def update_priorities(self, indices, priorities, generations=None):
+        idx = np.asarray(indices, dtype=np.int64)
+        q = self._values(priorities)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
+            raise ValueError("index out of range")
+        fresh = np.ones(idx.size, dtype=bool) if generations is None else \
+            self.generation(idx) == np.asarray(generations, dtype=np.uint64)
+        if fresh.any():
+            self.max_priority = max(self.max_priority, float(q[fresh].max()))
+            self.tree.update(idx[fresh], q[fresh])
+        return int((~fresh).sum())
+
+
+def _n_step(obs, actions, rewards, next_obs, terminated, truncated, n, gamma, carry, flush):
+    obs, actions, next_obs = np.asarray(obs), np.asarray(actions), np.asarray(next_obs)
+    rewards = np.asarray(rewards, dtype=np.float64)
+    T, E = rewards.shape
+    if carry is None:
+        carry = {"obs": obs[:0], "actions": actions[:0], "rewards": rewards[:0], "next_obs": next_obs[:0],
+                 "pending": np.zeros(E, dtype=np.int64)}
+    L = len(carry["rewards"])
+    # One time axis: the carried steps (which hold no episode end), then the new ones.
+    O = np.concatenate([carry["obs"], obs])
+    A = np.concatenate([carry["actions"], actions])
+    R = np.concatenate([carry["rewards"], rewards])
+    NO = np.concatenate([carry["next_obs"], next_obs])
+    term = np.concatenate([np.zeros((L, E), bool), np.asarray(terminated, dtype=bool)])
+    ended = term | np.concatenate([np.zeros((L, E), bool), np.asarray(truncated, dtype=bool)])
+    S = L + T
+    starts = np.arange(S)[:, None]
+    envs = np.arange(E)[None, :]
+    valid = np.ones((S, E), dtype=bool)
+    valid[:L] = np.arange(L)[:, None] >= L - carry["pending"][None, :]
+
+    gamma_pow = np.cumprod([1.0] + [gamma] * n)  # repeated products, as the kernel's table
+    ret = np.zeros((S, E))
+    length = np.zeros((S, E), dtype=np.int64)
+    closed = np.zeros((S, E), dtype=bool)
+    hit_term = np.zeros((S, E), dtype=bool)
+    open_ = valid.copy()
+    for k in range(n):
+        step = np.minimum(starts + k, max(S - 1, 0))
+        active = open_ & (starts + k < S)
+        ret = np.where(active, ret + gamma_pow[k] * R[step, envs], ret)
+        length += active
+        hit_term |= active & term[step, envs]
+        closed |= active & (ended[step, envs] | (length == n))
+        open_ = active & ~closed
+    if flush:
+        closed |= valid & (length > 0)
+    s, e = np.nonzero(closed)
+    last = s + length[s, e] - 1
+    done = hit_term[s, e]
+    batch = {
+        "obs": O[s, e], "action": A[s, e], "reward": ret[s, e].astype(np.float32), "next_obs": NO[last, e],
+        "done": done, "discount": np.where(done, 0.0, gamma_pow[length[s, e]]).astype(np.float32),
+    }
+    pending = (valid & ~closed).sum(axis=0).astype(np.int64)
+    keep = int(pending.max()) if E else 0
+    new_carry = {"obs": O[S - keep:], "actions": A[S - keep:], "rewards": R[S - keep:], "next_obs": NO[S - keep:],
+                 "pending": pending}
+    return batch, new_carry
+
+
+def n_step_adjustment(obs, actions, rewards, next_obs, terminated, truncated, n, gamma, carry=None):
+    """Same contract as `aiorl.replay.n_step_adjustment`; the carry is a plain dict here."""
+    return _n_step(obs, actions, rewards, next_obs, terminated, truncated, n, gamma, carry, flush=False)
+
+
+def n_step_flush(carry, gamma):
+    """Same contract as `aiorl.replay.n_step_flush` for a carry from this module."""
+    E = len(carry["pending"])
+    empty = {key: carry[key][:0] for key in ("obs", "actions", "next_obs")}
+    batch, _ = _n_step(empty["obs"], empty["actions"], np.zeros((0, E)), empty["next_obs"],
+                       np.zeros((0, E), bool), np.zeros((0, E), bool), len(carry["rewards"]) + 1, gamma,
+                       carry, flush=True)
+    return batch
+
+
+def gae(rewards, values, bootstrap_value, terminated, truncated, gamma, lam, truncated_values=None):
+    """Same contract as `aiorl.replay.gae`: the backward recursion, vectorised over envs."""
+    rewards, values = np.asarray(rewards), np.asarray(values)
+    dtype = np.float32 if rewards.dtype == np.float32 and values.dtype == np.float32 else np.float64
+    r = rewards.astype(np.float64)
+    v = values.astype(np.float64)
+    boot = np.asarray(bootstrap_value, dtype=dtype).astype(np.float64)
+    term = np.asarray(terminated, dtype=bool)
+    trunc = np.asarray(truncated, dtype=bool)
+    if truncated_values is None:
+        if (trunc & ~term).any():
+            raise ValueError("truncated steps need truncated_values")
+        tv = np.zeros_like(v)
+    else:
+        tv = np.asarray(truncated_values, dtype=dtype).astype(np.float64)
+    T = r.shape[0]
+    adv = np.zeros_like(r)
+    next_adv = np.zeros(r.shape[1])
+    for t in range(T - 1, -1, -1):
+        next_value = v[t + 1] if t + 1 < T else boot
+        carry_adv = next_adv if t + 1 < T else np.zeros_like(next_adv)
+        next_value = np.where(term[t], 0.0, np.where(trunc[t], tv[t], next_value))
+        carry_adv = np.where(term[t] | trunc[t], 0.0, carry_adv)
+        next_adv = r[t] + gamma * next_value - v[t] + gamma * lam * carry_adv
+        adv[t] = next_adv
+    return adv.astype(dtype), (adv + v).astype(dtype)

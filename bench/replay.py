@@ -1,0 +1,336 @@
+"""Replay microbenchmarks: aiorl's compiled replay core against references measured in the same run.
+
+    python bench/replay.py --json bench-replay.json      # full run (a few minutes, ~4 GiB peak)
+    python bench/replay.py --quick                       # small sizes, seconds (a smoke test)
+
+Cases (batch 512, adds in chunks of 64):
+  small: capacity 2**20, obs (4,) float32 (+ action int64, reward float32, next_obs, done bool)
+  large: capacity 2**17, obs (7056,) uint8 (84x84 frames) with the same other fields
+
+Rows: add (transitions/s), prioritized sample(512) (samples/s), update(512)
+(updates/s), learner step = sample(512) + update(512) (steps/s), n-step of a
+1024-step trajectory with n=3 (transitions/s), GAE of a 1024 x 8 rollout
+(steps/s). Each aiorl figure is shown beside:
+  - numpy: `aiorl.replay.reference`, the numpy implementation of the same algorithm;
+  - cpprb: cpprb's PrioritizedReplayBuffer (when installed; default options);
+  - floor: a plain uniform-index gather of the same fields
+    (rng.integers + np.take per field, from the same storage): the memory
+    floor for this layout, which a learner step cannot beat.
+Ratios are aiorl / other; higher is better for aiorl. Buffers are filled to
+capacity with random priorities first (as after training has run a while:
+uniform priorities would make the draws evenly spaced, which hardware
+prefetchers turn into an unrealistically easy access pattern).
+
+Timing: implementations run in alternating rounds and each keeps its best
+round, measured in the thread's CPU time (time.thread_time): on a shared
+machine that leaves out the time the process is descheduled, but still
+counts every cache miss. Load from other processes hits all rows alike; the
+absolute numbers stay noisy, the ratios much less so.
+"""
+import os
+
+# BLAS threads spin between calls and would steal the (two) cores from the
+# code being measured; nothing here uses BLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from aiorl import replay  # noqa: E402
+from aiorl.replay import reference  # noqa: E402
+
+try:
+    import cpprb
+except ImportError:  # cpprb is optional: its rows are left out
+    cpprb = None
+
+BATCH = 512
+ADD_CHUNK = 64
+ALPHA, BETA = 0.6, 0.4
+NSTEP_T, NSTEP_N, GAMMA = 1024, 3, 0.99
+GAE_T, GAE_ENVS, LAM = 1024, 8, 0.95
+
+# (name, target ratio, row op, column): checked and printed, never asserted.
+TARGETS = [
+    ("learner step >= 2x cpprb", 2.0, "learner step", "cpprb"),
+    ("learner step >= 0.5x uniform gather", 0.5, "learner step", "floor"),
+    ("add >= 1x cpprb", 1.0, "add", "cpprb"),
+    ("n-step >= 5x numpy", 5.0, "n-step", "numpy"),
+]
+
+
+def spec_for(obs_shape, obs_dtype):
+    return {"obs": (obs_shape, obs_dtype), "action": ((), "int64"), "reward": ((), "float32"),
+            "next_obs": (obs_shape, obs_dtype), "done": ((), "bool")}
+
+
+def make_batch(spec, n, rng):
+    out = {}
+    for name, (shape, dtype) in spec.items():
+        dtype = np.dtype(dtype)
+        if dtype == np.uint8:
+            out[name] = rng.integers(0, 256, (n,) + shape, dtype=np.uint8)
+        elif dtype == np.bool_:
+            out[name] = rng.random((n,) + shape) < 0.01
+        elif dtype.kind == "i":
+            out[name] = rng.integers(0, 18, (n,) + shape).astype(dtype)
+        else:
+            out[name] = rng.random((n,) + shape).astype(dtype)
+    return out
+
+
+class Timer:
+    """Interleaved best-of-rounds throughput: items per second of each registered callable."""
+
+    def __init__(self, rounds, round_s):
+        self.rounds, self.round_s = rounds, round_s
+
+    def run(self, fns, items):
+        """fns: {label: callable}; returns {label: best items/s}."""
+        best = {label: 0.0 for label in fns}
+        # Calls per clock read, so that reading the clock costs nothing measurable.
+        chunk = {label: self._chunk(fn) for label, fn in fns.items()}
+        for _ in range(self.rounds):
+            for label, fn in fns.items():
+                calls, start = 0, time.thread_time()
+                while True:
+                    for _ in range(chunk[label]):
+                        fn()
+                    calls += chunk[label]
+                    elapsed = time.thread_time() - start
+                    if elapsed >= self.round_s:
+                        break
+                best[label] = max(best[label], calls * items / elapsed)
+        return best
+
+    def _chunk(self, fn):
+        n = 1
+        while True:
+            start = time.thread_time()
+            for _ in range(n):
+                fn()
+            if time.thread_time() - start >= min(0.002, self.round_s / 4) or n >= 1 << 16:
+                return n
+            n *= 2
+
+
+class AiorlPER:
+    def __init__(self, capacity, spec, seed):
+        self.buf = replay.PrioritizedReplayBuffer(capacity, spec, alpha=ALPHA, seed=seed)
+
+    def add(self, batch, priorities=None):
+        self.buf.add(batch, priorities)
+
+    def sample(self):
+        return self.buf.sample(BATCH, BETA)
+
+    def update(self, sampled, priorities):
+        self.buf.update_priorities(sampled["indices"], priorities, sampled["generations"])
+
+    def fields(self):
+        state = self.buf.state_dict()
+        return {key[len("field."):]: arr for key, arr in state.items() if key.startswith("field.")}
+
+
+class NumpyPER(AiorlPER):
+    def __init__(self, capacity, spec, seed):
+        self.buf = reference.PrioritizedReplayBuffer(capacity, spec, alpha=ALPHA, seed=seed)
+
+
+class CpprbPER:
+    def __init__(self, capacity, spec, seed):
+        env = {}
+        for name, (shape, dtype) in spec.items():
+            env[name] = {"shape": shape or 1, "dtype": np.dtype(dtype)}
+        self.buf = cpprb.PrioritizedReplayBuffer(capacity, env, alpha=ALPHA, eps=1e-6)
+
+    def add(self, batch, priorities=None):
+        self.buf.add(**batch, priorities=priorities)
+
+    def sample(self):
+        return self.buf.sample(BATCH, BETA)
+
+    def update(self, sampled, priorities):
+        self.buf.update_priorities(sampled["indexes"], priorities)
+
+
+def bench_buffers(case, capacity, spec, timer, rows, rng, impls):
+    """add / sample / update / learner step rows for one case; impls built one after another if `serial`."""
+    chunk = make_batch(spec, ADD_CHUNK, rng)
+    fill = make_batch(spec, min(capacity, 4096), rng)
+    priorities = rng.random(BATCH) + 0.01
+
+    def built(cls):
+        impl = cls(capacity, spec, seed=0)
+        for _ in range(0, capacity, len(fill["reward"])):
+            impl.add(fill, rng.random(len(fill["reward"])) + 0.01)
+        return impl
+
+    def ops(impl):
+        state = {"sampled": impl.sample()}
+
+        def sample():
+            state["sampled"] = impl.sample()
+
+        def update():
+            impl.update(state["sampled"], priorities)
+
+        def step():
+            sampled = impl.sample()
+            impl.update(sampled, priorities)
+
+        return {"add": lambda: impl.add(chunk), "sample": sample, "update": update, "learner step": step}
+
+    results = {op: {} for op in ("add", "sample", "update", "learner step")}
+    # Small buffers are measured side by side (interleaved rounds); large ones
+    # one implementation at a time, so that only one ~2 GiB buffer is alive.
+    groups = [impls] if capacity * sum(int(np.prod(s or (1,))) * np.dtype(d).itemsize
+                                       for s, d in spec.values()) < 512 << 20 else [[i] for i in impls]
+    for group in groups:
+        built_impls = {label: built(cls) for label, cls in group}
+        if "aiorl" in built_impls:
+            fields = built_impls["aiorl"].fields()
+            size = capacity
+
+            def floor():
+                idx = rng.integers(0, size, BATCH)
+                return {name: arr.take(idx, axis=0) for name, arr in fields.items()}
+
+            results["learner step"].update(timer.run({"floor": floor}, 1))
+            results["sample"].update(timer.run({"floor": floor}, BATCH))
+        per_impl = {label: ops(impl) for label, impl in built_impls.items()}
+        for op, unit_items in (("add", ADD_CHUNK), ("sample", BATCH), ("update", BATCH), ("learner step", 1)):
+            results[op].update(timer.run({label: fns[op] for label, fns in per_impl.items()}, unit_items))
+        del built_impls, per_impl
+        gc.collect()
+    units = {"add": "transitions/s", "sample": "samples/s", "update": "updates/s", "learner step": "steps/s"}
+    for op, res in results.items():
+        rows.append(make_row(case, op, units[op], res))
+
+
+def bench_nstep(timer, rows, rng):
+    T, E = NSTEP_T, 1
+    obs = rng.random((T + 1, E, 4)).astype(np.float32)
+    traj = dict(obs=obs[:-1], actions=rng.integers(0, 2, (T, E)), rewards=rng.random((T, E)).astype(np.float32),
+                next_obs=obs[1:], terminated=rng.random((T, E)) < 0.01, truncated=rng.random((T, E)) < 0.005)
+    res = timer.run({
+        "aiorl": lambda: replay.n_step_adjustment(**traj, n=NSTEP_N, gamma=GAMMA),
+        "numpy": lambda: reference.n_step_adjustment(**traj, n=NSTEP_N, gamma=GAMMA),
+    }, T)
+    rows.append(make_row("trajectory 1024 x 1, obs (4,) f32", "n-step", "transitions/s", res))
+
+
+def bench_gae(timer, rows, rng):
+    T, E = GAE_T, GAE_ENVS
+    args = (rng.random((T, E)).astype(np.float32), rng.random((T, E)).astype(np.float32),
+            rng.random(E).astype(np.float32), rng.random((T, E)) < 0.01, rng.random((T, E)) < 0.005)
+    tv = rng.random((T, E)).astype(np.float32)
+    res = timer.run({
+        "aiorl": lambda: replay.gae(*args, GAMMA, LAM, truncated_values=tv),
+        "numpy": lambda: reference.gae(*args, GAMMA, LAM, truncated_values=tv),
+    }, T * E)
+    rows.append(make_row(f"rollout {T} x {E} f32", "gae", "steps/s", res))
+
+
+def make_row(case, op, unit, res):
+    row = {"case": case, "op": op, "unit": unit}
+    for label in ("aiorl", "numpy", "cpprb", "floor"):
+        row[label] = res.get(label)
+    for label in ("numpy", "cpprb", "floor"):
+        row[f"vs_{label}"] = row["aiorl"] / row[label] if row.get(label) and row.get("aiorl") else None
+    return row
+
+
+def fmt(x, ratio=False):
+    if x is None:
+        return "-"
+    if ratio:
+        return f"{x:.2f}x"
+    for div, suffix in ((1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.2f}{suffix}"
+    return f"{x:.1f}"
+
+
+def print_table(rows, targets):
+    header = ["case", "op", "unit", "aiorl", "numpy", "aiorl/np", "cpprb", "aiorl/cpprb", "floor", "aiorl/floor"]
+    table = [header] + [[r["case"], r["op"], r["unit"], fmt(r["aiorl"]), fmt(r["numpy"]), fmt(r["vs_numpy"], True),
+                         fmt(r["cpprb"]), fmt(r["vs_cpprb"], True), fmt(r["floor"]), fmt(r["vs_floor"], True)]
+                        for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for i, line in enumerate(table):
+        print("  ".join(cell.ljust(w) if j < 3 else cell.rjust(w) for j, (cell, w) in enumerate(zip(line, widths))))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print()
+    for t in targets:
+        status = "n/a" if t["ratio"] is None else ("met" if t["met"] else "MISSED")
+        print(f"target {t['name']:<40} {fmt(t['ratio'], True):>8}  {status}  ({t['case']})")
+
+
+def check_targets(rows):
+    out = []
+    for name, target, op, column in TARGETS:
+        for row in rows:
+            if row["op"] == op:
+                ratio = row.get(f"vs_{column}")
+                out.append({"name": name, "case": row["case"], "target": target, "ratio": ratio,
+                            "met": None if ratio is None else ratio >= target})
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--quick", action="store_true", help="small capacities and short rounds (smoke test)")
+    parser.add_argument("--rounds", type=int, default=None, help="timing rounds per implementation (default 5)")
+    parser.add_argument("--round-seconds", type=float, default=None, help="seconds per round (default 0.25)")
+    parser.add_argument("--no-cpprb", action="store_true", help="leave cpprb out even if installed")
+    parser.add_argument("--no-large", action="store_true", help="skip the large-observation case")
+    args = parser.parse_args(argv)
+
+    rounds = args.rounds or (1 if args.quick else 5)
+    round_s = args.round_seconds or (0.01 if args.quick else 0.25)
+    timer = Timer(rounds, round_s)
+    rng = np.random.default_rng(0)
+    use_cpprb = cpprb is not None and not args.no_cpprb
+    impls = [("aiorl", AiorlPER), ("numpy", NumpyPER)] + ([("cpprb", CpprbPER)] if use_cpprb else [])
+    small_cap, large_cap = (2 ** 12, 2 ** 10) if args.quick else (2 ** 20, 2 ** 17)
+    cases = [(f"cap 2^{small_cap.bit_length() - 1}, obs (4,) f32", small_cap, spec_for((4,), "float32"))]
+    if not args.no_large:
+        cases.append((f"cap 2^{large_cap.bit_length() - 1}, obs (7056,) u8", large_cap, spec_for((7056,), "uint8")))
+
+    rows = []
+    for case, capacity, spec in cases:
+        print(f"measuring {case} ...", file=sys.stderr, flush=True)
+        bench_buffers(case, capacity, spec, timer, rows, rng, impls)
+    print("measuring n-step and gae ...", file=sys.stderr, flush=True)
+    bench_nstep(timer, rows, rng)
+    bench_gae(timer, rows, rng)
+
+    targets = check_targets(rows)
+    print_table(rows, targets)
+    if args.json:
+        result = {
+            "benchmark": "replay", "quick": args.quick, "batch": BATCH, "add_chunk": ADD_CHUNK,
+            "alpha": ALPHA, "beta": BETA, "rounds": rounds, "round_seconds": round_s,
+            "backend": replay.BACKEND, "numpy": np.__version__,
+            "cpprb": getattr(cpprb, "__version__", "installed") if use_cpprb else None,
+            "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "rows": rows, "targets": targets,
+        }
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return rows, targets
+
+
+if __name__ == "__main__":
+    main()
