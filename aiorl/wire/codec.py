@@ -126,9 +126,10 @@ class Limits:
     """Most dimensions of one array."""
     max_name_bytes: int = 256
     """Longest message kind or array name (UTF-8 bytes)."""
-    write_buffer_high_bytes: int = 1 << 20
-    """send() waits (drain) while the transport holds more than this."""
-    write_buffer_low_bytes: int = 256 * 1024
+    write_buffer_high_bytes: int = 4 << 20
+    """send() waits (drain) while the transport holds more than this (uvloop and TLS
+    transports; the stock loop's plain socket transport is fed in 256 KiB pieces)."""
+    write_buffer_low_bytes: int = 1 << 20
     """...until it is back under this."""
 
     def __post_init__(self) -> None:
@@ -163,17 +164,30 @@ def _meta_default(obj: Any) -> Any:
 Layout = tuple[tuple[tuple[str, np.dtype, tuple[int, ...], int], ...], int]
 
 
+class _Plan:
+    """How to write one layout: cached per (kind, names, dtypes, shapes, strides)."""
+
+    __slots__ = ("schema", "payload_len", "pads", "zero_copy")
+
+    def __init__(self, schema: bytes, payload_len: int, pads: tuple[bytes, ...], zero_copy: tuple[bool, ...]):
+        self.schema = schema
+        self.payload_len = payload_len
+        self.pads = pads  # zero bytes to write before each array (alignment)
+        self.zero_copy = zero_copy if any(zero_copy) else None  # None: the whole frame is one buffer
+
+
 class Encoder:
     """Turns (kind, meta, arrays) into a list of buffers for ``transport.writelines``."""
 
-    __slots__ = ("_limits", "_version", "_packer", "_schemas")
+    __slots__ = ("_limits", "_version", "_packer", "_plans", "_last")
 
     def __init__(self, limits: Limits, version: int = PROTOCOL_VERSION) -> None:
         self._limits = limits
         self._version = version
         self._packer = msgpack.Packer(default=_meta_default, use_bin_type=True)
-        # (kind, (name, dtype, shape)...) -> (schema bytes, offsets, payload bytes)
-        self._schemas: dict[tuple, tuple[bytes, tuple[int, ...], int]] = {}
+        self._plans: dict[Any, _Plan] = {}
+        # kind -> (((name, dtype, shape), ...), plan) of its last message
+        self._last: dict[str, tuple] = {}
 
     def handshake(self, ftype: int, meta: Mapping[str, Any]) -> bytes:
         """A meta-only handshake frame."""
@@ -195,75 +209,118 @@ class Encoder:
         memory (zero-copy), so they must not change until written.
         """
         if arrays:
-            items = []
-            key = [kind]
-            for name, array in arrays.items():
-                if type(array) is not np.ndarray or array.dtype not in _WIRE_NAME or not array.flags.c_contiguous:
-                    array = _coerce(name, array)
-                items.append(array)
-                key.append((name, array.dtype, array.shape))
-            key = tuple(key)
-            cached = self._schemas.get(key)
-            if cached is None:
-                cached = self._new_schema(kind, arrays.keys(), items, key)
-            schema, offsets, payload_len = cached
+            # Most messages of a kind repeat the previous layout: compare against
+            # it field by field, cheaper than building and hashing a key. Names,
+            # dtypes (by identity: numpy's == is slow; an equal copy just misses)
+            # and shapes decide the schema; contiguity is left to the buffer
+            # protocol, which refuses non-C-contiguous arrays below.
+            plan = None
+            last = self._last.get(kind)
+            if last is not None and len(arrays) == len(last[0]):
+                try:
+                    for (name, a), (last_name, dtype, shape) in zip(arrays.items(), last[0]):
+                        if a.dtype is not dtype or a.shape != shape or name != last_name:
+                            break
+                    else:
+                        plan = last[1]
+                except AttributeError:  # not numpy: the slow path names the culprit
+                    pass
+            if plan is None:
+                arrays, plan = self._lookup(kind, arrays)
         else:
-            items = ()
-            cached = self._schemas.get(kind)
-            if cached is None:
-                cached = self._new_schema(kind, (), (), kind)
-            schema, offsets, payload_len = cached
-
+            plan = self._plans.get(kind)
+            if plan is None:
+                plan = self._plan(kind, {})[1]
+        if meta and type(meta) is not dict and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
         meta_bytes = self._packer.pack(meta) if meta else _EMPTY_MAP
-        if len(meta_bytes) + len(schema) > self._limits.max_header_bytes:
+        header_len = len(plan.schema) + len(meta_bytes)
+        if header_len > self._limits.max_header_bytes:
             raise ValueError(
-                f"message {kind!r}: header of {len(meta_bytes) + len(schema)} bytes exceeds "
+                f"message {kind!r}: header of {header_len} bytes exceeds "
                 f"max_header_bytes={self._limits.max_header_bytes}; move bulk data from meta into arrays"
             )
-        fixed = FIXED.pack(MAGIC, self._version, ftype, 0, len(schema), len(meta_bytes), payload_len, request_id)
-        head = [fixed, schema, meta_bytes]
-        buffers = []
-        end = 0
-        for array, offset in zip(items, offsets):
-            if offset != end:
-                head.append(_PADS[offset - end])
-            nbytes = array.nbytes
-            end = offset + nbytes
-            if nbytes >= ZERO_COPY_MIN_BYTES:
-                buffers.append(b"".join(head))
-                buffers.append(memoryview(array).cast("B"))
-                head = []
-            elif nbytes:
-                head.append(array)
-        if head:
-            buffers.append(b"".join(head))
-        return buffers, FIXED_SIZE + len(schema) + len(meta_bytes) + payload_len
+        head = FIXED.pack(MAGIC, self._version, ftype, 0, len(plan.schema), len(meta_bytes), plan.payload_len,
+                          request_id)
+        try:
+            buffers = self._buffers(head, meta_bytes, plan, arrays.values() if arrays else ())
+        except (BufferError, TypeError):
+            # A non-contiguous array with a known layout: copy it, then go on.
+            arrays, plan = self._plan(kind, arrays)[:2]
+            buffers = self._buffers(head, meta_bytes, plan, arrays.values())
+        return buffers, FIXED_SIZE + header_len + plan.payload_len
 
-    def _new_schema(self, kind: str, names, items, key) -> tuple[bytes, tuple[int, ...], int]:
+    @staticmethod
+    def _buffers(head: bytes, meta_bytes: bytes, plan: _Plan, values) -> list:
+        parts = [head, plan.schema, meta_bytes]
+        if plan.zero_copy is None:
+            for array, pad in zip(values, plan.pads):
+                if pad:
+                    parts.append(pad)
+                parts.append(array)
+            return [b"".join(parts)]  # (the buffer protocol refuses non-C-contiguous arrays)
+        buffers = []
+        for array, pad, zero_copy in zip(values, plan.pads, plan.zero_copy):
+            if pad:
+                parts.append(pad)
+            if zero_copy:
+                buffers.append(b"".join(parts))
+                buffers.append(memoryview(array).cast("B"))  # (TypeError unless C-contiguous)
+                parts = []
+            else:
+                parts.append(array)
+        if parts:
+            buffers.append(b"".join(parts))
+        return buffers
+
+    def _lookup(self, kind: str, arrays: Mapping[str, Any]) -> tuple[Mapping[str, np.ndarray], _Plan]:
+        """The plan for a layout that is not the kind's last one (validating and coercing if new)."""
+        try:
+            # dtype, shape and strides decide validity and contiguity.
+            key = (kind, *[(name, a.dtype, a.shape, a.strides) for name, a in arrays.items()])
+        except AttributeError:
+            key = None
+        plan = self._plans.get(key)
+        if plan is None:
+            arrays, plan, key = self._plan(kind, arrays)
+        if len(self._last) >= _CACHE_MAX:
+            self._last.clear()
+        self._last[kind] = (tuple(entry[:3] for entry in key[1:]), plan)
+        return arrays, plan
+
+    def _plan(self, kind: str, arrays: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], _Plan, Any]:
+        """Validate and coerce ``arrays``, and cache how to write their layout (returns its key)."""
         limits = self._limits
         _check_name("message kind", kind, limits)
-        if len(items) > limits.max_arrays:
-            raise ValueError(f"message {kind!r} has {len(items)} arrays, more than max_arrays={limits.max_arrays}")
+        if len(arrays) > limits.max_arrays:
+            raise ValueError(f"message {kind!r} has {len(arrays)} arrays, more than max_arrays={limits.max_arrays}")
+        coerced = {}
         descs = []
-        offsets = []
+        pads = []
         end = 0
-        for name, array in zip(names, items):
+        for name, array in arrays.items():
             _check_name("array name", name, limits)
+            array = coerced[name] = _coerce(name, array)
             if array.ndim > limits.max_ndim:
                 raise ValueError(f"array {name!r} has {array.ndim} dimensions, more than max_ndim={limits.max_ndim}")
             offset = _align(end) if end else 0
-            offsets.append(offset)
+            pads.append(_PADS[offset - end])
             descs.append([name, _WIRE_NAME[array.dtype], list(array.shape), offset, array.nbytes])
             end = offset + array.nbytes
         if end > limits.max_payload_bytes:
             raise ValueError(
                 f"message {kind!r}: payload of {end} bytes exceeds max_payload_bytes={limits.max_payload_bytes}"
             )
-        entry = (msgpack.packb([kind, descs]), tuple(offsets), end)
-        if len(self._schemas) >= _CACHE_MAX:
-            self._schemas.clear()
-        self._schemas[key] = entry
-        return entry
+        zero_copy = tuple(a.nbytes >= ZERO_COPY_MIN_BYTES for a in coerced.values())
+        plan = _Plan(msgpack.packb([kind, descs]), end, tuple(pads), zero_copy)
+        if len(self._plans) >= _CACHE_MAX:
+            self._plans.clear()
+        # Cache under the key of what is actually written. If coercion changed
+        # an array (a copy), the caller's key differs and stays a miss, so such
+        # arrays always come through here.
+        key = (kind, *[(n, a.dtype, a.shape, a.strides) for n, a in coerced.items()]) if coerced else kind
+        self._plans[key] = plan
+        return coerced, plan, key
 
 
 def _check_name(what: str, name: Any, limits: Limits) -> None:
@@ -284,8 +341,10 @@ def _coerce(name: str, array: Any) -> np.ndarray:
         if little not in _WIRE_NAME:
             allowed = ", ".join(sorted({dt.name for dt in ALLOWED_DTYPES.values()}))
             raise TypeError(f"array {name!r} has dtype {dtype}, which the wire does not carry (allowed: {allowed})")
-        array = array.astype(little)
-    return np.ascontiguousarray(array)
+        array = array.astype(little, order="C")
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")  # (np.ascontiguousarray would turn 0-d into 1-d)
+    return array
 
 
 class Decoder:

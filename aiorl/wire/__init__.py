@@ -1,0 +1,34 @@
+"""aiorl.wire: the only code that touches sockets.
+
+Authenticated (mutual HMAC-SHA256 over a cluster token), pickle-free framing of
+named numpy arrays plus small msgpack metadata, over asyncio (uvloop by
+default) TCP, optionally TLS. See :mod:`aiorl.wire.codec` for the frame format,
+:mod:`aiorl.wire.auth` for the handshake, :mod:`aiorl.wire.connection` for the
+buffer contract and flow control.
+"""
+
+from .auth import generate_token, load_token, write_token_file
+from .codec import ALLOWED_DTYPES, PROTOCOL_VERSION, Limits
+from .connection import Connection, Server, connect, serve
+from .errors import AuthError, ConnectionClosed, ProtocolError, RemoteError, TokenError, WireError
+from .message import Message
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "PROTOCOL_VERSION",
+    "AuthError",
+    "Connection",
+    "ConnectionClosed",
+    "Limits",
+    "Message",
+    "ProtocolError",
+    "RemoteError",
+    "Server",
+    "TokenError",
+    "WireError",
+    "connect",
+    "generate_token",
+    "load_token",
+    "serve",
+    "write_token_file",
+]

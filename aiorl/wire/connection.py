@@ -1,0 +1,388 @@
+"""Connections, clients and servers: the message API over :mod:`aiorl.wire.protocol`.
+
+Buffer contract for senders
+---------------------------
+``send()`` (and ``request()``/``reply()``) is zero-copy for large arrays: an
+array of at least 32 KiB goes to the transport as a memoryview of *your*
+memory, and on uvloop the transport may still read from it after ``send()``
+returns, until the kernel has taken the bytes (the stock loop and TLS copy, but
+do not rely on that). Smaller arrays are copied into the frame at once.
+
+So: treat an array passed to ``send()`` as handed over; never write to it
+again. To reuse a buffer, send ``array.copy()``. What you send is whatever the
+memory holds when the transport writes it; ``send()`` returning means the
+frame is queued and the write buffer is under its high-water mark, not that
+the peer has it. ``close()`` flushes everything queued (within its deadline).
+
+Flow control
+------------
+Receivers put messages into a bounded queue (``recv_queue_size`` messages).
+When it is full the reader stops parsing; frames that already arrived wait in
+the connection's fixed-size staging buffer (about 512 KiB), and once that is
+full too the transport stops reading, so TCP pushes back on the sender, whose
+``send()`` then waits in drain. A connection therefore never holds more than
+its queue plus one staging buffer plus at most one large frame being
+received. Replies to ``request()`` travel on the same connection behind
+data messages, so keep a task consuming ``recv()`` on every connection that
+receives data; otherwise a full queue also holds back the replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as ssl_module
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+
+import numpy as np
+
+from .codec import FrameType, Limits
+from .errors import ConnectionClosed
+from .message import Message
+
+__all__ = ["Connection", "Server", "connect", "serve"]
+
+logger = logging.getLogger("aiorl.wire")
+
+
+class Connection:
+    """An authenticated, message-framed connection to one peer."""
+
+    __slots__ = ("_proto", "__weakref__")
+
+    def __init__(self, proto) -> None:
+        self._proto = proto
+
+    @property
+    def peer(self) -> str:
+        """The peer's address, ``"host:port"``."""
+        return self._proto.peer
+
+    @property
+    def peer_name(self) -> str | None:
+        """The name the peer gave in the handshake, e.g. ``"actor-3"``."""
+        return self._proto.peer_name
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()``/``abort()`` was called or the connection ended."""
+        proto = self._proto
+        return proto._closing or proto._lost or proto._failed
+
+    def __repr__(self) -> str:
+        proto = self._proto
+        if proto._lost:
+            state = f"closed ({proto._cause or 'clean'})"
+        elif self.closed:
+            state = "closing"
+        else:
+            state = "open"
+        return (
+            f"<Connection {proto._who()} {state} queued={sum(m is not _EOF_TYPE for m in proto._queue._items)} "
+            f"pending_requests={len(proto._pending)} reading_paused={proto._reading_paused} "
+            f"writing_paused={proto._writing_paused}>"
+        )
+
+    # ------------------------------------------------------------------ sending
+
+    async def send(
+        self, kind: str, meta: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarray] | None = None
+    ) -> None:
+        """Send one data message; waits while the write buffer is over its high-water mark.
+
+        The frame is queued whole before anything awaits, so concurrent senders
+        never interleave. Arrays of 32 KiB or more are sent from your memory
+        without a copy, possibly after this returns: never modify an array
+        after passing it here (see the module docstring).
+        """
+        proto = self._proto
+        if proto._closing or proto._lost or proto._failed:
+            raise proto.closed_error()
+        buffers, nbytes = proto._encoder.encode(FrameType.DATA, kind, meta, arrays)
+        proto.write_frame(buffers, nbytes)
+        if proto._writing_paused:
+            await proto.drain()
+
+    async def request(
+        self,
+        kind: str,
+        meta: Mapping[str, Any] | None = None,
+        arrays: Mapping[str, np.ndarray] | None = None,
+        *,
+        timeout_s: float,
+    ) -> Message:
+        """Send a request and wait for its reply, all within ``timeout_s``.
+
+        Raises ``TimeoutError`` (a late reply is dropped), :class:`RemoteError`
+        if the peer answered with ``reply_error``, :class:`ConnectionClosed` if
+        the connection ends first.
+        """
+        proto = self._proto
+        if proto._closing or proto._lost or proto._failed:
+            raise proto.closed_error()
+        buffers, nbytes = proto._encoder.encode(FrameType.REQUEST, kind, meta, arrays, request_id := proto.next_request_id())
+        reply = proto._loop.create_future()
+        proto._pending[request_id] = reply
+        try:
+            async with asyncio.timeout(timeout_s):
+                proto.write_frame(buffers, nbytes)
+                if proto._writing_paused:
+                    await proto.drain()
+                return await reply
+        except TimeoutError:
+            raise TimeoutError(f"request {kind!r} to {proto.peer} got no reply within {timeout_s:g}s") from None
+        finally:
+            proto._pending.pop(request_id, None)
+
+    async def reply(
+        self,
+        request: Message,
+        kind: str = "ok",
+        meta: Mapping[str, Any] | None = None,
+        arrays: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Answer ``request`` (a received message with a ``request_id``)."""
+        await self._reply(FrameType.RESPONSE, request, kind, meta, arrays)
+
+    async def reply_error(self, request: Message, reason: str) -> None:
+        """Answer ``request`` with an error; the requester's ``request()`` raises ``RemoteError(reason)``."""
+        await self._reply(FrameType.ERROR, request, "error", {"reason": str(reason)}, None)
+
+    async def _reply(self, ftype: int, request: Message, kind: str, meta, arrays) -> None:
+        if request.request_id is None:
+            raise ValueError(f"cannot reply to {request!r}: it is not a request (no request_id)")
+        proto = self._proto
+        if proto._closing or proto._lost or proto._failed:
+            raise proto.closed_error()
+        buffers, nbytes = proto._encoder.encode(ftype, kind, meta, arrays, request.request_id)
+        proto.write_frame(buffers, nbytes)
+        if proto._writing_paused:
+            await proto.drain()
+
+    # ------------------------------------------------------------------ receiving
+
+    async def recv(self) -> Message:
+        """The next data message or request, in arrival order.
+
+        Raises :class:`ConnectionClosed` (``.cause`` says why, ``None`` if clean)
+        once the connection has ended and every message that arrived before
+        has been returned.
+        """
+        return await self._next(False)
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self
+
+    def __anext__(self) -> Awaitable[Message]:
+        # One coroutine per message instead of two (this is the hot path).
+        return self._next(True)
+
+    async def _next(self, iterating: bool) -> Message:
+        proto = self._proto
+        queue = proto._queue
+        item = queue._items.popleft() if queue._items else await queue.get()
+        if item is _EOF_TYPE:
+            queue._items.appendleft(item)  # it stays last: every later call ends the same way
+            queue._wake_next()  # ...including the other tasks waiting in recv() right now
+            error = proto.closed_error()
+            if iterating and error.cause is None:
+                raise StopAsyncIteration
+            raise error
+        if proto._parsing_paused or proto._overflow:
+            proto.refill()
+        return item
+
+    # ------------------------------------------------------------------ closing
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Flush what is queued, then close; past ``timeout_s`` drop the connection instead."""
+        proto = self._proto
+        if not proto._lost:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    if not proto._closing:
+                        try:
+                            await proto.flush_out()
+                        except ConnectionClosed:
+                            pass  # it ended while flushing; nothing left to flush
+                        proto.close_transport()
+                    await asyncio.shield(proto._closed)
+            except TimeoutError:
+                logger.warning("%s: close() did not finish within %gs; aborting", proto._who(), timeout_s)
+                proto.abort()
+        await asyncio.shield(proto._closed)
+
+    def abort(self) -> None:
+        """Drop the connection now; anything not yet written is lost."""
+        self._proto.abort()
+
+    async def wait_closed(self) -> None:
+        """Wait until the connection has ended (either side, any reason)."""
+        await asyncio.shield(self._proto._closed)
+
+
+from .protocol import WireProtocol, _EOF  # noqa: E402  (protocol imports Connection lazily)
+
+_EOF_TYPE = _EOF
+
+
+def _check_common(token: bytes, name: str, recv_queue_size: int, handshake_timeout_s: float) -> None:
+    if not isinstance(token, bytes) or not token:
+        raise TypeError("token must be non-empty bytes (see aiorl.wire.load_token)")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if type(recv_queue_size) is not int or recv_queue_size < 1:
+        raise ValueError(f"recv_queue_size must be an int >= 1, got {recv_queue_size!r}")
+    if not handshake_timeout_s > 0:
+        raise ValueError(f"handshake_timeout_s must be > 0, got {handshake_timeout_s!r}")
+
+
+async def connect(
+    host: str,
+    port: int,
+    *,
+    token: bytes,
+    name: str,
+    limits: Limits | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+    handshake_timeout_s: float = 10.0,
+    recv_queue_size: int = 64,
+    server_hostname: str | None = None,
+) -> Connection:
+    """Connect to an aiorl server and authenticate, all within ``handshake_timeout_s``.
+
+    Raises :class:`AuthError` (wrong token on either side), :class:`ProtocolError`
+    (e.g. "peer speaks protocol 2, this is 1"), ``TimeoutError``, or ``OSError``.
+    With ``ssl``, the server certificate is checked against ``server_hostname``
+    (default: ``host``).
+    """
+    _check_common(token, name, recv_queue_size, handshake_timeout_s)
+    limits = limits or Limits()
+    loop = asyncio.get_running_loop()
+    proto = WireProtocol(
+        server=False, token=token, name=name, limits=limits,
+        recv_queue_size=recv_queue_size, handshake_timeout_s=handshake_timeout_s,
+    )
+    extra: dict[str, Any] = {}
+    if ssl is not None:
+        extra = {"ssl": ssl, "server_hostname": server_hostname or host, "ssl_handshake_timeout": handshake_timeout_s}
+    try:
+        async with asyncio.timeout(handshake_timeout_s):
+            await loop.create_connection(lambda: proto, host, port, **extra)
+            await proto.handshake_done
+    except TimeoutError:
+        proto.abort()
+        raise TimeoutError(f"connecting to {host}:{port}: no completed handshake within {handshake_timeout_s:g}s") from None
+    except BaseException:
+        proto.abort()
+        raise
+    return proto.connection
+
+
+class Server:
+    """A listening aiorl endpoint. ``port`` is the bound port (so ``port=0`` works)."""
+
+    def __init__(self, on_connection: Callable[[Connection], Awaitable[None]], name: str,
+                 protocol_options: dict[str, Any]) -> None:
+        self.host = ""
+        self.port = 0
+        self.connections: set[Connection] = set()
+        self._on_connection = on_connection
+        self._name = name
+        self._protocol_options = protocol_options
+        self._server: asyncio.base_events.Server | None = None
+        self._protocols: set[WireProtocol] = set()  # every live one, handshaking too
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
+
+    def __repr__(self) -> str:
+        state = "closing" if self._closing else "serving"
+        return (f"<Server {self._name!r} {self.host}:{self.port} {state} connections={len(self.connections)} "
+                f"handshaking={len(self._protocols) - len(self.connections)}>")
+
+    def _make_protocol(self) -> WireProtocol:
+        proto = WireProtocol(server=True, on_ready=self._on_ready, on_lost=self._on_lost, **self._protocol_options)
+        self._protocols.add(proto)
+        return proto
+
+    def _on_ready(self, proto: WireProtocol) -> None:
+        conn = proto.connection
+        self.connections.add(conn)
+        task = asyncio.get_running_loop().create_task(self._handle(conn), name=f"aiorl.wire handler {conn.peer}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_lost(self, proto: WireProtocol) -> None:
+        self._protocols.discard(proto)
+        self.connections.discard(proto.connection)
+
+    async def _handle(self, conn: Connection) -> None:
+        try:
+            await self._on_connection(conn)
+        except asyncio.CancelledError:
+            conn.abort()
+            raise
+        except ConnectionClosed as exc:
+            logger.debug("handler for %s (%s) ended: %s", conn.peer, conn.peer_name, exc)
+        except Exception:
+            logger.error("connection handler for %s (%s) failed", conn.peer, conn.peer_name, exc_info=True)
+        await conn.close()
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stop listening, close every connection (flushing within ``timeout_s``), end the handlers."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for proto in list(self._protocols):
+            if not proto._authenticated:
+                proto.abort()
+        connections = list(self.connections)
+        if connections:
+            await asyncio.gather(*(conn.close(timeout_s) for conn in connections))
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+async def serve(
+    on_connection: Callable[[Connection], Awaitable[None]],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    token: bytes,
+    name: str,
+    limits: Limits | None = None,
+    ssl: ssl_module.SSLContext | None = None,
+    handshake_timeout_s: float = 10.0,
+    recv_queue_size: int = 64,
+    backlog: int = 128,
+) -> Server:
+    """Listen on ``host:port`` (default 127.0.0.1, an ephemeral port).
+
+    ``on_connection(conn)`` runs as its own task for each authenticated
+    connection; when it returns or raises (the exception is logged with the
+    peer), the connection is closed. Failed handshakes never reach it.
+    """
+    _check_common(token, name, recv_queue_size, handshake_timeout_s)
+    server = Server(on_connection, name, {
+        "token": token, "name": name, "limits": limits or Limits(),
+        "handshake_timeout_s": handshake_timeout_s, "recv_queue_size": recv_queue_size,
+    })
+    extra: dict[str, Any] = {}
+    if ssl is not None:
+        extra = {"ssl": ssl, "ssl_handshake_timeout": handshake_timeout_s}
+    loop = asyncio.get_running_loop()
+    server._server = await loop.create_server(server._make_protocol, host, port, backlog=backlog, **extra)
+    server.host, server.port = server._server.sockets[0].getsockname()[:2]
+    logger.debug("%r listening", server)
+    return server

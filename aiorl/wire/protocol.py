@@ -1,0 +1,855 @@
+"""The asyncio protocol under every :class:`~aiorl.wire.Connection`.
+
+It owns the bytes: framing, the handshake, and flow control in both
+directions. :mod:`aiorl.wire.connection` puts the message API on top.
+
+Receiving (``BufferedProtocol``, so the loop reads straight into our memory):
+
+- Small frames are read in windows of up to ``READ_WINDOW`` bytes into one
+  staging buffer and parsed in place; a window usually holds many frames, so
+  small messages cost one read syscall per window, not per message. Each
+  small payload is copied once out of staging (it must outlive the window).
+- A frame whose payload is over ``SMALL_PAYLOAD`` gets its own buffer as soon as
+  its header is in and checked; the loop then reads the rest of the payload
+  straight into it (``get_buffer`` returns exactly the bytes still missing), so a
+  1 GiB frame is never copied after the kernel hands it over.
+- Complete messages go into a bounded queue (``_MessageQueue``: asyncio.Queue
+  semantics, less bookkeeping). When it is full the protocol stops parsing;
+  bytes keep arriving into staging until it is full as well, and then it calls
+  ``transport.pause_reading()``, so the peer's sends back up through TCP.
+  ``recv()`` resumes parsing once the queue is half empty, and reading once
+  staging is half empty. (Pausing the socket only when staging is full, not
+  every time the queue fills, saves two epoll_ctl calls per queue's worth of
+  small messages.) Nothing here grows without bound.
+- Large payload buffers are page-aligned and recycled per connection (``_BufferPool``) once no received array
+  refers to them any more: the kernel's copy into a cold, freshly faulted,
+  misaligned buffer cost twice as much as the copy itself.
+
+Sending: frames are appended to an outgoing list and handed to the transport
+once per loop iteration (or at once past ``COALESCE_BYTES``), so bursts of small
+messages become one ``writelines`` (one ``writev``, zero-copy on uvloop).
+Senders wait in ``drain()`` while the transport is over its high-water mark.
+Appending a frame never awaits, which makes every frame atomic however many
+tasks send at once. The stock loop's socket transport joins ``writelines``
+and copies whatever the kernel does not take at once, so there we feed it
+``STOCK_CHUNK`` pieces, and only when its buffer has drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import logging
+import mmap
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from . import auth
+from .codec import (
+    FIXED,
+    FIXED_SIZE,
+    HANDSHAKE_MAX_HEADER_BYTES,
+    MAGIC,
+    PROTOCOL_VERSION,
+    Decoder,
+    Encoder,
+    FrameType,
+    Limits,
+)
+from .errors import AuthError, ConnectionClosed, ProtocolError, RemoteError
+from .message import Message
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+logger = logging.getLogger("aiorl.wire")
+
+#: Payloads up to this size are completed in the staging buffer and copied out.
+SMALL_PAYLOAD = 64 * 1024
+#: Most bytes one read may put into the staging buffer: large while frames are
+#: small (fewer reads per message), small right after a large frame, because
+#: the head of the next large frame lands in staging and is copied out once.
+READ_WINDOW = 256 * 1024
+READ_WINDOW_AFTER_LARGE = 64 * 1024
+#: Staging size before authentication: room for a few handshake frames.
+HANDSHAKE_STAGE = 4 * (FIXED_SIZE + HANDSHAKE_MAX_HEADER_BYTES)
+#: Outgoing bytes that trigger an immediate hand-over to the transport instead
+#: of waiting for the end of the loop iteration.
+COALESCE_BYTES = 64 * 1024
+#: The stock (non-uvloop) socket transport copies whatever the kernel does not
+#: take at once into one bytearray; we feed it in pieces of this size, and only
+#: when it is empty, so a 16 MiB frame is not copied whole.
+STOCK_CHUNK = 256 * 1024
+
+_NO_ARRAYS = ((), 0)
+_MESSAGE_TYPES = FrameType.MESSAGES
+_unpack_fixed = FIXED.unpack_from
+_ndarray = np.ndarray
+
+
+class _MessageQueue:
+    """The bounded FIFO between a connection's reader and ``recv()``.
+
+    ``asyncio.Queue`` semantics (FIFO, any number of waiting getters,
+    cancellation-safe ``get``) without its ``task_done``/``join`` bookkeeping,
+    which costs more per small message than parsing the frame. Boundedness is
+    the protocol's job: it stops parsing at ``maxsize``.
+    """
+
+    __slots__ = ("maxsize", "_items", "_getters", "_loop")
+
+    def __init__(self, maxsize: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.maxsize = maxsize
+        self._items: collections.deque = collections.deque()
+        self._getters: collections.deque[asyncio.Future] = collections.deque()
+        self._loop = loop
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def full(self) -> bool:
+        return len(self._items) >= self.maxsize
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        self._wake_next()
+
+    def _wake_next(self) -> None:
+        getters = self._getters
+        while getters:
+            getter = getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                return
+
+    async def get(self) -> Any:
+        items = self._items
+        while not items:
+            getter = self._loop.create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except BaseException:
+                getter.cancel()
+                try:
+                    self._getters.remove(getter)
+                except ValueError:
+                    pass
+                if items and not getter.cancelled():
+                    self._wake_next()  # we were woken but are leaving: pass it on
+                raise
+        return items.popleft()
+
+
+class _BufferPool:
+    """Recycles large payload buffers once no received array refers to them.
+
+    A fresh ``np.empty`` of a few MiB is mmap()ed or trimmed back by malloc,
+    so every frame would page-fault its whole buffer in again: on uvloop that
+    doubled the receiver's CPU per 1 MiB frame (about 145 faults per frame). Consumers usually drop a batch
+    before the next one arrives, so a handful of buffers per connection cover a
+    stream. "No one refers to it" is the reference count of the memory's owner
+    array: numpy makes it the ``.base`` of every view of a received array (and
+    a tensor made from one keeps its array), so while any of them is alive the
+    buffer is not reused.
+    """
+
+    MAX_BUFFERS = 16
+    MAX_BYTES = 64 << 20
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        # [owner array, start, nbytes], least recently used first
+        self._entries: list[list] = []
+
+    def take(self, nbytes: int) -> np.ndarray:
+        entries = self._entries
+        for i in range(len(entries) - 1, -1, -1):
+            # The most recently used free buffer is the likeliest still in cache.
+            # 2 references to a free owner: its entry and getrefcount's argument.
+            entry = entries[i]
+            if entry[2] == nbytes and sys.getrefcount(entry[0]) == 2:
+                entries.append(entries.pop(i))
+                return entry[0][entry[1]:entry[1] + nbytes]
+        owner, start = _alloc_payload(nbytes)
+        if _POOLING and nbytes <= self.MAX_BYTES // 2:
+            if len(entries) >= self.MAX_BUFFERS or sum(e[2] for e in entries) + nbytes > self.MAX_BYTES:
+                free = [i for i in range(len(entries)) if sys.getrefcount(entries[i][0]) == 2]
+                del entries[free[0] if free else 0]
+            entries.append([owner, start, nbytes])
+        return owner[start:start + nbytes]
+
+
+def _alloc_payload(nbytes: int) -> tuple[np.ndarray, int]:
+    """``(owner, start)``: ``owner[start:start + nbytes]`` is a page-aligned receive buffer.
+
+    Page-aligned so the kernel's copy into it starts on a page and cache-line
+    boundary. (Transparent huge pages were tried: a new buffer then stalled
+    for memory compaction at its first touch, which cost more than it saved.)
+    """
+    owner = np.empty(nbytes + _PAGE, np.uint8)
+    return owner, -owner.ctypes.data % _PAGE
+
+
+_PAGE = mmap.PAGESIZE
+
+
+def _pooling_works() -> bool:
+    """The reference-count test above is CPython and numpy behaviour: check it once, on both kinds of buffer."""
+    for nbytes in (SMALL_PAYLOAD + 1, 4 << 20):
+        pool = _BufferPool()
+        payload = pool.take(nbytes)
+        view = np.ndarray((2,), np.float64, payload, 8)[1:]
+        del payload
+        owner = pool._entries[0][0]
+        in_use = sys.getrefcount(owner) > 3  # + this name
+        del view
+        if not in_use or sys.getrefcount(owner) != 3:
+            return False
+    return True
+
+
+_POOLING = True  # (take() consults it while the check below runs)
+_POOLING = _pooling_works()
+
+
+class _EOF:
+    """Queue sentinel: the connection has ended and every message before it was delivered."""
+
+
+@dataclass(slots=True)
+class _Direct:
+    """A large frame being read straight into its own payload buffer."""
+
+    ftype: int
+    request_id: int
+    kind: str
+    layout: tuple
+    meta: dict
+    payload: np.ndarray
+    pos: int  # bytes of the payload received so far
+    view: memoryview = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.view = memoryview(self.payload)
+
+
+def _format_address(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(address)
+
+
+class WireProtocol(asyncio.BufferedProtocol):
+    """One end of one connection. Not public: use ``connect()`` / ``serve()``."""
+
+    def __init__(
+        self,
+        *,
+        server: bool,
+        token: bytes,
+        name: str,
+        limits: Limits,
+        recv_queue_size: int,
+        handshake_timeout_s: float,
+        on_ready: Callable[[WireProtocol], None] | None = None,
+        on_lost: Callable[[WireProtocol], None] | None = None,
+        version: int = PROTOCOL_VERSION,
+    ) -> None:
+        from .connection import Connection  # the façade; imported late to avoid a cycle
+
+        self._loop = asyncio.get_running_loop()
+        self._server = server
+        self._token = token
+        self._name = name
+        self._limits = limits
+        self._version = version
+        self._handshake_timeout_s = handshake_timeout_s
+        self._on_ready = on_ready
+        self._on_lost = on_lost
+        self._encoder = Encoder(limits, version)
+        self._decoder = Decoder(limits)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.peer_name: str | None = None
+
+        # receiving
+        self._queue = _MessageQueue(recv_queue_size, self._loop)
+        self._resume_at = recv_queue_size // 2
+        self._overflow: collections.deque = collections.deque()
+        self._parsing_paused = False  # the queue is full: complete frames wait in staging
+        self._reading_paused = False  # ...and staging is full too: transport.pause_reading()
+        # Until the peer is authenticated it can only send tiny handshake
+        # frames, so it gets a tiny buffer: a flood of unauthenticated
+        # connections costs little memory (and each lives at most the
+        # handshake timeout). The full staging buffer comes with the handshake.
+        self._stage = bytearray(HANDSHAKE_STAGE)
+        self._stage_view = memoryview(self._stage)
+        self._start = 0  # first unparsed byte in staging
+        self._end = 0  # end of received bytes in staging
+        self._direct: _Direct | None = None
+        self._window = READ_WINDOW
+        self._pool = _BufferPool()
+        self._last_schema = b""  # the previous frame's schema bytes and decoded layout
+        self._last_layout: tuple = ("", _NO_ARRAYS)
+
+        # sending
+        self._out: list = []
+        self._out_bytes = 0
+        self._flush_handle: asyncio.Handle | None = None
+        self._writing_paused = False
+        self._drain_waiters: list[asyncio.Future] = []
+        self._chunked = False
+
+        # handshake
+        self._authenticated = False
+        self._nonce = auth.new_nonce()
+        self._peer_nonce = b""
+        self._handshake_step = 0
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self.handshake_done: asyncio.Future | None = None if server else self._loop.create_future()
+
+        # requests awaiting a reply: request id -> future
+        self._pending: dict[int, asyncio.Future] = {}
+        self._next_request_id = 1
+
+        # lifecycle
+        self._closing = False  # close()/abort() was called here
+        self._failed = False  # bad input: stop reading anything more
+        self._lost = False  # connection_lost has run
+        self._cause: BaseException | None = None  # what ended the connection; None = clean
+        self._closed = self._loop.create_future()
+        self.connection: Connection = Connection(self)
+
+    def __repr__(self) -> str:
+        return f"<WireProtocol {self.connection!r}>"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.peer = _format_address(transport.get_extra_info("peername"))
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:  # frames are coalesced by us; never wait for Nagle
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except (OSError, AttributeError):
+                pass
+        is_uvloop = type(transport).__module__.startswith("uvloop")
+        tls = transport.get_extra_info("sslcontext") is not None
+        self._chunked = not is_uvloop and not tls
+        if self._chunked:
+            transport.set_write_buffer_limits(high=STOCK_CHUNK // 4, low=0)  # type: ignore[attr-defined]
+        else:
+            transport.set_write_buffer_limits(  # type: ignore[attr-defined]
+                high=self._limits.write_buffer_high_bytes, low=self._limits.write_buffer_low_bytes
+            )
+        self._handshake_timer = self._loop.call_later(self._handshake_timeout_s, self._handshake_timed_out)
+        if not self._server:
+            self._write_handshake(FrameType.HELLO, {"name": self._name, "nonce": self._nonce})
+
+    def eof_received(self) -> bool:
+        return False  # let the transport close; connection_lost sorts out clean vs mid-frame
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._writing_paused = False
+        for handle in (self._handshake_timer, self._flush_handle):
+            if handle is not None:
+                handle.cancel()
+        self._out.clear()
+        self._out_bytes = 0
+        if not self._failed:
+            # Frames that arrived while reading was paused are still in staging:
+            # deliver them (the queue overflows into the bounded staging-sized
+            # backlog) before telling anyone the connection is gone.
+            try:
+                self._parse()
+            except (ProtocolError, AuthError) as bad:
+                self._cause = bad
+                logger.warning("%s: %s", self._who(), bad)
+            except Exception as bug:
+                self._bad_input(bug)
+            else:
+                partial = self._end - self._start
+                if self._direct is not None:
+                    partial = FIXED_SIZE + self._direct.pos
+                if partial and exc is None and not self._closing:
+                    self._cause = ProtocolError(f"peer closed the connection mid-frame ({partial} bytes of an unfinished frame)")
+                    logger.warning("%s: %s", self._who(), self._cause)
+        if exc is not None and self._cause is None:
+            self._cause = exc
+            if not self._closing:
+                logger.warning("%s: connection lost: %r", self._who(), exc)
+        if self._authenticated or self._cause is None:
+            logger.debug("%s: closed (%s)", self._who(), self._cause or "clean")
+        self._direct = None
+        if self.handshake_done is not None and not self.handshake_done.done():
+            self.handshake_done.set_exception(
+                self._cause or ConnectionClosed(f"{self.peer} closed the connection during the handshake")
+            )
+        if self._pending:
+            pending, self._pending = self._pending, {}
+            for future in pending.values():
+                if not future.done():
+                    future.set_exception(self.closed_error())
+        self._wake_drain_waiters(self.closed_error())
+        self._push(_EOF)
+        if not self._closed.done():
+            self._closed.set_result(None)
+        if self._on_lost is not None:
+            self._on_lost(self)
+
+    def closed_error(self) -> ConnectionClosed:
+        """A fresh ConnectionClosed describing why this connection ended."""
+        cause = self._cause
+        if cause is not None:
+            why = f"ended: {type(cause).__name__}: {cause}"
+        elif self._closing:
+            why = "was closed by this side"
+        elif self._lost:
+            why = "was closed by the peer"
+        else:
+            why = "is closing"
+        return ConnectionClosed(f"connection {self._who()} {why}", cause)
+
+    def _who(self) -> str:
+        name = f" ({self.peer_name})" if self.peer_name else ""
+        return f"{'from' if self._server else 'to'} {self.peer}{name}"
+
+    def fail(self, exc: BaseException, *, reject: bool = True) -> None:
+        """Bad input or a failed handshake: log why, and drop this connection only."""
+        if self._failed or self._lost:
+            return
+        self._failed = True
+        self._cause = exc
+        self._direct = None
+        logger.warning("closing connection %s: %s", self._who(), exc)
+        if self.handshake_done is not None and not self.handshake_done.done():
+            self.handshake_done.set_exception(exc)
+        transport = self.transport
+        if transport is None:
+            return
+        if reject and not self._authenticated and not transport.is_closing():
+            # Tell the peer why before hanging up (tiny, fits the socket buffer).
+            code = "auth" if isinstance(exc, AuthError) else "protocol"
+            self._write_handshake(FrameType.REJECT, {"code": code, "reason": _reject_reason(exc)})
+            transport.close()
+        else:
+            transport.abort()
+
+    def close_transport(self) -> None:
+        self._closing = True
+        if self.transport is not None and not self._lost:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self._closing = True
+        if self.handshake_done is not None and not self.handshake_done.done():
+            self.handshake_done.cancel()
+        if self.transport is not None and not self._lost:
+            self.transport.abort()
+
+    # ------------------------------------------------------------------ receiving
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        direct = self._direct
+        if direct is not None:
+            return direct.view[direct.pos:]
+        start, end = self._start, self._end
+        if start == end:
+            self._start = self._end = end = 0
+        elif len(self._stage) - end < self._window:
+            # Move the unfinished frame to the front. (A temporary copy: the
+            # regions may overlap.)
+            kept = end - start
+            self._stage[:kept] = bytes(self._stage_view[start:end])
+            self._start, self._end = 0, kept
+            end = kept
+            if end == len(self._stage):
+                # Only reachable if a transport reads while paused; grow rather than fail.
+                self._stage = self._stage + bytearray(READ_WINDOW)
+                self._stage_view = memoryview(self._stage)
+        return self._stage_view[end:end + self._window]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._failed:
+            return
+        try:
+            direct = self._direct
+            if direct is not None:
+                direct.pos += nbytes
+                if direct.pos == len(direct.payload):
+                    self._direct = None
+                    self._frame(direct.ftype, direct.request_id, direct.kind, direct.layout, direct.meta, direct.payload)
+                return
+            self._end += nbytes
+            self._parse()
+            if self._parsing_paused and not self._reading_paused and self._staging_room() < READ_WINDOW:
+                # Queue full and staging full: stop reading, TCP pushes back.
+                self._reading_paused = True
+                self.transport.pause_reading()
+        except Exception as exc:
+            self._bad_input(exc)
+
+    def _bad_input(self, exc: Exception) -> None:
+        """Bad bytes (or, never expected, a bug of ours) end this connection and only this one."""
+        if isinstance(exc, (ProtocolError, AuthError)):
+            self.fail(exc)
+            return
+        logger.error("internal error reading from %s", self.peer, exc_info=exc)
+        exc = ProtocolError(f"internal error: {exc!r}")
+        if self._lost:
+            self._cause = self._cause or exc
+        else:
+            self.fail(exc, reject=False)
+
+    def _parse(self) -> None:
+        """Handle every complete frame in staging, until the queue is full or input is bad.
+
+        The hot loop for small messages: the fixed header is one struct unpack,
+        the schema is usually the previous frame's (compared in place, no copy),
+        empty meta skips msgpack, and data messages go straight to the queue.
+        """
+        stage = self._stage
+        view = self._stage_view
+        queue = self._queue
+        items = queue._items
+        maxsize = queue.maxsize
+        max_header = self._limits.max_header_bytes
+        max_payload = self._limits.max_payload_bytes
+        while not self._failed and (not self._parsing_paused or self._lost):
+            start = self._start
+            end = self._end
+            if end - start < FIXED_SIZE:
+                return
+            magic, version, ftype, flags, schema_len, meta_len, payload_len, request_id = _unpack_fixed(stage, start)
+            header_len = schema_len + meta_len
+            if magic != MAGIC or version != self._version or flags or not self._authenticated:
+                self._check_early_header(magic, version, flags, ftype, schema_len, header_len, payload_len)
+            elif (ftype not in _MESSAGE_TYPES or not schema_len or header_len > max_header
+                  or payload_len > max_payload):
+                self._bad_message_header(ftype, schema_len, header_len, payload_len)
+            header_end = start + FIXED_SIZE + header_len
+            if header_end > end:
+                return  # header incomplete; staging always has room for a whole one
+            if schema_len:
+                schema_start = start + FIXED_SIZE
+                last = self._last_schema
+                if schema_len == len(last) and stage.startswith(last, schema_start):
+                    kind, layout = self._last_layout
+                else:
+                    last = bytes(view[schema_start:schema_start + schema_len])
+                    kind, layout = self._last_layout = self._decoder.schema(last)
+                    self._last_schema = last
+                if layout[1] != payload_len:
+                    raise ProtocolError(f"arrays need {layout[1]} payload bytes, frame declares {payload_len}")
+            else:
+                kind, layout = "", _NO_ARRAYS
+            if meta_len == 1 and stage[header_end - 1] == 0x80:
+                meta = {}  # the common empty map, without msgpack
+            else:
+                meta = self._decoder.meta(bytes(view[header_end - meta_len:header_end]))
+            frame_end = header_end + payload_len
+            if frame_end <= end:
+                self._start = frame_end
+                self._window = READ_WINDOW
+                if ftype == FrameType.DATA:  # fast path: a small data message
+                    if request_id:
+                        raise ProtocolError("data frame carries a request id")
+                    payload = stage[header_end:frame_end]  # one copy: it must outlive staging
+                    message = Message(kind, meta, {
+                        name: _ndarray(shape, dtype, payload, offset) for name, dtype, shape, offset in layout[0]
+                    })
+                    if self._overflow or len(items) >= maxsize:
+                        self._push(message)
+                    else:
+                        items.append(message)  # (queue.put_nowait, inlined)
+                        if queue._getters:
+                            queue._wake_next()
+                        if len(items) >= maxsize:
+                            self._parsing_paused = True
+                else:
+                    self._frame(ftype, request_id, kind, layout, meta,
+                                stage[header_end:frame_end] if payload_len else None)
+                    stage, view = self._stage, self._stage_view  # the handshake swaps staging
+            elif payload_len <= SMALL_PAYLOAD or self._lost:
+                return
+            else:
+                # Large frame: everything is checked, so allocate it now and let
+                # the loop read the rest straight into it.
+                payload = self._pool.take(payload_len)
+                have = end - header_end
+                payload[:have] = np.frombuffer(stage, np.uint8, have, header_end)
+                self._direct = _Direct(ftype, request_id, kind, layout, meta, payload, have)
+                self._start = self._end = 0
+                self._window = READ_WINDOW_AFTER_LARGE
+                return
+
+    def _check_early_header(self, magic: bytes, version: int, flags: int, ftype: int,
+                            schema_len: int, header_len: int, payload_len: int) -> None:
+        """Checks that only fail on garbage or during the handshake (off the hot path)."""
+        if magic != MAGIC:
+            raise ProtocolError(f"bad magic {magic!r}: not an aiorl peer")
+        if version != self._version:
+            raise ProtocolError(f"peer speaks protocol {version}, this is {self._version}")
+        if flags:
+            raise ProtocolError(f"unknown frame flags 0x{flags:04x}")
+        if ftype not in FrameType.HANDSHAKE or schema_len or payload_len or header_len > HANDSHAKE_MAX_HEADER_BYTES:
+            raise ProtocolError(
+                f"expected a handshake frame, got type {ftype} with {header_len} header and "
+                f"{payload_len} payload bytes"
+            )
+
+    def _bad_message_header(self, ftype: int, schema_len: int, header_len: int, payload_len: int) -> None:
+        limits = self._limits
+        if ftype not in _MESSAGE_TYPES:
+            raise ProtocolError(f"unexpected frame type {ftype} after the handshake")
+        if not schema_len:
+            raise ProtocolError("message frame without a schema")
+        if header_len > limits.max_header_bytes:
+            raise ProtocolError(f"header of {header_len} bytes exceeds max_header_bytes={limits.max_header_bytes}")
+        raise ProtocolError(f"payload of {payload_len} bytes exceeds max_payload_bytes={limits.max_payload_bytes}")
+
+    def _frame(self, ftype: int, request_id: int, kind: str, layout, meta: dict, payload) -> None:
+        if not self._authenticated:
+            if not self._lost:
+                self._handshake_frame(ftype, meta)
+            return
+        arrays = self._decoder.arrays(layout, payload) if layout[0] else {}
+        if ftype == FrameType.DATA:
+            if request_id:
+                raise ProtocolError("data frame carries a request id")
+            self._push(Message(kind, meta, arrays))
+        elif ftype == FrameType.REQUEST:
+            if not request_id:
+                raise ProtocolError("request frame without a request id")
+            self._push(Message(kind, meta, arrays, request_id))
+        else:  # RESPONSE or ERROR
+            future = self._pending.pop(request_id, None)
+            if future is None or future.done():
+                logger.debug("%s: dropping reply to request %d (timed out or cancelled)", self._who(), request_id)
+                return
+            if ftype == FrameType.RESPONSE:
+                future.set_result(Message(kind, meta, arrays, request_id))
+            else:
+                future.set_exception(RemoteError(str(meta.get("reason", "error"))))
+
+    def _push(self, item: Any) -> None:
+        queue = self._queue
+        if self._overflow or queue.full():
+            # Only after connection loss (staged frames are drained) or from
+            # a transport that read while paused; bounded by the staging buffer.
+            self._overflow.append(item)
+        else:
+            queue.put_nowait(item)
+        if not self._parsing_paused and queue.full():
+            self._parsing_paused = True
+
+    def refill(self) -> None:
+        """Called by recv() after taking a message: move backlog in; parse and read again when half empty."""
+        queue = self._queue
+        overflow = self._overflow
+        while overflow and not queue.full():
+            queue.put_nowait(overflow.popleft())
+        if not self._parsing_paused or overflow or queue.qsize() > self._resume_at:
+            return
+        self._parsing_paused = False
+        # Frames already in staging go first; they may fill the queue again.
+        try:
+            self._parse()
+        except Exception as exc:
+            self._bad_input(exc)
+            return
+        if (self._reading_paused and not self._lost and not self._failed
+                and self._staging_room() >= len(self._stage) // 2):
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def _staging_room(self) -> int:
+        """Bytes staging can still take (after moving the unparsed rest to the front)."""
+        return len(self._stage) - (self._end - self._start)
+
+    # ------------------------------------------------------------------ handshake
+
+    def _write_handshake(self, ftype: int, meta: dict) -> None:
+        self.transport.write(self._encoder.handshake(ftype, meta))
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        if not self._authenticated:
+            self.fail(
+                TimeoutError(f"no completed handshake within {self._handshake_timeout_s:g}s"), reject=False
+            )
+
+    def _handshake_frame(self, ftype: int, meta: dict) -> None:
+        if ftype == FrameType.REJECT:
+            reason = meta.get("reason")
+            reason = reason if isinstance(reason, str) else "no reason given"
+            error = AuthError if meta.get("code") == "auth" else ProtocolError
+            self.fail(error(f"peer refused the connection: {reason[:200]}"), reject=False)
+            return
+        step = (ftype, self._server, self._handshake_step)
+        if step == (FrameType.HELLO, True, 0):  # server: the client's hello
+            self.peer_name = _checked(meta, "name", str, self._limits.max_name_bytes)
+            self._peer_nonce = _checked(meta, "nonce", bytes, auth.NONCE_BYTES, exact=True)
+            self._handshake_step = 1
+            self._write_handshake(FrameType.HELLO, {
+                "name": self._name,
+                "nonce": self._nonce,
+                "mac": self._mac(b"server"),
+            })
+        elif step == (FrameType.HELLO, False, 0):  # client: the server's hello + proof
+            self.peer_name = _checked(meta, "name", str, self._limits.max_name_bytes)
+            self._peer_nonce = _checked(meta, "nonce", bytes, auth.NONCE_BYTES, exact=True)
+            proof = _checked(meta, "mac", bytes, 32, exact=True)
+            if not hmac.compare_digest(proof, self._mac(b"server")):
+                raise AuthError(f"server {self.peer} could not prove it holds the cluster token (wrong token?)")
+            self._handshake_step = 1
+            self._write_handshake(FrameType.AUTH, {"mac": self._mac(b"client")})
+        elif step == (FrameType.AUTH, True, 1):  # server: the client's proof
+            proof = _checked(meta, "mac", bytes, 32, exact=True)
+            if not hmac.compare_digest(proof, self._mac(b"client")):
+                raise AuthError("authentication failed: the peer does not hold the cluster token (wrong token?)")
+            self._write_handshake(FrameType.WELCOME, {})
+            self._authenticated_now()
+            if self._on_ready is not None:
+                self._on_ready(self)
+        elif step == (FrameType.WELCOME, False, 1):
+            self._authenticated_now()
+            self.handshake_done.set_result(None)
+        else:
+            raise ProtocolError(f"unexpected handshake frame type {ftype} at step {self._handshake_step}")
+
+    def _authenticated_now(self) -> None:
+        self._authenticated = True
+        size = 2 * (FIXED_SIZE + self._limits.max_header_bytes + SMALL_PAYLOAD) + READ_WINDOW
+        stage = bytearray(size)
+        kept = self._end - self._start  # anything the peer pipelined after its last handshake frame
+        stage[:kept] = self._stage_view[self._start:self._end]
+        self._stage, self._stage_view = stage, memoryview(stage)
+        self._start, self._end = 0, kept
+        self._handshake_step = 2
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        logger.debug("%s: authenticated", self._who())
+
+    def _mac(self, direction: bytes) -> bytes:
+        if self._server:
+            client_nonce, server_nonce = self._peer_nonce, self._nonce
+            client_name, server_name = self.peer_name, self._name
+        else:
+            client_nonce, server_nonce = self._nonce, self._peer_nonce
+            client_name, server_name = self._name, self.peer_name
+        return auth.mac(self._token, direction, self._version, client_nonce, server_nonce, client_name, server_name)
+
+    # ------------------------------------------------------------------ sending
+
+    def write_frame(self, buffers: list, nbytes: int) -> None:
+        """Queue one encoded frame. Never awaits, so frames never interleave."""
+        if self._closing or self._lost or self._failed:
+            raise self.closed_error()
+        self._out += buffers
+        self._out_bytes += nbytes
+        if self._out_bytes >= COALESCE_BYTES:
+            self._flush()
+        elif self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self._writing_paused or not self._out or self._lost:
+            return
+        transport = self.transport
+        if not self._chunked:
+            # uvloop: writelines keeps memoryviews and writev()s them (zero-copy).
+            out, self._out = self._out, []
+            self._out_bytes = 0
+            transport.writelines(out)
+            return
+        out = self._out
+        i = 0
+        while i < len(out) and not self._writing_paused:
+            buf = out[i]
+            if len(buf) > STOCK_CHUNK:
+                view = buf if isinstance(buf, memoryview) else memoryview(buf)
+                piece, out[i] = view[:STOCK_CHUNK], view[STOCK_CHUNK:]
+            else:
+                j, size = i + 1, len(buf)
+                while j < len(out) and size + len(out[j]) <= STOCK_CHUNK:
+                    size += len(out[j])
+                    j += 1
+                piece = buf if j == i + 1 else b"".join(out[i:j])
+                i = j
+            self._out_bytes -= len(piece)
+            transport.write(piece)
+        del out[:i]
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._flush()
+        if not self._writing_paused and not self._out:
+            self._wake_drain_waiters(None)
+
+    def _wake_drain_waiters(self, exc: BaseException | None) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
+
+    async def drain(self) -> None:
+        """Wait until the transport is below its low-water mark again (or the connection ends)."""
+        while self._writing_paused:
+            if self._lost:
+                raise self.closed_error()
+            waiter = self._loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    async def flush_out(self) -> None:
+        """Hand everything queued here to the transport (before closing)."""
+        self._flush()
+        while self._out and not self._lost:
+            waiter = self._loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def next_request_id(self) -> int:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return request_id
+
+
+def _checked(meta: dict, key: str, kind: type, size: int, *, exact: bool = False) -> Any:
+    value = meta.get(key)
+    if type(value) is not kind:
+        raise ProtocolError(f"handshake field {key!r} must be {kind.__name__}")
+    length = len(value.encode() if kind is str else value)
+    if (exact and length != size) or not 0 < length <= size:
+        raise ProtocolError(f"handshake field {key!r} has a bad length {length}")
+    return value
+
+
+def _reject_reason(exc: BaseException) -> str:
+    if isinstance(exc, AuthError):
+        return "authentication failed"
+    return str(exc)[:200]
