@@ -190,6 +190,12 @@ def _coerce(value, tp, path: str):
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):
+            # YAML 1.1 reads 5e-4 and 1e30 (no dot) as strings; take them as the numbers they are.
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif tp is str:
         if isinstance(value, str):
             return value

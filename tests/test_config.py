@@ -99,3 +99,12 @@ def test_cli_refuses_bad_config_before_starting_anything(tmp_path, override, mes
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert not (tmp_path / "runs").exists()  # no run directory, so no process was started
+
+
+def test_yaml_exponent_floats_are_numbers(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("algo: random_agent\nagent: {prioritized_replay_eps: 1e-8}\nmodel: {learning_rate: 5e-4}\n")
+    cfg = load_config(path)
+    assert cfg.agent.prioritized_replay_eps == 1e-8 and cfg.model.learning_rate == 5e-4
+    with pytest.raises(ConfigError, match="model.learning_rate: expected float, got str 'fast'"):
+        load_config(data={"algo": "random_agent", "model": {"learning_rate": "fast"}})

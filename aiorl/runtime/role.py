@@ -193,9 +193,13 @@ class Role:
         except (CoordinatorLost, asyncio.CancelledError):
             raise
         except Exception as exc:
+            lost = _leaves(exc, CoordinatorLost)
+            if lost:
+                raise lost[0] from None
             self.log.exception("failed")
-            await self._report_failure(f"{type(exc).__name__}: {exc}")
-            raise RoleFailed(f"{type(exc).__name__}: {exc}") from exc
+            cause = (_leaves(exc, Exception) or [exc])[0]  # the real error, not its TaskGroup wrapper
+            await self._report_failure(f"{type(cause).__name__}: {cause}")
+            raise RoleFailed(f"{type(cause).__name__}: {cause}") from exc
         await self._request_or_lost("done", {**self._heartbeat_meta(), "stats": stats})
         self.log.info("reported done")
 

@@ -1,0 +1,283 @@
+"""Ape-X DDPG (Horgan et al. 2018; Lillicrap et al. 2016): a deterministic
+actor and a Q critic over distributed prioritized replay.
+
+Reads top to bottom: config, the n-step critic target, exploration noise, the
+acting policy, the learner, the builder.
+
+Critic target of a replay row (s_t, a_t, R_t, s_{t+m}, d_t), m <= n:
+
+    y_t = R_t + d_t * Q'(s_{t+m}, mu'(s_{t+m}))
+
+with ``d_t`` = gamma^m from the replay core's n-step adjustment (0 when the
+episode terminated inside the window; truncation still bootstraps). EasyRL
+discounted the bootstrap by gamma whatever the window length, a bug fixed
+here. The critic loss is importance-weighted (MSE or Huber); the actor
+maximizes ``mean_i Q(s_i, mu(s_i))``. Both gradients are computed from the
+same parameters, then applied together (one all-reduce for data-parallel
+learners); targets follow by Polyak averaging with ``tau``. Priorities are
+|y_t - Q(s_t, a_t)|.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from aiorl.algos._common import (
+    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, export_script, hard_update,
+    load_numpy_state, make_adam, setup_torch, soft_update, state_to_numpy, td_loss,
+)
+from aiorl.algos._networks import (
+    DEFAULT_MLP, Critic, DeterministicActor, check_observation_space, is_image, parse_network,
+)
+from aiorl.config import ConfigError, doc
+from aiorl.runtime.algorithm import Algorithm, LearnerResult
+
+
+@dataclass
+class ApexDDPGConfig:
+    actor_network: list = doc("Actor torso layers (see aiorl/algos/_networks.py); empty: nature_cnn for "
+                              "images, two relu layers of 256 otherwise.", default_factory=list)
+    critic_network: list = doc("Critic layers; the action joins where features become flat (at the input "
+                               "for vector observations). Empty: as actor_network's default.",
+                               default_factory=list)
+    n_step: int = doc("n of the n-step returns (actors' adjustment).", default=3)
+    gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
+    actor_learning_rate: float = doc("Adam step size of the actor.", default=1e-4)
+    critic_learning_rate: float = doc("Adam step size of the critic.", default=1e-3)
+    adam_eps: float = doc("Adam epsilon.", default=1e-8)
+    grad_clip_norm: float | None = doc("Clip each network's global gradient norm (null: no clipping).",
+                                       default=None)
+    loss: str = doc("Critic loss: 'mse' or 'huber'.", default="mse")
+    huber_delta: float = doc("Huber loss threshold.", default=1.0)
+    tau: float = doc("Soft target update weight per learner step, in (0, 1].", default=0.005)
+    exploration: str = doc("Exploration noise: 'gaussian' or 'ou' (Ornstein-Uhlenbeck), per actor.",
+                           default="gaussian")
+    exploration_sigma: float = doc("Noise scale as a fraction of each action's half range.", default=0.1)
+    ou_theta: float = doc("Mean reversion of the OU noise per step.", default=0.15)
+    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
+                      default="cpu")
+    torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
+    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
+
+
+# --------------------------------------------------------------------------
+# Logic: target and exploration
+
+
+def n_step_critic_target(reward: torch.Tensor, discount: torch.Tensor, q_next_target: torch.Tensor) -> torch.Tensor:
+    """``R + discount * Q'(s', mu'(s'))``; ``discount`` is gamma^m, 0 after termination."""
+    return reward + discount * q_next_target
+
+
+class GaussianNoise:
+    """Independent N(0, sigma^2) per step, in units of the action half range."""
+
+    def __init__(self, shape: tuple[int, ...], sigma: float, rng: np.random.Generator):
+        self.shape, self.sigma, self.rng = shape, sigma, rng
+
+    def __call__(self) -> np.ndarray:
+        return self.sigma * self.rng.standard_normal(self.shape)
+
+
+class OUNoise:
+    """Ornstein-Uhlenbeck: ``x <- x - theta * x + sigma * N(0, 1)`` per step and env.
+
+    The process runs on across episode ends (the acting policy does not see
+    them); its mean reversion forgets the previous episode within ~1/theta steps.
+    """
+
+    def __init__(self, shape: tuple[int, ...], sigma: float, theta: float, rng: np.random.Generator):
+        self.sigma, self.theta, self.rng = sigma, theta, rng
+        self.state = np.zeros(shape)
+
+    def __call__(self) -> np.ndarray:
+        self.state += -self.theta * self.state + self.sigma * self.rng.standard_normal(self.state.shape)
+        return self.state.copy()
+
+
+# --------------------------------------------------------------------------
+# Acting
+
+
+class DDPGActor(NStepPolicy):
+    def __init__(self, algo: "ApexDDPG", actor_index: int, seed: int):
+        m = algo.cfg.model
+        super().__init__(m.n_step, m.gamma)
+        setup_torch(m.torch_threads, seed)
+        self.actor = algo.actor_network().eval()
+        self.critic = algo.critic_network().eval()  # for initial priorities
+        self.space = algo.env_spec.action_space
+        self.model = m
+        self.rng = np.random.default_rng(seed)
+        self.noise = None  # made for the number of envs of the first `act`
+        self.device = torch.device("cpu")
+
+    def __repr__(self) -> str:
+        return f"<DDPGActor noise={type(self.noise).__name__} weights_version={self.weights_version}>"
+
+    def _make_noise(self, num_envs: int):
+        m = self.model
+        shape = (num_envs, int(np.prod(self.space.shape)))
+        if m.exploration == "ou":
+            return OUNoise(shape, m.exploration_sigma, m.ou_theta, self.rng)
+        return GaussianNoise(shape, m.exploration_sigma, self.rng)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        unit = self.actor.unit(as_tensor(obs, self.device)).numpy()
+        if self.noise is None:
+            self.noise = self._make_noise(len(obs))
+        unit = np.clip(unit + self.noise(), -1.0, 1.0)
+        low, high = self.space.low.reshape(-1), self.space.high.reshape(-1)
+        action = np.clip((high + low) / 2 + (high - low) / 2 * unit, low, high)  # no rounding past a bound
+        return action.reshape((len(obs),) + self.space.shape).astype(self.space.dtype)
+
+    @torch.no_grad()
+    def priorities(self, batch):
+        """|TD| with the actor's copies of mu and Q standing in for the targets."""
+        next_obs = as_tensor(batch["next_obs"], self.device)
+        y = n_step_critic_target(as_tensor(batch["reward"], self.device), as_tensor(batch["discount"], self.device),
+                                 self.critic.q_unit(next_obs, self.actor.unit(next_obs)))
+        q = self.critic(as_tensor(batch["obs"], self.device), as_tensor(batch["action"], self.device, torch.float32))
+        return (y - q).abs().numpy().astype(np.float64)
+
+    def set_weights(self, weights, version):
+        load_numpy_state(self.actor, weights, "actor")
+        load_numpy_state(self.critic, weights, "critic")
+        self.weights_version = version
+
+
+# --------------------------------------------------------------------------
+# Learning
+
+
+class DDPGLearner(ApexLearner):
+    checkpoint_items = {name: name for name in ("actor", "critic", "actor_target", "critic_target",
+                                                "actor_optimizer", "critic_optimizer")}
+
+    def __init__(self, algo: "ApexDDPG", learner_index: int, num_learners: int, seed: int,
+                 rendezvous: str | None):
+        super().__init__(algo, learner_index, num_learners, seed)
+        m = self.m
+        self.actor = algo.actor_network().to(self.device)
+        self.critic = algo.critic_network().to(self.device)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.actor_params = list(self.actor.parameters())
+        self.critic_params = list(self.critic.parameters())
+        self.actor_optimizer = make_adam(self.actor_params, m.actor_learning_rate, m.adam_eps)
+        self.critic_optimizer = make_adam(self.critic_params, m.critic_learning_rate, m.adam_eps)
+        self.join(self.critic_params + self.actor_params, [self.actor, self.critic], learner_index,
+                  num_learners, rendezvous)
+        hard_update(self.actor_target, self.actor)
+        hard_update(self.critic_target, self.critic)
+
+    def step(self, batch):
+        if self.dp.stopped:
+            return LearnerResult(stop=True)
+        obs, next_obs, action, reward, discount, weights = self.tensors(batch, torch.float32)
+        with torch.no_grad():
+            q_next = self.critic_target.q_unit(next_obs, self.actor_target.unit(next_obs))
+            y = n_step_critic_target(reward, discount, q_next)
+        q_t = self.critic(obs, action)
+        td = y - q_t
+        critic_loss = td_loss(td, weights, self.m.loss, self.m.huber_delta)
+        actor_loss = -self.critic.q_unit(obs, self.actor.unit(obs)).mean()
+
+        # Both gradients from the same parameters (the actor's only reaches the actor).
+        norms = self.apply([("critic loss", critic_loss, self.critic_params, self.critic_optimizer),
+                            ("actor loss", actor_loss, self.actor_params, self.actor_optimizer)])
+        if norms is None:
+            return LearnerResult(stop=True)  # a peer's data ended: nothing applied
+        soft_update(self.critic_target, self.critic, self.m.tau)
+        soft_update(self.actor_target, self.actor, self.m.tau)
+
+        priorities = td.detach().abs().cpu().numpy().astype(np.float64)
+        metrics = {"losses/critic_loss": float(critic_loss.detach()), "losses/actor_loss": float(actor_loss.detach()),
+                   "losses/critic_grad_norm": norms["critic loss"], "losses/actor_grad_norm": norms["actor loss"],
+                   "values/q_mean": float(q_t.detach().mean()), "values/td_abs_mean": float(priorities.mean())}
+        return LearnerResult(metrics, priorities)
+
+    def get_weights(self):
+        return {**state_to_numpy(self.actor, "actor"), **state_to_numpy(self.critic, "critic")}
+
+    def export_policy(self, directory):
+        return export_script(copy.deepcopy(self.actor).cpu(), directory, self.algo.policy_meta(self.learner_steps))
+
+
+# --------------------------------------------------------------------------
+# Builder
+
+
+class ApexDDPG(Algorithm):
+    name = "apex_ddpg"
+    model_config = ApexDDPGConfig
+
+    @classmethod
+    def validate(cls, cfg):
+        m = cfg.model
+        check_common(m)
+        check_positive(m.actor_learning_rate, "model.actor_learning_rate")
+        check_positive(m.critic_learning_rate, "model.critic_learning_rate")
+        check_positive(m.adam_eps, "model.adam_eps")
+        if not 0 < m.tau <= 1:
+            raise ConfigError(f"model.tau: expected a value in (0, 1], got {m.tau}")
+        if m.exploration not in ("gaussian", "ou"):
+            raise ConfigError(f"model.exploration: expected 'gaussian' or 'ou', got {m.exploration!r}")
+        if m.exploration_sigma < 0:
+            raise ConfigError(f"model.exploration_sigma: must be >= 0, got {m.exploration_sigma}")
+        if not 0 < m.ou_theta <= 1:
+            raise ConfigError(f"model.ou_theta: expected a value in (0, 1], got {m.ou_theta}")
+        parse_network(m.actor_network, "model.actor_network")
+        parse_network(m.critic_network, "model.critic_network")
+
+    def __init__(self, cfg, env_spec):
+        super().__init__(cfg, env_spec)
+        obs_space, action_space = env_spec.observation_space, env_spec.action_space
+        check_observation_space(obs_space, "env.id")
+        if not isinstance(action_space, gym.spaces.Box):
+            raise ConfigError(f"env.id: apex_ddpg needs a Box action space; {env_spec.id} has {action_space} "
+                              "(use apex_dqn for Discrete actions)")
+        if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+            raise ConfigError(f"env.id: apex_ddpg needs bounded actions; {env_spec.id} has {action_space}")
+        default = ["nature_cnn"] if is_image(obs_space) else DEFAULT_MLP
+        m = cfg.model
+        self.actor_layers = parse_network(m.actor_network or default, "model.actor_network")
+        self.critic_layers = parse_network(m.critic_network or default, "model.critic_network")
+        self.actor_network()  # shape errors surface now
+        self.critic_network()
+
+    def actor_network(self) -> DeterministicActor:
+        return DeterministicActor(self.env_spec.observation_space, self.env_spec.action_space, self.actor_layers)
+
+    def critic_network(self) -> Critic:
+        return Critic(self.env_spec.observation_space, self.env_spec.action_space, self.critic_layers)
+
+    def transition_spec(self):
+        obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space
+        obs = (tuple(obs_space.shape), np.dtype(obs_space.dtype).str)
+        action = (tuple(action_space.shape), np.dtype(action_space.dtype).str)
+        return {"obs": obs, "action": action, "reward": ((), "<f4"), "next_obs": obs,
+                "done": ((), "|b1"), "discount": ((), "<f4")}
+
+    def policy_meta(self, learner_steps: int) -> dict:
+        obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space
+        return {"algo": self.name, "env_id": self.env_spec.id, "learner_steps": learner_steps,
+                "observation_shape": list(obs_space.shape), "observation_dtype": np.dtype(obs_space.dtype).str,
+                "action": {"kind": "box", "shape": list(action_space.shape),
+                           "low": action_space.low.reshape(-1).tolist(),
+                           "high": action_space.high.reshape(-1).tolist()},
+                "signature": "obs[B, *observation_shape] -> float32 actions[B, prod(action_shape)]"}
+
+    def make_actor(self, actor_index, num_actors, seed):
+        return DDPGActor(self, actor_index, seed)
+
+    def make_learner(self, learner_index, num_learners, seed, rendezvous=None):
+        return DDPGLearner(self, learner_index, num_learners, seed, rendezvous)
+
+
+ALGORITHM = ApexDDPG

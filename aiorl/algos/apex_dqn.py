@@ -1,0 +1,247 @@
+"""Ape-X DQN (Horgan et al. 2018): distributed prioritized replay for DQN.
+
+Reads top to bottom: config, the n-step double-Q target and loss, the acting
+policy, the learner, the builder.
+
+Target of a replay row (s_t, a_t, R_t, s_{t+m}, d_t) with m <= n steps:
+
+    y_t = R_t + d_t * Q_target(s_{t+m}, argmax_a Q_online(s_{t+m}, a))
+
+where ``R_t = sum_{k<m} gamma^k r_{t+k}`` and ``d_t`` (the row's
+``discount``, from the replay core's n-step adjustment) is gamma^m, or 0
+when the episode terminated inside the window. A window cut by truncation
+(time limit) still bootstraps from the final observation with gamma^m.
+The loss is ``mean_i w_i * huber(y_i - Q_online(s_i, a_i))`` with the
+importance weights w_i of prioritized replay; |y_i - Q(s_i, a_i)| goes back
+as the new priorities. Actors use a fixed epsilon each,
+``eps_i = eps^(1 + alpha * i / (N - 1))``, and send the |TD| of their own
+network as initial priorities.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from aiorl.algos._common import (
+    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, export_script, hard_update,
+    load_numpy_state, make_adam, setup_torch, soft_update, state_to_numpy, td_loss,
+)
+from aiorl.algos._networks import (
+    DEFAULT_MLP, GreedyPolicy, QNetwork, check_observation_space, is_image, parse_network,
+)
+from aiorl.config import ConfigError, doc
+from aiorl.runtime.algorithm import Algorithm, LearnerResult
+
+
+@dataclass
+class ApexDQNConfig:
+    network: list = doc("Torso layers, e.g. ['linear:256', 'relu'] or ['nature_cnn'] (see aiorl/algos/"
+                        "_networks.py); empty: nature_cnn for images, two relu layers of 256 otherwise.",
+                        default_factory=list)
+    dueling: bool = doc("Dueling head: Q = V + A - mean(A).", default=True)
+    double_q: bool = doc("Double Q: the online net picks the next action, the target net values it.",
+                         default=True)
+    n_step: int = doc("n of the n-step returns (actors' adjustment).", default=3)
+    gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
+    learning_rate: float = doc("Adam step size.", default=1e-4)
+    adam_eps: float = doc("Adam epsilon.", default=1.5e-4)
+    grad_clip_norm: float | None = doc("Clip the global gradient norm to this (null: no clipping).",
+                                       default=40.0)
+    loss: str = doc("TD loss: 'huber' or 'mse'.", default="huber")
+    huber_delta: float = doc("Huber loss threshold.", default=1.0)
+    sync_target_frequency: int = doc("Copy the online net to the target net every this many learner steps.",
+                                     default=2500)
+    tau: float | None = doc("Soft target update weight per step instead of periodic copies (null: off).",
+                            default=None)
+    exploration_eps: float = doc("Base epsilon of the per-actor epsilon-greedy schedule.", default=0.4)
+    exploration_alpha: float = doc("Spread of the per-actor epsilons: eps^(1 + alpha * i / (N - 1)).",
+                                   default=7.0)
+    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
+                      default="cpu")
+    torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
+    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
+
+
+# --------------------------------------------------------------------------
+# Logic: exploration, target, loss
+
+
+def actor_epsilon(actor_index: int, num_actors: int, eps: float, alpha: float) -> float:
+    """Ape-X per-actor epsilon ``eps^(1 + alpha * i / (N - 1))``; a single actor uses ``eps``."""
+    if num_actors <= 1:
+        return eps
+    return eps ** (1 + alpha * actor_index / (num_actors - 1))
+
+
+def n_step_q_target(reward: torch.Tensor, discount: torch.Tensor, q_next_target: torch.Tensor,
+                    q_next_online: torch.Tensor | None) -> torch.Tensor:
+    """``R + discount * Q_target(s', a*)``: with `q_next_online` (double Q),
+    ``a* = argmax_a Q_online(s', a)``; without it, ``a* = argmax_a Q_target(s', a)``.
+    ``discount`` is gamma^m, and 0 after termination (no bootstrap)."""
+    if q_next_online is None:
+        bootstrap = q_next_target.max(dim=1).values
+    else:
+        best = q_next_online.argmax(dim=1, keepdim=True)
+        bootstrap = q_next_target.gather(1, best).squeeze(1)
+    return reward + discount * bootstrap
+
+
+# --------------------------------------------------------------------------
+# Acting
+
+
+class DQNActor(NStepPolicy):
+    def __init__(self, algo: "ApexDQN", actor_index: int, num_actors: int, seed: int):
+        m = algo.cfg.model
+        super().__init__(m.n_step, m.gamma)
+        setup_torch(m.torch_threads, seed)
+        self.q = algo.q_network().eval()
+        self.num_actions = algo.num_actions
+        self.epsilon = actor_epsilon(actor_index, num_actors, m.exploration_eps, m.exploration_alpha)
+        self.rng = np.random.default_rng(seed)
+        self.device = torch.device("cpu")
+
+    def __repr__(self) -> str:
+        return f"<DQNActor epsilon={self.epsilon:.4g} weights_version={self.weights_version}>"
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        greedy = self.q(as_tensor(obs, self.device)).argmax(dim=1).numpy()
+        explore = self.rng.random(len(obs)) < self.epsilon
+        random = self.rng.integers(0, self.num_actions, size=len(obs))
+        return np.where(explore, random, greedy).astype(np.int64)
+
+    @torch.no_grad()
+    def priorities(self, batch):
+        """|TD| with the actor's network standing in for both online and target."""
+        q_all = self.q(as_tensor(batch["obs"], self.device))
+        q = q_all.gather(1, as_tensor(batch["action"], self.device, torch.int64)[:, None]).squeeze(1)
+        q_next = self.q(as_tensor(batch["next_obs"], self.device))
+        y = n_step_q_target(as_tensor(batch["reward"], self.device), as_tensor(batch["discount"], self.device),
+                            q_next, q_next)
+        return (y - q).abs().numpy().astype(np.float64)
+
+    def set_weights(self, weights, version):
+        load_numpy_state(self.q, weights, "q")
+        self.weights_version = version
+
+
+# --------------------------------------------------------------------------
+# Learning
+
+
+class DQNLearner(ApexLearner):
+    checkpoint_items = {"model": "online", "target": "target", "optimizer": "optimizer"}
+
+    def __init__(self, algo: "ApexDQN", learner_index: int, num_learners: int, seed: int,
+                 rendezvous: str | None):
+        super().__init__(algo, learner_index, num_learners, seed)
+        self.online = algo.q_network().to(self.device)
+        self.target = copy.deepcopy(self.online).requires_grad_(False)
+        self.params = list(self.online.parameters())
+        self.optimizer = make_adam(self.params, self.m.learning_rate, self.m.adam_eps)
+        self.join(self.params, [self.online], learner_index, num_learners, rendezvous)
+        hard_update(self.target, self.online)
+
+    def step(self, batch):
+        if self.dp.stopped:
+            return LearnerResult(stop=True)
+        obs, next_obs, action, reward, discount, weights = self.tensors(batch, torch.int64)
+        if self.m.double_q:  # one online pass over s_t and s_{t+m} together
+            q_both = self.online(torch.cat([obs, next_obs]))
+            q_all, q_next_online = q_both[:len(obs)], q_both[len(obs):].detach()
+        else:
+            q_all, q_next_online = self.online(obs), None
+        q_t = q_all.gather(1, action[:, None]).squeeze(1)
+        with torch.no_grad():
+            y = n_step_q_target(reward, discount, self.target(next_obs), q_next_online)
+        td = y - q_t
+        loss = td_loss(td, weights, self.m.loss, self.m.huber_delta)
+
+        norms = self.apply([("loss", loss, self.params, self.optimizer)])
+        if norms is None:
+            return LearnerResult(stop=True)  # a peer's data ended: nothing applied
+        if self.m.tau is not None:
+            soft_update(self.target, self.online, self.m.tau)
+        elif self.learner_steps % self.m.sync_target_frequency == 0:
+            hard_update(self.target, self.online)
+
+        priorities = td.detach().abs().cpu().numpy().astype(np.float64)
+        metrics = {"losses/td_loss": float(loss.detach()), "losses/grad_norm": norms["loss"],
+                   "values/q_mean": float(q_t.detach().mean()), "values/td_abs_mean": float(priorities.mean())}
+        return LearnerResult(metrics, priorities)
+
+    def get_weights(self):
+        return state_to_numpy(self.online, "q")
+
+    def export_policy(self, directory):
+        policy = GreedyPolicy(copy.deepcopy(self.online).cpu())
+        return export_script(policy, directory, self.algo.policy_meta(self.learner_steps))
+
+
+# --------------------------------------------------------------------------
+# Builder
+
+
+class ApexDQN(Algorithm):
+    name = "apex_dqn"
+    model_config = ApexDQNConfig
+
+    @classmethod
+    def validate(cls, cfg):
+        m = cfg.model
+        check_common(m)
+        check_positive(m.learning_rate, "model.learning_rate")
+        check_positive(m.adam_eps, "model.adam_eps")
+        if m.sync_target_frequency < 1:
+            raise ConfigError(f"model.sync_target_frequency: must be at least 1, got {m.sync_target_frequency}")
+        if m.tau is not None and not 0 < m.tau <= 1:
+            raise ConfigError(f"model.tau: expected a value in (0, 1] (or null), got {m.tau}")
+        if not 0 <= m.exploration_eps <= 1:
+            raise ConfigError(f"model.exploration_eps: expected a value in [0, 1], got {m.exploration_eps}")
+        if m.exploration_alpha < 0:
+            raise ConfigError(f"model.exploration_alpha: must be >= 0, got {m.exploration_alpha}")
+        parse_network(m.network, "model.network")
+
+    def __init__(self, cfg, env_spec):
+        super().__init__(cfg, env_spec)
+        obs_space, action_space = env_spec.observation_space, env_spec.action_space
+        check_observation_space(obs_space, "env.id")
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ConfigError(f"env.id: apex_dqn needs a Discrete action space; {env_spec.id} has {action_space} "
+                              "(use apex_ddpg for Box actions)")
+        if int(action_space.start) != 0:
+            raise ConfigError(f"env.id: apex_dqn needs actions numbered from 0; {env_spec.id} has {action_space}")
+        self.num_actions = int(action_space.n)
+        spec = cfg.model.network or (["nature_cnn"] if is_image(obs_space) else DEFAULT_MLP)
+        self.layers = parse_network(spec, "model.network")
+        self.q_network()  # shape errors (a conv on vectors, a kernel too large) surface now
+
+    def q_network(self) -> QNetwork:
+        return QNetwork(self.env_spec.observation_space, self.num_actions, self.layers, self.cfg.model.dueling)
+
+    def transition_spec(self):
+        space = self.env_spec.observation_space
+        obs = (tuple(space.shape), np.dtype(space.dtype).str)
+        return {"obs": obs, "action": ((), "<i8"), "reward": ((), "<f4"), "next_obs": obs,
+                "done": ((), "|b1"), "discount": ((), "<f4")}
+
+    def policy_meta(self, learner_steps: int) -> dict:
+        space = self.env_spec.observation_space
+        return {"algo": self.name, "env_id": self.env_spec.id, "learner_steps": learner_steps,
+                "observation_shape": list(space.shape), "observation_dtype": np.dtype(space.dtype).str,
+                "action": {"kind": "discrete", "n": self.num_actions},
+                "signature": "obs[B, *observation_shape] -> int64 actions[B]"}
+
+    def make_actor(self, actor_index, num_actors, seed):
+        return DQNActor(self, actor_index, num_actors, seed)
+
+    def make_learner(self, learner_index, num_learners, seed, rendezvous=None):
+        return DQNLearner(self, learner_index, num_learners, seed, rendezvous)
+
+
+ALGORITHM = ApexDQN

@@ -1,0 +1,311 @@
+"""Learning benchmark: how many env steps, learner steps and seconds a config
+needs until its greedy policy reaches an evaluation threshold.
+
+Two ways to run a config:
+
+- ``run`` (the real thing): ``aiorl run CONFIG`` with checkpoints every
+  ``--checkpoint-every`` learner steps; each new checkpoint's policy is
+  evaluated greedily (``--eval-episodes`` episodes) while the run goes on.
+  At the threshold the run is interrupted (SIGINT: the normal shutdown
+  phases) and ``aiorl eval`` scores the exported final policy. Without
+  ``--stop-at-threshold`` the run ends by its own stop criterion.
+- ``harness``: actors, one prioritized replay and one learner in a single
+  process and loop (round-robin rollouts, ``--updates-per-step`` learner
+  steps per env step). Deterministic for a seed; the tool for tuning
+  hyper-parameters without the runtime.
+
+Both print a table (one row per evaluation), a summary line and, with
+``--json``, write every number. The reference measured in the same
+invocation is the first evaluation (the untrained policy).
+
+    python bench/learning.py run examples/apex_dqn_cartpole.yaml --threshold 475
+    python bench/learning.py harness examples/apex_ddpg_pendulum.yaml --threshold -200 --max-env-steps 40000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from aiorl.config import Config, load_config  # noqa: E402
+from aiorl.envs import EnvRunner, env_spec  # noqa: E402
+from aiorl.evaluate import load_policy, run_episodes  # noqa: E402
+from aiorl.runtime.algorithm import get_algorithm  # noqa: E402
+
+EVAL_SEED = 1_000_000  # evaluation episodes are not the training seeds
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+# --------------------------------------------------------------------------
+# Evaluation of a learner core / a checkpoint
+
+
+def evaluate_core(algo, core, episodes: int, seed: int = EVAL_SEED) -> dict:
+    """Export `core`'s policy (TorchScript, as `aiorl eval` loads it) and run it greedily."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = core.export_policy(tmp)
+        return run_episodes(load_policy(path), algo.cfg.env, episodes, seed)
+
+
+class CheckpointEvaluator:
+    """Builds a learner core once and evaluates checkpoint files with it."""
+
+    def __init__(self, cfg: Config):
+        import torch
+
+        torch.set_num_threads(1)
+        self.algo = get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+        cfg.model.device = "cpu"
+        self.core = self.algo.make_learner(0, 1, 0)
+
+    def __call__(self, path: Path, episodes: int) -> tuple[dict, dict]:
+        counters = self.core.load_checkpoint(str(path))
+        return counters, evaluate_core(self.algo, self.core, episodes)
+
+
+# --------------------------------------------------------------------------
+# In-process harness
+
+
+def harness(cfg: Config, args) -> dict:
+    from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
+
+    algo = get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+    a, n_actors = cfg.agent, cfg.cluster.actors
+    seeds = [cfg.run.seed + 10_000 * (i + 1) for i in range(n_actors)]
+    actors = [algo.make_actor(i, n_actors, seeds[i]) for i in range(n_actors)]
+    runners = [EnvRunner(cfg.env, cfg.env.num_envs, seeds[i]) for i in range(n_actors)]
+    learner = algo.make_learner(0, 1, cfg.run.seed + 100)
+    spec = algo.transition_spec()
+    if a.prioritized_replay:
+        replay = PrioritizedReplayBuffer(a.buffer_size, spec, alpha=a.prioritized_replay_alpha,
+                                         eps=a.prioritized_replay_eps, seed=cfg.run.seed + 1000)
+    else:
+        replay = ReplayBuffer(a.buffer_size, spec, seed=cfg.run.seed + 1000)
+    version = 0
+    for actor in actors:
+        actor.set_weights(learner.get_weights(), version)
+
+    rows: list[dict] = []
+    train_returns: list[float] = []
+    env_steps = learner_steps = 0
+    next_eval = 0
+    t0 = time.perf_counter()
+    reached = None
+    log(f"{'env_steps':>10} {'learner_steps':>13} {'seconds':>8} {'train_ret':>10} {'eval_mean':>10} {'eval_std':>9}")
+    while True:
+        if env_steps >= next_eval:
+            result = evaluate_core(algo, learner, args.eval_episodes)
+            row = {"env_steps": env_steps, "learner_steps": learner_steps,
+                   "seconds": round(time.perf_counter() - t0, 2),
+                   "train_return_mean": float(np.mean(train_returns[-20:])) if train_returns else None,
+                   "eval_mean": result["mean"], "eval_std": result["std"]}
+            rows.append(row)
+            tr = row["train_return_mean"]
+            log(f"{env_steps:>10} {learner_steps:>13} {row['seconds']:>8.1f} "
+                f"{'-' if tr is None else format(tr, '.1f'):>10} {result['mean']:>10.1f} {result['std']:>9.1f}")
+            if args.threshold is not None and result["mean"] >= args.threshold and reached is None:
+                reached = row
+                if args.stop_at_threshold:
+                    break
+            next_eval += args.eval_every
+        if env_steps >= args.max_env_steps or time.perf_counter() - t0 >= args.max_seconds:
+            break
+        for i, (actor, runner) in enumerate(zip(actors, runners)):
+            rollout = runner.rollout(actor.act, a.sample_batch_size)
+            train_returns.extend(runner.pop_episodes()[0])
+            batch, priorities = actor.postprocess(rollout)
+            if batch:
+                if a.prioritized_replay:
+                    replay.add(batch, priorities)
+                else:
+                    replay.add(batch)
+            env_steps += a.sample_batch_size * cfg.env.num_envs
+        if len(replay) < max(a.learning_starts, 1):
+            continue
+        target_steps = int(args.updates_per_step * env_steps)
+        while learner_steps < target_steps:
+            frac = min(1.0, learner_steps / a.scheduled_global_steps) if a.scheduled_global_steps else 0.0
+            beta = a.prioritized_replay_beta
+            if a.prioritized_replay_beta_final is not None:
+                beta += frac * (a.prioritized_replay_beta_final - beta)
+            sample = replay.sample(a.batch_size, beta) if a.prioritized_replay else replay.sample(a.batch_size)
+            result = learner.step(sample)
+            learner_steps += 1
+            if a.prioritized_replay and result.priorities is not None:
+                replay.update_priorities(sample["indices"], result.priorities, sample.get("generations"))
+            if learner_steps % a.publish_interval == 0:
+                version += 1
+                weights = learner.get_weights()
+                for actor in actors:
+                    actor.set_weights(weights, version)
+    for runner in runners:
+        runner.close()
+    return {"mode": "harness", "config": args.config, "algo": cfg.algo, "env": cfg.env.id, "actors": n_actors,
+            "updates_per_step": args.updates_per_step, "threshold": args.threshold, "reached": reached,
+            "rows": rows, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+# --------------------------------------------------------------------------
+# Through `aiorl run`
+
+
+def env_steps_at(metrics_path: Path, learner_steps: int) -> int | None:
+    """env_steps of the first metrics row whose learner_steps reached `learner_steps`."""
+    if not metrics_path.exists():
+        return None
+    for line in metrics_path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a row being written
+        if row.get("learner_steps", 0) >= learner_steps:
+            return row.get("env_steps")
+    return None
+
+
+def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="aiorl-bench-"))
+    sets = [*overrides, f"run.dir={run_dir}", f"run.checkpoint_every={args.checkpoint_every}"]
+    cfg = load_config(cfg_path, sets)
+    command = [sys.executable, "-m", "aiorl", "run", cfg_path, "--quiet", *sum((["--set", s] for s in sets), [])]
+    log(f"$ {' '.join(command)}")
+    t0 = time.perf_counter()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stdout = open(run_dir / "aiorl-run.log", "w")
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT)
+    evaluator = CheckpointEvaluator(cfg)
+    seen: set[str] = set()
+    rows: list[dict] = []
+    reached = None
+    log(f"{'env_steps':>10} {'learner_steps':>13} {'seconds':>8} {'eval_mean':>10} {'eval_std':>9}  checkpoint")
+    try:
+        while True:
+            running = proc.poll() is None
+            checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*.pt"))
+            fresh = [p for p in checkpoints if p.name not in seen]
+            if fresh:
+                path = fresh[-1]  # the newest; older unseen ones are skipped (evaluation lags)
+                seen.update(p.name for p in fresh)
+                seconds = time.perf_counter() - t0
+                try:
+                    counters, result = evaluator(path, args.eval_episodes)
+                except (OSError, EOFError, RuntimeError):
+                    continue  # pruned or half-written under us: take the next one
+                # Checkpoints count learner 0's steps; the run's counter sums every learner's.
+                learner_steps = int(counters.get("learner_steps", 0)) * cfg.cluster.learners
+                row = {"checkpoint": path.name, "learner_steps": learner_steps,
+                       "env_steps": env_steps_at(run_dir / "metrics.jsonl", learner_steps),
+                       "seconds": round(seconds, 2), "eval_mean": result["mean"], "eval_std": result["std"]}
+                rows.append(row)
+                log(f"{row['env_steps'] or '-':>10} {row['learner_steps']:>13} {row['seconds']:>8.1f} "
+                    f"{result['mean']:>10.1f} {result['std']:>9.1f}  {path.name}")
+                if args.threshold is not None and result["mean"] >= args.threshold and reached is None:
+                    reached = row
+                    if args.stop_at_threshold and running:
+                        proc.send_signal(signal.SIGINT)
+                continue
+            if not running:
+                break
+            if time.perf_counter() - t0 > args.budget_s:
+                log(f"budget of {args.budget_s} s spent: interrupting the run")
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=cfg.cluster.phase_timeout_s * 4)
+            time.sleep(1.0)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=cfg.cluster.phase_timeout_s * 4)
+        stdout.close()
+    seconds = time.perf_counter() - t0
+    for row in rows:  # metrics rows may have trailed the checkpoint while the run went on
+        if row["env_steps"] is None:
+            row["env_steps"] = env_steps_at(run_dir / "metrics.jsonl", row["learner_steps"])
+    final = None
+    summary = {}
+    if (run_dir / "summary.json").exists():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    if (run_dir / "policy" / "policy.pt").exists():
+        out = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes",
+                              str(args.final_episodes), "--json"], cwd=ROOT, capture_output=True, text=True)
+        if out.returncode == 0:
+            final = json.loads(out.stdout)
+        else:
+            log(f"aiorl eval failed: {out.stderr.strip()}")
+    return {"mode": "run", "config": cfg_path, "overrides": overrides, "run_dir": str(run_dir), "exit_code": code,
+            "algo": cfg.algo, "env": cfg.env.id, "actors": cfg.cluster.actors, "learners": cfg.cluster.learners,
+            "threshold": args.threshold, "reached": reached, "rows": rows, "seconds": round(seconds, 2),
+            "final_env_steps": summary.get("env_steps"), "final_learner_steps": summary.get("learner_steps"),
+            "stop_reason": summary.get("stop_reason"),
+            "final_eval": None if final is None else {k: final[k] for k in ("episodes", "mean", "std", "min", "max")}}
+
+
+# --------------------------------------------------------------------------
+
+
+def report(result: dict) -> None:
+    reached = result["reached"]
+    if result["threshold"] is not None:
+        if reached:
+            log(f"threshold {result['threshold']} reached after {reached['env_steps']} env steps, "
+                f"{reached['learner_steps']} learner steps, {reached['seconds']} s")
+        else:
+            log(f"threshold {result['threshold']} NOT reached in {result['seconds']} s")
+    if result.get("final_eval"):
+        f = result["final_eval"]
+        log(f"final policy (aiorl eval, {f['episodes']} episodes): mean {f['mean']:.1f} std {f['std']:.1f} "
+            f"min {f['min']:.1f} max {f['max']:.1f}; run: {result['final_env_steps']} env steps, "
+            f"{result['final_learner_steps']} learner steps, {result['seconds']} s, exit code {result['exit_code']}"
+            f" ({result['stop_reason']})")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    for mode in ("run", "harness"):
+        p = sub.add_parser(mode)
+        p.add_argument("config")
+        p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+        p.add_argument("--threshold", type=float, default=None, help="evaluation mean return to reach")
+        p.add_argument("--eval-episodes", type=int, default=10, help="episodes per evaluation")
+        p.add_argument("--stop-at-threshold", action="store_true", help="stop as soon as the threshold is met")
+        p.add_argument("--json", help="write the results here")
+    h = sub.choices["harness"]
+    h.add_argument("--max-env-steps", type=int, default=100_000)
+    h.add_argument("--max-seconds", type=float, default=1800.0)
+    h.add_argument("--eval-every", type=int, default=5000, help="env steps between evaluations")
+    h.add_argument("--updates-per-step", type=float, default=0.25, help="learner steps per env step")
+    r = sub.choices["run"]
+    r.add_argument("--checkpoint-every", type=int, default=1000, help="learner steps between checkpoints")
+    r.add_argument("--budget-s", type=float, default=1800.0, help="interrupt the run after this many seconds")
+    r.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
+    r.add_argument("--run-dir", help="run directory (default: a fresh temporary one)")
+    args = parser.parse_args(argv)
+    if args.mode == "harness":
+        result = harness(load_config(args.config, args.set), args)
+    else:
+        result = through_runtime(args.config, args.set, args)
+    report(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    ok = result["threshold"] is None or result["reached"] is not None
+    if result.get("final_eval") and result["threshold"] is not None:
+        ok = ok and result["final_eval"]["mean"] >= result["threshold"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Ape-X through the real runtime (`aiorl run`, then `aiorl eval`): the
+examples learn (slow, CI-sized budgets), two learners train one model, and a
+NaN loss ends the run non-zero through the normal shutdown."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster_helpers import alive, run
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.cluster
+
+
+def example(name: str, **agent) -> dict:
+    config = yaml.safe_load((ROOT / "examples" / name).read_text())
+    config["agent"].update(agent)
+    return config
+
+
+def evaluate(run_dir: Path, episodes: int = 20) -> dict:
+    out = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(episodes),
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, learner_steps, threshold", [
+    ("apex_dqn_cartpole.yaml", 8000, 195),  # CartPole-v1: 500 is the maximum
+    ("apex_ddpg_pendulum.yaml", 3000, -200),
+])
+def test_ci_sized_run_learns(tmp_path, config, learner_steps, threshold):
+    code, out, run_dir = run(tmp_path, example(config, scheduled_global_steps=learner_steps), timeout_s=600)
+    assert code == 0, out
+    result = evaluate(run_dir)
+    assert result["mean"] >= threshold, result
+
+
+def test_two_learners_train_one_model_and_learner_0_writes_the_outputs(tmp_path):
+    config = example("apex_dqn_cartpole.yaml", scheduled_global_steps=300, learning_starts=200)
+    config["cluster"]["learners"] = 2
+    config["run"] = {"checkpoint_every": 100}
+    code, out, run_dir = run(tmp_path, config, timeout_s=300)
+    assert code == 0, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = {name: role["counters"].get("learner_steps", 0) for name, role in summary["roles"].items()
+             if name.startswith("learner")}
+    assert set(steps) == {"learner-0", "learner-1"} and all(s > 0 for s in steps.values()), steps
+    # Data-parallel: both learners apply the same number of steps (one all-reduce each).
+    assert abs(steps["learner-0"] - steps["learner-1"]) <= 1, steps
+    checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*.pt"))
+    assert checkpoints, "learner 0 checkpoints every 100 steps and at shutdown"
+    assert evaluate(run_dir, episodes=2)["episodes"] == 2
+
+
+def test_nan_loss_ends_the_run_nonzero_naming_step_and_memory(tmp_path):
+    config = example("apex_dqn_cartpole.yaml", scheduled_global_steps=2000, learning_starts=200)
+    config["model"]["learning_rate"] = 1.0e30  # weights overflow within a few steps
+    code, out, run_dir = run(tmp_path, config, timeout_s=300)
+    assert code != 0, out
+    log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert "on a batch from memory-0: loss is NaN" in log and "learner step " in log, log[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [p["phase"] for p in summary["phases"]][-1] == "EXITED"  # through the normal phases
+    assert any("learner-0 failed" in f and "loss is NaN" in f for f in summary["failures"]), summary["failures"]
+    assert "loss is NaN" in out
+    pids = json.loads((run_dir / "pids.json").read_text())
+    assert not any(alive(pid) for pid in pids.values())
+
+
+@pytest.mark.parametrize("config", ["apex_dqn_cartpole.yaml", "apex_ddpg_pendulum.yaml"])
+def test_learning_bench_harness_runs_a_config(tmp_path, config):
+    out_json = tmp_path / "harness.json"
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "harness",
+                          str(ROOT / "examples" / config), "--max-env-steps", "640", "--eval-every", "320",
+                          "--eval-episodes", "1", "--updates-per-step", "0.1", "--set", "agent.learning_starts=100",
+                          "--json", str(out_json)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out_json.read_text())
+    assert [row["env_steps"] for row in result["rows"]] == [0, 320, 640]
+    assert result["rows"][-1]["learner_steps"] == 64  # 0.1 learner steps per env step
+    assert "learner_steps" in out.stdout.splitlines()[0]  # the table header
