@@ -111,3 +111,19 @@ def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
     summary = json.loads(final.stdout)
     assert summary["live"] is False and summary["ok"] and set(summary["roles"]) == set(started)
     assert read_json(run_dir / "summary.json")["ok"]
+
+
+def test_missing_tensorboard_is_a_one_line_notice(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from aiorl.metrics import MetricsWriter
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
+    with caplog.at_level(logging.INFO, logger="aiorl.metrics"):
+        writer = MetricsWriter(tmp_path)
+    writer.write({"time_s": 0.0, "env_steps": 1})
+    writer.close()
+    assert writer.tb is None and not (tmp_path / "tb").exists()
+    notices = [r.getMessage() for r in caplog.records]
+    assert len(notices) == 1 and "TensorBoard is not installed" in notices[0] and "\n" not in notices[0]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"time_s": 0.0, "env_steps": 1}
