@@ -1,9 +1,9 @@
 """Actor: steps its environments with the algorithm's policy and streams the
 postprocessed batches to the memory hosts.
 
-Env stepping and acting run in a worker thread, one rollout of
-``sample_batch_size`` steps at a time, so the loop keeps answering the
-coordinator meanwhile. Batches go round-robin over all memories, each with a
+Env stepping and acting run one rollout of ``sample_batch_size`` steps at a
+time: on the loop thread while a rollout takes under ``INLINE_ROLLOUT_S``,
+in a worker thread otherwise, so the loop keeps answering the coordinator. Batches go round-robin over all memories, each with a
 per-(actor, memory) sequence number that lets memories prove nothing was lost
 or duplicated. Weights are pulled when the coordinator reports a newer
 version, at most one request in flight, and applied between rollouts (never
@@ -24,6 +24,9 @@ from aiorl.wire import Connection, connect
 
 # Waits whose liveness comes from heartbeats and connection loss, not a timer.
 UNBOUNDED_S = 365 * 24 * 3600.0
+# A rollout faster than this runs on the event loop; slower ones go to a worker
+# thread so that heartbeats and control messages are never held up longer.
+INLINE_ROLLOUT_S = 0.010
 
 
 class ActorRole(Role):
@@ -39,6 +42,7 @@ class ActorRole(Role):
         self.iterations: list[dict] = []
         self._pull: asyncio.Task | None = None
         self._pending_weights = None
+        self._rollout_s = 0.0  # duration of the last measured rollout
         self.counters = {"env_steps": 0}
 
     def heartbeat_extra(self) -> dict:
@@ -82,7 +86,19 @@ class ActorRole(Role):
                 "iterations": self.iterations[-1000:]}
 
     async def _rollout(self):
-        rollout = await asyncio.to_thread(self.runner.rollout, self.policy.act, self.cfg.agent.sample_batch_size)
+        steps = self.cfg.agent.sample_batch_size
+        if self._rollout_s < INLINE_ROLLOUT_S:
+            # Cheap rollouts run on the loop thread: a worker-thread hop costs more than
+            # the few milliseconds the loop waits, and Python runs slower off the main thread.
+            t0 = time.perf_counter()
+            rollout = self.runner.rollout(self.policy.act, steps)
+            self._rollout_s = time.perf_counter() - t0
+            await asyncio.sleep(0)  # let heartbeats and control messages through between rollouts
+        else:
+            t0 = time.perf_counter()
+            rollout = await asyncio.to_thread(self.runner.rollout, self.policy.act, steps)
+            # Re-measure now and then: it may have been slow only while the machine was busy.
+            self._rollout_s = (time.perf_counter() - t0) if self.batches % 64 == 0 else self._rollout_s
         returns, lengths = self.runner.pop_episodes()
         self.episode_returns.extend(returns)
         self.episode_lengths.extend(lengths)
