@@ -2,8 +2,8 @@
 postprocessed batches to the memory hosts.
 
 Env stepping and acting run one rollout of ``sample_batch_size`` steps at a
-time: on the loop thread while a rollout takes under ``INLINE_ROLLOUT_S``,
-in a worker thread otherwise, so the loop keeps answering the coordinator. Batches go round-robin over all memories, each with a
+time: on the loop thread while a rollout is quick, in a worker thread otherwise
+(`Offload`), so the loop keeps answering the coordinator. Batches go round-robin over all memories, each with a
 per-(actor, memory) sequence number that lets memories prove nothing was lost
 or duplicated. Weights are pulled when the coordinator reports a newer
 version, at most one request in flight, and applied between rollouts (never
@@ -19,14 +19,11 @@ import numpy as np
 from aiorl.envs import EnvRunner, env_spec
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.phase import Phase
-from aiorl.runtime.role import Role
+from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, connect
 
 # Waits whose liveness comes from heartbeats and connection loss, not a timer.
 UNBOUNDED_S = 365 * 24 * 3600.0
-# A rollout faster than this runs on the event loop; slower ones go to a worker
-# thread so that heartbeats and control messages are never held up longer.
-INLINE_ROLLOUT_S = 0.010
 
 
 class ActorRole(Role):
@@ -42,7 +39,7 @@ class ActorRole(Role):
         self.iterations: list[dict] = []
         self._pull: asyncio.Task | None = None
         self._pending_weights = None
-        self._rollout_s = 0.0  # duration of the last measured rollout
+        self.offload = Offload()  # env stepping: inline while quick, else a worker thread
         self.counters = {"env_steps": 0}
 
     def heartbeat_extra(self) -> dict:
@@ -86,19 +83,7 @@ class ActorRole(Role):
                 "iterations": self.iterations[-1000:]}
 
     async def _rollout(self):
-        steps = self.cfg.agent.sample_batch_size
-        if self._rollout_s < INLINE_ROLLOUT_S:
-            # Cheap rollouts run on the loop thread: a worker-thread hop costs more than
-            # the few milliseconds the loop waits, and Python runs slower off the main thread.
-            t0 = time.perf_counter()
-            rollout = self.runner.rollout(self.policy.act, steps)
-            self._rollout_s = time.perf_counter() - t0
-            await asyncio.sleep(0)  # let heartbeats and control messages through between rollouts
-        else:
-            t0 = time.perf_counter()
-            rollout = await asyncio.to_thread(self.runner.rollout, self.policy.act, steps)
-            # Re-measure now and then: it may have been slow only while the machine was busy.
-            self._rollout_s = (time.perf_counter() - t0) if self.batches % 64 == 0 else self._rollout_s
+        rollout = await self.offload(self.runner.rollout, self.policy.act, self.cfg.agent.sample_batch_size)
         returns, lengths = self.runner.pop_episodes()
         self.episode_returns.extend(returns)
         self.episode_lengths.extend(lengths)

@@ -19,7 +19,7 @@ import numpy as np
 from aiorl.envs import env_spec
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.phase import Phase
-from aiorl.runtime.role import Role
+from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed, connect
 
 _END = None
@@ -41,6 +41,9 @@ class LearnerRole(Role):
         self.published = 0
         self.checkpoints: list[str] = []
         self.stopped = False  # a data-parallel peer ran out of data: no more steps
+        # Inline while steps are quick, never with data-parallel peers: a collective
+        # may wait on a slow peer for long, and the loop must keep heartbeating.
+        self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
 
     def metrics(self) -> dict:
@@ -99,14 +102,15 @@ class LearnerRole(Role):
             self.log.error("lost memory %d: %s", m, exc)
         self.queue.put_nowait((m, _END))
 
-    async def _train(self, m: int | None, batch: dict) -> None:
+    async def _train(self, m: int | None, batch: dict) -> bool:
+        """One step on `batch`; True when the priorities sent also returned its credit."""
         if self.stopped:
             self.unused_batches += 1
-            return
+            return False
         t0 = time.perf_counter()
         step = self.counters["learner_steps"] + 1
         try:
-            result = await asyncio.to_thread(self.core.step, batch)
+            result = await self.offload(self.core.step, batch)
         except Exception as exc:
             source = f"memory-{m}" if m is not None else "every memory (synchronous aggregate)"
             raise RuntimeError(f"learner step {step} on a batch from {source}: {exc}") from exc
@@ -115,20 +119,26 @@ class LearnerRole(Role):
             self.stopped = True
             self.unused_batches += 1
             self.log.info("a data-parallel peer ran out of data; stopping after %d steps", step - 1)
-            return
+            return False
         self.counters["learner_steps"] += 1
         self.last_metrics = {k: float(v) for k, v in result.metrics.items()}
+        credited = False
         if m is not None:
             self.per_memory[m]["batches"] += 1
             if result.priorities is not None and "generations" in batch:
-                await self.memories[m].send("priorities", {}, {
+                # The batch's credit rides on its priorities: one message instead of two.
+                await self.memories[m].send("priorities", {"credit": 1, "beta": self.beta()}, {
                     "indices": batch["indices"], "generations": batch["generations"],
                     "priorities": np.asarray(result.priorities, np.float64)})
                 self.per_memory[m]["priority_messages"] += 1
                 self.per_memory[m]["priorities"] += len(batch["indices"])
-        steps = self.counters["learner_steps"]
+                credited = True
+        await self._maybe_checkpoint()
+        return credited
+
+    async def _maybe_checkpoint(self) -> None:
         every = self.cfg.run.checkpoint_every
-        if self.index == 0 and every and steps % every == 0:
+        if self.index == 0 and every and self.counters["learner_steps"] % every == 0:
             await self._checkpoint()
 
     async def _next(self):
@@ -147,9 +157,9 @@ class LearnerRole(Role):
             if msg is _END:
                 ended += 1
                 continue
-            await self._train(m, msg.arrays)
             try:
-                await self.memories[m].send("credit", {"n": 1, "beta": self.beta()})
+                if not await self._train(m, msg.arrays):
+                    await self.memories[m].send("credit", {"n": 1, "beta": self.beta()})
             except ConnectionClosed:
                 pass  # that memory is gone; its reader reports it
             if (self.index == 0 and self.counters["learner_steps"] % self.cfg.agent.publish_interval == 0

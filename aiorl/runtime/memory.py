@@ -241,6 +241,10 @@ class MemoryRole(Role):
                     self.changed.fire()
                 elif msg.kind == "priorities":
                     self._apply_priorities(link, msg)
+                    if msg.meta.get("credit"):
+                        link.credits += int(msg.meta["credit"])
+                        link.beta = float(msg.meta.get("beta", link.beta))
+                        self.changed.fire()
                 elif msg.kind == "learner_done":
                     link.done_meta = dict(msg.meta)
                     break

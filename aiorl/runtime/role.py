@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 
 import psutil
@@ -28,6 +29,40 @@ from aiorl.runtime.phase import (
     role_name,
 )
 from aiorl.wire import Connection, ConnectionClosed, RemoteError, connect
+
+
+class Offload:
+    """Runs a call on the loop thread while it is quick, in a worker thread once it is not.
+
+    A worker-thread hop costs tens of microseconds and Python runs slower off
+    the main thread, which matters for cheap env steps and cheap learner steps;
+    a call that takes longer than `inline_below_s` would hold up heartbeats,
+    so it runs in a thread. The first calls run in a thread and are timed;
+    threaded calls are re-timed every 64, in case one was slow only while the
+    machine was busy.
+    """
+
+    def __init__(self, inline_below_s: float = 0.010, allowed: bool = True):
+        self.inline_below_s = inline_below_s
+        self.allowed = allowed
+        self.last_s = float("inf")  # unknown: the first calls run in a thread and are timed
+        self.calls = 0
+
+    def __repr__(self) -> str:
+        return f"<Offload last_s={self.last_s:.4f} inline={self.allowed and self.last_s < self.inline_below_s}>"
+
+    async def __call__(self, fn, *args):
+        self.calls += 1
+        t0 = time.perf_counter()
+        if self.allowed and self.last_s < self.inline_below_s:
+            result = fn(*args)
+            self.last_s = time.perf_counter() - t0
+            await asyncio.sleep(0)  # let heartbeats and control messages through
+            return result
+        result = await asyncio.to_thread(fn, *args)
+        if self.calls <= 2 or self.calls % 64 == 0:
+            self.last_s = time.perf_counter() - t0
+        return result
 
 
 class CoordinatorLost(Exception):
