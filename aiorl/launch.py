@@ -22,6 +22,7 @@ from pathlib import Path
 
 from aiorl.config import Config
 from aiorl.progress import Progress
+from aiorl.rundir import write_json_atomic
 from aiorl.runtime.phase import role_name
 from aiorl.wire import generate_token, write_token_file
 
@@ -137,7 +138,7 @@ class LocalLauncher:
         return self._report()
 
     def _write_pids(self) -> None:
-        (self.run_dir / "pids.json").write_text(json.dumps({c.name: c.pid for c in self.children}))
+        write_json_atomic(self.run_dir / "pids.json", {c.name: c.pid for c in self.children})
 
     def _supervise(self, progress: Progress) -> None:
         """Wait for the children; once the coordinator is gone, give the rest a bounded time."""
@@ -172,7 +173,7 @@ class LocalLauncher:
         summary_path = self.run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
         failed = [c for c in self.children if c.proc.returncode != 0]
-        (self.run_dir / "exits.json").write_text(json.dumps({c.name: c.proc.returncode for c in self.children}))
+        write_json_atomic(self.run_dir / "exits.json", {c.name: c.proc.returncode for c in self.children})
         lines = []
         if summary is not None:
             lines.append(f"aiorl: run finished ({summary.get('stop_reason')}): env_steps {summary['env_steps']}, "

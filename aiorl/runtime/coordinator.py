@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
-import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -21,8 +19,9 @@ import numpy as np
 
 from aiorl.config import Config
 from aiorl.metrics import MetricsWriter, mean_or_none
+from aiorl.rundir import write_json_atomic
 from aiorl.runtime.barrier import Barrier, BarrierAborted
-from aiorl.runtime.phase import PHASE_OWNER, Phase, parse_role_name, role_name
+from aiorl.runtime.phase import PHASE_OWNER, Phase, role_name
 from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
 
 log = logging.getLogger("aiorl.coordinator")
@@ -590,7 +589,4 @@ class Coordinator:
                              "counters": r.counters, "stats": r.stats}
                       for name, r in self.roles.items()},
         }
-        path = self.run_dir / "summary.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(summary, indent=1, default=str))
-        os.replace(tmp, path)
+        write_json_atomic(self.run_dir / "summary.json", summary, indent=1)

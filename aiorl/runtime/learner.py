@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import numpy as np
 
 from aiorl.envs import env_spec
 from aiorl.runtime.algorithm import get_algorithm
-from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed, connect
 

@@ -19,7 +19,6 @@ import math
 import signal
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from aiorl.envs import env_spec
 from aiorl.replay import AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer

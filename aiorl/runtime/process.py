@@ -5,7 +5,6 @@ Memory host 0 runs the coordinator in the same event loop as its replay.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import ssl
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 from aiorl.config import Config
+from aiorl.rundir import write_json_atomic
 from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, role_name
 from aiorl.wire import load_token
 
@@ -67,9 +67,7 @@ async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl
     port = await coordinator.start(cfg.cluster.host, cfg.cluster.port)
     cfg.cluster.port = port
     address = {"host": cfg.cluster.advertise_host or cfg.cluster.host, "port": port, "pid": os.getpid()}
-    tmp = run_dir / "coordinator.json.tmp"
-    tmp.write_text(json.dumps(address))
-    os.replace(tmp, run_dir / "coordinator.json")
+    write_json_atomic(run_dir / "coordinator.json", address)
     logging.getLogger("aiorl.coordinator").info("coordinator listening on %s:%s", cfg.cluster.host, port)
     memory = MemoryRole(cfg, 0, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server,
                         coordinator=coordinator)
