@@ -9,9 +9,14 @@ from pathlib import Path
 from aiorl.config import Config, ConfigError, load_config
 
 
-def _default_run_dir(cfg: Config) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.algo}-{cfg.env.id}-{stamp}"
+def _make_run_dir(cfg: Config) -> Path:
+    """`run.dir`, or runs/<algo>-<env>-<timestamp>; created."""
+    if cfg.run.dir:
+        run_dir = Path(cfg.run.dir)
+    else:
+        run_dir = Path("runs") / f"{cfg.algo}-{cfg.env.id}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -25,21 +30,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not 0 <= args.index < limit:
                 raise ConfigError(f"--index {args.index}: this cluster has {limit} {args.role} role(s) "
                                   f"(indices 0..{limit - 1})")
-            run_dir = Path(cfg.run.dir) if cfg.run.dir else _default_run_dir(cfg)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            return run_role(cfg, args.role, args.index, run_dir)
-        from aiorl.envs import env_spec
-        from aiorl.runtime.algorithm import get_algorithm
+            return run_role(cfg, args.role, args.index, _make_run_dir(cfg))
+        from aiorl.runtime.algorithm import build_algorithm
 
         # Fail on an unknown env or unsupported spaces before any process starts.
-        get_algorithm(cfg.algo)(cfg, env_spec(cfg.env)).transition_spec()
+        build_algorithm(cfg).transition_spec()
     except ConfigError as exc:
         print(f"aiorl: config error: {exc}", file=sys.stderr)
         return 2
     from aiorl.launch import LocalLauncher
 
-    run_dir = Path(cfg.run.dir) if cfg.run.dir else _default_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = _make_run_dir(cfg)
     cfg.run.dir = str(run_dir.resolve())
     cfg.dump(run_dir / "config.yaml")
     if not args.quiet:

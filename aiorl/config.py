@@ -74,6 +74,11 @@ class ClusterConfig:
     tls_ca: str | None = doc("CA bundle used to verify peers when TLS is on.", default=None)
 
 
+def connect_host(host: str) -> str:
+    """Where to connect to reach a server bound to `host` (a wildcard bind means this host)."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
 @dataclass
 class AgentConfig:
     sample_batch_size: int = doc("Env steps per environment in one actor batch.", default=64)

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from aiorl.config import connect_host
 from aiorl.wire import ConnectionClosed, WireError, connect, load_token
 
 
@@ -27,7 +28,7 @@ def resolve_target(target: str, token_file: str | None) -> tuple[str, int, bytes
         if not address_file.exists():
             raise StatusError(f"{path}: no coordinator.json (not an aiorl run directory, or it never started)")
         address = json.loads(address_file.read_text())
-        host = address["host"] if address["host"] not in ("0.0.0.0", "", "::") else "127.0.0.1"
+        host = connect_host(address["host"])
         token_path = token_file or (path / "token" if (path / "token").exists() else None)
         return host, int(address["port"]), load_token(token_path), path
     host, sep, port = target.rpartition(":")

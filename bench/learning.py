@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from aiorl.config import Config, load_config  # noqa: E402
-from aiorl.envs import EnvRunner, env_spec  # noqa: E402
+from aiorl.envs import EnvRunner  # noqa: E402
 from aiorl.evaluate import load_policy, run_episodes  # noqa: E402
-from aiorl.runtime.algorithm import get_algorithm  # noqa: E402
+from aiorl.runtime.algorithm import build_algorithm  # noqa: E402
 
 EVAL_SEED = 1_000_000  # evaluation episodes are not the training seeds
 
@@ -67,7 +67,7 @@ class CheckpointEvaluator:
         import torch
 
         torch.set_num_threads(1)
-        self.algo = get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+        self.algo = build_algorithm(cfg)
         cfg.model.device = "cpu"
         self.core = self.algo.make_learner(0, 1, 0)
 
@@ -83,7 +83,7 @@ class CheckpointEvaluator:
 def harness(cfg: Config, args) -> dict:
     from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 
-    algo = get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+    algo = build_algorithm(cfg)
     a, n_actors = cfg.agent, cfg.cluster.actors
     seeds = [cfg.run.seed + 10_000 * (i + 1) for i in range(n_actors)]
     actors = [algo.make_actor(i, n_actors, seeds[i]) for i in range(n_actors)]

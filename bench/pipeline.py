@@ -28,11 +28,11 @@ SAMPLE_BATCH = 64
 def _reference_actor(seconds: float, seed: int, out: mp.Queue) -> None:
     """One actor's loop without transport: the same env runner and random policy."""
     from aiorl.config import load_config
-    from aiorl.envs import EnvRunner, env_spec
-    from aiorl.runtime.algorithm import get_algorithm
+    from aiorl.envs import EnvRunner
+    from aiorl.runtime.algorithm import build_algorithm
 
     cfg = load_config(data={"algo": "random_agent", "env": ENV, "model": {"n_step": 3}})
-    algo = get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+    algo = build_algorithm(cfg)
     policy = algo.make_actor(0, 1, seed)
     runner = EnvRunner(cfg.env, cfg.env.num_envs, seed)
     deadline = time.perf_counter() + seconds
@@ -126,6 +126,15 @@ def metrics_cpu_cost(workdir: Path, repeats: int = 2000) -> dict:
 # --------------------------------------------------------------------------- control plane
 
 
+def _control_config(actors: int):
+    """The cluster the coordinator serves and the simulated actors join (same config hash)."""
+    from aiorl.config import load_config
+
+    return load_config(data={"algo": "random_agent", "env": ENV,
+                             "cluster": {"actors": actors, "heartbeat_interval_s": 0.05,
+                                         "heartbeat_timeout_s": 2.0, "start_timeout_s": 600}})
+
+
 def _coordinator_process(port_out: mp.Queue, actors: int, token: bytes, run_dir: str) -> None:
     import logging
 
@@ -133,12 +142,9 @@ def _coordinator_process(port_out: mp.Queue, actors: int, token: bytes, run_dir:
 
     logging.basicConfig(level=logging.ERROR)  # the bench drops its 64 connections at the end on purpose
 
-    from aiorl.config import load_config
     from aiorl.runtime.coordinator import Coordinator
 
-    cfg = load_config(data={"algo": "random_agent", "env": ENV,
-                            "cluster": {"actors": actors, "heartbeat_interval_s": 0.05,
-                                        "heartbeat_timeout_s": 2.0, "start_timeout_s": 600}})
+    cfg = _control_config(actors)
 
     async def main():
         coordinator = Coordinator(cfg, run_dir, token)
@@ -196,7 +202,6 @@ async def _control_plane(port: int, token: bytes, actors: int, seconds: float, i
 def control_plane(actors: int = 64, seconds: float = 5.0, interval_s: float = 0.05) -> dict:
     import uvloop
 
-    from aiorl.config import load_config
     from aiorl.wire import generate_token
 
     token = generate_token()
@@ -207,9 +212,7 @@ def control_plane(actors: int = 64, seconds: float = 5.0, interval_s: float = 0.
         proc.start()
         try:
             port = port_out.get(timeout=60)
-            cfg = load_config(data={"algo": "random_agent", "env": ENV,
-                                    "cluster": {"actors": actors, "heartbeat_interval_s": 0.05,
-                                                "heartbeat_timeout_s": 2.0, "start_timeout_s": 600}})
+            cfg = _control_config(actors)
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                 return runner.run(_control_plane(port, token, actors, seconds, interval_s, cfg.config_hash()))
         finally:

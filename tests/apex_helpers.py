@@ -6,8 +6,7 @@ import numpy as np
 import torch
 
 from aiorl.config import load_config
-from aiorl.envs import env_spec
-from aiorl.runtime.algorithm import get_algorithm
+from aiorl.runtime.algorithm import build_algorithm
 
 IMAGE_ENV = "AiorlTestImage-v0"
 DISCRETE_OBS_ENV = "AiorlTestDiscreteObs-v0"
@@ -65,7 +64,7 @@ def make_config(algo: str, env_id: str, model: dict | None = None, **sections):
 def make_algo(algo: str, env_id: str, model: dict | None = None, **sections):
     register_test_envs()
     cfg = make_config(algo, env_id, model, **sections)
-    return get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+    return build_algorithm(cfg)
 
 
 @torch.no_grad()

@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from aiorl.envs import EnvRunner, env_spec
-from aiorl.runtime.algorithm import get_algorithm
+from aiorl.envs import EnvRunner
+from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, connect
@@ -59,7 +59,7 @@ class ActorRole(Role):
 
     async def main(self) -> dict:
         cfg = self.cfg
-        algo = get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+        algo = build_algorithm(cfg)
         seed = cfg.run.seed + 10_000 * (self.index + 1)
         self.policy = algo.make_actor(self.index, cfg.cluster.actors, seed)
         self.runner = EnvRunner(cfg.env, cfg.env.num_envs, seed)
@@ -96,6 +96,10 @@ class ActorRole(Role):
         if priorities is not None:
             arrays["priorities"] = np.asarray(priorities, np.float64)
         await self.memories[m].send("batch", {"actor": self.index, "seq": self.sent[m]["batches"]}, arrays)
+        self._count_sent(m, batch)
+
+    def _count_sent(self, m: int, batch: dict) -> None:
+        """The actor's own account of what memory `m` got, checked against the memory's at the end."""
         self.sent[m]["batches"] += 1
         self.sent[m]["transitions"] += len(next(iter(batch.values())))
         self.batches += 1
@@ -121,7 +125,8 @@ class ActorRole(Role):
 
     async def _sync_loop(self) -> None:
         """One rollout per iteration; no iteration starts before its weights are published."""
-        memory = self.memories[self.index % len(self.memories)]
+        m = self.index % len(self.memories)
+        memory = self.memories[m]
         # On-policy: even iteration 0 acts with the learner's weights (version 0).
         reply = await self.coordinator.request("get_weights", {"have": -1, "min_version": 0},
                                                timeout_s=UNBOUNDED_S)
@@ -135,10 +140,7 @@ class ActorRole(Role):
             batch, _ = self.policy.postprocess(rollout)
             await memory.send("rollout", {"actor": self.index, "iteration": iteration,
                                           "weights_version": self.policy.weights_version}, batch)
-            m = self.index % len(self.memories)
-            self.sent[m]["batches"] += 1
-            self.sent[m]["transitions"] += len(next(iter(batch.values())))
-            self.batches += 1
+            self._count_sent(m, batch)
             self.iterations.append({"iteration": iteration, "weights_version": self.policy.weights_version,
                                     "started_monotonic": started})
             reply = await self.coordinator.request(

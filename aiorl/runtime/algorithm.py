@@ -24,7 +24,7 @@ import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -157,5 +157,8 @@ def get_algorithm(name: str) -> type[Algorithm]:
     return algo
 
 
-def spec_from_arrays(arrays: dict[str, Any]) -> Spec:
-    return {k: (tuple(v.shape[1:]), v.dtype.str) for k, v in arrays.items()}
+def build_algorithm(cfg: Config) -> Algorithm:
+    """The configured algorithm, built for the configured environment's spaces."""
+    from aiorl.envs import env_spec
+
+    return get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))

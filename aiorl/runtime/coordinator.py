@@ -26,7 +26,6 @@ from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
 
 log = logging.getLogger("aiorl.coordinator")
 
-KINDS = ("memory", "learner", "actor")
 # Learner gauges the runtime itself reports; the rest are the algorithm's (learner/<name>).
 LEARNER_RUNTIME_KEYS = {"wait_s", "train_s", "loop_lag_s", "rss_bytes", "queue_depth"}
 
@@ -354,10 +353,10 @@ class Coordinator:
         """Reply once every live participant arrived; ``stop: True`` when the run stops first."""
         name = str(msg.meta.get("name", "default"))
         try:
-            barrier = self.barriers.get(name)
-            if barrier is None and self.phase > Phase.RUNNING:
+            if self.phase > Phase.RUNNING:  # late arrivals: the barriers were aborted
                 await conn.reply(msg, meta={"stop": True})
                 return
+            barrier = self.barriers.get(name)
             if barrier is None:
                 live = [r.name for r in self.roles.values() if r.kind == record.kind and r.status == "running"]
                 barrier = self.barriers[name] = Barrier(live)

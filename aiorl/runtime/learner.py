@@ -15,8 +15,7 @@ import time
 
 import numpy as np
 
-from aiorl.envs import env_spec
-from aiorl.runtime.algorithm import get_algorithm
+from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed, connect
 
@@ -61,7 +60,7 @@ class LearnerRole(Role):
 
     async def main(self) -> dict:
         cfg = self.cfg
-        algo = get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+        algo = build_algorithm(cfg)
         self.core = await asyncio.to_thread(
             algo.make_learner, self.index, cfg.cluster.learners, cfg.run.seed + 100 * (self.index + 1),
             self.start_info.get("rendezvous"))
@@ -185,7 +184,7 @@ class LearnerRole(Role):
                 self.per_memory[m]["batches"] += 1
                 if not msg.meta.get("empty"):
                     parts.append(msg.arrays)
-            if waiting or len(parts) == 0 or open_memories != set(range(len(self.memories))):
+            if not parts or len(open_memories) < len(self.memories):
                 break  # the run is draining: an incomplete iteration is not trained on
             batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             await self._train(None, batch)

@@ -20,9 +20,8 @@ import signal
 from dataclasses import dataclass, field
 
 
-from aiorl.envs import env_spec
 from aiorl.replay import AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer
-from aiorl.runtime.algorithm import get_algorithm
+from aiorl.runtime.algorithm import build_algorithm, get_algorithm
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.role import Role
 from aiorl.wire import Connection, ConnectionClosed, Server, serve
@@ -75,8 +74,7 @@ class MemoryRole(Role):
         super().__init__(*args, **kwargs)
         self.local_coordinator = coordinator  # memory 0 hosts it
         a, c = self.cfg.agent, self.cfg.cluster
-        self.algo_cls = get_algorithm(self.cfg.algo)
-        self.synchronous = self.algo_cls.is_synchronous(self.cfg)
+        self.synchronous = get_algorithm(self.cfg.algo).is_synchronous(self.cfg)
         self.capacity = a.buffer_size // c.memories
         self.threshold = max(1, math.ceil(a.learning_starts / c.memories))
         self.server: Server | None = None
@@ -103,7 +101,7 @@ class MemoryRole(Role):
                 "learner_credits": sum(link.credits for link in self.learners.values())}
 
     async def _run(self) -> int:
-        spec = self.algo_cls(self.cfg, env_spec(self.cfg.env)).transition_spec()
+        spec = build_algorithm(self.cfg).transition_spec()
         a = self.cfg.agent
         if self.synchronous:
             self.aggregate = AggregateBuffer(max(1, len(self.assigned)), spec)
@@ -150,23 +148,33 @@ class MemoryRole(Role):
         else:
             self.log.warning("closing connection from %s: %s does not talk to memories", conn.peer, conn.peer_name)
 
-    async def _serve_actor(self, conn: Connection, index: int) -> None:
-        link = self.actors.setdefault(conn.peer_name, ActorLink(conn.peer_name))
+    async def _read(self, conn: Connection, name: str, done_kind: str, handle) -> dict | None:
+        """Feed each message to `handle` until the peer's `done_kind` message, whose meta is
+        returned; None when the connection ended first or sent something bad (logged)."""
         try:
             async for msg in conn:
-                if msg.kind == "batch":
-                    self._ingest(link, msg)
-                elif msg.kind == "rollout":
-                    self._ingest_rollout(link, index, msg)
-                elif msg.kind == "actor_done":
-                    link.done_meta = dict(msg.meta)
-                    break
-                else:
-                    raise ValueError(f"unexpected message {msg.kind!r}")
+                if msg.kind == done_kind:
+                    return dict(msg.meta)
+                handle(msg)
         except ConnectionClosed:
             pass
         except (ValueError, KeyError, TypeError) as exc:
-            self.log.error("closing connection of %s: bad batch: %s", link.name, exc)
+            self.log.error("closing connection of %s: bad message: %s", name, exc)
+        return None
+
+    async def _serve_actor(self, conn: Connection, index: int) -> None:
+        link = self.actors.setdefault(conn.peer_name, ActorLink(conn.peer_name))
+
+        def handle(msg) -> None:
+            if msg.kind == "batch":
+                self._ingest(link, msg)
+            elif msg.kind == "rollout":
+                self._ingest_rollout(link, index, msg)
+            else:
+                raise ValueError(f"unexpected message {msg.kind!r}")
+
+        try:
+            link.done_meta = await self._read(conn, link.name, "actor_done", handle)
         finally:
             link.closed = True
             if link.done_meta is None:
@@ -229,36 +237,34 @@ class MemoryRole(Role):
     async def _serve_learner(self, conn: Connection, index: int) -> None:
         link = self.learners.setdefault(conn.peer_name, LearnerLink(conn.peer_name))
         link.beta = self.cfg.agent.prioritized_replay_beta
+
+        def handle(msg) -> None:
+            if msg.kind == "credit":
+                self._grant(link, int(msg.meta.get("n", 1)), msg.meta)
+            elif msg.kind == "priorities":
+                self._apply_priorities(link, msg)
+                if msg.meta.get("credit"):  # the batch's credit rides on its priorities
+                    self._grant(link, int(msg.meta["credit"]), msg.meta)
+            else:
+                raise ValueError(f"unexpected message {msg.kind!r}")
+
         sampler = asyncio.create_task(self._sampler(conn, link))
         try:
-            async for msg in conn:
-                if msg.kind == "credit":
-                    link.credits += int(msg.meta.get("n", 1))
-                    link.beta = float(msg.meta.get("beta", link.beta))
-                    if "iteration" in msg.meta:
-                        link.iteration = int(msg.meta["iteration"])
-                    self.changed.fire()
-                elif msg.kind == "priorities":
-                    self._apply_priorities(link, msg)
-                    if msg.meta.get("credit"):
-                        link.credits += int(msg.meta["credit"])
-                        link.beta = float(msg.meta.get("beta", link.beta))
-                        self.changed.fire()
-                elif msg.kind == "learner_done":
-                    link.done_meta = dict(msg.meta)
-                    break
-                else:
-                    raise ValueError(f"unexpected message {msg.kind!r}")
-        except ConnectionClosed:
-            pass
-        except (ValueError, KeyError, TypeError) as exc:
-            self.log.error("closing connection of %s: bad message: %s", link.name, exc)
+            link.done_meta = await self._read(conn, link.name, "learner_done", handle)
         finally:
             if link.done_meta is None:
                 self.log.warning("%s went away without finishing", link.name)
             link.finished.set()
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
+
+    def _grant(self, link: LearnerLink, credits: int, meta: dict) -> None:
+        """A learner's credit for `credits` more batches, with its current beta (and sync iteration)."""
+        link.credits += credits
+        link.beta = float(meta.get("beta", link.beta))
+        if "iteration" in meta:
+            link.iteration = int(meta["iteration"])
+        self.changed.fire()
 
     def _apply_priorities(self, link: LearnerLink, msg) -> None:
         arrays = msg.arrays

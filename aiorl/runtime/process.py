@@ -16,9 +16,6 @@ from aiorl.rundir import write_json_atomic
 from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, role_name
 from aiorl.wire import load_token
 
-ROLE_KINDS = ("actor", "memory", "learner")
-
-
 def setup_logging(run_dir: Path, name: str, level: str) -> None:
     """One log file per role, plus warnings on stderr, every line prefixed by the role."""
     logs = run_dir / "logs"

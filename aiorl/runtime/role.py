@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from aiorl.config import Config
+from aiorl.config import Config, connect_host
 from aiorl.runtime.phase import (
     EXIT_COORDINATOR_LOST,
     EXIT_FAILED,
@@ -135,10 +135,7 @@ class Role:
     # ------------------------------------------------------------------ lifecycle
 
     def coordinator_address(self) -> tuple[str, int]:
-        host = self.cfg.cluster.host
-        if host in ("", "0.0.0.0", "::"):
-            host = "127.0.0.1"
-        return host, self.cfg.cluster.port
+        return connect_host(self.cfg.cluster.host), self.cfg.cluster.port
 
     async def _connect_coordinator(self) -> Connection:
         host, port = self.coordinator_address()
