@@ -584,9 +584,13 @@ cdef class PrioritizedReplayBuffer(_Ring):
                 r[j] = self._tree._leaf(idx[j]) / q_min
                 g[j] = self._generation(idx[j])
             self._gather(self._dst, idx, batch_size)
-        # w = (q / q_min) ** -beta, in float64, stored as float32 (vectorised, see _values;
-        # a positional out casts 'same_kind').
-        _power(ratio, -beta, weights)
+        # w = (q / q_min) ** -beta in float64 (vectorised, see _values), then rounded to
+        # float32 here: the same values as a float32 `out=`, whose buffered cast costs more
+        # than the power itself.
+        _power(ratio, -beta, ratio)
+        cdef float *w = <float *> cnp.PyArray_DATA(weights)
+        for j in range(batch_size):
+            w[j] = <float> r[j]
         out["indices"] = indices
         out["weights"] = weights
         out["generations"] = generations

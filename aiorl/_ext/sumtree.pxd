@@ -14,8 +14,6 @@ cdef class SumTree:
     # 0 (sum) and +inf (min).
     cdef double *_sum
     cdef double *_min
-    cdef void *_sum_block
-    cdef void *_min_block
     cdef Py_ssize_t _off[16]    # start of each level (2**40 leaves need 14); _off[_levels + 1] = size
     cdef int _levels
     cdef readonly Py_ssize_t capacity

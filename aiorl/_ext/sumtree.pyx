@@ -18,7 +18,6 @@ x - P[c]. Every write recomputes each touched parent from its children
 drift however many updates it has seen.
 """
 from libc.math cimport INFINITY, isfinite
-from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free, malloc
 
 import numpy as np
@@ -63,6 +62,8 @@ cdef extern from *:
 
     #if defined(__SSE2__)
     #include <emmintrin.h>
+    /* The running sums as vectors; the scalar copy p is filled only when a
+     * descent needs it (see aiorl_descend_level). */
     typedef struct { __m128d r01, r23, r45, r67; double p[8]; } aiorl_runs_t;
 
     static inline void aiorl_runs(const double *g, aiorl_runs_t *r) {
@@ -75,7 +76,6 @@ cdef extern from *:
         r->r23 = _mm_add_pd(s01, _mm_unpacklo_pd(zero, b));                        /* [g01, g01+g2] */
         r->r45 = _mm_add_pd(s0123, _mm_unpacklo_pd(zero, c));                      /* [g0123, g0123+g4] */
         r->r67 = _mm_add_pd(s0123, _mm_add_pd(s45, _mm_unpacklo_pd(zero, d)));
-        aiorl_scalar_runs(g, r->p);
     }
 
     /* Child c = #{1 <= k < 8 : P[k] <= *v} (P is non-decreasing); *v -= P[c]. */
@@ -89,8 +89,10 @@ cdef extern from *:
         n = _mm_add_epi64(n, _mm_unpackhi_epi64(n, n));
         int k = -(int)_mm_cvtsi128_si64(n) - 1;
         if (k == 7 && g[7] == 0.0) {
+            double run[8];
+            aiorl_scalar_runs(g, run);
             k = aiorl_step_back(g, k);
-            *v -= r->p[k];
+            *v -= run[k];
             return k;
         }
         /* P[k] is the largest P <= x: a masked max, not a reload of a stored
@@ -176,15 +178,20 @@ cdef extern from *:
                                     const double *next_level, const double *parent_min) {
         const double *prev = NULL;
         aiorl_runs_t r;
-        int k = 0;
+        int k = 0, have_p = 0;
         for (Py_ssize_t j = 0; j < n; j++) {
             const double *g = level + 8 * node[j];
             if (g != prev) {
                 aiorl_runs(g, &r);
                 prev = g;
+                have_p = 0;
                 k = aiorl_pick(&r, g, &u[j]);
             } else {
                 double x = u[j];
+                if (!have_p) {  /* deep levels rarely revisit a group: fill p only when one does */
+                    aiorl_scalar_runs(g, r.p);
+                    have_p = 1;
+                }
                 while (k < 7 && x >= r.p[k + 1]) k++;
                 k = aiorl_step_back(g, k);
                 u[j] = x - r.p[k];
@@ -203,12 +210,31 @@ cdef extern from *:
                                                const double *next_level, const double *parent_min) noexcept nogil
 
 
-cdef double *_aligned_block(Py_ssize_t n, void **block) noexcept nogil:
-    """n doubles starting on a 64-byte boundary (so each 8-child group is one cache line)."""
-    block[0] = malloc(n * sizeof(double) + 64)
-    if block[0] == NULL:
-        return NULL
-    return <double *> ((<uintptr_t> block[0] + 63) & ~(<uintptr_t> 63))
+cdef extern from *:
+    """
+    #include <stdlib.h>
+    #if defined(__linux__)
+    #include <sys/mman.h>
+    #endif
+    /* n bytes on a 64-byte boundary; blocks of 2 MiB or more start on a
+     * 2 MiB boundary and ask for transparent huge pages. A descent touches a
+     * line in every level: with 4 KiB pages the lower levels of a large tree
+     * also miss the TLB on nearly every line. NULL when out of memory. */
+    static void *aiorl_tree_block(size_t n) {
+        const size_t huge = (size_t)2 << 20;
+        void *p = NULL;
+        if (n >= huge) {
+            if (posix_memalign(&p, huge, (n + huge - 1) / huge * huge) != 0) return NULL;
+    #if defined(__linux__) && defined(MADV_HUGEPAGE)
+            madvise(p, (n + huge - 1) / huge * huge, MADV_HUGEPAGE);  /* advice only: failure is harmless */
+    #endif
+            return p;
+        }
+        if (posix_memalign(&p, 64, n) != 0) return NULL;
+        return p;
+    }
+    """
+    void *_tree_block "aiorl_tree_block"(size_t n) noexcept nogil
 
 
 cdef class SumTree:
@@ -239,15 +265,15 @@ cdef class SumTree:
         self._off[0] = 0
         for k in range(levels + 1):
             self._off[k + 1] = self._off[k] + sizes[levels - k]
-        self._sum = _aligned_block(self._off[self._levels + 1], &self._sum_block)
-        self._min = _aligned_block(self._off[self._levels], &self._min_block)
+        self._sum = <double *> _tree_block(self._off[self._levels + 1] * sizeof(double))
+        self._min = <double *> _tree_block(self._off[self._levels] * sizeof(double))
         if self._sum == NULL or self._min == NULL:
             raise MemoryError(f"SumTree: cannot allocate a tree for capacity {capacity}")
         self._reset()
 
     def __dealloc__(self):
-        free(self._sum_block)
-        free(self._min_block)
+        free(self._sum)
+        free(self._min)
 
     def __repr__(self):
         return f"SumTree(capacity={self.capacity}, total={self.total!r}, min={self.min!r})"
