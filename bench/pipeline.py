@@ -2,9 +2,14 @@
 the same actors stepping the same env with no transport, in one run; and the
 coordinator's control-message rate with 64 simulated actor connections.
 
-    python bench/pipeline.py [--seconds 8] [--actors 1 2] [--json out.json]
+    python bench/pipeline.py [--seconds 8] [--actors 1 2] [--repeats 3] [--json out.json]
 
-Prints a table and writes JSON. Ratios compare figures measured in this run.
+Prints a table and writes JSON. Ratios compare figures measured in this run:
+each pipeline run sits between two no-transport runs and is compared with
+their mean; the median over --repeats runs is reported, beside each role's
+share of a core. The target (0.8) is checked at the Ape-X learner batch (512);
+a second set of rows at a small learner batch (--stress-batch) shows the
+per-message costs.
 """
 from __future__ import annotations
 
@@ -22,10 +27,14 @@ import time
 from pathlib import Path
 
 ENV = {"id": "CartPole-v1", "num_envs": 1}
-SAMPLE_BATCH = 64
+SAMPLE_BATCH = 64  # env steps per actor batch (the config default)
+# Transitions per learner batch: 512 as in the Ape-X paper (Horgan et al. 2018). With
+# max_samples_per_insert 1 the learner takes one step per 8 actor batches. `--stress-batch`
+# adds rows at a small learner batch: 8x the learner <-> memory messages per transition.
+LEARNER_BATCH = 512
 
 
-def _reference_actor(seconds: float, seed: int, out: mp.Queue) -> None:
+def _reference_actor(seconds: float, seed: int, out: mp.Queue, sample_batch: int = SAMPLE_BATCH) -> None:
     """One actor's loop without transport: the same env runner and random policy."""
     from aiorl.config import load_config
     from aiorl.envs import EnvRunner
@@ -38,14 +47,14 @@ def _reference_actor(seconds: float, seed: int, out: mp.Queue) -> None:
     deadline = time.perf_counter() + seconds
     start = time.perf_counter()
     while time.perf_counter() < deadline:
-        policy.postprocess(runner.rollout(policy.act, SAMPLE_BATCH))
+        policy.postprocess(runner.rollout(policy.act, sample_batch))
     out.put((runner.env_steps, time.perf_counter() - start))
 
 
 def reference_rate(actors: int, seconds: float) -> float:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_reference_actor, args=(seconds, i, out)) for i in range(actors)]
+    procs = [ctx.Process(target=_reference_actor, args=(seconds, i, out, SAMPLE_BATCH)) for i in range(actors)]
     for p in procs:
         p.start()
     results = [out.get(timeout=seconds + 120) for _ in procs]
@@ -54,13 +63,39 @@ def reference_rate(actors: int, seconds: float) -> float:
     return sum(steps / elapsed for steps, elapsed in results)
 
 
-def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = True) -> dict:
-    run_dir = workdir / f"pipeline-{actors}-{'m' if metrics else 'nm'}"
+def _role_cpu_s(pids: dict) -> dict:
+    """CPU seconds (user + system) each role process has used so far; roles already gone are left out."""
+    import psutil
+
+    out = {}
+    for name, pid in pids.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        out[name] = t.user + t.system
+    return out
+
+
+def _running_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    rows = [json.loads(line) for line in lines[:-1] if line]  # the last line may be half-written
+    return [r for r in rows if r["phase"] == "RUNNING"]
+
+
+def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = True,
+                  batch_size: int = LEARNER_BATCH) -> dict:
+    """Env steps/s of `aiorl run` (the first metrics row skipped: actors may still be starting),
+    and each role's share of a core over the same stretch."""
+    run_dir = workdir / f"pipeline-{actors}-{batch_size}-{'m' if metrics else 'nm'}"
     config = {
         "algo": "random_agent",
         "env": ENV,
         "cluster": {"actors": actors, "memories": 1, "learners": 1},
-        "agent": {"sample_batch_size": SAMPLE_BATCH, "batch_size": 64, "buffer_size": 100_000,
+        "agent": {"sample_batch_size": SAMPLE_BATCH, "batch_size": batch_size, "buffer_size": 100_000,
                   "learning_starts": 1000, "max_samples_per_insert": 1.0},
         "model": {"n_step": 3},
         "run": {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.5, "metrics": metrics,
@@ -69,16 +104,61 @@ def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = Tr
     shutil.rmtree(run_dir, ignore_errors=True)
     path = workdir / f"pipeline-{actors}.json"
     path.write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
-                          capture_output=True, text=True, timeout=seconds + 180)
+    proc = subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cpu = None
+    try:
+        # CPU from the second RUNNING row to a second before the run stops.
+        give_up = time.monotonic() + seconds + 120
+        while proc.poll() is None and len(_running_rows(run_dir)) < 2 and time.monotonic() < give_up:
+            time.sleep(0.05)
+        if proc.poll() is None and (run_dir / "pids.json").exists():
+            pids = json.loads((run_dir / "pids.json").read_text())
+            t0, cpu0 = time.monotonic(), _role_cpu_s(pids)
+            first = _running_rows(run_dir)[-1]["time_s"]
+            time.sleep(max(0.5, seconds - first - 1.0))
+            t1, cpu1 = time.monotonic(), _role_cpu_s(pids)
+            cpu = {name: (cpu1[name] - cpu0[name]) / (t1 - t0) for name in cpu1 if name in cpu0}
+        output, _ = proc.communicate(timeout=seconds + 180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     if proc.returncode != 0:
-        raise RuntimeError(f"aiorl run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    running = [r for r in rows if r["phase"] == "RUNNING"]
+        raise RuntimeError(f"aiorl run failed ({proc.returncode}):\n{output}")
+    running = _running_rows(run_dir) + [json.loads(line) for line in
+                                        (run_dir / "metrics.jsonl").read_text().splitlines()[-1:]]
+    running = [r for r in running if r["phase"] == "RUNNING"]
     first, last = running[1], running[-1]  # skip the first row: actors may still be starting
     rate = (last["env_steps"] - first["env_steps"]) / (last["time_s"] - first["time_s"])
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"env_steps_per_s": rate, "learner_steps": summary["learner_steps"], "env_steps": summary["env_steps"]}
+    by_kind = {}
+    for name, share in (cpu or {}).items():
+        kind = name.split("-")[0]
+        by_kind[kind] = by_kind.get(kind, 0.0) + share
+    return {"env_steps_per_s": rate, "learner_steps": summary["learner_steps"], "env_steps": summary["env_steps"],
+            "cpu_cores": by_kind}
+
+
+def paired_ratio(actors: int, seconds: float, workdir: Path, repeats: int, batch_size: int) -> dict:
+    """Pipeline runs each between two no-transport runs: ratio_i = pipeline_i / mean(reference
+    before, reference after). This machine's speed drifts by tens of percent over minutes
+    (shared host), so only references measured right beside a pipeline run are comparable;
+    the median ratio is reported."""
+    refs = [reference_rate(actors, seconds)]
+    pipes = []
+    for _ in range(repeats):
+        pipes.append(pipeline_rate(actors, seconds, workdir, batch_size=batch_size))
+        refs.append(reference_rate(actors, seconds))
+    ratios = [p["env_steps_per_s"] / ((refs[i] + refs[i + 1]) / 2) for i, p in enumerate(pipes)]
+    mid = sorted(range(repeats), key=lambda i: ratios[i])[repeats // 2]
+    pipe, ref = pipes[mid], (refs[mid] + refs[mid + 1]) / 2
+    per_actor_ref, per_actor_pipe = ref / actors, pipe["env_steps_per_s"] / actors
+    return {
+        "actors": actors, "learner_batch": batch_size, "reference_env_steps_per_s": ref, **pipe,
+        "ratio": ratios[mid], "ratios": ratios, "references": refs,
+        "overhead_us_per_transition": 1e6 * (1 / per_actor_pipe - 1 / per_actor_ref),
+    }
 
 
 # --------------------------------------------------------------------------- metrics cost
@@ -225,51 +305,63 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per configuration")
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--json", default=None, help="write results here")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="pipeline runs per configuration, each between two reference runs (median ratio)")
+    parser.add_argument("--stress-batch", type=int, default=64,
+                        help="also measure with this learner batch (0: skip)")
     parser.add_argument("--overhead-repeats", type=int, default=3,
-                        help="alternating with/without-metrics runs (medians are compared)")
+                        help="alternating with/without-metrics runs (medians are compared; 0: skip)")
+    parser.add_argument("--no-control", dest="control", action="store_false",
+                        help="skip the 64-connection coordinator measurement")
     args = parser.parse_args()
 
     results = {"pipeline": [], "control": None}
     with tempfile.TemporaryDirectory() as tmp:
-        for actors in args.actors:
-            ref = reference_rate(actors, args.seconds)
-            pipe = pipeline_rate(actors, args.seconds, Path(tmp))
-            per_actor_ref, per_actor_pipe = ref / actors, pipe["env_steps_per_s"] / actors
-            overhead_us = 1e6 * (1 / per_actor_pipe - 1 / per_actor_ref)
-            results["pipeline"].append({
-                "actors": actors, "reference_env_steps_per_s": ref, **pipe,
-                "ratio": pipe["env_steps_per_s"] / ref, "overhead_us_per_transition": overhead_us,
-            })
+        for batch_size in [LEARNER_BATCH] + ([args.stress_batch] if args.stress_batch else []):
+            for actors in args.actors:
+                print(f"measuring {actors} actor(s), learner batch {batch_size} ...", file=sys.stderr, flush=True)
+                results["pipeline"].append(paired_ratio(actors, args.seconds, Path(tmp), args.repeats, batch_size))
         # Metrics overhead: the same pipeline with role gauges and TensorBoard off, alternated.
         with_m, without_m = [], []
         for _ in range(args.overhead_repeats):
             with_m.append(pipeline_rate(1, args.seconds, Path(tmp), metrics=True)["env_steps_per_s"])
             without_m.append(pipeline_rate(1, args.seconds, Path(tmp), metrics=False)["env_steps_per_s"])
-        results["metrics_overhead"] = {
-            "with_metrics_env_steps_per_s": statistics.median(with_m),
-            "without_metrics_env_steps_per_s": statistics.median(without_m),
-            "end_to_end_cost_fraction": 1 - statistics.median(with_m) / statistics.median(without_m),
-            **metrics_cpu_cost(Path(tmp)),
-        }
-    results["control"] = control_plane()
+        results["metrics_overhead"] = metrics_cpu_cost(Path(tmp))
+        if with_m:
+            results["metrics_overhead"].update({
+                "with_metrics_env_steps_per_s": statistics.median(with_m),
+                "without_metrics_env_steps_per_s": statistics.median(without_m),
+                "end_to_end_cost_fraction": 1 - statistics.median(with_m) / statistics.median(without_m),
+            })
+    results["control"] = control_plane() if args.control else None
 
-    print(f"{'actors':>6} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} {'ratio':>6} "
-          f"{'overhead us/transition':>23} {'learner steps':>13}")
+    print(f"{'actors':>6} {'learner batch':>13} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} "
+          f"{'ratio':>6} {'ratios':>16} {'overhead us/transition':>23} {'learner steps':>13}  cores used")
     for r in results["pipeline"]:
-        print(f"{r['actors']:>6} {r['reference_env_steps_per_s']:>23,.0f} {r['env_steps_per_s']:>19,.0f} "
-              f"{r['ratio']:>6.2f} {r['overhead_us_per_transition']:>23.1f} {r['learner_steps']:>13}")
+        cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cpu_cores"].items()))
+        print(f"{r['actors']:>6} {r['learner_batch']:>13} {r['reference_env_steps_per_s']:>23,.0f} "
+              f"{r['env_steps_per_s']:>19,.0f} {r['ratio']:>6.2f} {' '.join(f'{x:.2f}' for x in r['ratios']):>16} "
+              f"{r['overhead_us_per_transition']:>23.1f} {r['learner_steps']:>13}  {cores}")
+    for r in results["pipeline"]:
+        if r["learner_batch"] == LEARNER_BATCH:
+            met = "met" if r["ratio"] >= 0.8 else "MISSED"
+            print(f"target pipeline/no-transport >= 0.8, {r['actors']} actor(s): {r['ratio']:.2f} {met}")
     m = results["metrics_overhead"]
-    print(f"\nmetrics reporting, 1 actor: {m['with_metrics_env_steps_per_s']:,.0f} steps/s with, "
-          f"{m['without_metrics_env_steps_per_s']:,.0f} without (end to end {100 * m['end_to_end_cost_fraction']:+.1f}%, "
-          f"within run-to-run noise); measured CPU: gauges {m['heartbeat_gauges_us']:.1f} us per heartbeat, "
+    if "with_metrics_env_steps_per_s" in m:
+        print(f"\nmetrics reporting, 1 actor: {m['with_metrics_env_steps_per_s']:,.0f} steps/s with, "
+              f"{m['without_metrics_env_steps_per_s']:,.0f} without (end to end "
+              f"{100 * m['end_to_end_cost_fraction']:+.1f}%, within run-to-run noise)")
+    print(f"metrics CPU, measured directly: gauges {m['heartbeat_gauges_us']:.1f} us per heartbeat, "
           f"row {m['metrics_row_us']:.0f} us per row = {100 * m['cpu_cost_fraction']:.3f}% of the pipeline's CPU")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
     c = results["control"]
+    if c is None:
+        return 0
     print(f"\ncoordinator, {c['connections']} actor connections: {c['heartbeats_per_s']:,.0f} heartbeats/s "
           f"(target {c['target_per_s']:,.0f}/s), reply latency p50 {c['latency_p50_ms']:.2f} ms, "
           f"p99 {c['latency_p99_ms']:.2f} ms, max {c['latency_max_ms']:.2f} ms; missed heartbeats "
           f"{c['missed_heartbeats']}; coordinator loop lag max {c['coordinator_loop_lag_max_ms']:.2f} ms")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -28,18 +28,35 @@ from aiorl.wire import Connection, ConnectionClosed, Server, serve
 
 
 class Pulse:
-    """Wake every waiter when state changes; waiters re-check their own predicate."""
+    """Wakes a waiter when state changes and its predicate now holds.
+
+    Predicates are checked in `fire` (they are cheap reads of the memory's
+    state), so a change that enables nobody wakes no task: the sampler sees
+    every insert, but with a learner batch of 512 and rate limiting only one
+    insert in eight lets it send.
+    """
 
     def __init__(self):
-        self._event = asyncio.Event()
+        self._waiters: list[tuple[object, asyncio.Future]] = []
 
     def fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+        if not self._waiters:
+            return
+        waiting = []
+        for predicate, waiter in self._waiters:
+            if waiter.done():  # its task was cancelled
+                continue
+            if predicate():
+                waiter.set_result(None)
+            else:
+                waiting.append((predicate, waiter))
+        self._waiters = waiting
 
     async def wait_for(self, predicate) -> None:
         while not predicate():
-            await self._event.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append((predicate, waiter))
+            await waiter
 
 
 @dataclass
