@@ -37,6 +37,7 @@ def test_valid_config_loads_typed_sections():
         ("agent.prioritized_replay", "yes", "agent.prioritized_replay: expected bool"),
         ("cluster.actors", 0, "cluster.actors: must be at least 1, got 0"),
         ("cluster.learners", -1, "cluster.learners: must be at least 1, got -1"),
+        ("cluster.actor_flush_delay_s", -0.001, "cluster.actor_flush_delay_s: expected 0..1 seconds, got -0.001"),
         ("agent.batch_size", 5000, "agent.batch_size (5000) is larger than the replay of one memory host"),
         ("agent.learning_starts", 5000, "agent.learning_starts (5000) must be within 0..agent.buffer_size"),
         ("agent.prioritized_replay_alpha", 1.5, "agent.prioritized_replay_alpha: expected 0..1, got 1.5"),

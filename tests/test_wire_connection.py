@@ -227,6 +227,46 @@ async def test_close_flushes_everything_queued():
     assert got == [(i, i, i) for i in range(100)]
 
 
+async def test_flush_delay_holds_small_messages_for_one_write_and_close_flushes_them():
+    got = []
+    finished = asyncio.Event()
+
+    async def handler(conn):
+        async for msg in conn:
+            got.append(msg.meta["i"])
+        finished.set()
+
+    async with await serve(handler, token=TOKEN, name="s") as server:
+        conn = await connect("127.0.0.1", server.port, token=TOKEN, name="c")
+        conn.flush_delay_s = 3600.0  # far longer than the test: only close() can send them
+        for i in range(5):
+            await conn.send("x", {"i": i}, {"x": np.arange(16)})
+        await asyncio.sleep(0.05)  # loop iterations that would have flushed without the delay
+        proto = conn._proto
+        assert len(proto._out) >= 5 and proto._out_bytes > 0 and proto._flush_handle is not None
+        await conn.close()
+        async with asyncio.timeout(HANG_S):
+            await finished.wait()
+    assert got == [0, 1, 2, 3, 4]
+
+
+async def test_flush_delay_sends_after_the_delay(echo, client):
+    server, state = echo
+    client.flush_delay_s = 0.001
+    for i in range(3):
+        await client.send("x", {"i": i})
+    async with asyncio.timeout(HANG_S):
+        while len(state.data.get("client-0", [])) < 3:
+            await asyncio.sleep(0.001)
+    assert [m.meta["i"] for m in state.data["client-0"]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("inf"), float("nan")])
+async def test_flush_delay_rejects_bad_values(client, bad):
+    with pytest.raises(ValueError, match="flush_delay_s"):
+        client.flush_delay_s = bad
+
+
 async def test_abort_and_wait_closed(client):
     assert not client.closed
     client.abort()

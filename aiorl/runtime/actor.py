@@ -70,6 +70,10 @@ class ActorRole(Role):
             if algo.is_synchronous(cfg):
                 await self._sync_loop()
             else:
+                # A steady stream of batches nobody waits on: let a few share each write.
+                # (A synchronous rollout is waited on, so it goes at once.)
+                for conn in self.memories:
+                    conn.flush_delay_s = cfg.cluster.actor_flush_delay_s
                 await self._async_loop()
             batch, priorities = self.policy.flush()
             if batch:

@@ -64,6 +64,23 @@ class Connection:
         return self._proto.peer_name
 
     @property
+    def flush_delay_s(self) -> float:
+        """Seconds a sent message may wait to share a write with the next ones (0: this loop iteration).
+
+        For steady streams of small messages where a few milliseconds do not
+        matter: each write is a syscall on this side and a wake-up on the
+        peer's. A message reaching ``COALESCE_BYTES`` of queued data, ``drain``
+        pressure and ``close()`` still flush at once.
+        """
+        return self._proto.flush_delay_s
+
+    @flush_delay_s.setter
+    def flush_delay_s(self, seconds: float) -> None:
+        if not (seconds >= 0 and seconds < float("inf")):
+            raise ValueError(f"flush_delay_s must be a finite number >= 0, got {seconds!r}")
+        self._proto.flush_delay_s = float(seconds)
+
+    @property
     def closed(self) -> bool:
         """True once ``close()``/``abort()`` was called or the connection ended."""
         proto = self._proto

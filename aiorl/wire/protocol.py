@@ -27,7 +27,10 @@ Receiving (``BufferedProtocol``, so the loop reads straight into our memory):
 
 Sending: frames are appended to an outgoing list and handed to the transport
 once per loop iteration (or at once past ``COALESCE_BYTES``), so bursts of small
-messages become one ``writelines`` (one ``writev``, zero-copy on uvloop).
+messages become one ``writelines`` (one ``writev``, zero-copy on uvloop). A
+connection with a ``flush_delay_s`` holds them up to that long instead, so
+steady streams of small messages also go out several to a write (and wake
+the peer once).
 Senders wait in ``drain()`` while the transport is over its high-water mark.
 Appending a frame never awaits, which makes every frame atomic however many
 tasks send at once. The stock loop's socket transport joins ``writelines``
@@ -307,6 +310,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._out: list = []
         self._out_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
+        self.flush_delay_s = 0.0  # see Connection.flush_delay_s
         self._writing_paused = False
         self._drain_waiters: list[asyncio.Future] = []
         self._chunked = False
@@ -765,7 +769,10 @@ class WireProtocol(asyncio.BufferedProtocol):
         if self._out_bytes >= COALESCE_BYTES:
             self._flush()
         elif self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._flush)
+            if self.flush_delay_s > 0:
+                self._flush_handle = self._loop.call_later(self.flush_delay_s, self._flush)
+            else:
+                self._flush_handle = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         if self._flush_handle is not None:
