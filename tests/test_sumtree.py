@@ -103,6 +103,32 @@ def test_min_ignores_zero_leaves_and_follows_updates():
         tree.sample(1, np.random.default_rng(0))
 
 
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.sampled_from([1, 8, 9, 700, 4096, 40_000]), seed=st.integers(0, 2 ** 32 - 1))
+def test_min_stays_exact_through_lazy_min_tree(capacity, seed):
+    """The min tree is refreshed lazily: raising or zeroing the minimum leaf, lowering others,
+    and queues that overflow (over a quarter of the leaf groups written) all keep `min` exact."""
+    rng = np.random.default_rng(seed)
+    tree, leaves = SumTree(capacity), np.zeros(capacity)
+    for _ in range(40):
+        op = rng.integers(4)
+        if op == 0 and leaves.max() > 0:  # raise or zero the current minimum leaf
+            i = int(np.flatnonzero(leaves == leaves[leaves > 0].min())[0])
+            idx, vals = np.array([i]), np.array([0.0 if rng.random() < 0.3 else leaves[i] * 3])
+        elif op == 1:  # many scattered writes: overflows the queue of written groups
+            n = int(rng.integers(1, 3 * capacity + 2))
+            idx, vals = rng.integers(0, capacity, n), rng.random(n) * 10
+        else:
+            n = int(rng.integers(1, 64))
+            idx, vals = rng.integers(0, capacity, n), rng.random(n) * 10 ** rng.uniform(-3, 3)
+            vals[rng.random(n) < 0.2] = 0.0
+        tree.update(idx, vals)
+        leaves[idx] = vals  # numpy: the last duplicate wins too
+        positive = leaves[leaves > 0]
+        assert tree.min == (positive.min() if positive.size else np.inf)
+    assert tree._max_parent_error() == 0.0
+
+
 def test_no_drift_after_two_million_updates():
     """The root is recomputed from children, never patched: it equals a tree built fresh."""
     capacity = 1000

@@ -575,7 +575,7 @@ cdef class PrioritizedReplayBuffer(_Ring):
         cdef uint64_t *g = <uint64_t *> cnp.PyArray_DATA(generations)
         ratio = empty_1d(batch_size, cnp.NPY_FLOAT64)
         cdef double *r = <double *> cnp.PyArray_DATA(ratio)
-        cdef double q_min = self._tree._min_value
+        cdef double q_min = self._tree._current_min()
         cdef Py_ssize_t j
         out = self._new_rows(batch_size, self._dst)
         with self._rng_lock, nogil:

@@ -18,11 +18,22 @@ cdef class SumTree:
     cdef int _levels
     cdef readonly Py_ssize_t capacity
     cdef double _total_value
-    cdef double _min_value
+    # The min tree is brought up to date lazily (see SumTree._write): the
+    # exact minimum and the leaf holding it are tracked on every write, and
+    # the leaf groups written since the last refresh wait in _dirty.
+    cdef double _min_value      # exact unless _min_stale
+    cdef int64_t _min_slot      # a leaf holding _min_value (-1: none positive)
+    cdef bint _min_stale        # the minimum leaf was raised: refresh before reading
+    cdef int64_t *_dirty        # leaf groups written since the min tree was refreshed
+    cdef Py_ssize_t _ndirty
+    cdef Py_ssize_t _dirty_cap
+    cdef bint _dirty_all        # _dirty overflowed: the refresh goes over every leaf
 
     cdef void _write(self, int64_t *slots, const double *values, Py_ssize_t n) noexcept nogil
     cdef void _sample(self, bitgen_t *rng, double *scratch, Py_ssize_t n, int64_t *out) noexcept nogil
     cdef void _rebuild(self) noexcept nogil
+    cdef void _refresh_mins(self) noexcept nogil
+    cdef double _current_min(self) noexcept nogil
     cdef void _reset(self) noexcept nogil
     cdef double _group_min(self, int k, Py_ssize_t p) noexcept nogil
     cdef inline double _leaf(self, Py_ssize_t slot) noexcept nogil:

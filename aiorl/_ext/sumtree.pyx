@@ -172,10 +172,9 @@ cdef extern from *:
      * in the same group as the one before (near the root: nearly all) reuses
      * its running sums and walks on from its child, giving the same child
      * as the compares would. Prefetches the next level's group of each
-     * child, and the parent min a following update will rewrite, while the
-     * other descents run. */
+     * child while the other descents run. */
     static void aiorl_descend_level(const double *level, int64_t *node, double *u, Py_ssize_t n,
-                                    const double *next_level, const double *parent_min) {
+                                    const double *next_level) {
         const double *prev = NULL;
         aiorl_runs_t r;
         int k = 0, have_p = 0;
@@ -196,7 +195,6 @@ cdef extern from *:
                 k = aiorl_step_back(g, k);
                 u[j] = x - r.p[k];
             }
-            if (parent_min) AIORL_PREFETCH(parent_min + node[j]);
             int64_t child = 8 * node[j] + k;
             node[j] = child;
             if (next_level) AIORL_PREFETCH(next_level + 8 * child);
@@ -207,7 +205,7 @@ cdef extern from *:
     double _min8 "aiorl_min8"(const double *g) noexcept nogil
     double _minpos8 "aiorl_minpos8"(const double *g) noexcept nogil
     void _descend_level "aiorl_descend_level"(const double *level, int64_t *node, double *u, Py_ssize_t n,
-                                               const double *next_level, const double *parent_min) noexcept nogil
+                                               const double *next_level) noexcept nogil
 
 
 cdef extern from *:
@@ -267,13 +265,17 @@ cdef class SumTree:
             self._off[k + 1] = self._off[k] + sizes[levels - k]
         self._sum = <double *> _tree_block(self._off[self._levels + 1] * sizeof(double))
         self._min = <double *> _tree_block(self._off[self._levels] * sizeof(double))
-        if self._sum == NULL or self._min == NULL:
+        # Past this many queued groups a refresh goes over every leaf anyway.
+        self._dirty_cap = max(1024, sizes[0] // 8 // 4)
+        self._dirty = <int64_t *> malloc(self._dirty_cap * sizeof(int64_t))
+        if self._sum == NULL or self._min == NULL or self._dirty == NULL:
             raise MemoryError(f"SumTree: cannot allocate a tree for capacity {capacity}")
         self._reset()
 
     def __dealloc__(self):
         free(self._sum)
         free(self._min)
+        free(self._dirty)
 
     def __repr__(self):
         return f"SumTree(capacity={self.capacity}, total={self.total!r}, min={self.min!r})"
@@ -286,7 +288,7 @@ cdef class SumTree:
     @property
     def min(self):
         """Smallest positive leaf (float64); +inf when every leaf is 0."""
-        return self._min_value
+        return self._current_min()
 
     def update(self, indices, values):
         """Set leaf `indices[j]` to `values[j]` (finite, >= 0); duplicates: the last one wins."""
@@ -358,7 +360,10 @@ cdef class SumTree:
         cdef Py_ssize_t p
         cdef int k
         cdef double err = abs(self._total_value - _sum8(self._sum))
+        self._refresh_mins()
         if self._min_value != self._group_min(0, 0):
+            return INFINITY
+        if self._min_slot >= 0 and self._leaf(self._min_slot) != self._min_value:
             return INFINITY
         for k in range(1, self._levels + 1):
             for p in range((self._off[k + 1] - self._off[k]) // 8):
@@ -383,6 +388,10 @@ cdef class SumTree:
             self._min[i] = INFINITY
         self._total_value = 0.0
         self._min_value = INFINITY
+        self._min_slot = -1
+        self._min_stale = False
+        self._ndirty = 0
+        self._dirty_all = False
 
     cdef void _rebuild(self) noexcept nogil:
         """Recompute every internal node from the leaves."""
@@ -391,12 +400,67 @@ cdef class SumTree:
         for k in range(self._levels, 0, -1):
             for p in range((self._off[k + 1] - self._off[k]) // 8):
                 self._sum[self._off[k - 1] + p] = _sum8(self._sum + self._off[k] + 8 * p)
-                self._min[self._off[k - 1] + p] = self._group_min(k, p)
         self._total_value = _sum8(self._sum)
-        self._min_value = self._group_min(0, 0)
+        self._dirty_all = True
+        self._refresh_mins()
+
+    cdef double _current_min(self) noexcept nogil:
+        """The exact smallest positive leaf (+inf if none), refreshing the min tree if it must."""
+        if self._min_stale:
+            self._refresh_mins()
+        return self._min_value
+
+    cdef void _refresh_mins(self) noexcept nogil:
+        """Bring the min tree up to date with the leaves; then find the minimum and its leaf.
+
+        The groups written since the last refresh are recomputed level by
+        level (consecutive equal parents merged, as in `_write`); once more
+        were written than the queue holds (a quarter of the leaf groups), a
+        full pass over the leaves is cheaper.
+        """
+        cdef double *m = self._min
+        cdef int64_t *groups = self._dirty
+        cdef Py_ssize_t j, p, node, prev, distinct, n = self._ndirty
+        cdef int k, levels = self._levels
+        cdef double target
+        if self._dirty_all:
+            for k in range(levels, 0, -1):
+                for p in range((self._off[k + 1] - self._off[k]) // 8):
+                    m[self._off[k - 1] + p] = self._group_min(k, p)
+        else:
+            for k in range(levels, 0, -1):
+                prev = -1
+                distinct = 0
+                for j in range(n):
+                    node = groups[j]
+                    if node == prev:
+                        continue
+                    prev = node
+                    m[self._off[k - 1] + node] = self._group_min(k, node)
+                    groups[distinct] = node >> 3
+                    distinct += 1
+                n = distinct
+        self._ndirty = 0
+        self._dirty_all = False
+        self._min_stale = False
+        self._min_value = target = self._group_min(0, 0)
+        self._min_slot = -1
+        if target == INFINITY:
+            return
+        # Down the min tree to a leaf holding it: some child of each node has the node's min.
+        p = 0
+        for k in range(levels):
+            j = 0
+            while m[self._off[k] + 8 * p + j] != target:
+                j += 1
+            p = 8 * p + j
+        j = 0
+        while self._sum[self._off[levels] + 8 * p + j] != target:
+            j += 1
+        self._min_slot = 8 * p + j
 
     cdef void _write(self, int64_t *slots, const double *values, Py_ssize_t n) noexcept nogil:
-        """Set leaves slots[j] = values[j] in order, then fix the ancestors level by level.
+        """Set leaves slots[j] = values[j] in order, then fix the ancestor sums level by level.
 
         `slots` must be valid and is overwritten (it becomes the node cursor).
         Leaves are written first, in order, so duplicates resolve to the last
@@ -404,24 +468,45 @@ cdef class SumTree:
         already final, so recomputing a shared parent twice is harmless;
         consecutive equal parents (sorted input, the common case) are merged
         as the cursor moves up.
+
+        The minimum is kept exact without touching the min tree: a value below
+        it becomes it, and only raising (or zeroing) the leaf that holds it
+        leaves it unknown (`_min_stale`) until `_refresh_mins`. The written
+        leaf groups are queued for that refresh. Prioritized replay raises its
+        minimum leaf rarely (it is the least likely to be sampled), so the
+        min tree is mostly refreshed in bulk, off the learner's step.
         """
         cdef double *s = self._sum
-        cdef double *m = self._min
         cdef Py_ssize_t leaf0 = self._off[self._levels]
         cdef const double *level
-        cdef const double *mins
         cdef Py_ssize_t j, node, prev, parent0, distinct
         cdef Py_ssize_t ahead = 16
+        cdef double v
         cdef int k
+        prev = -1
         for j in range(n):
             if j + ahead < n:
                 prefetch(s + leaf0 + slots[j + ahead])
-            s[leaf0 + slots[j]] = values[j]
+            v = values[j]
+            s[leaf0 + slots[j]] = v
+            # Every positive leaf is >= _min_value, stale or not: one at or below it is the minimum.
+            if v > 0.0 and v <= self._min_value:
+                self._min_value = v
+                self._min_slot = slots[j]
+                self._min_stale = False
+            elif slots[j] == self._min_slot:
+                self._min_stale = True  # the minimum leaf went up (or to 0)
+            node = slots[j] >> 3
+            if node != prev and not self._dirty_all:
+                if self._ndirty == self._dirty_cap:
+                    self._dirty_all = True
+                else:
+                    self._dirty[self._ndirty] = node
+                    self._ndirty += 1
+                prev = node
         for k in range(self._levels, 0, -1):
             parent0 = self._off[k - 1]
             level = s + self._off[k]
-            # Parent mins come from the leaves (positive ones) at the leaf level, else from the min tree.
-            mins = s + self._off[k] if k == self._levels else m + self._off[k]
             prev = -1
             distinct = 0
             for j in range(n):
@@ -432,14 +517,11 @@ cdef class SumTree:
                 slots[distinct] = node
                 distinct += 1
                 if k > 1:
-                    # The next level writes node's parent: start fetching its lines now.
+                    # The next level writes node's parent: start fetching its line now.
                     prefetch(s + self._off[k - 2] + (node >> 3))
-                    prefetch(m + self._off[k - 2] + (node >> 3))
                 s[parent0 + node] = _sum8(level + 8 * node)
-                m[parent0 + node] = _minpos8(mins + 8 * node) if k == self._levels else _min8(mins + 8 * node)
             n = distinct
         self._total_value = _sum8(s)
-        self._min_value = self._group_min(0, 0)
 
     cdef void _sample(self, bitgen_t *rng, double *scratch, Py_ssize_t n, int64_t *out) noexcept nogil:
         """out[j] = leaf holding mass (j + U_j) * (total / n); the caller checked total > 0.
@@ -455,7 +537,4 @@ cdef class SumTree:
             out[j] = 0
         for k in range(levels + 1):
             _descend_level(self._sum + self._off[k], out, scratch, n,
-                           self._sum + self._off[k + 1] if k < levels else NULL,
-                           # An update of these samples (the learner's next
-                           # call) rewrites the leaves' parent mins.
-                           self._min + self._off[k - 1] if k == levels and k > 0 else NULL)
+                           self._sum + self._off[k + 1] if k < levels else NULL)
