@@ -579,7 +579,9 @@ cdef class PrioritizedReplayBuffer(_Ring):
         cdef Py_ssize_t j
         out = self._new_rows(batch_size, self._dst)
         with self._rng_lock, nogil:
-            self._tree._sample(self._bitgen, r, batch_size, idx)
+            # The tree prefetches each drawn slot's rows as it finds it (see SumTree._sample).
+            self._tree._sample(self._bitgen, r, batch_size, idx, self._data, self._fields.rowbytes,
+                               self._fields.count)
             for j in range(batch_size):
                 r[j] = self._tree._leaf(idx[j]) / q_min
                 g[j] = self._generation(idx[j])

@@ -172,9 +172,12 @@ cdef extern from *:
      * in the same group as the one before (near the root: nearly all) reuses
      * its running sums and walks on from its child, giving the same child
      * as the compares would. Prefetches the next level's group of each
-     * child while the other descents run. */
+     * child while the other descents run, and at the leaf level row `child`
+     * of each of the nrows arrays rows[f] (rowbytes[f] bytes a row): the
+     * caller's records for the drawn leaves, which it reads next. */
     static void aiorl_descend_level(const double *level, int64_t *node, double *u, Py_ssize_t n,
-                                    const double *next_level) {
+                                    const double *next_level, char *const *rows, const Py_ssize_t *rowbytes,
+                                    int nrows) {
         const double *prev = NULL;
         aiorl_runs_t r;
         int k = 0, have_p = 0;
@@ -198,6 +201,7 @@ cdef extern from *:
             int64_t child = 8 * node[j] + k;
             node[j] = child;
             if (next_level) AIORL_PREFETCH(next_level + 8 * child);
+            for (int f = 0; f < nrows; f++) AIORL_PREFETCH(rows[f] + child * rowbytes[f]);
         }
     }
     """
@@ -205,7 +209,8 @@ cdef extern from *:
     double _min8 "aiorl_min8"(const double *g) noexcept nogil
     double _minpos8 "aiorl_minpos8"(const double *g) noexcept nogil
     void _descend_level "aiorl_descend_level"(const double *level, int64_t *node, double *u, Py_ssize_t n,
-                                               const double *next_level) noexcept nogil
+                                               const double *next_level, char *const *rows,
+                                               const Py_ssize_t *rowbytes, int nrows) noexcept nogil
 
 
 cdef extern from *:
@@ -523,11 +528,15 @@ cdef class SumTree:
             n = distinct
         self._total_value = _sum8(s)
 
-    cdef void _sample(self, bitgen_t *rng, double *scratch, Py_ssize_t n, int64_t *out) noexcept nogil:
+    cdef void _sample(self, bitgen_t *rng, double *scratch, Py_ssize_t n, int64_t *out,
+                      char **rows=NULL, const Py_ssize_t *rowbytes=NULL, int nrows=0) noexcept nogil:
         """out[j] = leaf holding mass (j + U_j) * (total / n); the caller checked total > 0.
 
         All n descents advance one level at a time, so that each one's next
-        line is prefetched while the others run.
+        line is prefetched while the others run. Given `rows`, each drawn
+        leaf's row of those arrays is prefetched as soon as the leaf is known:
+        a replay buffer's gather of the sampled records then overlaps with
+        the rest of the last level instead of starting after it.
         """
         cdef double segment = self._total_value / n
         cdef Py_ssize_t j
@@ -537,4 +546,5 @@ cdef class SumTree:
             out[j] = 0
         for k in range(levels + 1):
             _descend_level(self._sum + self._off[k], out, scratch, n,
-                           self._sum + self._off[k + 1] if k < levels else NULL)
+                           self._sum + self._off[k + 1] if k < levels else NULL,
+                           rows, rowbytes, nrows if k == levels else 0)
