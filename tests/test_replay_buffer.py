@@ -202,3 +202,34 @@ def test_snapshot_mismatch_is_rejected(tmp_path):
     with pytest.raises(ValueError):
         target.load_state_dict(state)
     assert len(target) == 1, "a rejected snapshot leaves the buffer as it was"
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_large_sampled_fields_reuse_memory_only_once_released(cls):
+    """Fields of 1 MiB or more per sample are written into recycled memory: never while
+    any view of an earlier batch is alive, and the rows are the stored ones."""
+    spec = {"frame": ((4096,), "uint8"), "action": ((), "int64")}
+    buf = cls(64, spec, 0.6, seed=0) if cls is PrioritizedReplayBuffer else cls(64, spec, seed=0)
+    rows = np.arange(64)
+    buf.add({"frame": (rows[:, None] * 7 + np.arange(4096)).astype(np.uint8), "action": rows})
+    sample = (lambda: buf.sample(300, 0.4)) if cls is PrioritizedReplayBuffer else (lambda: buf.sample(300))
+
+    first = sample()
+    kept = first["frame"].copy()
+    first_ptr = first["frame"].ctypes.data
+    second = sample()
+    assert second["frame"].ctypes.data != first_ptr
+    assert np.array_equal(first["frame"], kept)  # the second sample did not write over it
+    for out in (first, second):
+        expected = (out["indices"][:, None] * 7 + np.arange(4096)).astype(np.uint8)
+        assert np.array_equal(out["frame"], expected)
+
+    del first
+    third = sample()  # the first batch's memory is free again: reused
+    assert third["frame"].ctypes.data == first_ptr
+    view = third["frame"][10:20]  # a view keeps the memory in use
+    view_rows = view.copy()
+    del third
+    fourth = sample()
+    assert fourth["frame"].ctypes.data not in (first_ptr, second["frame"].ctypes.data)
+    assert np.array_equal(view, view_rows)

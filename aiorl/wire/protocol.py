@@ -21,7 +21,7 @@ Receiving (``BufferedProtocol``, so the loop reads straight into our memory):
   staging is half empty. (Pausing the socket only when staging is full, not
   every time the queue fills, saves two epoll_ctl calls per queue's worth of
   small messages.) Nothing here grows without bound.
-- Large payload buffers are page-aligned and recycled per connection (``_BufferPool``) once no received array
+- Large payload buffers are page-aligned and recycled per connection (``BufferPool``) once no received array
   refers to them any more: the kernel's copy into a cold, freshly faulted,
   misaligned buffer cost twice as much as the copy itself.
 
@@ -44,13 +44,13 @@ import asyncio
 import collections
 import hmac
 import logging
-import mmap
 import socket
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+
+from aiorl.buffer_pool import BufferPool
 
 from . import auth
 from .codec import (
@@ -152,79 +152,6 @@ class _MessageQueue:
         return items.popleft()
 
 
-class _BufferPool:
-    """Recycles large payload buffers once no received array refers to them.
-
-    A fresh ``np.empty`` of a few MiB is mmap()ed or trimmed back by malloc,
-    so every frame would page-fault its whole buffer in again: on uvloop that
-    doubled the receiver's CPU per 1 MiB frame (about 145 faults per frame). Consumers usually drop a batch
-    before the next one arrives, so a handful of buffers per connection cover a
-    stream. "No one refers to it" is the reference count of the memory's owner
-    array: numpy makes it the ``.base`` of every view of a received array (and
-    a tensor made from one keeps its array), so while any of them is alive the
-    buffer is not reused.
-    """
-
-    MAX_BUFFERS = 16
-    MAX_BYTES = 64 << 20
-
-    __slots__ = ("_entries",)
-
-    def __init__(self) -> None:
-        # [owner array, start, nbytes], least recently used first
-        self._entries: list[list] = []
-
-    def take(self, nbytes: int) -> np.ndarray:
-        entries = self._entries
-        for i in range(len(entries) - 1, -1, -1):
-            # The most recently used free buffer is the likeliest still in cache.
-            # 2 references to a free owner: its entry and getrefcount's argument.
-            entry = entries[i]
-            if entry[2] == nbytes and sys.getrefcount(entry[0]) == 2:
-                entries.append(entries.pop(i))
-                return entry[0][entry[1]:entry[1] + nbytes]
-        owner, start = _alloc_payload(nbytes)
-        if _POOLING and nbytes <= self.MAX_BYTES // 2:
-            if len(entries) >= self.MAX_BUFFERS or sum(e[2] for e in entries) + nbytes > self.MAX_BYTES:
-                free = [i for i in range(len(entries)) if sys.getrefcount(entries[i][0]) == 2]
-                del entries[free[0] if free else 0]
-            entries.append([owner, start, nbytes])
-        return owner[start:start + nbytes]
-
-
-def _alloc_payload(nbytes: int) -> tuple[np.ndarray, int]:
-    """``(owner, start)``: ``owner[start:start + nbytes]`` is a page-aligned receive buffer.
-
-    Page-aligned so the kernel's copy into it starts on a page and cache-line
-    boundary. (Transparent huge pages were tried: a new buffer then stalled
-    for memory compaction at its first touch, which cost more than it saved.)
-    """
-    owner = np.empty(nbytes + _PAGE, np.uint8)
-    return owner, -owner.ctypes.data % _PAGE
-
-
-_PAGE = mmap.PAGESIZE
-
-
-def _pooling_works() -> bool:
-    """The reference-count test above is CPython and numpy behaviour: check it once, on both kinds of buffer."""
-    for nbytes in (SMALL_PAYLOAD + 1, 4 << 20):
-        pool = _BufferPool()
-        payload = pool.take(nbytes)
-        view = np.ndarray((2,), np.float64, payload, 8)[1:]
-        del payload
-        owner = pool._entries[0][0]
-        in_use = sys.getrefcount(owner) > 3  # + this name
-        del view
-        if not in_use or sys.getrefcount(owner) != 3:
-            return False
-    return True
-
-
-_POOLING = True  # (take() consults it while the check below runs)
-_POOLING = _pooling_works()
-
-
 class _EOF:
     """Queue sentinel: the connection has ended and every message before it was delivered."""
 
@@ -302,7 +229,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._end = 0  # end of received bytes in staging
         self._direct: _Direct | None = None
         self._window = READ_WINDOW
-        self._pool = _BufferPool()
+        self._pool = BufferPool()
         self._last_schema = b""  # the previous frame's schema bytes and decoded layout
         self._last_layout: tuple = ("", _NO_ARRAYS)
 
