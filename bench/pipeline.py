@@ -301,12 +301,15 @@ def control_plane(actors: int = 64, seconds: float = 5.0, interval_s: float = 0.
 
 
 def main() -> int:
+    global SAMPLE_BATCH
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per configuration")
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--json", default=None, help="write results here")
     parser.add_argument("--repeats", type=int, default=3,
                         help="pipeline runs per configuration, each between two reference runs (median ratio)")
+    parser.add_argument("--sample-batch", type=int, default=SAMPLE_BATCH,
+                        help="env steps per actor batch, in the pipeline and the reference alike")
     parser.add_argument("--stress-batch", type=int, default=64,
                         help="also measure with this learner batch (0: skip)")
     parser.add_argument("--overhead-repeats", type=int, default=3,
@@ -314,8 +317,9 @@ def main() -> int:
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="skip the 64-connection coordinator measurement")
     args = parser.parse_args()
+    SAMPLE_BATCH = args.sample_batch  # (passed on explicitly to the spawned reference actors)
 
-    results = {"pipeline": [], "control": None}
+    results = {"pipeline": [], "sample_batch": SAMPLE_BATCH, "control": None}
     with tempfile.TemporaryDirectory() as tmp:
         for batch_size in [LEARNER_BATCH] + ([args.stress_batch] if args.stress_batch else []):
             for actors in args.actors:

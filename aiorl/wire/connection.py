@@ -69,8 +69,8 @@ class Connection:
 
         For steady streams of small messages where a few milliseconds do not
         matter: each write is a syscall on this side and a wake-up on the
-        peer's. A message reaching ``COALESCE_BYTES`` of queued data, ``drain``
-        pressure and ``close()`` still flush at once.
+        peer's. A message that brings the queued data to ``COALESCE_BYTES``,
+        and ``close()``, still flush at once.
         """
         return self._proto.flush_delay_s
 
