@@ -21,11 +21,13 @@ capacity with random priorities first (as after training has run a while:
 uniform priorities would make the draws evenly spaced, which hardware
 prefetchers turn into an unrealistically easy access pattern).
 
-Timing: implementations run in alternating rounds and each keeps its best
-round, measured in the thread's CPU time (time.thread_time): on a shared
-machine that leaves out the time the process is descheduled, but still
-counts every cache miss. Load from other processes hits all rows alike; the
-absolute numbers stay noisy, the ratios much less so.
+Timing: implementations run in alternating rounds, measured in the thread's
+CPU time (time.thread_time): on a shared machine that leaves out the time
+the process is descheduled, but still counts every cache miss, and other
+tenants' load on the shared L3 cache comes and goes within seconds. The
+table shows each implementation's best round; a ratio is the median over
+rounds of the two rates measured back to back in that round (large buffers,
+timed one implementation at a time, compare best rounds).
 """
 import os
 
@@ -38,6 +40,7 @@ import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -91,10 +94,12 @@ class Timer:
 
     def __init__(self, rounds, round_s):
         self.rounds, self.round_s = rounds, round_s
+        self.runs = 0  # labels of one run() are timed in the same, alternating rounds
 
     def run(self, fns, items):
-        """fns: {label: callable}; returns {label: best items/s}."""
-        best = {label: 0.0 for label in fns}
+        """fns: {label: callable}; returns {label: (best items/s, [items/s of each round], run id)}."""
+        self.runs += 1
+        rates = {label: [] for label in fns}
         # Calls per clock read, so that reading the clock costs nothing measurable.
         chunk = {label: self._chunk(fn) for label, fn in fns.items()}
         for _ in range(self.rounds):
@@ -107,8 +112,8 @@ class Timer:
                     elapsed = time.thread_time() - start
                     if elapsed >= self.round_s:
                         break
-                best[label] = max(best[label], calls * items / elapsed)
-        return best
+                rates[label].append(calls * items / elapsed)
+        return {label: (max(r), r, self.runs) for label, r in rates.items()}
 
     def _chunk(self, fn):
         n = 1
@@ -195,6 +200,7 @@ def bench_buffers(case, capacity, spec, timer, rows, rng, impls):
                                        for s, d in spec.values()) < 512 << 20 else [[i] for i in impls]
     for group in groups:
         built_impls = {label: built(cls) for label, cls in group}
+        floor = None
         if "aiorl" in built_impls:
             fields = built_impls["aiorl"].fields()
             size = capacity
@@ -203,11 +209,14 @@ def bench_buffers(case, capacity, spec, timer, rows, rng, impls):
                 idx = rng.integers(0, size, BATCH)
                 return {name: arr.take(idx, axis=0) for name, arr in fields.items()}
 
-            results["learner step"].update(timer.run({"floor": floor}, 1))
-            results["sample"].update(timer.run({"floor": floor}, BATCH))
         per_impl = {label: ops(impl) for label, impl in built_impls.items()}
         for op, unit_items in (("add", ADD_CHUNK), ("sample", BATCH), ("update", BATCH), ("learner step", 1)):
-            results[op].update(timer.run({label: fns[op] for label, fns in per_impl.items()}, unit_items))
+            fns = {label: impl_ops[op] for label, impl_ops in per_impl.items()}
+            if floor is not None and op in ("sample", "learner step"):
+                # In the same interleaved rounds as the buffers: this machine's speed
+                # drifts, and a floor timed apart would compare different moments.
+                fns["floor"] = floor
+            results[op].update(timer.run(fns, unit_items))
         del built_impls, per_impl
         gc.collect()
     units = {"add": "transitions/s", "sample": "samples/s", "update": "updates/s", "learner step": "steps/s"}
@@ -240,11 +249,21 @@ def bench_gae(timer, rows, rng):
 
 
 def make_row(case, op, unit, res):
+    """res: {label: (best, rounds, run id)}. A ratio is the median over rounds of aiorl's rate over
+    the other's in the same round (measured back to back, so the machine's drift cancels);
+    labels timed in separate runs (one large buffer at a time) compare best against best."""
     row = {"case": case, "op": op, "unit": unit}
     for label in ("aiorl", "numpy", "cpprb", "floor"):
-        row[label] = res.get(label)
+        row[label] = res[label][0] if label in res else None
     for label in ("numpy", "cpprb", "floor"):
-        row[f"vs_{label}"] = row["aiorl"] / row[label] if row.get(label) and row.get("aiorl") else None
+        ratio = None
+        if label in res and "aiorl" in res:
+            (_, ours, our_run), (_, theirs, their_run) = res["aiorl"], res[label]
+            if our_run == their_run:
+                ratio = statistics.median(a / b for a, b in zip(ours, theirs))
+            else:
+                ratio = res["aiorl"][0] / res[label][0]
+        row[f"vs_{label}"] = ratio
     return row
 
 
@@ -290,13 +309,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--quick", action="store_true", help="small capacities and short rounds (smoke test)")
-    parser.add_argument("--rounds", type=int, default=None, help="timing rounds per implementation (default 5)")
+    parser.add_argument("--rounds", type=int, default=None, help="timing rounds per implementation (default 7)")
     parser.add_argument("--round-seconds", type=float, default=None, help="seconds per round (default 0.25)")
     parser.add_argument("--no-cpprb", action="store_true", help="leave cpprb out even if installed")
     parser.add_argument("--no-large", action="store_true", help="skip the large-observation case")
     args = parser.parse_args(argv)
 
-    rounds = args.rounds or (1 if args.quick else 5)
+    rounds = args.rounds or (1 if args.quick else 7)
     round_s = args.round_seconds or (0.01 if args.quick else 0.25)
     timer = Timer(rounds, round_s)
     rng = np.random.default_rng(0)
