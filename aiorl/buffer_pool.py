@@ -3,9 +3,10 @@
 
 A fresh ``np.empty`` of a few MiB is mmap()ed or trimmed back by malloc, so
 every new one page-faults its whole size in again, and the kernel zeroes each
-page first: on uvloop that doubled the receiver's CPU per 1 MiB frame, and it
-was a third of a prioritized sample of 84x84 frames. Callers usually drop a
-batch before asking for the next, so a handful of buffers cover a stream.
+page first: on uvloop that doubled the receiver's CPU per 1 MiB frame, and
+recycling gives prioritized replay 7% more learner steps with 84x84 frames.
+Callers usually drop a batch before asking for the next, so a handful of
+buffers cover a stream.
 """
 from __future__ import annotations
 
