@@ -32,7 +32,6 @@ cdef class SumTree:
     cdef void _write(self, int64_t *slots, const double *values, Py_ssize_t n) noexcept nogil
     cdef void _sample(self, bitgen_t *rng, double *scratch, Py_ssize_t n, int64_t *out,
                       char **rows=*, const Py_ssize_t *rowbytes=*, int nrows=*) noexcept nogil
-    cdef void _rebuild(self) noexcept nogil
     cdef void _refresh_mins(self) noexcept nogil
     cdef double _current_min(self) noexcept nogil
     cdef void _reset(self) noexcept nogil

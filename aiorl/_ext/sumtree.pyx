@@ -398,17 +398,6 @@ cdef class SumTree:
         self._ndirty = 0
         self._dirty_all = False
 
-    cdef void _rebuild(self) noexcept nogil:
-        """Recompute every internal node from the leaves."""
-        cdef Py_ssize_t p
-        cdef int k
-        for k in range(self._levels, 0, -1):
-            for p in range((self._off[k + 1] - self._off[k]) // 8):
-                self._sum[self._off[k - 1] + p] = _sum8(self._sum + self._off[k] + 8 * p)
-        self._total_value = _sum8(self._sum)
-        self._dirty_all = True
-        self._refresh_mins()
-
     cdef double _current_min(self) noexcept nogil:
         """The exact smallest positive leaf (+inf if none), refreshing the min tree if it must."""
         if self._min_stale:
