@@ -1,7 +1,8 @@
 """Replay for aiorl: sum-tree, replay buffers, n-step and GAE, backed by the compiled `aiorl._ext`.
 
     from aiorl.replay import (SumTree, ReplayBuffer, PrioritizedReplayBuffer, AggregateBuffer,
-                              n_step_adjustment, n_step_flush, NStep, gae, BACKEND)
+                              FramePool, FrameStream, n_step_adjustment, n_step_flush, NStep, gae, BACKEND)
+    from aiorl.replay.frames import FrameReplayBuffer    # frames stored once (see that module)
 
 The compiled extension is required: if it is missing this import fails with
 instructions to build it. `aiorl.replay.reference` holds the plain numpy
@@ -33,6 +34,7 @@ every array's shape and dtype, and raises ValueError naming any mismatch.
 
 try:
     from aiorl._ext.buffers import AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer
+    from aiorl._ext.framestore import FramePool, FrameStream
     from aiorl._ext.gae import gae
     from aiorl._ext.nstep import NStep, NStepCarry, n_step_adjustment, n_step_flush
     from aiorl._ext.sumtree import SumTree
@@ -49,6 +51,8 @@ BACKEND = "cython"
 __all__ = [
     "BACKEND",
     "AggregateBuffer",
+    "FramePool",
+    "FrameStream",
     "NStep",
     "NStepCarry",
     "PrioritizedReplayBuffer",

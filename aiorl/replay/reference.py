@@ -290,3 +290,148 @@ def gae(rewards, values, bootstrap_value, terminated, truncated, gamma, lam, tru
         next_adv = r[t] + gamma * next_value - v[t] + gamma * lam * carry_adv
         adv[t] = next_adv
     return adv.astype(dtype), (adv + v).astype(dtype)
+
+
+class FramePool:
+    """Same contract as `aiorl._ext.framestore.FramePool`: counted slots, LIFO free list,
+    fresh slots in increasing order (so slot numbers agree with the compiled pool)."""
+
+    def __init__(self, frame_shape, dtype, max_frames, block_frames=0):
+        self.frame_shape = tuple(int(d) for d in frame_shape)
+        self.dtype = np.dtype(dtype)
+        self.max_frames = max_frames
+        self.frames = {}
+        self.counts = {}
+        self.free = []
+        self.slots = 0
+
+    def __len__(self):
+        return sum(1 for c in self.counts.values() if c > 0)
+
+    @property
+    def free_slots(self):
+        return len(self.free)
+
+    def can_add(self, n):
+        return n <= len(self.free) or self.slots + n - len(self.free) <= self.max_frames
+
+    def add(self, frames):
+        frames = np.asarray(frames)
+        if frames.shape[1:] != self.frame_shape or frames.dtype != self.dtype:
+            raise ValueError("frames of the wrong shape or dtype")
+        if not self.can_add(len(frames)):
+            raise MemoryError("pool full")
+        out = []
+        for frame in frames:
+            slot = self.free.pop() if self.free else self.slots
+            if slot == self.slots:
+                self.slots += 1
+            self.frames[slot] = frame.copy()
+            self.counts[slot] = 1
+            out.append(slot)
+        return np.array(out, dtype=np.int64)
+
+    def _live(self, slot):
+        return self.counts.get(int(slot), 0) > 0
+
+    def incref(self, slots):
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        if not all(self._live(s) for s in slots):
+            raise ValueError("slot not live")
+        for s in slots:
+            self.counts[int(s)] += 1
+
+    def decref(self, slots):
+        for s in np.asarray(slots, dtype=np.int64).reshape(-1):
+            if not self._live(s):
+                raise ValueError("slot not live")
+            self.counts[int(s)] -= 1
+            if self.counts[int(s)] == 0:
+                self.free.append(int(s))
+
+    def refcount(self, slots):
+        slots = np.asarray(slots, dtype=np.int64)
+        return np.array([self.counts.get(int(s), 0) for s in slots.reshape(-1)], np.int32).reshape(slots.shape)
+
+    def take(self, slots):
+        slots = np.asarray(slots, dtype=np.int64)
+        if not all(self._live(s) for s in slots.reshape(-1)):
+            raise ValueError("slot not live")
+        out = np.empty(slots.shape + self.frame_shape, self.dtype)
+        for pos in np.ndindex(slots.shape):
+            out[pos] = self.frames[int(slots[pos])]
+        return out
+
+    def gather(self, table, rows, out=None):
+        table, rows = np.asarray(table, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(table)):
+            raise ValueError("row out of range")
+        result = self.take(table[rows])
+        if out is not None:
+            out[...] = result
+            return out
+        return result
+
+
+class FrameStream:
+    """Same contract as `aiorl._ext.framestore.FrameStream`, with a dict of held ids."""
+
+    def __init__(self, pool, window):
+        self.pool = pool
+        self.window = window
+        self.held_ids = {}  # id -> slot
+        self.keep_from = 0
+
+    @property
+    def held(self):
+        return len(self.held_ids)
+
+    def holds(self, frame_id):
+        return frame_id >= self.keep_from and frame_id in self.held_ids
+
+    def check(self, frames, frame_ids, refs, keep_from):
+        ids = np.asarray(frame_ids, dtype=np.int64)
+        refs = np.asarray(refs, dtype=np.int64).reshape(-1)
+        frames = np.asarray(frames)
+        if frames.shape != (len(ids),) + self.pool.frame_shape or frames.dtype != self.pool.dtype:
+            raise ValueError("frames do not match frame_ids or the pool")
+        if keep_from < self.keep_from:
+            raise ValueError("keep_from decreased")
+        if len(ids) and ((ids < keep_from).any() or (np.diff(ids) <= 0).any()):
+            raise ValueError("frame_ids not strictly increasing above keep_from")
+        kept = {i for i in self.held_ids if i >= keep_from}
+        positions = {i % self.window: i for i in kept}
+        for f in ids:
+            if int(f) in kept:
+                raise ValueError("already held")
+            if int(f) % self.window in positions:
+                raise ValueError("window too small")
+        if len(ids) and ids[-1] - ids[0] >= self.window:
+            raise ValueError("span larger than the window")
+        new = set(ids.tolist())
+        for r in refs:
+            if r < keep_from:
+                raise ValueError("reference below keep_from")
+            if int(r) not in kept and int(r) not in new:
+                raise ValueError("reference neither held nor sent")
+        if not self.pool.can_add(len(ids)):
+            raise ValueError("pool full")
+
+    def admit(self, frames, frame_ids, refs, keep_from):
+        # Released in the order the compiled stream frees them: by id, or by ring
+        # position (id mod window) when keep_from jumps a whole window or more.
+        order = (lambda i: i % self.window) if keep_from - self.keep_from >= self.window else (lambda i: i)
+        for i in sorted((i for i in self.held_ids if i < keep_from), key=order):
+            self.pool.decref([self.held_ids.pop(i)])
+        self.keep_from = keep_from
+        ids = np.asarray(frame_ids, dtype=np.int64)
+        if len(ids):
+            for f, slot in zip(ids, self.pool.add(frames)):
+                self.held_ids[int(f)] = int(slot)
+        refs = np.asarray(refs, dtype=np.int64)
+        return np.array([self.held_ids[int(r)] for r in refs.reshape(-1)], np.int64).reshape(refs.shape)
+
+    def release(self):
+        # The compiled stream releases in ring-position order (id mod window).
+        for i in sorted(self.held_ids, key=lambda i: i % self.window):
+            self.pool.decref([self.held_ids.pop(i)])
