@@ -42,6 +42,20 @@ class EnvConfig:
     max_episode_steps: int | None = doc(
         "Override of the env's time limit (None keeps the registered one).", default=None
     )
+    wrappers: list = doc(
+        "Gymnasium wrappers applied in order on top of the env: 'Name' or {Name: {keyword: value}} "
+        "(see aiorl/env_wrappers.py).", default_factory=list
+    )
+    preset: str | None = doc(
+        "'atari': DeepMind preprocessing of an ALE/ env (training: life loss ends episodes, rewards "
+        "clipped; aiorl eval: full games, raw rewards). See aiorl/atari.py.", default=None
+    )
+    preset_options: dict = doc("Options of the preset, e.g. {noop_max: 0} (aiorl/atari.py AtariOptions).",
+                               default_factory=dict)
+    backend: str = doc(
+        "'gymnasium' (each env stepped in Python) or 'ale_vector' (ale-py's native vector env, "
+        "with env.preset atari).", default="gymnasium"
+    )
 
 
 @dataclass
@@ -109,6 +123,11 @@ class AgentConfig:
         "(None: learners train as fast as they can).", default=None
     )
     sync_interval: int = doc("Actors check for newer weights every this many batches.", default=1)
+    replay_layout: str = doc(
+        "'frames': stacked-frame observations are sent and stored one frame at a time (obs and next_obs "
+        "rebuilt at sample time); 'transitions': every row keeps its own; 'auto': frames when the env "
+        "stacks frames (aiorl/replay/frames.py).", default="auto"
+    )
     publish_interval: int = doc("Learner 0 publishes weights every this many learner steps.", default=10)
 
 
@@ -317,6 +336,11 @@ def validate(cfg: Config) -> None:
            "cluster.tls_cert and cluster.tls_key must be given together")
     _check(e.num_envs >= 1, f"env.num_envs: must be at least 1, got {e.num_envs}")
     _check(bool(e.id), "env.id: must name a Gymnasium environment")
+    from aiorl.env_wrappers import check_env_config
+
+    check_env_config(e)
+    _check(a.replay_layout in ("auto", "frames", "transitions"),
+           f"agent.replay_layout: expected 'auto', 'frames' or 'transitions', got {a.replay_layout!r}")
     _check(a.sample_batch_size >= 1, f"agent.sample_batch_size: must be at least 1, got {a.sample_batch_size}")
     _check(a.batch_size >= 1, f"agent.batch_size: must be at least 1, got {a.batch_size}")
     _check(a.buffer_size >= c.memories,

@@ -43,7 +43,7 @@ def run_episodes(policy, env_cfg: EnvConfig, episodes: int, seed: int, progress=
 
     from aiorl.envs import make_env
 
-    env = make_env(env_cfg)
+    env = make_env(env_cfg, evaluation=True)  # the preset's evaluation variant: full games, raw rewards
     returns, lengths = [], []
     try:
         discrete = hasattr(env.action_space, "n")
