@@ -30,11 +30,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not 0 <= args.index < limit:
                 raise ConfigError(f"--index {args.index}: this cluster has {limit} {args.role} role(s) "
                                   f"(indices 0..{limit - 1})")
+            if args.role == "learner":
+                from aiorl.runtime.algorithm import get_algorithm
+
+                get_algorithm(cfg.algo).check_learner_host(cfg)
             return run_role(cfg, args.role, args.index, _make_run_dir(cfg))
+        from aiorl.replay.frames import frame_layout
         from aiorl.runtime.algorithm import build_algorithm
 
-        # Fail on an unknown env or unsupported spaces before any process starts.
-        build_algorithm(cfg).transition_spec()
+        # Fail on an unknown env, unsupported spaces or a missing learner device before
+        # any process starts.
+        algo = build_algorithm(cfg)
+        algo.transition_spec()
+        frame_layout(cfg, algo)
+        algo.check_learner_host(cfg)
     except ConfigError as exc:
         print(f"aiorl: config error: {exc}", file=sys.stderr)
         return 2

@@ -154,7 +154,7 @@ class NStepPolicy(ActorPolicy):
     def _with_priorities(self, batch):
         if not batch or len(batch["reward"]) == 0:
             return {}, None
-        return batch, self.priorities(batch)
+        return batch, self.priorities(self.decode_observations(batch))
 
     def postprocess(self, rollout):
         batch = self.nstep.add(rollout["obs"], rollout["action"], rollout["reward"], rollout["next_obs"],

@@ -17,6 +17,8 @@ import time
 import numpy as np
 
 from aiorl.envs import EnvRunner
+from aiorl.replay.frame_sender import FrameSender
+from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role
@@ -41,6 +43,8 @@ class ActorRole(Role):
         self._pending_weights = None
         self.offload = Offload()  # env stepping: inline while quick, else a worker thread
         self.counters = {"env_steps": 0}
+        self.frames: FrameSender | None = None
+        self.payload_bytes = 0  # array bytes of the batches sent (frame layout: frames once)
 
     def heartbeat_extra(self) -> dict:
         returns, self.episode_returns = self.episode_returns, []
@@ -62,7 +66,13 @@ class ActorRole(Role):
         algo = build_algorithm(cfg)
         seed = cfg.run.seed + 10_000 * (self.index + 1)
         self.policy = algo.make_actor(self.index, cfg.cluster.actors, seed)
-        self.runner = EnvRunner(cfg.env, cfg.env.num_envs, seed)
+        layout = frame_layout(cfg, algo)
+        if layout is not None:
+            # Observations travel as frame ids; the policy still sees stacks where it needs them.
+            self.frames = FrameSender(layout, cfg.env.num_envs, len(self.start_info["memories"]),
+                                      algo.lookback_steps())
+            self.policy.decode_observations = self.frames.decode
+        self.runner = EnvRunner(cfg.env, cfg.env.num_envs, seed, frames=self.frames)
         for host, port in self.start_info["memories"]:
             self.memories.append(await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client))
         self.sent = [{"batches": 0, "transitions": 0} for _ in self.memories]
@@ -83,6 +93,8 @@ class ActorRole(Role):
         finally:
             self.runner.close()
         return {"env_steps": self.runner.env_steps, "memories": self.sent, "batches": self.batches,
+                "payload_bytes": self.payload_bytes,
+                "frames_sent": self.frames.frames_sent if self.frames is not None else None,
                 "weights_version": self.policy.weights_version,
                 "iterations": self.iterations[-1000:]}
 
@@ -96,10 +108,15 @@ class ActorRole(Role):
 
     async def _send(self, batch: dict, priorities) -> None:
         m = self.batches % len(self.memories)
-        arrays = dict(batch)
+        meta = {"actor": self.index, "seq": self.sent[m]["batches"]}
+        if self.frames is not None:
+            arrays, meta["keep_from"] = self.frames.message(m, batch)
+        else:
+            arrays = dict(batch)
         if priorities is not None:
             arrays["priorities"] = np.asarray(priorities, np.float64)
-        await self.memories[m].send("batch", {"actor": self.index, "seq": self.sent[m]["batches"]}, arrays)
+        self.payload_bytes += sum(a.nbytes for a in arrays.values())
+        await self.memories[m].send("batch", meta, arrays)
         self._count_sent(m, batch)
 
     def _count_sent(self, m: int, batch: dict) -> None:

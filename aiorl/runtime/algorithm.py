@@ -52,6 +52,18 @@ class ActorPolicy:
 
     weights_version: int = -1
 
+    @staticmethod
+    def decode_observations(batch: Batch) -> Batch:
+        """`batch` with its observation fields as stacked observations.
+
+        In the frame layout (`aiorl.replay.frames`) the runtime hands
+        `postprocess` rollouts whose observation fields are frame ids, and
+        replaces this with the decoder of its actor's frames: a policy that
+        needs the observations of the rows it emits (initial priorities)
+        decodes them here. Identity otherwise.
+        """
+        return batch
+
     def act(self, obs: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
@@ -102,6 +114,8 @@ class Algorithm:
     name: ClassVar[str] = ""
     model_config: ClassVar[type] = dict
     synchronous: ClassVar[bool] = False
+    # Transition-spec fields that hold observations (the frame layout stores them as frames).
+    observation_fields: ClassVar[tuple[str, ...]] = ("obs", "next_obs")
 
     def __init__(self, cfg: Config, env_spec: EnvSpec):
         self.cfg = cfg
@@ -114,6 +128,32 @@ class Algorithm:
     @classmethod
     def validate(cls, cfg: Config) -> None:
         """Refuse algorithm-specific values that cannot work (raise ConfigError)."""
+
+    @classmethod
+    def check_learner_host(cls, cfg: Config) -> None:
+        """Refuse, before any process starts, a learner device this host does not have.
+
+        Called where learners run (a local run, ``--role learner``), not on actor hosts.
+        """
+        device = getattr(cfg.model, "device", None)
+        if not isinstance(device, str) or not device.startswith("cuda"):
+            return
+        from aiorl.config import ConfigError
+
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"model.device: {device!r} asked for, but torch sees no CUDA device on this host "
+                              f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"model.device: {device!r} asked for, but this host has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+
+    def lookback_steps(self) -> int:
+        """Env steps before the current one at which an actor's future rows may still start
+        (its n-step windows held open): n_step - 1 for the n-step algorithms."""
+        return max(0, int(getattr(self.cfg.model, "n_step", 1)) - 1)
 
     def transition_spec(self) -> Spec:
         raise NotImplementedError

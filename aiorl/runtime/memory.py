@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 
 from aiorl.replay import AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer
+from aiorl.replay.frames import FrameReplayBuffer, frame_layout
 from aiorl.runtime.algorithm import build_algorithm, get_algorithm
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.role import Role
@@ -68,6 +69,7 @@ class ActorLink:
     seq_errors: int = 0
     done_meta: dict | None = None  # the actor's own account, from its actor_done
     closed: bool = False
+    frames: object = None  # frame layout: the FrameStream of this connection
 
 
 @dataclass
@@ -112,16 +114,24 @@ class MemoryRole(Role):
         return (self.cfg.cluster.advertise_host or self.coordinator_address()[0], self.server.port)
 
     def metrics(self) -> dict:
-        return {"replay_size": len(self.replay) if self.replay is not None else 0,
+        frames = {"replay_frames": len(self.replay.pool)} if isinstance(self.replay, FrameReplayBuffer) else {}
+        return {**frames, "replay_size": len(self.replay) if self.replay is not None else 0,
                 "replay_capacity": self.capacity, "inserted": self.inserted, "sampled": self.sampled,
                 "actor_connections": sum(not link.closed for link in self.actors.values()),
                 "learner_credits": sum(link.credits for link in self.learners.values())}
 
     async def _run(self) -> int:
-        spec = build_algorithm(self.cfg).transition_spec()
+        algo = build_algorithm(self.cfg)
+        spec = algo.transition_spec()
+        layout = frame_layout(self.cfg, algo)
         a = self.cfg.agent
         if self.synchronous:
             self.aggregate = AggregateBuffer(max(1, len(self.assigned)), spec)
+        elif layout is not None:
+            self.replay = FrameReplayBuffer(
+                self.capacity, spec, layout, alpha=a.prioritized_replay_alpha if a.prioritized_replay else None,
+                eps=a.prioritized_replay_eps, seed=self.cfg.run.seed + 1000 + self.index,
+                max_streams=self.cfg.cluster.actors)
         elif a.prioritized_replay:
             self.replay = PrioritizedReplayBuffer(self.capacity, spec, alpha=a.prioritized_replay_alpha,
                                                   eps=a.prioritized_replay_eps,
@@ -181,6 +191,8 @@ class MemoryRole(Role):
 
     async def _serve_actor(self, conn: Connection, index: int) -> None:
         link = self.actors.setdefault(conn.peer_name, ActorLink(conn.peer_name))
+        if isinstance(self.replay, FrameReplayBuffer):
+            link.frames = self.replay.stream()  # frame ids start over with every connection
 
         def handle(msg) -> None:
             if msg.kind == "batch":
@@ -194,6 +206,9 @@ class MemoryRole(Role):
             link.done_meta = await self._read(conn, link.name, "actor_done", handle)
         finally:
             link.closed = True
+            if link.frames is not None:
+                link.frames.release()
+                link.frames = None
             if link.done_meta is None:
                 self.log.warning("%s went away without finishing (%d batches received)", link.name, link.batches)
                 if self.synchronous:
@@ -208,7 +223,9 @@ class MemoryRole(Role):
         link.next_seq = seq + 1
         arrays = dict(msg.arrays)
         priorities = arrays.pop("priorities", None)
-        if isinstance(self.replay, PrioritizedReplayBuffer):
+        if link.frames is not None:
+            self.replay.add(arrays, priorities, stream=link.frames, keep_from=msg.meta.get("keep_from"))
+        elif isinstance(self.replay, PrioritizedReplayBuffer):
             self.replay.add(arrays, priorities)
         else:
             self.replay.add(arrays)
@@ -317,8 +334,8 @@ class MemoryRole(Role):
                 batch = batch or {}
             else:
                 beta = link.beta
-                batch = self.replay.sample(batch_size, beta) if isinstance(
-                    self.replay, PrioritizedReplayBuffer) else self.replay.sample(batch_size)
+                batch = self.replay.sample(batch_size, beta) if self.cfg.agent.prioritized_replay \
+                    else self.replay.sample(batch_size)
                 meta = {"memory": self.index}
             self.sampled += len(batch["indices"]) if "indices" in batch else 0
             link.batches_sent += 1
