@@ -18,30 +18,54 @@ def frames_of(values, shape=(2, 3), dtype=np.uint8):
 
 
 def test_slots_are_reused_last_freed_first_and_counts_free_them():
-    pool = FramePool((2, 3), "uint8", max_frames=16)
+    pool = FramePool((2, 3), "uint8", max_frames=16, run_frames=1)
     slots = pool.add(frames_of([1, 2, 3]))
     assert slots.tolist() == [0, 1, 2] and len(pool) == 3
     pool.incref([0, 0])
     pool.decref([0, 1, 2])
-    assert len(pool) == 1 and pool.refcount([0, 1, 2]).tolist() == [2, 0, 0] and pool.free_slots == 2
+    assert len(pool) == 1 and pool.refcount([0, 1, 2]).tolist() == [2, 0, 0] and pool.free_runs == 2
     # LIFO: slot 2 was freed last, then 1... (decref went 0, 1, 2: 1 then 2 hit zero)
     assert pool.add(frames_of([7, 8, 9])).tolist() == [2, 1, 3]
     assert pool.take(np.array([[2, 1], [3, 0]]))[:, :, 0, 0].tolist() == [[7, 8], [9, 1]]
+
+
+def test_a_frame_goes_after_its_predecessor_so_streams_stay_contiguous():
+    pool = FramePool((1,), "uint8", max_frames=64, run_frames=4)
+    # Two streams interleaved (a0 b0 a1 b1 ...): a0, b0 share the tail run; a1 cannot follow a0
+    # there (b0 took the slot) and opens a run of its own; b1 follows b0.
+    a0, b0 = pool.add(frames_of([10, 20], (1,)))
+    a1, b1 = pool.add(frames_of([11, 21], (1,)), after=[a0, b0])
+    assert [a0, b0, a1, b1] == [0, 1, 4, 2]
+    a2, a3, b2 = pool.add(frames_of([12, 13, 22], (1,)), after=[a1, -2, b1])  # a3 after a2 (frame 0 here)
+    assert [a2, a3, b2] == [5, 6, 3]
+    b3 = pool.add(frames_of([23], (1,)), after=[b2])[0]  # run 0 is full: a run of its own
+    assert b3 == 8 and pool.slots == 12
+    # A run is freed once all its frames are, and reused first, from its start.
+    pool.decref([a0, b0, b1])
+    assert pool.free_runs == 0
+    pool.decref([b2])
+    assert pool.free_runs == 1 and pool.add(frames_of([30], (1,)))[0] == 0
+    with pytest.raises(ValueError, match="after must have one entry per frame"):
+        pool.add(frames_of([1], (1,)), after=[-2])  # the frame before the first one of the call
 
 
 def test_gather_rebuilds_stacks_from_a_table():
     pool = FramePool((2, 2), "int16", max_frames=8)
     pool.add(frames_of([10, 11, 12], (2, 2), np.int16))
     table = np.array([[0, 1], [1, 2], [2, 2]], np.int64)
-    out = pool.gather(table, np.array([2, 0, 2]))
+    other = table[::-1].copy()
+    out, out2 = pool.gather([table, other], np.array([2, 0, 2]))
     assert out.shape == (3, 2, 2, 2) and out.dtype == np.int16
     assert out[:, :, 0, 0].tolist() == [[12, 12], [10, 11], [12, 12]]
+    assert out2[:, :, 0, 0].tolist() == [[10, 11], [12, 12], [10, 11]]
     dest = np.empty_like(out)
-    assert pool.gather(table, np.array([2, 0, 2]), dest) is dest and np.array_equal(dest, out)
+    assert pool.gather([table], np.array([2, 0, 2]), [dest])[0] is dest and np.array_equal(dest, out)
     with pytest.raises(ValueError, match="out of range"):
-        pool.gather(table, np.array([3]))
+        pool.gather([table], np.array([3]))
     with pytest.raises(ValueError, match="never opened"):
-        pool.gather(np.array([[5, 0]]), np.array([0]))
+        pool.gather([np.array([[5000, 0]])], np.array([0]))
+    with pytest.raises(ValueError, match="of one shape"):
+        pool.gather([table, table[:2]], np.array([0]))
 
 
 def test_errors_name_the_problem_and_change_nothing():
@@ -52,19 +76,19 @@ def test_errors_name_the_problem_and_change_nothing():
     with pytest.raises(ValueError, match="not live"):
         pool.incref([0, 1])
     assert pool.refcount([0]).tolist() == [1]
-    with pytest.raises(MemoryError, match="max_frames"):
+    with pytest.raises(MemoryError, match="do not fit"):
         pool.add(frames_of([2, 3]))
-    assert len(pool) == 1 and pool.slots == 1
+    assert len(pool) == 1
     with pytest.raises(ValueError, match="below zero"):
         pool.decref([0, 0])
 
 
 @pytest.mark.parametrize("block", [1, 2, 8])
 def test_blocks_open_as_the_pool_grows(block):
-    pool = FramePool((3,), "float32", max_frames=9, block_frames=block)
+    pool = FramePool((3,), "float32", max_frames=9, block_frames=block, run_frames=1)
     slots = pool.add(np.arange(27, dtype=np.float32).reshape(9, 3))
     assert slots.tolist() == list(range(9)) and pool.block_frames == block
-    assert pool.allocated_bytes == -(-9 // block) * block * 12
+    assert 9 * 12 <= pool.allocated_bytes <= (10 + block) * 12  # blocks for the runs this add could open
     assert np.array_equal(pool.take(slots[::-1]), np.arange(27, dtype=np.float32).reshape(9, 3)[::-1])
 
 
@@ -78,7 +102,7 @@ def test_stream_holds_ids_until_keep_from_passes_them():
     with pytest.raises(ValueError, match="would displace held id 0"):
         stream.check(frames_of([4]), [4], [4], 0)
     stream.check(frames_of([4]), [4], [1, 4], 1)
-    assert stream.admit(frames_of([4]), [4], [1, 4], 1).tolist() == [1, 0]  # slot 0 was freed, then reused
+    assert stream.admit(frames_of([4]), [4], [1, 4], 1).tolist() == [1, 2]  # the tail run's next slot
     assert stream.held == 2 and stream.keep_from == 1
     for frames, ids, refs, keep, match in [
         (frames_of([5]), [5], [5], 0, "never decreases"),
@@ -122,12 +146,13 @@ def operations(draw):
 
 
 @settings(max_examples=150, deadline=None)
-@given(operations(), st.sampled_from([1, 2, 3, 64]))
-def test_compiled_store_matches_the_oracle(case, max_frames):
+@given(operations(), st.sampled_from([1, 2, 3, 64]), st.sampled_from([1, 2, 16]), st.integers(1, 3))
+def test_compiled_store_matches_the_oracle(case, max_frames, run_frames, stack):
     window, ops = case
-    pools = [FramePool((1, 2), "uint8", max_frames, block_frames=2), reference.FramePool((1, 2), "uint8", max_frames)]
-    streams = [[FrameStream(pools[0], window) for _ in range(2)],
-               [reference.FrameStream(pools[1], window) for _ in range(2)]]
+    pools = [FramePool((1, 2), "uint8", max_frames, block_frames=2, run_frames=run_frames),
+             reference.FramePool((1, 2), "uint8", max_frames, block_frames=2, run_frames=run_frames)]
+    streams = [[FrameStream(pools[0], window, stack) for _ in range(2)],
+               [reference.FrameStream(pools[1], window, stack) for _ in range(2)]]
     rows = [[], []]  # slot references each side took, as rows of a replay would
     for op in ops:
         outcomes = []
@@ -153,12 +178,13 @@ def test_compiled_store_matches_the_oracle(case, max_frames):
             except (ValueError, MemoryError) as exc:
                 outcomes.append(type(exc).__name__)
         assert outcomes[0] == outcomes[1], op
-        assert len(pools[0]) == len(pools[1]) and pools[0].free_slots == pools[1].free_slots
+        assert len(pools[0]) == len(pools[1]) and pools[0].free_runs == pools[1].free_runs
         assert [s.held for s in streams[0]] == [s.held for s in streams[1]]
     opened = np.arange(pools[1].slots)
     assert np.array_equal(pools[0].refcount(opened), pools[1].refcount(opened))
     live = opened[pools[1].refcount(opened) > 0]
     assert np.array_equal(pools[0].take(live), pools[1].take(live))
     for r in rows[0]:
-        assert np.array_equal(pools[0].gather(r.reshape(-1, 1), np.arange(r.size)),
-                              pools[1].gather(r.reshape(-1, 1), np.arange(r.size)))
+        table = r.reshape(-1, 1)
+        assert np.array_equal(pools[0].gather([table, table], np.arange(r.size)),
+                              pools[1].gather([table, table], np.arange(r.size)))

@@ -293,61 +293,118 @@ def gae(rewards, values, bootstrap_value, terminated, truncated, gamma, lam, tru
 
 
 class FramePool:
-    """Same contract as `aiorl._ext.framestore.FramePool`: counted slots, LIFO free list,
-    fresh slots in increasing order (so slot numbers agree with the compiled pool)."""
+    """Same contract as `aiorl._ext.framestore.FramePool`: counted slots in runs, a frame
+    placed after its predecessor where it can, LIFO free runs, fresh runs in increasing
+    order (so slot numbers agree with the compiled pool)."""
 
-    def __init__(self, frame_shape, dtype, max_frames, block_frames=0):
+    def __init__(self, frame_shape, dtype, max_frames, block_frames=0, run_frames=16):
         self.frame_shape = tuple(int(d) for d in frame_shape)
         self.dtype = np.dtype(dtype)
         self.max_frames = max_frames
-        self.frames = {}
-        self.counts = {}
+        self.run_frames = R = run_frames
+        frame_bytes = self.dtype.itemsize * int(np.prod(self.frame_shape))
+        slot_limit = 2 * max_frames + 2 * R
+        want = max(block_frames if block_frames > 0 else max(1, (32 << 20) // frame_bytes), R)
+        bf = 1
+        while bf < want and (bf < slot_limit or bf < R):
+            bf <<= 1
+        self.block_frames = bf
+        self.max_runs = -(-slot_limit // bf) * (bf // R)
+        self.frames, self.counts = {}, {}
+        self.fill, self.run_live = {}, {}
         self.free = []
-        self.slots = 0
+        self.high_runs = 0
+        self.tail = -1
+        self.live = 0
 
     def __len__(self):
-        return sum(1 for c in self.counts.values() if c > 0)
+        return self.live
 
     @property
-    def free_slots(self):
+    def slots(self):
+        return self.high_runs * self.run_frames
+
+    @property
+    def free_runs(self):
         return len(self.free)
 
-    def can_add(self, n):
-        return n <= len(self.free) or self.slots + n - len(self.free) <= self.max_frames
+    def _runs_available(self):
+        return len(self.free) + self.max_runs - self.high_runs
 
-    def add(self, frames):
+    def can_add(self, n):
+        return self.live + n <= self.max_frames and -(-n // self.run_frames) + 1 <= self._runs_available()
+
+    def _is_live(self, slot):
+        return 0 <= slot < self.slots and self.counts.get(int(slot), 0) > 0
+
+    def _open_run(self):
+        if self.free:
+            run = self.free.pop()
+        elif self.high_runs < self.max_runs:
+            run = self.high_runs
+            self.high_runs += 1
+        else:
+            return -1
+        self.fill[run], self.run_live[run] = 0, 0
+        return run
+
+    def _place(self, run):
+        slot = run * self.run_frames + self.fill[run]
+        self.fill[run] += 1
+        self.run_live[run] += 1
+        return slot
+
+    def _take_slot(self, after, remaining):
+        R = self.run_frames
+        if after >= 0 and self._is_live(after):
+            run, pos = divmod(int(after), R)
+            if pos + 1 < R and self.fill[run] == pos + 1:
+                return self._place(run)
+            if self._runs_available() > remaining // R + 2:
+                return self._place(self._open_run())
+        if self.tail < 0 or self.fill[self.tail] == R:
+            self.tail = self._open_run()
+        return self._place(self.tail)
+
+    def add(self, frames, after=None):
         frames = np.asarray(frames)
         if frames.shape[1:] != self.frame_shape or frames.dtype != self.dtype:
             raise ValueError("frames of the wrong shape or dtype")
-        if not self.can_add(len(frames)):
+        n = len(frames)
+        after = [-1] * n if after is None else [int(a) for a in np.asarray(after).reshape(-1)]
+        if len(after) != n or any(a < -1 - j for j, a in enumerate(after)):
+            raise ValueError("bad after")
+        if not self.can_add(n):
             raise MemoryError("pool full")
         out = []
-        for frame in frames:
-            slot = self.free.pop() if self.free else self.slots
-            if slot == self.slots:
-                self.slots += 1
+        for j, frame in enumerate(frames):
+            slot = self._take_slot(after[j] if after[j] >= -1 else out[-2 - after[j]], n - j)
             self.frames[slot] = frame.copy()
             self.counts[slot] = 1
             out.append(slot)
+        self.live += n
         return np.array(out, dtype=np.int64)
-
-    def _live(self, slot):
-        return self.counts.get(int(slot), 0) > 0
 
     def incref(self, slots):
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
-        if not all(self._live(s) for s in slots):
+        if not all(self._is_live(s) for s in slots):
             raise ValueError("slot not live")
         for s in slots:
             self.counts[int(s)] += 1
 
     def decref(self, slots):
         for s in np.asarray(slots, dtype=np.int64).reshape(-1):
-            if not self._live(s):
+            if not self._is_live(s):
                 raise ValueError("slot not live")
             self.counts[int(s)] -= 1
             if self.counts[int(s)] == 0:
-                self.free.append(int(s))
+                self.live -= 1
+                run = int(s) // self.run_frames
+                self.run_live[run] -= 1
+                if self.run_live[run] == 0:
+                    self.free.append(run)
+                    if self.tail == run:
+                        self.tail = -1
 
     def refcount(self, slots):
         slots = np.asarray(slots, dtype=np.int64)
@@ -355,30 +412,35 @@ class FramePool:
 
     def take(self, slots):
         slots = np.asarray(slots, dtype=np.int64)
-        if not all(self._live(s) for s in slots.reshape(-1)):
+        if not all(self._is_live(s) for s in slots.reshape(-1)):
             raise ValueError("slot not live")
         out = np.empty(slots.shape + self.frame_shape, self.dtype)
         for pos in np.ndindex(slots.shape):
             out[pos] = self.frames[int(slots[pos])]
         return out
 
-    def gather(self, table, rows, out=None):
-        table, rows = np.asarray(table, dtype=np.int64), np.asarray(rows, dtype=np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= len(table)):
-            raise ValueError("row out of range")
-        result = self.take(table[rows])
-        if out is not None:
-            out[...] = result
-            return out
-        return result
+    def gather(self, tables, rows, outs=None):
+        rows = np.asarray(rows, dtype=np.int64)
+        results = []
+        for table in tables:
+            table = np.asarray(table, dtype=np.int64)
+            if rows.size and (rows.min() < 0 or rows.max() >= len(table)):
+                raise ValueError("row out of range")
+            results.append(self.take(table[rows]))
+        if outs is not None:
+            for out, result in zip(outs, results):
+                out[...] = result
+            return list(outs)
+        return results
 
 
 class FrameStream:
     """Same contract as `aiorl._ext.framestore.FrameStream`, with a dict of held ids."""
 
-    def __init__(self, pool, window):
+    def __init__(self, pool, window, stack=1):
         self.pool = pool
         self.window = window
+        self.stack = stack
         self.held_ids = {}  # id -> slot
         self.keep_from = 0
 
@@ -417,18 +479,35 @@ class FrameStream:
         if not self.pool.can_add(len(ids)):
             raise ValueError("pool full")
 
+    def _predecessors(self, ids, refs):
+        position = {int(f): p for p, f in enumerate(ids)}
+        after = [-1] * len(ids)
+        k = self.stack
+        for st in range(len(refs) // k):
+            for i in range(1, k):
+                x, y = int(refs[st * k + i]), int(refs[st * k + i - 1])
+                if x == y or x not in position:
+                    continue
+                p, q = position[x], position.get(y, -1)
+                if 0 <= q < p:
+                    after[p] = -2 - q
+                elif q < 0 and y in self.held_ids:
+                    after[p] = self.held_ids[y]
+        return after
+
     def admit(self, frames, frame_ids, refs, keep_from):
+        ids = np.asarray(frame_ids, dtype=np.int64)
+        refs = np.asarray(refs, dtype=np.int64)
+        after = self._predecessors(ids, refs.reshape(-1))
         # Released in the order the compiled stream frees them: by id, or by ring
         # position (id mod window) when keep_from jumps a whole window or more.
         order = (lambda i: i % self.window) if keep_from - self.keep_from >= self.window else (lambda i: i)
         for i in sorted((i for i in self.held_ids if i < keep_from), key=order):
             self.pool.decref([self.held_ids.pop(i)])
         self.keep_from = keep_from
-        ids = np.asarray(frame_ids, dtype=np.int64)
         if len(ids):
-            for f, slot in zip(ids, self.pool.add(frames)):
+            for f, slot in zip(ids, self.pool.add(frames, after)):
                 self.held_ids[int(f)] = int(slot)
-        refs = np.asarray(refs, dtype=np.int64)
         return np.array([self.held_ids[int(r)] for r in refs.reshape(-1)], np.int64).reshape(refs.shape)
 
     def release(self):
