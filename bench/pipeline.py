@@ -10,6 +10,13 @@ their mean; the median over --repeats runs is reported, beside each role's
 share of a core. The target (0.8) is checked at the Ape-X learner batch (512);
 a second set of rows at a small learner batch (--stress-batch) shows the
 per-message costs.
+
+Pixel rows (with the atari extra installed; `--pixels-only` for just these): the same
+paired comparison on ALE/Pong-v5 with the atari preset (4 envs per actor, random actions,
+frames sent and stored once), reporting env frames/s (4 per env step) and the bytes each
+transition costs on the actor -> memory wire (array payload); and the learner step of the
+Nature CNN (Ape-X DQN, dueling, double Q) on CPU for batches of 32, 64 and 512, fed from a
+frame-layout replay, in steps/s and samples/s.
 """
 from __future__ import annotations
 
@@ -34,27 +41,43 @@ SAMPLE_BATCH = 64  # env steps per actor batch (the config default)
 LEARNER_BATCH = 512
 
 
-def _reference_actor(seconds: float, seed: int, out: mp.Queue, sample_batch: int = SAMPLE_BATCH) -> None:
-    """One actor's loop without transport: the same env runner and random policy."""
+PIXEL_ENV = {"id": "ALE/Pong-v5", "preset": "atari", "num_envs": 4}
+PIXEL_SAMPLE_BATCH = 50  # the Pong example's
+PIXEL_LEARNER_BATCH = 64
+PIXEL_CORE_BATCHES = (32, 64, 512)
+
+
+def _reference_actor(seconds: float, seed: int, out: mp.Queue, sample_batch: int = SAMPLE_BATCH,
+                     env: dict = ENV) -> None:
+    """One actor's loop without transport: the same env runner, random policy and n-step, and
+    for stacked frames the same frame sender building the same messages, never sent."""
     from aiorl.config import load_config
     from aiorl.envs import EnvRunner
+    from aiorl.replay.frame_sender import FrameSender
+    from aiorl.replay.frames import frame_layout
     from aiorl.runtime.algorithm import build_algorithm
 
-    cfg = load_config(data={"algo": "random_agent", "env": ENV, "model": {"n_step": 3}})
+    cfg = load_config(data={"algo": "random_agent", "env": env, "model": {"n_step": 3},
+                            "agent": {"sample_batch_size": sample_batch}})
     algo = build_algorithm(cfg)
     policy = algo.make_actor(0, 1, seed)
-    runner = EnvRunner(cfg.env, cfg.env.num_envs, seed)
+    layout = frame_layout(cfg, algo)
+    sender = None if layout is None else FrameSender(layout, cfg.env.num_envs, 1, algo.lookback_steps())
+    runner = EnvRunner(cfg.env, cfg.env.num_envs, seed, frames=sender)
     deadline = time.perf_counter() + seconds
     start = time.perf_counter()
     while time.perf_counter() < deadline:
-        policy.postprocess(runner.rollout(policy.act, sample_batch))
+        rows, _ = policy.postprocess(runner.rollout(policy.act, sample_batch))
+        if sender is not None and rows:
+            sender.message(0, rows)
     out.put((runner.env_steps, time.perf_counter() - start))
 
 
-def reference_rate(actors: int, seconds: float) -> float:
+def reference_rate(actors: int, seconds: float, env: dict = ENV, sample_batch: int | None = None) -> float:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_reference_actor, args=(seconds, i, out, SAMPLE_BATCH)) for i in range(actors)]
+    batch = SAMPLE_BATCH if sample_batch is None else sample_batch
+    procs = [ctx.Process(target=_reference_actor, args=(seconds, i, out, batch, env)) for i in range(actors)]
     for p in procs:
         p.start()
     results = [out.get(timeout=seconds + 120) for _ in procs]
@@ -87,15 +110,17 @@ def _running_rows(run_dir: Path) -> list[dict]:
 
 
 def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = True,
-                  batch_size: int = LEARNER_BATCH) -> dict:
+                  batch_size: int = LEARNER_BATCH, env: dict = ENV, sample_batch: int | None = None,
+                  buffer_size: int = 100_000) -> dict:
     """Env steps/s of `aiorl run` (the first metrics row skipped: actors may still be starting),
     and each role's share of a core over the same stretch."""
     run_dir = workdir / f"pipeline-{actors}-{batch_size}-{'m' if metrics else 'nm'}"
     config = {
         "algo": "random_agent",
-        "env": ENV,
+        "env": env,
         "cluster": {"actors": actors, "memories": 1, "learners": 1},
-        "agent": {"sample_batch_size": SAMPLE_BATCH, "batch_size": batch_size, "buffer_size": 100_000,
+        "agent": {"sample_batch_size": SAMPLE_BATCH if sample_batch is None else sample_batch,
+                  "batch_size": batch_size, "buffer_size": buffer_size,
                   "learning_starts": 1000, "max_samples_per_insert": 1.0},
         "model": {"n_step": 3},
         "run": {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.5, "metrics": metrics,
@@ -136,20 +161,25 @@ def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = Tr
     for name, share in (cpu or {}).items():
         kind = name.split("-")[0]
         by_kind[kind] = by_kind.get(kind, 0.0) + share
+    actor_stats = [r["stats"] for name, r in summary["roles"].items() if name.startswith("actor")]
+    sent = sum(sum(m["transitions"] for m in st["memories"]) for st in actor_stats)
+    payload = sum(st.get("payload_bytes") or 0 for st in actor_stats)
     return {"env_steps_per_s": rate, "learner_steps": summary["learner_steps"], "env_steps": summary["env_steps"],
-            "cpu_cores": by_kind}
+            "cpu_cores": by_kind, "wire_bytes_per_transition": payload / sent if sent else None}
 
 
-def paired_ratio(actors: int, seconds: float, workdir: Path, repeats: int, batch_size: int) -> dict:
+def paired_ratio(actors: int, seconds: float, workdir: Path, repeats: int, batch_size: int, env: dict = ENV,
+                 sample_batch: int | None = None, buffer_size: int = 100_000) -> dict:
     """Pipeline runs each between two no-transport runs: ratio_i = pipeline_i / mean(reference
     before, reference after). This machine's speed drifts by tens of percent over minutes
     (shared host), so only references measured right beside a pipeline run are comparable;
     the median ratio is reported."""
-    refs = [reference_rate(actors, seconds)]
+    refs = [reference_rate(actors, seconds, env, sample_batch)]
     pipes = []
     for _ in range(repeats):
-        pipes.append(pipeline_rate(actors, seconds, workdir, batch_size=batch_size))
-        refs.append(reference_rate(actors, seconds))
+        pipes.append(pipeline_rate(actors, seconds, workdir, batch_size=batch_size, env=env,
+                                   sample_batch=sample_batch, buffer_size=buffer_size))
+        refs.append(reference_rate(actors, seconds, env, sample_batch))
     ratios = [p["env_steps_per_s"] / ((refs[i] + refs[i + 1]) / 2) for i, p in enumerate(pipes)]
     mid = sorted(range(repeats), key=lambda i: ratios[i])[repeats // 2]
     pipe, ref = pipes[mid], (refs[mid] + refs[mid + 1]) / 2
@@ -159,6 +189,84 @@ def paired_ratio(actors: int, seconds: float, workdir: Path, repeats: int, batch
         "ratio": ratios[mid], "ratios": ratios, "references": refs,
         "overhead_us_per_transition": 1e6 * (1 / per_actor_pipe - 1 / per_actor_ref),
     }
+
+
+# --------------------------------------------------------------------------- pixels
+
+
+def nature_cnn_steps(batches=PIXEL_CORE_BATCHES, seconds: float = 5.0) -> list[dict]:
+    """Learner steps/s of Ape-X DQN's Nature CNN on CPU, batches sampled from a frame-layout
+    replay filled by the Pong preset (one torch thread: a core of this 2-core machine)."""
+    import numpy as np
+
+    from aiorl.config import load_config
+    from aiorl.envs import EnvRunner
+    from aiorl.replay.frame_sender import FrameSender
+    from aiorl.replay.frames import FrameReplayBuffer, frame_layout
+    from aiorl.runtime.algorithm import build_algorithm
+
+    cfg = load_config(data={"algo": "apex_dqn", "env": PIXEL_ENV, "agent": {"sample_batch_size": PIXEL_SAMPLE_BATCH},
+                            "model": {"torch_threads": 1}})
+    algo = build_algorithm(cfg)
+    layout = frame_layout(cfg, algo)
+    sender = FrameSender(layout, PIXEL_ENV["num_envs"], 1, algo.lookback_steps())
+    actor = algo.make_actor(0, 1, 0)
+    actor.decode_observations = sender.decode
+    runner = EnvRunner(cfg.env, PIXEL_ENV["num_envs"], 0, frames=sender)
+    replay = FrameReplayBuffer(8192, algo.transition_spec(), layout, alpha=0.6, seed=0)
+    stream = replay.stream()
+    while len(replay) < 2048:
+        rows, priorities = actor.postprocess(runner.rollout(actor.act, PIXEL_SAMPLE_BATCH))
+        arrays, keep_from = sender.message(0, rows)
+        replay.add(arrays, priorities, stream=stream, keep_from=keep_from)
+    runner.close()
+    learner = algo.make_learner(0, 1, 0)
+    out = []
+    for batch in batches:
+        learner.step(replay.sample(batch, 0.4))  # warm-up (allocations, first kernels)
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds or steps < 2:
+            sampled = replay.sample(batch, 0.4)
+            result = learner.step(sampled)
+            replay.update_priorities(sampled["indices"], result.priorities, sampled["generations"])
+            steps += 1
+        elapsed = time.perf_counter() - start
+        out.append({"batch": batch, "steps_per_s": steps / elapsed, "samples_per_s": steps * batch / elapsed,
+                    "loss": result.metrics["losses/td_loss"]})
+    return out
+
+
+def pixel_rows(args, workdir: Path) -> dict | None:
+    try:
+        import ale_py  # noqa: F401
+    except ImportError:
+        print("pixel rows skipped: they need the atari extra (pip install 'aiorl[atari]')", file=sys.stderr)
+        return None
+    rows = []
+    for actors in args.actors:
+        print(f"measuring pixels, {actors} actor(s) ...", file=sys.stderr, flush=True)
+        rows.append(paired_ratio(actors, args.seconds, workdir, args.repeats, PIXEL_LEARNER_BATCH, env=PIXEL_ENV,
+                                 sample_batch=PIXEL_SAMPLE_BATCH, buffer_size=50_000))
+    print("measuring the Nature CNN learner on CPU ...", file=sys.stderr, flush=True)
+    return {"pipeline": rows, "nature_cnn": nature_cnn_steps()}
+
+
+def print_pixels(p: dict) -> None:
+    print(f"\nALE/Pong-v5, atari preset, {PIXEL_ENV['num_envs']} envs per actor, learner batch {PIXEL_LEARNER_BATCH}:")
+    print(f"{'actors':>6} {'no transport (frames/s)':>24} {'pipeline (frames/s)':>20} {'ratio':>6} {'ratios':>16} "
+          f"{'wire bytes/transition':>22}  cores used")
+    for r in p["pipeline"]:
+        cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cpu_cores"].items()))
+        print(f"{r['actors']:>6} {4 * r['reference_env_steps_per_s']:>24,.0f} {4 * r['env_steps_per_s']:>20,.0f} "
+              f"{r['ratio']:>6.2f} {' '.join(f'{x:.2f}' for x in r['ratios']):>16} "
+              f"{r['wire_bytes_per_transition']:>22,.0f}  {cores}")
+    for r in p["pipeline"]:
+        met = "met" if r["wire_bytes_per_transition"] <= 8192 else "MISSED"
+        print(f"target wire bytes per transition <= 8 KB, {r['actors']} actor(s): "
+              f"{r['wire_bytes_per_transition']:,.0f} {met}")
+    print("Nature CNN learner on CPU (1 torch thread), Ape-X DQN step on frame-layout batches:")
+    for r in p["nature_cnn"]:
+        print(f"  batch {r['batch']:>4}: {r['steps_per_s']:7.2f} learner steps/s, {r['samples_per_s']:7.0f} samples/s")
 
 
 # --------------------------------------------------------------------------- metrics cost
@@ -316,11 +424,23 @@ def main() -> int:
                         help="alternating with/without-metrics runs (medians are compared; 0: skip)")
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="skip the 64-connection coordinator measurement")
+    parser.add_argument("--no-pixels", dest="pixels", action="store_false", help="skip the pixel rows")
+    parser.add_argument("--pixels-only", action="store_true", help="only the pixel rows")
     args = parser.parse_args()
     SAMPLE_BATCH = args.sample_batch  # (passed on explicitly to the spawned reference actors)
 
-    results = {"pipeline": [], "sample_batch": SAMPLE_BATCH, "control": None}
+    results = {"pipeline": [], "sample_batch": SAMPLE_BATCH, "control": None, "pixels": None}
+    if args.pixels_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            results["pixels"] = pixel_rows(args, Path(tmp))
+        if results["pixels"]:
+            print_pixels(results["pixels"])
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
+        if args.pixels:
+            results["pixels"] = pixel_rows(args, Path(tmp))
         for batch_size in [LEARNER_BATCH] + ([args.stress_batch] if args.stress_batch else []):
             for actors in args.actors:
                 print(f"measuring {actors} actor(s), learner batch {batch_size} ...", file=sys.stderr, flush=True)
@@ -357,6 +477,8 @@ def main() -> int:
               f"{100 * m['end_to_end_cost_fraction']:+.1f}%, within run-to-run noise)")
     print(f"metrics CPU, measured directly: gauges {m['heartbeat_gauges_us']:.1f} us per heartbeat, "
           f"row {m['metrics_row_us']:.0f} us per row = {100 * m['cpu_cost_fraction']:.3f}% of the pipeline's CPU")
+    if results["pixels"]:
+        print_pixels(results["pixels"])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     c = results["control"]

@@ -7,6 +7,14 @@ Cases (batch 512, adds in chunks of 64):
   small: capacity 2**20, obs (4,) float32 (+ action int64, reward float32, next_obs, done bool)
   large: capacity 2**17, obs (7056,) uint8 (84x84 frames) with the same other fields
 
+Frame layout (Atari transitions: obs and next_obs stacks of 4 84x84 frames, n-step 3, 4 envs
+streaming through the actor's FrameSender, episodes of 1000 steps), against the naive layout that
+stores both stacks in every row:
+  - RSS per stored transition: the memory's growth filling a buffer in a fresh process (frame
+    layout with 200k transitions; the naive layout with 20k, as 200k would need 11 GB);
+  - learner step (sample B + update B, B = 32, 64, 512) at the same capacity (2**15), same
+    transitions and priorities, same interleaved rounds.
+
 Rows: add (transitions/s), prioritized sample(512) (samples/s), update(512)
 (updates/s), learner step = sample(512) + update(512) (steps/s), n-step of a
 1024-step trajectory with n=3 (transitions/s), GAE of a 1024 x 8 rollout
@@ -44,10 +52,14 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import multiprocessing as mp  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 from aiorl import replay  # noqa: E402
 from aiorl.replay import reference  # noqa: E402
+from aiorl.replay.frame_sender import FrameSender  # noqa: E402
+from aiorl.replay.frames import FrameLayout, FrameReplayBuffer  # noqa: E402
 
 try:
     import cpprb
@@ -248,6 +260,151 @@ def bench_gae(timer, rows, rng):
     rows.append(make_row(f"rollout {T} x {E} f32", "gae", "steps/s", res))
 
 
+# --------------------------------------------------------------------------- frame layout
+
+FRAME_K, FRAME_HW, FRAME_ENVS, FRAME_T, FRAME_N, EPISODE_STEPS = 4, (84, 84), 4, 50, 3, 1000
+ATARI_SPEC = {"obs": ((FRAME_K,) + FRAME_HW, "uint8"), "action": ((), "int64"), "reward": ((), "float32"),
+              "next_obs": ((FRAME_K,) + FRAME_HW, "uint8"), "done": ((), "bool"), "discount": ((), "float32")}
+FRAME_BATCHES = (32, 64, 512)
+FRAME_TARGETS = [("RSS per stored transition <= 8 KB", 8192.0), ("learner step >= 1x naive layout", 1.0)]
+
+
+def atari_stream(total, seed, decode=False):
+    """Batch messages of one actor (FRAME_ENVS envs of random 84x84 frames, episodes of
+    EPISODE_STEPS steps) through the real FrameSender and n-step: yields (arrays, keep_from,
+    priorities, naive rows or None) until `total` rows were made."""
+    layout = FrameLayout.for_spec(ATARI_SPEC, ("obs", "next_obs"), FRAME_ENVS, FRAME_T, FRAME_N - 1)
+    sender = FrameSender(layout, FRAME_ENVS, 1, FRAME_N - 1)
+    nstep = replay.NStep(FRAME_N, 0.99)
+    rng = np.random.default_rng(seed)
+    E, k = FRAME_ENVS, FRAME_K
+    stacks = np.repeat(rng.integers(0, 256, (E, 1) + FRAME_HW, dtype=np.uint8), k, axis=1)
+    refs = np.stack([sender.fresh(s) for s in stacks])
+    sender.note_current(refs)
+    t, made = 0, 0
+    while made < total:
+        obs = np.empty((FRAME_T, E, k), np.int64)
+        nxt = np.empty_like(obs)
+        ended = np.zeros((FRAME_T, E), bool)
+        for j in range(FRAME_T):
+            obs[j] = refs
+            for e in range(E):
+                new = np.concatenate([stacks[e, 1:], rng.integers(0, 256, (1,) + FRAME_HW, dtype=np.uint8)])
+                nxt[j, e] = sender.advance(refs[e], stacks[e], new)
+                if (t + j + 1 + 97 * e) % EPISODE_STEPS == 0:
+                    ended[j, e] = True
+                    stacks[e] = np.repeat(rng.integers(0, 256, (1,) + FRAME_HW, dtype=np.uint8), k, axis=0)
+                    refs[e] = sender.fresh(stacks[e])
+                else:
+                    stacks[e], refs[e] = new, nxt[j, e]
+            sender.note_current(refs)
+        t += FRAME_T
+        rows = nstep.add(obs, rng.integers(0, 6, (FRAME_T, E)), rng.random((FRAME_T, E)).astype(np.float32),
+                         nxt, ended, np.zeros((FRAME_T, E), bool))
+        rows = {key: val[:total - made] for key, val in rows.items()}
+        made += len(rows["reward"])
+        naive = sender.decode(rows) if decode else None
+        arrays, keep_from = sender.message(0, rows)
+        yield arrays, keep_from, rng.random(len(rows["reward"])) + 0.01, naive
+
+
+def _frame_buffer(capacity, seed=0):
+    layout = FrameLayout.for_spec(ATARI_SPEC, ("obs", "next_obs"), FRAME_ENVS, FRAME_T, FRAME_N - 1)
+    return FrameReplayBuffer(capacity, ATARI_SPEC, layout, alpha=ALPHA, seed=seed)
+
+
+def _rss_child(kind, capacity, out):
+    import psutil
+
+    stream = atari_stream(capacity, seed=1, decode=kind == "naive")
+    first = next(stream)  # the sender's frame cache is the actor's, not the memory's: before the baseline
+    gc.collect()
+    base = psutil.Process().memory_info().rss
+    if kind == "frames":
+        buf = _frame_buffer(capacity)
+        stream_state = buf.stream()
+    else:
+        buf = replay.PrioritizedReplayBuffer(capacity, ATARI_SPEC, alpha=ALPHA, seed=0)
+    for arrays, keep_from, priorities, naive in _chain(first, stream):
+        if kind == "frames":
+            buf.add(arrays, priorities, stream=stream_state, keep_from=keep_from)
+        else:
+            buf.add(naive, priorities)
+        del arrays, naive
+    gc.collect()
+    grown = psutil.Process().memory_info().rss - base
+    frames = len(buf.pool) if kind == "frames" else None
+    out.put({"layout": kind, "capacity": capacity, "stored": len(buf), "rss_bytes": grown,
+             "bytes_per_transition": grown / len(buf), "frames_per_transition": frames and frames / len(buf)})
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def rss_per_transition(kind, capacity):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_rss_child, args=(kind, capacity, out))
+    proc.start()
+    try:
+        return out.get(timeout=1800)
+    finally:
+        proc.join(60)
+
+
+def bench_frames(timer, capacity, frames_cap, naive_cap, quick):
+    """RSS rows (each layout in a fresh process) and learner-step rows at one capacity."""
+    rss = [rss_per_transition("frames", frames_cap), rss_per_transition("naive", naive_cap)]
+    print("measuring learner steps, frame vs naive layout ...", file=sys.stderr, flush=True)
+    frames, naive = _frame_buffer(capacity), replay.PrioritizedReplayBuffer(capacity, ATARI_SPEC, alpha=ALPHA, seed=0)
+    stream = frames.stream()
+    for arrays, keep_from, priorities, rows in atari_stream(capacity, seed=2, decode=True):
+        frames.add(arrays, priorities, stream=stream, keep_from=keep_from)
+        naive.add(rows, priorities)
+    steps = []
+    for batch in FRAME_BATCHES:
+        if batch > capacity:
+            continue
+        new = np.random.default_rng(batch).random(batch) + 0.01
+
+        def step(buf=None, batch=batch):
+            sampled = buf.sample(batch, BETA)
+            buf.update_priorities(sampled["indices"], new, sampled["generations"])
+
+        res = timer.run({"frames": lambda: step(frames), "naive": lambda: step(naive)}, 1)
+        ratio = statistics.median(a / b for a, b in zip(res["frames"][1], res["naive"][1]))
+        steps.append({"case": f"cap 2^{capacity.bit_length() - 1}, stacks 4x84x84 u8", "batch": batch,
+                      "frames_steps_per_s": res["frames"][0], "naive_steps_per_s": res["naive"][0],
+                      "ratio": ratio})
+    del frames, naive
+    gc.collect()
+    return {"rss": rss, "learner_step": steps}
+
+
+def print_frames(result):
+    print()
+    print(f"{'layout':<8} {'stored':>8} {'RSS growth':>12} {'bytes/transition':>17} {'frames/transition':>18}")
+    for r in result["rss"]:
+        fpt = "-" if r["frames_per_transition"] is None else f"{r['frames_per_transition']:.3f}"
+        print(f"{r['layout']:<8} {r['stored']:>8,} {r['rss_bytes'] / 2**20:>10,.0f} M {r['bytes_per_transition']:>17,.0f} "
+              f"{fpt:>18}")
+    ratio = result["rss"][1]["bytes_per_transition"] / result["rss"][0]["bytes_per_transition"]
+    print(f"naive / frames: {ratio:.1f}x the memory per stored transition")
+    print()
+    print(f"{'case':<30} {'batch':>5} {'frames steps/s':>15} {'naive steps/s':>14} {'frames/naive':>13}")
+    for r in result["learner_step"]:
+        print(f"{r['case']:<30} {r['batch']:>5} {fmt(r['frames_steps_per_s']):>15} {fmt(r['naive_steps_per_s']):>14} "
+              f"{fmt(r['ratio'], True):>13}")
+    print()
+    bpt = result["rss"][0]["bytes_per_transition"]
+    print(f"target {FRAME_TARGETS[0][0]:<40} {bpt:>8,.0f}  {'met' if bpt <= FRAME_TARGETS[0][1] else 'MISSED'}")
+    for r in result["learner_step"]:
+        met = "met" if r["ratio"] >= FRAME_TARGETS[1][1] else "MISSED"
+        print(f"target {FRAME_TARGETS[1][0]:<40} {fmt(r['ratio'], True):>8}  {met}  (batch {r['batch']})")
+
+
 def make_row(case, op, unit, res):
     """res: {label: (best, rounds, run id)}. A ratio is the median over rounds of aiorl's rate over
     the other's in the same round (measured back to back, so the machine's drift cancels);
@@ -313,6 +470,8 @@ def main(argv=None):
     parser.add_argument("--round-seconds", type=float, default=None, help="seconds per round (default 0.25)")
     parser.add_argument("--no-cpprb", action="store_true", help="leave cpprb out even if installed")
     parser.add_argument("--no-large", action="store_true", help="skip the large-observation case")
+    parser.add_argument("--no-frames", action="store_true", help="skip the frame-layout rows")
+    parser.add_argument("--frames-only", action="store_true", help="only the frame-layout rows")
     args = parser.parse_args(argv)
 
     rounds = args.rounds or (1 if args.quick else 7)
@@ -327,15 +486,24 @@ def main(argv=None):
         cases.append((f"cap 2^{large_cap.bit_length() - 1}, obs (7056,) u8", large_cap, spec_for((7056,), "uint8")))
 
     rows = []
-    for case, capacity, spec in cases:
-        print(f"measuring {case} ...", file=sys.stderr, flush=True)
-        bench_buffers(case, capacity, spec, timer, rows, rng, impls)
-    print("measuring n-step and gae ...", file=sys.stderr, flush=True)
-    bench_nstep(timer, rows, rng)
-    bench_gae(timer, rows, rng)
+    if not args.frames_only:
+        for case, capacity, spec in cases:
+            print(f"measuring {case} ...", file=sys.stderr, flush=True)
+            bench_buffers(case, capacity, spec, timer, rows, rng, impls)
+        print("measuring n-step and gae ...", file=sys.stderr, flush=True)
+        bench_nstep(timer, rows, rng)
+        bench_gae(timer, rows, rng)
+    frames = None
+    if not args.no_frames:
+        print("measuring RSS per transition, frame (fresh process) vs naive layout ...", file=sys.stderr, flush=True)
+        sizes = (2 ** 10, 2 ** 12, 2 ** 10) if args.quick else (2 ** 15, 200_000, 20_000)
+        frames = bench_frames(timer, *sizes, args.quick)
 
     targets = check_targets(rows)
-    print_table(rows, targets)
+    if rows:
+        print_table(rows, targets)
+    if frames:
+        print_frames(frames)
     if args.json:
         result = {
             "benchmark": "replay", "quick": args.quick, "batch": BATCH, "add_chunk": ADD_CHUNK,
@@ -343,7 +511,7 @@ def main(argv=None):
             "backend": replay.BACKEND, "numpy": np.__version__,
             "cpprb": getattr(cpprb, "__version__", "installed") if use_cpprb else None,
             "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "rows": rows, "targets": targets,
+            "rows": rows, "targets": targets, "frames": frames,
         }
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
