@@ -88,6 +88,10 @@ class ClusterConfig:
         "(fewer syscalls and memory-host wake-ups with cheap envs; 0 sends each at once).",
         default=0.005,
     )
+    frame_compression: str = doc(
+        "'lz4': actors send their frames (the frame replay layout) as one lz4 block per batch; "
+        "'none': raw. See bench/frame_compression.py.", default="none"
+    )
     tls_cert: str | None = doc("PEM certificate of this host (enables TLS).", default=None)
     tls_key: str | None = doc("PEM private key for tls_cert.", default=None)
     tls_ca: str | None = doc("CA bundle used to verify peers when TLS is on.", default=None)
@@ -339,6 +343,9 @@ def validate(cfg: Config) -> None:
     from aiorl.env_wrappers import check_env_config
 
     check_env_config(e)
+    from aiorl.replay.frames import check_compression
+
+    check_compression(c.frame_compression)
     _check(a.replay_layout in ("auto", "frames", "transitions"),
            f"agent.replay_layout: expected 'auto', 'frames' or 'transitions', got {a.replay_layout!r}")
     _check(a.sample_batch_size >= 1, f"agent.sample_batch_size: must be at least 1, got {a.sample_batch_size}")

@@ -111,14 +111,14 @@ def _running_rows(run_dir: Path) -> list[dict]:
 
 def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = True,
                   batch_size: int = LEARNER_BATCH, env: dict = ENV, sample_batch: int | None = None,
-                  buffer_size: int = 100_000) -> dict:
+                  buffer_size: int = 100_000, compression: str = "none") -> dict:
     """Env steps/s of `aiorl run` (the first metrics row skipped: actors may still be starting),
     and each role's share of a core over the same stretch."""
     run_dir = workdir / f"pipeline-{actors}-{batch_size}-{'m' if metrics else 'nm'}"
     config = {
         "algo": "random_agent",
         "env": env,
-        "cluster": {"actors": actors, "memories": 1, "learners": 1},
+        "cluster": {"actors": actors, "memories": 1, "learners": 1, "frame_compression": compression},
         "agent": {"sample_batch_size": SAMPLE_BATCH if sample_batch is None else sample_batch,
                   "batch_size": batch_size, "buffer_size": buffer_size,
                   "learning_starts": 1000, "max_samples_per_insert": 1.0},
@@ -169,7 +169,7 @@ def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = Tr
 
 
 def paired_ratio(actors: int, seconds: float, workdir: Path, repeats: int, batch_size: int, env: dict = ENV,
-                 sample_batch: int | None = None, buffer_size: int = 100_000) -> dict:
+                 sample_batch: int | None = None, buffer_size: int = 100_000, compression: str = "none") -> dict:
     """Pipeline runs each between two no-transport runs: ratio_i = pipeline_i / mean(reference
     before, reference after). This machine's speed drifts by tens of percent over minutes
     (shared host), so only references measured right beside a pipeline run are comparable;
@@ -178,7 +178,7 @@ def paired_ratio(actors: int, seconds: float, workdir: Path, repeats: int, batch
     pipes = []
     for _ in range(repeats):
         pipes.append(pipeline_rate(actors, seconds, workdir, batch_size=batch_size, env=env,
-                                   sample_batch=sample_batch, buffer_size=buffer_size))
+                                   sample_batch=sample_batch, buffer_size=buffer_size, compression=compression))
         refs.append(reference_rate(actors, seconds, env, sample_batch))
     ratios = [p["env_steps_per_s"] / ((refs[i] + refs[i + 1]) / 2) for i, p in enumerate(pipes)]
     mid = sorted(range(repeats), key=lambda i: ratios[i])[repeats // 2]
@@ -246,13 +246,15 @@ def pixel_rows(args, workdir: Path) -> dict | None:
     for actors in args.actors:
         print(f"measuring pixels, {actors} actor(s) ...", file=sys.stderr, flush=True)
         rows.append(paired_ratio(actors, args.seconds, workdir, args.repeats, PIXEL_LEARNER_BATCH, env=PIXEL_ENV,
-                                 sample_batch=PIXEL_SAMPLE_BATCH, buffer_size=50_000))
+                                 sample_batch=PIXEL_SAMPLE_BATCH, buffer_size=50_000,
+                                 compression=args.pixel_compression))
     print("measuring the Nature CNN learner on CPU ...", file=sys.stderr, flush=True)
-    return {"pipeline": rows, "nature_cnn": nature_cnn_steps()}
+    return {"pipeline": rows, "compression": args.pixel_compression, "nature_cnn": nature_cnn_steps()}
 
 
 def print_pixels(p: dict) -> None:
-    print(f"\nALE/Pong-v5, atari preset, {PIXEL_ENV['num_envs']} envs per actor, learner batch {PIXEL_LEARNER_BATCH}:")
+    print(f"\nALE/Pong-v5, atari preset, {PIXEL_ENV['num_envs']} envs per actor, learner batch {PIXEL_LEARNER_BATCH}, "
+          f"frame compression {p['compression']}:")
     print(f"{'actors':>6} {'no transport (frames/s)':>24} {'pipeline (frames/s)':>20} {'ratio':>6} {'ratios':>16} "
           f"{'wire bytes/transition':>22}  cores used")
     for r in p["pipeline"]:
@@ -262,7 +264,7 @@ def print_pixels(p: dict) -> None:
               f"{r['wire_bytes_per_transition']:>22,.0f}  {cores}")
     for r in p["pipeline"]:
         met = "met" if r["wire_bytes_per_transition"] <= 8192 else "MISSED"
-        print(f"target wire bytes per transition <= 8 KB, {r['actors']} actor(s): "
+        print(f"target wire bytes per transition <= 8 KB (before compression), {r['actors']} actor(s): "
               f"{r['wire_bytes_per_transition']:,.0f} {met}")
     print("Nature CNN learner on CPU (1 torch thread), Ape-X DQN step on frame-layout batches:")
     for r in p["nature_cnn"]:
@@ -426,6 +428,8 @@ def main() -> int:
                         help="skip the 64-connection coordinator measurement")
     parser.add_argument("--no-pixels", dest="pixels", action="store_false", help="skip the pixel rows")
     parser.add_argument("--pixels-only", action="store_true", help="only the pixel rows")
+    parser.add_argument("--pixel-compression", default="none", choices=("none", "lz4"),
+                        help="cluster.frame_compression of the pixel pipeline (wire bytes are counted as sent)")
     args = parser.parse_args()
     SAMPLE_BATCH = args.sample_batch  # (passed on explicitly to the spawned reference actors)
 

@@ -243,3 +243,12 @@ def test_frame_layout_is_chosen_for_stacked_frames_only():
     cfg = load_config(data={"algo": "apex_dqn", "env": atari, "run": {"snapshot_replay": True}})
     with pytest.raises(ConfigError, match="run.snapshot_replay"):
         frame_layout(cfg, build_algorithm(cfg))
+
+
+def test_frame_compression_is_checked_when_the_config_loads(monkeypatch):
+    with pytest.raises(ConfigError, match="cluster.frame_compression: expected 'none' or 'lz4', got 'zstd'"):
+        load_config(data={"algo": "random_agent", "cluster": {"frame_compression": "zstd"}})
+    monkeypatch.setitem(sys.modules, "lz4", None)
+    monkeypatch.setitem(sys.modules, "lz4.block", None)
+    with pytest.raises(ConfigError, match=r"'lz4' needs the lz4 package: pip install 'aiorl\[atari\]'"):
+        load_config(data={"algo": "random_agent", "cluster": {"frame_compression": "lz4"}})

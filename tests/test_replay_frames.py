@@ -1,6 +1,7 @@
 """The frame layout end to end (env runner -> FrameSender -> messages -> FrameReplayBuffer)
 against the naive layout (every row stores its obs and next_obs stacks)."""
 import gymnasium as gym
+import lz4.block
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -56,12 +57,12 @@ def env_config(stack, jumbled):
 class Actor:
     """One actor's envs, n-step and (frame layout) sender, both layouts side by side."""
 
-    def __init__(self, index, stack, envs, n, memories, steps, jumbled):
+    def __init__(self, index, stack, envs, n, memories, steps, jumbled, compression="none"):
         cfg = env_config(stack, jumbled)
         self.naive = EnvRunner(cfg, envs, seed=100 * index)
         spec = {"obs": ((stack, 1, 2), "uint8"), "next_obs": ((stack, 1, 2), "uint8")}
         self.layout = FrameLayout.for_spec(spec, ("obs", "next_obs"), envs, steps, n - 1)
-        self.sender = FrameSender(self.layout, envs, memories, n - 1)
+        self.sender = FrameSender(self.layout, envs, memories, n - 1, compression)
         self.framed = EnvRunner(cfg, envs, seed=100 * index, frames=self.sender)
         if jumbled:
             for runner in (self.naive, self.framed):
@@ -92,7 +93,8 @@ def scenarios(draw):
                 actors=draw(st.integers(1, 2)), memories=draw(st.integers(1, 2)),
                 steps=draw(st.integers(1, 5)), rounds=draw(st.integers(1, 12)),
                 capacity=draw(st.sampled_from([16, 17, 32, 64])), prioritized=draw(st.booleans()),
-                jumbled=draw(st.booleans()), seed=draw(st.integers(0, 1000)))
+                jumbled=draw(st.booleans()), seed=draw(st.integers(0, 1000)),
+                compression=draw(st.sampled_from(["none", "lz4"])))
 
 
 def check_counts(buffers, actors, memory):
@@ -118,7 +120,8 @@ def test_frame_layout_samples_exactly_what_the_naive_layout_samples(s):
     k, n, memories = s["stack"], s["n"], s["memories"]
     spec = {"obs": ((k, 1, 2), "uint8"), "action": ((), "int64"), "reward": ((), "float32"),
             "next_obs": ((k, 1, 2), "uint8"), "done": ((), "bool"), "discount": ((), "float32")}
-    actors = [Actor(i, k, s["envs"], n, memories, s["steps"], s["jumbled"]) for i in range(s["actors"])]
+    actors = [Actor(i, k, s["envs"], n, memories, s["steps"], s["jumbled"], s["compression"])
+              for i in range(s["actors"])]
     layout = actors[0].layout
     capacity = max(s["capacity"], s["steps"] * s["envs"] * 2)
     alpha = 0.6 if s["prioritized"] else None
@@ -147,7 +150,7 @@ def test_frame_layout_samples_exactly_what_the_naive_layout_samples(s):
         m = actor.batches % memories
         actor.batches += 1
         arrays, keep_from = actor.sender.message(m, refs)
-        assert set(arrays) == set(spec) | {"frames", "frame_ids"}
+        assert set(arrays) == set(spec) | {"frames" if s["compression"] == "none" else "frames_lz4", "frame_ids"}
         priorities = rng.random(len(rows["reward"])) if alpha else None
         naive[m].add(rows, priorities) if alpha else naive[m].add(rows)
         framed[m].add(arrays, priorities, stream=actor.streams[m], keep_from=keep_from)
@@ -209,6 +212,30 @@ def test_a_bad_message_changes_nothing():
     with pytest.raises(ValueError, match="priorities"):
         buf.add(make_message(layout, ([2, 3, 3, 4], [3, 4, 4, 5]), [4, 5]), [1.0, -1.0], stream=stream, keep_from=1)
     assert (len(buf), len(buf.pool), stream.held, buf.rows.tree.total) == state
+
+
+def test_compressed_frames_are_checked_before_they_are_unpacked():
+    spec = {"obs": ((2, 3), "uint8"), "next_obs": ((2, 3), "uint8"), "action": ((), "int64")}
+    layout = FrameLayout.for_spec(spec, ("obs", "next_obs"), 1, 4, 0)
+    buf = FrameReplayBuffer(4, spec, layout)
+    stream = buf.stream()
+    message = make_message(layout, ([0, 1, 1, 2], [1, 2, 2, 3]), [0, 1, 2, 3])
+    frames = np.arange(12, dtype=np.uint8).reshape(4, 3)
+    packed = np.frombuffer(lz4.block.compress(frames, store_size=False), np.uint8)
+    del message["frames"]
+    for blob, ids, match in [
+        (packed[:-1], [0, 1, 2, 3], "not an lz4 block of 4 frames"),
+        (packed, [0, 1, 2], "not an lz4 block of 3 frames"),
+        (packed, list(range(9)), "9 frame ids for 2 rows"),  # more than 2 rows x 2 fields x 2 frames
+        (packed.astype(np.int16), [0, 1, 2, 3], "1-d uint8"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            buf.add({**message, "frames_lz4": blob, "frame_ids": np.array(ids)}, stream=stream, keep_from=0)
+        assert len(buf) == 0 and len(buf.pool) == 0
+    buf.add({**message, "frames_lz4": packed}, stream=stream, keep_from=0)
+    got = buf.sample(8)
+    for row, obs, next_obs in zip(got["indices"], got["obs"], got["next_obs"]):
+        assert np.array_equal(obs, frames[[row, row + 1]]) and np.array_equal(next_obs, frames[[row + 1, row + 2]])
 
 
 def test_evicted_rows_release_their_frames():

@@ -26,14 +26,21 @@ from collections import deque
 
 import numpy as np
 
-from aiorl.replay.frames import FrameLayout
+from aiorl.replay.frames import FrameLayout, lz4_block
 
 
 class FrameSender:
-    """`FrameSender(layout, num_envs, memories, lookback_steps)` for one actor."""
+    """`FrameSender(layout, num_envs, memories, lookback_steps, compression="none")` for one actor.
 
-    def __init__(self, layout: FrameLayout, num_envs: int, memories: int, lookback_steps: int):
+    compression "lz4": a message's new frames travel as one lz4 block (``frames_lz4``)
+    instead of raw ``frames`` (see `aiorl.replay.frames`).
+    """
+
+    def __init__(self, layout: FrameLayout, num_envs: int, memories: int, lookback_steps: int,
+                 compression: str = "none"):
         self.layout = layout
+        self.compression = compression
+        self._lz4 = lz4_block() if compression == "lz4" else None
         self.window = layout.window
         self._mask = layout.window - 1
         self.next_id = 0
@@ -109,8 +116,9 @@ class FrameSender:
         return out
 
     def message(self, memory: int, batch: dict) -> tuple[dict, int]:
-        """(arrays, keep_from) of a batch message to `memory`: the rows, plus ``frames`` and
-        ``frame_ids`` for every id the rows reference that `memory` does not hold."""
+        """(arrays, keep_from) of a batch message to `memory`: the rows, plus ``frames`` (or
+        ``frames_lz4``) and ``frame_ids`` for every id the rows reference that `memory` does
+        not hold."""
         refs = np.concatenate([np.asarray(batch[f]).reshape(-1) for f in self.layout.fields])
         future = min(self._recent_min) if self._recent_min else self.next_id
         # Never below the last keep_from sent to this memory: rows still to come start
@@ -128,7 +136,11 @@ class FrameSender:
         held[new & self._mask] = new
         self._keep_from[memory] = keep_from
         arrays = dict(batch)
-        arrays["frames"] = self.frames_of(new)
+        frames = self.frames_of(new)
+        if self._lz4 is not None:
+            arrays["frames_lz4"] = np.frombuffer(self._lz4.compress(frames, store_size=False), np.uint8)
+        else:
+            arrays["frames"] = frames
         arrays["frame_ids"] = new
         self.frames_sent += len(new)
         self.rows_sent += len(next(iter(batch.values())))

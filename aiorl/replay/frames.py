@@ -17,7 +17,10 @@ message in this layout carries the rows (frame fields as ``[n, k]`` int64
 ids), ``frames [f, *frame]`` with ``frame_ids [f]`` (strictly increasing), and
 ``keep_from`` (meta): no id below it is referenced by this or any later
 message of that actor, so the memory releases the frames it held for them
-(rows still referencing a frame keep it alive).
+(rows still referencing a frame keep it alive). With ``cluster.frame_compression:
+lz4`` the frames come as ``frames_lz4``, one lz4 block of the raw frames (uint8); the
+receiver checks the frame count against its bound first and decompresses to exactly
+``len(frame_ids)`` frames, or refuses the message.
 
 Bounds a receiver can check before it allocates (see `FrameLayout`): a
 message's frames are at most ``len(fields) * k`` per row, and the ids a
@@ -33,6 +36,28 @@ from aiorl.buffer_pool import BufferPool
 from aiorl.replay import FramePool, FrameStream, PrioritizedReplayBuffer, ReplayBuffer
 
 LAYOUTS = ("auto", "frames", "transitions")
+COMPRESSIONS = ("none", "lz4")
+
+
+def lz4_block():
+    """The lz4.block module, or a ConfigError saying how to get it."""
+    from aiorl.config import ConfigError
+
+    try:
+        import lz4.block
+    except ImportError:
+        raise ConfigError("cluster.frame_compression: 'lz4' needs the lz4 package: "
+                          "pip install 'aiorl[atari]' (or pip install lz4)") from None
+    return lz4.block
+
+
+def check_compression(name: str) -> None:
+    from aiorl.config import ConfigError
+
+    if name not in COMPRESSIONS:
+        raise ConfigError(f"cluster.frame_compression: expected 'none' or 'lz4', got {name!r}")
+    if name == "lz4":
+        lz4_block()
 # Sampled frame fields this large go into recycled memory, as in the ring buffers.
 _POOLED_BYTES = 1 << 20
 
@@ -95,6 +120,11 @@ class FrameLayout:
     def max_frames(self, rows: int) -> int:
         """Most frames one message of `rows` rows can need."""
         return rows * len(self.fields) * self.stack
+
+    def max_compressed_bytes(self, rows: int) -> int:
+        """Most bytes of ``frames_lz4`` in a message of `rows` rows (lz4's worst-case bound)."""
+        raw = self.max_frames(rows) * self.frame_bytes
+        return raw + raw // 255 + 16
 
 
 def stacked_env(env_cfg) -> bool:
@@ -196,12 +226,16 @@ class FrameReplayBuffer:
         what = "FrameReplayBuffer.add"
         rows = dict(batch)
         try:
-            frames, frame_ids = rows.pop("frames"), rows.pop("frame_ids")
+            packed = rows.pop("frames_lz4", None)
+            frames = rows.pop("frames") if packed is None else None
+            frame_ids = np.asarray(rows.pop("frame_ids"))
             refs = [np.asarray(rows.pop(f)) for f in self.layout.fields]
         except KeyError as exc:
             raise ValueError(f"{what}: batch lacks {exc.args[0]!r} (expected the fields {list(self.spec)}, "
-                             "'frames' and 'frame_ids')") from None
+                             "'frames' (or 'frames_lz4') and 'frame_ids')") from None
         n = len(next(iter(rows.values()))) if rows else 0
+        if packed is not None:
+            frames = self._unpack(packed, frame_ids, n)
         for f, ref in zip(self.layout.fields, refs):
             if ref.shape != (n, self.layout.stack) or ref.dtype.kind not in "iu":
                 raise ValueError(f"{what}: field {f!r}: expected ({n}, {self.layout.stack}) int64 frame ids, "
@@ -224,6 +258,24 @@ class FrameReplayBuffer:
         for table_rows in old:
             self.pool.decref(table_rows)
         return slots
+
+    def _unpack(self, packed, frame_ids, rows: int) -> np.ndarray:
+        """The frames of a ``frames_lz4`` block, its size checked before anything is allocated."""
+        what = "FrameReplayBuffer.add: frames_lz4"
+        count = frame_ids.shape[0] if frame_ids.ndim == 1 else -1
+        if not 0 <= count <= self.layout.max_frames(rows):
+            raise ValueError(f"{what}: {count} frame ids for {rows} rows (at most {self.layout.max_frames(rows)})")
+        packed = np.asarray(packed)
+        if packed.dtype != np.uint8 or packed.ndim != 1:
+            raise ValueError(f"{what}: expected a 1-d uint8 array, got {packed.shape} {packed.dtype}")
+        expected = count * self.layout.frame_bytes
+        try:
+            raw = lz4_block().decompress(packed, uncompressed_size=expected) if expected else b""
+        except Exception as exc:  # lz4.block.LZ4BlockError: corrupt, or not `expected` bytes
+            raise ValueError(f"{what}: not an lz4 block of {count} frames ({exc})") from None
+        if len(raw) != expected:
+            raise ValueError(f"{what}: decompressed to {len(raw)} bytes, expected {expected}")
+        return np.frombuffer(raw, self.layout.dtype).reshape((count,) + self.layout.frame_shape)
 
     def sample(self, batch_size: int, beta: float | None = None) -> dict:
         """The ring's sample (indices, weights, generations as usual) with each frame field

@@ -70,7 +70,7 @@ class ActorRole(Role):
         if layout is not None:
             # Observations travel as frame ids; the policy still sees stacks where it needs them.
             self.frames = FrameSender(layout, cfg.env.num_envs, len(self.start_info["memories"]),
-                                      algo.lookback_steps())
+                                      algo.lookback_steps(), cfg.cluster.frame_compression)
             self.policy.decode_observations = self.frames.decode
         self.runner = EnvRunner(cfg.env, cfg.env.num_envs, seed, frames=self.frames)
         for host, port in self.start_info["memories"]:
