@@ -14,7 +14,8 @@ def _make_run_dir(cfg: Config) -> Path:
     if cfg.run.dir:
         run_dir = Path(cfg.run.dir)
     else:
-        run_dir = Path("runs") / f"{cfg.algo}-{cfg.env.id}-{time.strftime('%Y%m%d-%H%M%S')}"
+        env = cfg.env.id.replace("/", "-")  # ALE/Pong-v5: one directory, not two
+        run_dir = Path("runs") / f"{cfg.algo}-{env}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
