@@ -116,8 +116,8 @@ def ppo_loss(net: ActorCritic, m: DPPOConfig, obs, action, old_logp, old_value, 
     entropy = net.head.entropy(params).mean()
     loss = policy_loss + m.value_coef * value_loss - m.entropy_coef * entropy
     with torch.no_grad():
-        metrics = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss, "losses/entropy": entropy,
-                   "losses/approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+        metrics = {"losses/policy_loss": policy_loss.detach(), "losses/value_loss": value_loss.detach(),
+                   "losses/entropy": entropy.detach(), "losses/approx_kl": ((ratio - 1.0) - log_ratio).mean(),
                    "losses/clip_fraction": ((ratio - 1.0).abs() > m.clip_ratio).float().mean()}
     return loss, metrics
 
@@ -238,7 +238,7 @@ class PPOLearner(ApexLearner):
                 steps += 1
                 metrics["losses/grad_norm"] = torch.tensor(norms["loss"])
                 for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + value.detach()
+                    sums[key] = sums.get(key, 0.0) + value
         if self.net.normalizer.enabled:
             d = (len(totals) - 1) // 2
             self.net.normalizer.update(total_rows, totals[1:1 + d], totals[1 + d:])

@@ -571,6 +571,10 @@ class Coordinator:
             "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
             "weights_version": self.weights_version,
             "loop_lag_max_s": round(self.loop_lag_max_s, 6),
+            "work": None if self.work is None else {
+                "iteration": self.work.iteration, "pending": list(self.work.pending),
+                "leases": {str(item): worker for item, worker in self.work.leases.items()},
+                "released": self.work.released},
             "metrics": self.last_row,
             "roles": {name: r.public(now) for name, r in self.roles.items()},
         }

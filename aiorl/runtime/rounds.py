@@ -18,11 +18,13 @@ A complete round is split evenly between the learners (learner j gets rows
 ``[j*n//L, (j+1)*n//L)``) and dropped once every learner took its share.
 
 The end (`finalize`, once no actor can send anything more here): per actor,
-the open round is closed with what arrived, even if that is nothing (an
-empty share), so the last partial round of a run is trained on; per work
-item, an incomplete round is discarded (a fraction of a population is not an
-ES estimate). After that, a learner asking for an iteration that is not
-there gets the end of the data.
+every actor has been dropped by then, so whatever they delivered of their
+last round already completed it (a partial last round, of the actors that
+started it, is trained on); one empty round follows, so that a learner
+whose other memories do hold that round gets an answer from this one too.
+Per work item, an incomplete round is discarded (a fraction of a population
+is not an ES estimate). After that, a learner asking for an iteration that
+is not there gets the end of the data.
 """
 from __future__ import annotations
 
@@ -122,7 +124,7 @@ class Rounds:
         self.final = True
         rows = len(self.aggregate)
         if self.work_items is None:
-            self._close_round(self.aggregate.take() if rows else {})
+            self._close_round(self.aggregate.take() if self.aggregate.complete else {})
         elif rows:
             self.discarded_rows += rows
             self.log.info("discarding the incomplete round of iteration %d (%d of %d work items here)",
