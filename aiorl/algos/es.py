@@ -7,11 +7,13 @@ update, the numpy policy, the acting side, the learner, the builder.
 Iteration k, parameters theta_k (weights version k):
 
 - the coordinator hands out work items 0..population-1; an actor taking item
-  i draws a noise index j_i, so that eps_i = noise[j_i : j_i + dim] (the
-  table is generated from ``model.noise_seed`` identically in every process:
-  nothing large travels), and runs one episode each with theta + sigma * eps_i
-  and theta - sigma * eps_i (antithetic; both from the same env seed). It
-  sends only (j_i, the two returns, the two lengths, its observation moments);
+  i draws its noise index j_i and env seed from (run.seed, k, i), so that
+  eps_i = noise[j_i : j_i + dim] (the table is generated from
+  ``model.noise_seed`` identically in every process: nothing large travels),
+  and runs one episode each with theta + sigma * eps_i and theta - sigma * eps_i
+  (antithetic; both from the same env seed). It sends only (j_i, the two
+  returns, the two lengths, its observation moments). Which actor took an
+  item changes nothing: a run is reproducible whatever the timing;
 - learner 0 shapes the 2N returns by centered ranks u in [-0.5, 0.5] (ties
   share their mean rank) and estimates the ascent direction
 
@@ -93,8 +95,9 @@ class NoiseTable:
     def get(self, index: int, dim: int) -> np.ndarray:
         return self.noise[index:index + dim]
 
-    def sample_index(self, rng: np.random.Generator, dim: int) -> int:
-        return int(rng.integers(0, self.size - dim + 1))
+    def index_for(self, dim: int, *key: int) -> int:
+        """A start index for `dim` entries, drawn from `key` (the same key, the same index)."""
+        return int(np.random.default_rng(list(key)).integers(0, self.size - dim + 1))
 
     def digest(self) -> str:
         return hashlib.sha256(self.noise.tobytes()).hexdigest()
@@ -228,6 +231,9 @@ def episode_seed(run_seed: int, iteration: int, item: int) -> int:
     return int(np.random.SeedSequence([run_seed, iteration, item]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+NOISE_KEY = 1  # keeps noise indices apart from episode seeds drawn from the same (seed, iteration, item)
+
+
 class ESActor(ActorPolicy):
     def __init__(self, algo: "ES", actor_index: int, seed: int):
         self.algo = algo
@@ -236,7 +242,6 @@ class ESActor(ActorPolicy):
         self.policy = NumpyPolicy(algo.network())
         self.env = make_env(algo.cfg.env)
         self.action_shape = algo.env_spec.action_space.shape
-        self.rng = np.random.default_rng(seed)
         self.obs_dim = algo.stats_dim
         self.theta: np.ndarray | None = None
 
@@ -269,9 +274,10 @@ class ESActor(ActorPolicy):
 
     def run_work(self, iteration, item):
         dim = self.policy.dim
-        index = self.noise.sample_index(self.rng, dim)
+        run_seed = self.algo.cfg.run.seed
+        index = self.noise.index_for(dim, run_seed, iteration, item, NOISE_KEY)
         eps = self.noise.get(index, dim)
-        seed = episode_seed(self.algo.cfg.run.seed, iteration, item)
+        seed = episode_seed(run_seed, iteration, item)
         stats = [np.zeros(self.obs_dim), np.zeros(self.obs_dim)]
         r_pos, l_pos = self._episode(self.theta + self.m.sigma * eps, seed, stats)
         r_neg, l_neg = self._episode(self.theta - self.m.sigma * eps, seed, stats)
