@@ -59,11 +59,13 @@ def test_each_learner_gets_an_even_share_and_the_round_goes_once_all_took_it():
 
 
 def test_a_memory_whose_actors_are_all_gone_hands_out_empty_shares_until_the_end():
-    r = per_actor(actors=2, memories=2, index=1)  # only actor 1 is assigned here
+    r = per_actor(actors=2, memories=2, index=1, learners=2)  # only actor 1 is assigned here
     r.drop_actor(1)
     assert r.ready(5) and r.take(5, 0) == ({}, {"empty": True, "versions": None})
     r.finalize()
-    assert not r.ready(6) and r.exhausted(6)
+    # Learner 1 gets the answer learner 0 got for iteration 5, then both get the end.
+    assert r.ready(5) and r.take(5, 1) == ({}, {"empty": True, "versions": None})
+    assert not r.exhausted(5) and r.exhausted(6) and not r.ready(6)
 
 
 def test_the_last_partial_round_is_kept_and_the_end_adds_one_empty_round():

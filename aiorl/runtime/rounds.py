@@ -51,6 +51,7 @@ class Rounds:
         self.completed: dict[int, tuple[dict, dict]] = {}  # iteration -> (batch, meta)
         self.taken: dict[int, set[int]] = {}
         self.dropped: set[int] = set()  # actor indices (per-actor rounds)
+        self.empty_upto = -1  # highest iteration answered with an empty share since every actor here left
         self.final = False
         self.duplicates = 0
         self.stale = 0
@@ -133,16 +134,21 @@ class Rounds:
     # ------------------------------------------------------------------ serving learners
 
     def ready(self, iteration: int) -> bool:
-        """A share of `iteration` can be handed out now (possibly empty)."""
-        return iteration in self.completed or (not self.final and self._all_dropped())
+        """A share of `iteration` can be handed out now (possibly empty). Once one learner got an
+        answer for an iteration, every learner gets the same one, before or after `finalize`
+        (data-parallel learners must take the same steps)."""
+        return (iteration in self.completed or iteration <= self.empty_upto
+                or (not self.final and self._all_dropped()))
 
     def exhausted(self, next_iteration: int) -> bool:
         """Nothing at or after `next_iteration` will ever be handed out."""
-        return self.final and not any(i >= next_iteration for i in self.completed)
+        return (self.final and next_iteration > self.empty_upto
+                and not any(i >= next_iteration for i in self.completed))
 
     def take(self, iteration: int, learner_index: int) -> tuple[dict, dict]:
         """Learner `learner_index`'s share of a ready round and its meta (``empty``, ``versions``)."""
         if iteration not in self.completed:
+            self.empty_upto = max(self.empty_upto, iteration)
             return {}, {"empty": True, "versions": None}  # every actor here is gone: nothing to share
         batch, meta = self.completed[iteration]
         taken = self.taken[iteration]
