@@ -424,8 +424,11 @@ class Coordinator:
                 await self._reply_error(conn, msg, f"{self.cfg.algo} hands out no work items")
                 return
             done = msg.meta.get("done")
-            if isinstance(done, list) and len(done) == 2:
-                self.work.finish(record.name, int(done[0]), int(done[1]))
+            if done is not None:
+                if not (isinstance(done, list) and len(done) == 2 and all(type(v) is int for v in done)):
+                    await self._reply_error(conn, msg, f"work: 'done' must be [iteration, item], got {done!r}")
+                    return
+                self.work.finish(record.name, done[0], done[1])
             while True:
                 if self.phase > Phase.RUNNING or record.status != "running":
                     await conn.reply(msg, meta={"stop": True})

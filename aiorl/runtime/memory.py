@@ -113,7 +113,8 @@ class MemoryRole(Role):
 
     def metrics(self) -> dict:
         return {"replay_size": len(self.replay) if self.replay is not None else 0,
-                "replay_capacity": self.capacity, "inserted": self.inserted, "sampled": self.sampled,
+                "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
+                "inserted": self.inserted, "sampled": self.sampled,
                 "actor_connections": sum(not link.closed for link in self.actors.values()),
                 "learner_credits": sum(link.credits for link in self.learners.values())}
 
