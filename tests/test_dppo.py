@@ -1,7 +1,4 @@
 """DPPO's pieces in one process: rollout rows and GAE for vector envs, the clipped loss, the learner step."""
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -122,11 +119,36 @@ def test_config_errors_name_the_key(model, env, message):
     assert message in str(info.value)
 
 
-def test_fewer_rows_per_actor_than_learners_is_refused_before_anything_starts(tmp_path):
+def test_fewer_rows_per_actor_than_learners_is_refused_before_anything_starts(tmp_path, capsys):
+    from aiorl.cli import main
+
     path = tmp_path / "c.yaml"
-    path.write_text("algo: dppo\nenv: {id: CartPole-v1}\ncluster: {learners: 3}\nagent: {sample_batch_size: 2}\n")
-    out = subprocess.run([sys.executable, "-m", "aiorl", "run", str(path)], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "(2 rows per actor) must be at least cluster.learners (3)" in lines[0], out.stderr
+    path.write_text("algo: dppo\nenv: {id: CartPole-v1}\ncluster: {learners: 3}\nagent: {sample_batch_size: 2}\n"
+                    f"run: {{dir: {tmp_path / 'run'}}}\n")
+    assert main(["run", str(path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "(2 rows per actor) must be at least cluster.learners (3)" in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+def test_gaussian_policy_on_a_shared_torso_steps_clipped_learns_from_unclipped_and_moves_log_std():
+    cfg = load_config(data={"algo": "dppo", "env": {"id": "Pendulum-v1", "num_envs": 2},
+                            "agent": {"sample_batch_size": 50, "batch_size": 50},
+                            "model": {"network": ["linear:16", "tanh"], "shared_torso": True, "log_std_init": 0.5,
+                                      "obs_norm": True, "epochs": 2}})
+    algo = build_algorithm(cfg)
+    learner = algo.make_learner(0, 1, 0)
+    assert learner.net.v_torso is None
+    actor = algo.make_actor(0, 1, seed=0)
+    actor.set_weights(learner.get_weights(), 0)
+    runner = EnvRunner(cfg.env, 2, seed=0)
+    rollout = runner.rollout(actor.act, 50)
+    rows, _ = actor.postprocess(rollout)
+    runner.close()
+    assert rows["action"].shape == (100, 1) and rows["action"].dtype == np.float32
+    assert np.abs(rollout["action"]).max() <= 2.0 < np.abs(rows["action"]).max()  # std e^0.5 around 0
+    np.testing.assert_array_equal(np.clip(rows["action"].reshape(50, 2), -2, 2), rollout["action"][..., 0])
+    log_std = float(learner.net.head.log_std.detach())
+    result = learner.step(rows)
+    assert float(learner.net.head.log_std.detach()) != log_std and "policy/log_std_mean" in result.metrics
+    # The normalizer learned this round's observations (merged after the update).
+    np.testing.assert_allclose(learner.net.normalizer.mean.numpy(), rows["obs"].mean(0), rtol=1e-3, atol=1e-3)
