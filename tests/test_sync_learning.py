@@ -22,7 +22,8 @@ def example(name: str, **agent) -> dict:
 
 @pytest.mark.parametrize("name, agent, threshold", [
     ("dppo_cartpole.yaml", {"scheduled_timesteps": 40_000}, 400),  # CartPole-v1: 500 is the maximum
-    ("dppo_pendulum.yaml", {"scheduled_timesteps": 40_000}, -400),
+    # 16 iterations of 4096 steps, the step size still annealed over the example's 100k: random is about -1200.
+    ("dppo_pendulum.yaml", {"scheduled_global_steps": 16}, -400),
     ("es_cartpole.yaml", {"scheduled_global_steps": 40}, 400),
 ])
 def test_ci_sized_run_learns(tmp_path, name, agent, threshold):
