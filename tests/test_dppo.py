@@ -152,3 +152,15 @@ def test_gaussian_policy_on_a_shared_torso_steps_clipped_learns_from_unclipped_a
     assert float(learner.net.head.log_std.detach()) != log_std and "policy/log_std_mean" in result.metrics
     # The normalizer learned this round's observations (merged after the update).
     np.testing.assert_allclose(learner.net.normalizer.mean.numpy(), rows["obs"].mean(0), rtol=1e-3, atol=1e-3)
+
+
+def test_checkpoint_round_trip_restores_weights_and_counters(tmp_path):
+    algo = build_algorithm(config())
+    learner = algo.make_learner(0, 1, 0)
+    learner.step(_tiny_batch(algo))
+    path = learner.save_checkpoint(str(tmp_path), {"learner_steps": 1})
+    other = algo.make_learner(0, 1, 5)
+    counters = other.load_checkpoint(path)
+    assert counters["iterations"] == 1 and counters["env_steps_trained"] == 16
+    for key, value in learner.get_weights().items():
+        np.testing.assert_array_equal(other.get_weights()[key], value)

@@ -139,3 +139,20 @@ def test_an_item_gives_the_same_result_whichever_actor_evaluates_it():
     assert {k: v.tolist() for k, v in a.batch.items()} == {k: v.tolist() for k, v in b.batch.items()}
     other = first.run_work(3, 5).batch
     assert other["noise_index"][0] != a.batch["noise_index"][0]  # another item, another perturbation
+
+
+def test_checkpoint_round_trip_restores_theta_adam_and_normalizer(tmp_path):
+    algo = build_algorithm(config(obs_norm=True))
+    learner = algo.make_learner(0, 1, 0)
+    actor = algo.make_actor(0, 1, seed=0)
+    actor.set_weights(learner.get_weights(), 0)
+    learner.step({k: v for k, v in actor.run_work(0, 0).batch.items()})
+    path = learner.save_checkpoint(str(tmp_path), {"learner_steps": 1})
+    assert torch.load(path, weights_only=True)["algo"] == "es"  # plain tensors and numbers
+    other = algo.make_learner(0, 1, 1)
+    counters = other.load_checkpoint(path)
+    assert counters["iterations"] == 1 and counters["env_steps_trained"] == learner.env_steps_trained
+    for key, value in learner.get_weights().items():
+        np.testing.assert_array_equal(other.get_weights()[key], value)
+    assert other.adam.t == 1 and np.array_equal(other.adam.m, learner.adam.m)
+    assert other.export_policy(str(tmp_path / "policy")).endswith("policy.pt")

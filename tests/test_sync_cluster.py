@@ -3,10 +3,8 @@ ordering, data-parallel learners, lost actors, shutdown mid-iteration, work item
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import time
 
 import pytest
 

@@ -42,7 +42,7 @@ from aiorl.algos._actor_critic import (
     ActorCritic, DeterministicPolicy, check_action_space, obs_norm_size, policy_meta,
 )
 from aiorl.algos._common import export_script, read_checkpoint, setup_torch, write_checkpoint
-from aiorl.algos._networks import ACTIVATIONS, OneHot, check_observation_space, parse_network
+from aiorl.algos._networks import OneHot, check_observation_space, parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.envs import make_env
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerCore, LearnerResult, WorkResult
@@ -142,10 +142,11 @@ class Adam:
         return theta - step * self.m / (np.sqrt(self.v) + self.eps)
 
     def state_dict(self) -> dict:
-        return {"m": self.m, "v": self.v, "t": self.t}
+        return {"m": torch.from_numpy(self.m.copy()), "v": torch.from_numpy(self.v.copy()), "t": self.t}
 
     def load_state_dict(self, state: dict) -> None:
-        self.m, self.v, self.t = np.asarray(state["m"]), np.asarray(state["v"]), int(state["t"])
+        self.m, self.v = np.asarray(state["m"], np.float64), np.asarray(state["v"], np.float64)
+        self.t = int(state["t"])
 
 
 # --------------------------------------------------------------------------
@@ -332,7 +333,7 @@ class ESLearner(LearnerCore):
                 "normalizer.scale": norm.scale.numpy().copy()}
 
     def state(self, counters: dict) -> dict:
-        return {"algo": self.algo.name, "theta": self.theta, "adam": self.adam.state_dict(),
+        return {"algo": self.algo.name, "theta": torch.from_numpy(self.theta.copy()), "adam": self.adam.state_dict(),
                 "normalizer": self.net.normalizer.state_dict(),
                 "counters": {**counters, "iterations": self.iterations,
                              "env_steps_trained": self.env_steps_trained},
