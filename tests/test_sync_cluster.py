@@ -31,6 +31,17 @@ def log_text(run_dir, role):
     return path.read_text() if path.exists() else ""
 
 
+def end_all(proc, started: dict[str, int]) -> None:
+    """Kill the launcher and every role it started: a SIGSTOPped role ignores the SIGTERM it gets when the
+    launcher dies, so a test that fails while one is stopped must not leave it behind."""
+    proc.kill()
+    for pid in started.values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def coordinator_status(run_dir) -> dict:
     from aiorl.status import fetch_status
     from aiorl.wire import load_token
@@ -73,6 +84,7 @@ def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(
     config = dppo(3, 1, 1, scheduled_timesteps=10**9)
     config["cluster"]["heartbeat_timeout_s"] = 2.0
     proc, run_dir = start(tmp_path, config)
+    started = {}
     try:
         started = pids(run_dir)
         wait_for(lambda: learner_steps(run_dir) >= 3, 120, "3 iterations")
@@ -89,7 +101,7 @@ def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(
         os.kill(started["actor-0"], signal.SIGKILL)
         code, out = finish(proc)
     finally:
-        proc.kill()
+        end_all(proc, started)
     assert code != 0 and "every actor is gone" in out
     summary = read_json(run_dir / "summary.json")
     assert [p["phase"] for p in summary["phases"]][-1] == "EXITED"
@@ -138,6 +150,7 @@ def test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_re
               "agent": {"scheduled_timesteps": 10**9},
               "model": {"network": ["linear:8", "tanh"], "population": population, "noise_table_size": 100_000}}
     proc, run_dir = start(tmp_path, config)
+    started = {}
     try:
         started = pids(run_dir)
         wait_for(lambda: learner_steps(run_dir) >= 2, 120, "2 iterations")
@@ -157,7 +170,7 @@ def test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_re
         proc.send_signal(signal.SIGINT)
         code, out = finish(proc, timeout_s=120)
     finally:
-        proc.kill()
+        end_all(proc, started)
     summary = read_json(run_dir / "summary.json")
     roles = summary["roles"]
     assert roles["actor-1"]["status"] == "lost" and code != 0
