@@ -9,6 +9,11 @@ Two ways to run a config:
   At the threshold the run is interrupted (SIGINT: the normal shutdown
   phases) and ``aiorl eval`` scores the exported final policy. Without
   ``--stop-at-threshold`` the run ends by its own stop criterion.
+  Synchronous algorithms (dppo, es) checkpoint every iteration and keep
+  every checkpoint; the policy evaluated is the first checkpoint at or
+  after each multiple of ``--eval-every-env-steps`` env steps trained on
+  (a fixed grid, as other libraries' evaluation callbacks), and a row's
+  ``eval_done_s`` (since launch) includes that evaluation's own wall time.
 - ``harness``: actors, one prioritized replay and one learner in a single
   process and loop (round-robin rollouts, ``--updates-per-step`` learner
   steps per env step). Deterministic for a seed; the tool for tuning
@@ -40,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from aiorl.config import Config, load_config  # noqa: E402
 from aiorl.envs import EnvRunner  # noqa: E402
 from aiorl.evaluate import load_policy, run_episodes  # noqa: E402
-from aiorl.runtime.algorithm import build_algorithm  # noqa: E402
+from aiorl.runtime.algorithm import build_algorithm, get_algorithm  # noqa: E402
 
 EVAL_SEED = 1_000_000  # evaluation episodes are not the training seeds
 
@@ -75,6 +80,12 @@ class CheckpointEvaluator:
         counters = self.core.load_checkpoint(str(path))
         return counters, evaluate_core(self.algo, self.core, episodes)
 
+    def load(self, path: Path) -> dict:
+        return self.core.load_checkpoint(str(path))
+
+    def evaluate(self, episodes: int) -> dict:
+        return evaluate_core(self.algo, self.core, episodes)
+
 
 # --------------------------------------------------------------------------
 # In-process harness
@@ -83,6 +94,9 @@ class CheckpointEvaluator:
 def harness(cfg: Config, args) -> dict:
     from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 
+    if get_algorithm(cfg.algo).is_synchronous(cfg):
+        raise SystemExit(f"bench/learning.py harness: {cfg.algo} is synchronous; the harness drives replay "
+                         "algorithms, use `run`")
     algo = build_algorithm(cfg)
     a, n_actors = cfg.agent, cfg.cluster.actors
     seeds = [cfg.run.seed + 10_000 * (i + 1) for i in range(n_actors)]
@@ -180,10 +194,16 @@ def env_steps_at(metrics_path: Path, learner_steps: int) -> int | None:
 def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="aiorl-bench-"))
     sets = [*overrides, f"run.dir={run_dir}", f"run.checkpoint_every={args.checkpoint_every}"]
+    grid = None
+    base = load_config(cfg_path, overrides)
+    if get_algorithm(base.algo).is_synchronous(base):
+        grid = args.eval_every_env_steps
+        sets += ["run.checkpoint_every=1", "model.keep_checkpoints=1000000"]
     cfg = load_config(cfg_path, sets)
     command = [sys.executable, "-m", "aiorl", "run", cfg_path, "--quiet", *sum((["--set", s] for s in sets), [])]
     log(f"$ {' '.join(command)}")
     t0 = time.perf_counter()
+    launched = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
     stdout = open(run_dir / "aiorl-run.log", "w")
     proc = subprocess.Popen(command, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT)
@@ -191,12 +211,45 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     seen: set[str] = set()
     rows: list[dict] = []
     reached = None
+    next_grid = grid
     log(f"{'env_steps':>10} {'learner_steps':>13} {'seconds':>8} {'eval_mean':>10} {'eval_std':>9}  checkpoint")
     try:
         while True:
             running = proc.poll() is None
             checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*.pt"))
             fresh = [p for p in checkpoints if p.name not in seen]
+            if grid is not None:
+                picked = None
+                for path in fresh:
+                    seen.add(path.name)
+                    try:
+                        counters = evaluator.load(path)
+                    except (OSError, EOFError, RuntimeError):
+                        continue  # half-written under us
+                    if int(counters.get("env_steps_trained", 0)) >= next_grid:
+                        picked = path
+                        break
+                if picked is not None:
+                    seconds = time.perf_counter() - t0
+                    result = evaluator.evaluate(args.eval_episodes)
+                    env_steps = int(counters["env_steps_trained"])
+                    next_grid = (env_steps // grid + 1) * grid
+                    row = {"checkpoint": picked.name, "learner_steps": int(counters.get("learner_steps", 0)),
+                           "env_steps": env_steps, "seconds": round(seconds, 2),
+                           "eval_done_s": round(time.perf_counter() - t0, 2),
+                           "eval_mean": result["mean"], "eval_std": result["std"]}
+                    rows.append(row)
+                    log(f"{env_steps:>10} {row['learner_steps']:>13} {row['eval_done_s']:>8.1f} "
+                        f"{result['mean']:>10.1f} {result['std']:>9.1f}  {picked.name}")
+                    if args.threshold is not None and result["mean"] >= args.threshold and reached is None:
+                        reached = row
+                        if args.stop_at_threshold and running:
+                            proc.send_signal(signal.SIGINT)
+                    continue
+                if not running:
+                    break
+                time.sleep(0.1)
+                continue
             if fresh:
                 path = fresh[-1]  # the newest; older unseen ones are skipped (evaluation lags)
                 seen.update(p.name for p in fresh)
@@ -238,6 +291,8 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     summary = {}
     if (run_dir / "summary.json").exists():
         summary = json.loads((run_dir / "summary.json").read_text())
+    phases = summary.get("phases") or [{}]
+    running_at = round(phases[0]["time"] - launched, 2) if phases[0].get("phase") == "RUNNING" else None
     if (run_dir / "policy" / "policy.pt").exists():
         out = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes",
                               str(args.final_episodes), "--json"], cwd=ROOT, capture_output=True, text=True)
@@ -248,6 +303,7 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     return {"mode": "run", "config": cfg_path, "overrides": overrides, "run_dir": str(run_dir), "exit_code": code,
             "algo": cfg.algo, "env": cfg.env.id, "actors": cfg.cluster.actors, "learners": cfg.cluster.learners,
             "threshold": args.threshold, "reached": reached, "rows": rows, "seconds": round(seconds, 2),
+            "running_at_s": running_at,
             "final_env_steps": summary.get("env_steps"), "final_learner_steps": summary.get("learner_steps"),
             "stop_reason": summary.get("stop_reason"),
             "final_eval": None if final is None else {k: final[k] for k in ("episodes", "mean", "std", "min", "max")}}
@@ -260,8 +316,12 @@ def report(result: dict) -> None:
     reached = result["reached"]
     if result["threshold"] is not None:
         if reached:
+            done = (f", evaluation done at {reached['eval_done_s']} s" if "eval_done_s" in reached else "")
+            since = (f" ({reached['eval_done_s'] - result['running_at_s']:.2f} s after the run's RUNNING phase began "
+                     f"at {result['running_at_s']} s)" if "eval_done_s" in reached and result.get("running_at_s")
+                     else "")
             log(f"threshold {result['threshold']} reached after {reached['env_steps']} env steps, "
-                f"{reached['learner_steps']} learner steps, {reached['seconds']} s")
+                f"{reached['learner_steps']} learner steps, {reached['seconds']} s{done}{since}")
         else:
             log(f"threshold {result['threshold']} NOT reached in {result['seconds']} s")
     if result.get("final_eval"):
@@ -290,6 +350,8 @@ def main(argv=None) -> int:
     h.add_argument("--updates-per-step", type=float, default=0.25, help="learner steps per env step")
     r = sub.choices["run"]
     r.add_argument("--checkpoint-every", type=int, default=1000, help="learner steps between checkpoints")
+    r.add_argument("--eval-every-env-steps", type=int, default=5000,
+                   help="evaluation grid of synchronous algorithms, in env steps trained on")
     r.add_argument("--budget-s", type=float, default=1800.0, help="interrupt the run after this many seconds")
     r.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
     r.add_argument("--run-dir", help="run directory (default: a fresh temporary one)")

@@ -242,6 +242,18 @@ class DataParallel:
             offset += n
         return "ok"
 
+    def all_sum(self, values: np.ndarray) -> np.ndarray:
+        """Element-wise sum over learners of a small float64 vector (the vector itself for one learner).
+
+        Every learner must call it at the same point of its step, as it does `average`.
+        """
+        values = np.asarray(values, np.float64)
+        if self.world <= 1:
+            return values
+        tensor = torch.from_numpy(values.copy()).to(self.device)
+        self._collective(tensor, dist.all_reduce, op=dist.ReduceOp.SUM)
+        return tensor.cpu().numpy()
+
     def finish(self) -> None:
         """This learner's data ended: release peers waiting in the step all-reduce (idempotent)."""
         if self.world > 1 and not self.stopped:

@@ -8,6 +8,10 @@ per-(actor, memory) sequence number that lets memories prove nothing was lost
 or duplicated. Weights are pulled when the coordinator reports a newer
 version, at most one request in flight, and applied between rollouts (never
 while the policy is acting in the worker thread).
+
+Synchronous algorithms run in lockstep instead: one rollout per iteration,
+then the barrier and the weights of the next version (`_sync_loop`); or work
+items taken from the coordinator one at a time (`_work_loop`, ES).
 """
 from __future__ import annotations
 
@@ -72,12 +76,16 @@ class ActorRole(Role):
             self.frames = FrameSender(layout, cfg.env.num_envs, len(self.start_info["memories"]),
                                       algo.lookback_steps(), cfg.cluster.frame_compression)
             self.policy.decode_observations = self.frames.decode
-        self.runner = EnvRunner(cfg.env, cfg.env.num_envs, seed, frames=self.frames)
+        work = algo.is_synchronous(cfg) and algo.work_items(cfg) is not None
+        # work items: the policy steps its own envs
+        self.runner = None if work else EnvRunner(cfg.env, cfg.env.num_envs, seed, frames=self.frames)
         for host, port in self.start_info["memories"]:
             self.memories.append(await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client))
         self.sent = [{"batches": 0, "transitions": 0} for _ in self.memories]
         try:
-            if algo.is_synchronous(cfg):
+            if work:
+                await self._work_loop()
+            elif algo.is_synchronous(cfg):
                 await self._sync_loop()
             else:
                 # A steady stream of batches nobody waits on: let a few share each write.
@@ -91,8 +99,9 @@ class ActorRole(Role):
             for i, conn in enumerate(self.memories):
                 await conn.send("actor_done", {"actor": self.index, **self.sent[i]})
         finally:
-            self.runner.close()
-        return {"env_steps": self.runner.env_steps, "memories": self.sent, "batches": self.batches,
+            if self.runner is not None:
+                self.runner.close()
+        return {"env_steps": self.counters["env_steps"], "memories": self.sent, "batches": self.batches,
                 "payload_bytes": self.payload_bytes,
                 "frames_sent": self.frames.frames_sent if self.frames is not None else None,
                 "weights_version": self.policy.weights_version,
@@ -175,3 +184,37 @@ class ActorRole(Role):
                 break
             self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
             iteration += 1
+
+    async def _work_loop(self) -> None:
+        """Take work items from the coordinator until the run stops; the result of item i
+        goes to memory i % memories. Each request reports the previous item done."""
+        done = None
+        while self.phase == Phase.RUNNING:
+            reply = await self.coordinator.request("work", {"done": done}, timeout_s=UNBOUNDED_S)
+            if reply.meta.get("stop"):
+                break
+            iteration, item = int(reply.meta["iteration"]), int(reply.meta["item"])
+            done = [iteration, item]
+            if self.policy.weights_version < iteration:
+                reply = await self.coordinator.request(
+                    "get_weights", {"have": self.policy.weights_version, "min_version": iteration},
+                    timeout_s=UNBOUNDED_S)
+                if reply.meta.get("stop"):
+                    break
+                self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
+            if self.policy.weights_version != iteration:
+                continue  # that iteration ended while this actor was away: the item is not wanted
+            started = time.monotonic()
+            result = await self.offload(self.policy.run_work, iteration, item)
+            self.counters["env_steps"] += result.env_steps
+            self.episode_returns.extend(result.episode_returns)
+            self.episode_lengths.extend(result.episode_lengths)
+            m = item % len(self.memories)
+            await self.memories[m].send("rollout", {"actor": self.index, "iteration": iteration, "item": item,
+                                                    "weights_version": self.policy.weights_version},
+                                        result.batch)
+            self._count_sent(m, result.batch)
+            self.iterations.append({"iteration": iteration, "item": item,
+                                    "weights_version": self.policy.weights_version,
+                                    "started_monotonic": started})
+            del self.iterations[:-1000]

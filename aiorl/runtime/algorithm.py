@@ -15,8 +15,9 @@ objects the algorithm builds:
 
 Asynchronous algorithms (Ape-X) stream batches through prioritized or
 uniform replay; synchronous ones (``synchronous = True``: PPO, ES) send one
-rollout per actor per iteration, aggregated by the memories, and actors wait
-for the weights of the next iteration.
+rollout per actor per iteration (or, when `Algorithm.work_items` says so, one
+result per work item the coordinator hands out: ES), aggregated by the
+memories, and actors wait for the weights of the next iteration.
 """
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ class LearnerResult:
     # Data-parallel learners: a peer ran out of data, so this step was not applied
     # and the runtime stops training (it still drains what memories send).
     stop: bool = False
+
+
+@dataclass
+class WorkResult:
+    """What evaluating one work item gives back: its row(s) and what the actor reports."""
+
+    batch: Batch
+    env_steps: int = 0
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
 
 
 class ActorPolicy:
@@ -76,6 +87,13 @@ class ActorPolicy:
         return {}, None
 
     def set_weights(self, weights: dict[str, np.ndarray], version: int) -> None:
+        raise NotImplementedError
+
+    def run_work(self, iteration: int, item: int) -> WorkResult:
+        """Evaluate work item `item` of `iteration` with the current weights (work-item algorithms).
+
+        Runs in a worker thread; the policy owns whatever environments it steps.
+        """
         raise NotImplementedError
 
 
@@ -124,6 +142,13 @@ class Algorithm:
     @classmethod
     def is_synchronous(cls, cfg: Config) -> bool:
         return cls.synchronous
+
+    @classmethod
+    def work_items(cls, cfg: Config) -> int | None:
+        """Work items per iteration, handed out by the coordinator, for a synchronous
+        algorithm whose iteration is a set of independent items (ES); None: one
+        rollout per live actor per iteration (DPPO)."""
+        return None
 
     @classmethod
     def validate(cls, cfg: Config) -> None:

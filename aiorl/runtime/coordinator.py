@@ -2,8 +2,9 @@
 the parameter store and the shutdown phases. It lives in memory host 0.
 
 Every role keeps one control connection to it. Requests (register, heartbeat,
-publish, get_weights, barrier, done, stop) are answered on that connection;
-phase changes and the final ``exit`` are pushed to every role on it.
+publish, get_weights, barrier, work, done, stop) are answered on that
+connection; phase changes, ``role_lost`` (to memories) and the final ``exit``
+are pushed to roles on it.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ import numpy as np
 from aiorl.config import Config
 from aiorl.metrics import MetricsWriter, mean_or_none
 from aiorl.rundir import write_json_atomic
+from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.barrier import Barrier, BarrierAborted
 from aiorl.runtime.phase import PHASE_OWNER, Phase, role_name
+from aiorl.runtime.work import WorkQueue
 from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
 
 log = logging.getLogger("aiorl.coordinator")
@@ -89,6 +92,11 @@ class Coordinator:
         self.weights_changed = asyncio.Condition()
         self.weights_published: list[tuple[int, float]] = []  # (version, time.monotonic()), bounded
         self.barriers: dict[str, Barrier] = {}
+        algo = get_algorithm(cfg.algo)
+        items = algo.work_items(cfg) if algo.is_synchronous(cfg) else None
+        self.work = WorkQueue(items) if items else None  # work items of the current iteration
+        self.work_changed = asyncio.Event()
+        self._pushes: set[asyncio.Task] = set()
         self.returns = collections.deque(maxlen=100)
         self.lengths = collections.deque(maxlen=100)
         self.episodes = 0
@@ -241,10 +249,40 @@ class Coordinator:
         record.reason = reason
         log.warning("%s %s: %s", record.name, status, reason)
         self.role_changed.set()
-        for barrier in self.barriers.values():
-            barrier.remove(record.name)
+        for name, barrier in self.barriers.items():
+            if record.name in barrier.participants:
+                barrier.remove(record.name)
+                log.warning("barrier %r goes on without %s: %d parties left", name, record.name,
+                            len(barrier.participants))
         if status in ("lost", "failed"):
+            if record.kind == "actor":
+                self._actor_gone(record)
             self._role_failed(record)
+
+    def _actor_gone(self, record: RoleRecord) -> None:
+        """Its work items go to other actors; memories stop waiting for its rollouts."""
+        if self.work is not None:
+            items = self.work.release(record.name)
+            if items:
+                log.warning("work items %s of iteration %d, held by %s, go back to the queue",
+                            items, self.work.iteration, record.name)
+                self._wake_work()
+        memories = [r for r in self.roles.values() if r.kind == "memory" and r.conn is not None]
+        if memories:
+            task = asyncio.get_running_loop().create_task(self._push(memories, "role_lost", {"role": record.name}))
+            self._pushes.add(task)
+            task.add_done_callback(self._pushes.discard)
+
+    async def _push(self, records: list[RoleRecord], kind: str, meta: dict) -> None:
+        for record in records:
+            try:
+                await record.conn.send(kind, meta)
+            except (ConnectionClosed, AttributeError):
+                pass  # gone meanwhile (conn reset to None)
+
+    def _wake_work(self) -> None:
+        self.work_changed.set()
+        self.work_changed = asyncio.Event()
 
     def _role_failed(self, record: RoleRecord) -> None:
         kind_alive = [r for r in self.roles.values() if r.kind == record.kind and r.live]
@@ -273,6 +311,8 @@ class Coordinator:
             return asyncio.create_task(self._answer_weights(conn, msg))
         elif kind == "barrier":
             return asyncio.create_task(self._answer_barrier(record, conn, msg))
+        elif kind == "work":
+            return asyncio.create_task(self._answer_work(record, conn, msg))
         elif kind == "done":
             self._heartbeat(record, msg.meta)
             record.stats = dict(msg.meta.get("stats", {}))
@@ -327,6 +367,9 @@ class Coordinator:
             self.weights_published.append((self.weights_version, time.monotonic()))
             del self.weights_published[:-1000]
             self.weights_changed.notify_all()
+        if self.work is not None:
+            self.work.start(self.weights_version)  # iteration k's items act with version k
+            self._wake_work()
         await conn.reply(msg, meta={"version": self.weights_version})
 
     async def _answer_weights(self, conn: Connection, msg: Message) -> None:
@@ -372,6 +415,32 @@ class Coordinator:
         except ConnectionClosed:
             pass
 
+    async def _answer_work(self, record: RoleRecord, conn: Connection, msg: Message) -> None:
+        """End the lease of the item reported ``done``, then hand out the next item
+        (``iteration``, ``item``); wait while every item of the iteration is taken;
+        ``stop: True`` once the run stops."""
+        try:
+            if self.work is None:
+                await self._reply_error(conn, msg, f"{self.cfg.algo} hands out no work items")
+                return
+            done = msg.meta.get("done")
+            if done is not None:
+                if not (isinstance(done, list) and len(done) == 2 and all(type(v) is int for v in done)):
+                    await self._reply_error(conn, msg, f"work: 'done' must be [iteration, item], got {done!r}")
+                    return
+                self.work.finish(record.name, done[0], done[1])
+            while True:
+                if self.phase > Phase.RUNNING or record.status != "running":
+                    await conn.reply(msg, meta={"stop": True})
+                    return
+                item = self.work.take(record.name)
+                if item is not None:
+                    await conn.reply(msg, meta={"iteration": self.work.iteration, "item": item})
+                    return
+                await self.work_changed.wait()
+        except ConnectionClosed:
+            pass
+
     # ------------------------------------------------------------------ phases
 
     async def broadcast(self, kind: str, meta: dict) -> None:
@@ -395,6 +464,7 @@ class Coordinator:
         if phase > Phase.RUNNING:
             for barrier in self.barriers.values():
                 barrier.abort(f"the run is {phase.name}")
+            self._wake_work()
         await self.broadcast("phase", {"phase": int(phase), "reason": self.stop_reason})
 
     async def _wait_roles(self, kind: str | None, deadline_s: float, what: str) -> None:
@@ -460,7 +530,7 @@ class Coordinator:
         finally:
             metrics_task.cancel()
             monitor_task.cancel()
-            await asyncio.gather(metrics_task, monitor_task, return_exceptions=True)
+            await asyncio.gather(metrics_task, monitor_task, *self._pushes, return_exceptions=True)
             self._write_metrics_row()
             self._metrics.close()
 
@@ -504,6 +574,10 @@ class Coordinator:
             "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
             "weights_version": self.weights_version,
             "loop_lag_max_s": round(self.loop_lag_max_s, 6),
+            "work": None if self.work is None else {
+                "iteration": self.work.iteration, "pending": list(self.work.pending),
+                "leases": {str(item): worker for item, worker in self.work.leases.items()},
+                "released": self.work.released},
             "metrics": self.last_row,
             "roles": {name: r.public(now) for name, r in self.roles.items()},
         }

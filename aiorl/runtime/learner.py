@@ -11,6 +11,7 @@ ahead of demand.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 
 import numpy as np
@@ -20,6 +21,15 @@ from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed, connect
 
 _END = None
+
+
+def weights_digest(weights: dict[str, np.ndarray]) -> str:
+    """A short hash of named arrays: equal digests, equal weights (bit for bit)."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(weights[name]).tobytes())
+    return h.hexdigest()[:16]
 
 
 class LearnerRole(Role):
@@ -42,6 +52,7 @@ class LearnerRole(Role):
         # may wait on a slow peer for long, and the loop must keep heartbeating.
         self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
+        self.iterations: list[dict] = []  # synchronous algorithms: one entry per iteration trained
 
     def metrics(self) -> dict:
         return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),
@@ -84,7 +95,7 @@ class LearnerRole(Role):
         await asyncio.to_thread(self.core.close)
         return {"learner_steps": self.counters["learner_steps"], "memories": self.per_memory,
                 "published": self.published, "checkpoints": self.checkpoints,
-                "unused_batches": self.unused_batches}
+                "unused_batches": self.unused_batches, "iterations": self.iterations}
 
     async def _reader(self, m: int, conn: Connection) -> None:
         try:
@@ -166,36 +177,71 @@ class LearnerRole(Role):
             await self._publish
 
     async def _sync_loop(self) -> None:
-        """Iteration k: one aggregate from every memory, one step, publish version k+1."""
+        """Iteration k: this learner's share of round k from every memory, one step, and
+        learner 0 publishes version k+1 (what the actors wait for).
+
+        The end of a run: a memory answers ``end`` for an iteration it will never
+        have. Such an iteration is discarded whole, never trained on a fraction
+        of the memories; every learner sees the same answers, so data-parallel
+        learners stop at the same iteration.
+        """
         iteration = 0
         open_memories = set(range(len(self.memories)))
-        while open_memories:
+        while True:
             for m in open_memories:
-                await self.memories[m].send("credit", {"n": 1, "iteration": iteration})
-            parts = []
+                try:
+                    await self.memories[m].send("credit", {"n": 1, "iteration": iteration})
+                except ConnectionClosed:
+                    pass  # its reader reports the loss and ends it
+            parts, versions, ended = [], [], []
             waiting = set(open_memories)
             while waiting:
                 m, msg = await self._next()
+                waiting.discard(m)
                 if msg is _END:
                     open_memories.discard(m)
-                    waiting.discard(m)
+                    ended.append(m)
                     continue
-                waiting.discard(m)
+                if int(msg.meta.get("iteration", -1)) != iteration:
+                    raise RuntimeError(f"memory-{m} sent iteration {msg.meta.get('iteration')} "
+                                       f"for iteration {iteration}")
                 self.per_memory[m]["batches"] += 1
+                if msg.meta.get("versions"):
+                    versions.extend(msg.meta["versions"])
                 if not msg.meta.get("empty"):
                     parts.append(msg.arrays)
-            if not parts or len(open_memories) < len(self.memories):
-                break  # the run is draining: an incomplete iteration is not trained on
-            batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            if ended:
+                if parts:
+                    self.log.info("iteration %d is incomplete at the end of the run (memory %s ended): "
+                                  "%d rows discarded", iteration, ", ".join(map(str, sorted(ended))),
+                                  sum(len(next(iter(p.values()))) for p in parts))
+                break
+            if not parts:
+                self.log.info("iteration %d: no actor delivered a rollout; waiting for the end", iteration)
+                break
+            batch = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            rows = len(next(iter(batch.values())))
+            lag = iteration - min(versions) if versions else None
             await self._train(None, batch)
+            if self.stopped:
+                break
             if self.index == 0:
                 await self._publish_weights()
+            self.last_metrics["policy_lag"] = float(lag) if lag is not None else -1.0
+            self.iterations.append({"iteration": iteration, "rows": rows,
+                                    "versions": [min(versions), max(versions)] if versions else None,
+                                    "policy_lag": lag,
+                                    "weights_digest": weights_digest(self.core.get_weights())})
+            del self.iterations[:-1000]
+            self.log.info("iteration %d: %d rows, policy lag %s", iteration, rows, lag)
             iteration += 1
         # Drain the ends of memories still open.
         while open_memories:
             m, msg = await self._next()
             if msg is _END:
                 open_memories.discard(m)
+            else:
+                self.unused_batches += 1
 
     async def _publish_weights(self) -> None:
         weights = self.core.get_weights()

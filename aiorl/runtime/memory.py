@@ -7,10 +7,10 @@ and every learner is fed by every memory. Priority updates come back on the
 same connection; updates to slots overwritten since sampling are counted as
 stale, never silently dropped.
 
-For synchronous algorithms the memory aggregates exactly one rollout per
-iteration from each live actor assigned to it (actor i goes to memory
-i % memories) and hands the aggregate of iteration k to the learner that asks
-for it.
+For synchronous algorithms the memory gathers rounds (`aiorl.runtime.rounds`):
+exactly one rollout per iteration from each live actor assigned to it (actor
+i goes to memory i % memories), or every work item assigned to it, and hands
+each learner its share of round k when it asks for iteration k.
 """
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ import signal
 from dataclasses import dataclass, field
 
 
-from aiorl.replay import AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer
+from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from aiorl.replay.frames import FrameReplayBuffer, frame_layout
 from aiorl.runtime.algorithm import build_algorithm, get_algorithm
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.role import Role
+from aiorl.runtime.rounds import Rounds
 from aiorl.wire import Connection, ConnectionClosed, Server, serve
 
 
@@ -70,6 +71,7 @@ class ActorLink:
     done_meta: dict | None = None  # the actor's own account, from its actor_done
     closed: bool = False
     frames: object = None  # frame layout: the FrameStream of this connection
+    conn: Connection | None = None
 
 
 @dataclass
@@ -78,6 +80,7 @@ class LearnerLink:
     credits: int = 0
     beta: float = 0.4
     iteration: int | None = None  # sync mode: the iteration the learner asks for
+    next_iteration: int = 0  # sync mode: the iteration after the last one it got
     batches_sent: int = 0
     priority_messages: int = 0
     priorities_applied: int = 0
@@ -103,11 +106,8 @@ class MemoryRole(Role):
         self.changed = Pulse()
         self.inserted = 0
         self.sampled = 0
-        self.assigned = [i for i in range(c.actors) if i % c.memories == self.index]
-        self.aggregates: dict[int, dict] = {}  # sync mode: iteration -> aggregate
-        self.aggregate_iteration = 0
-        self.aggregate: AggregateBuffer | None = None
-        self.lost_actors: set[int] = set()
+        self.rounds: Rounds | None = None  # sync mode
+        self.finished_actors: set[int] = set()  # sync mode: actors that can send nothing more here
         self._conn_tasks: set[asyncio.Task] = set()
 
     def advertised_address(self):
@@ -116,7 +116,8 @@ class MemoryRole(Role):
     def metrics(self) -> dict:
         frames = {"replay_frames": len(self.replay.pool)} if isinstance(self.replay, FrameReplayBuffer) else {}
         return {**frames, "replay_size": len(self.replay) if self.replay is not None else 0,
-                "replay_capacity": self.capacity, "inserted": self.inserted, "sampled": self.sampled,
+                "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
+                "inserted": self.inserted, "sampled": self.sampled,
                 "actor_connections": sum(not link.closed for link in self.actors.values()),
                 "learner_credits": sum(link.credits for link in self.learners.values())}
 
@@ -124,9 +125,10 @@ class MemoryRole(Role):
         algo = build_algorithm(self.cfg)
         spec = algo.transition_spec()
         layout = frame_layout(self.cfg, algo)
-        a = self.cfg.agent
+        a, c = self.cfg.agent, self.cfg.cluster
         if self.synchronous:
-            self.aggregate = AggregateBuffer(max(1, len(self.assigned)), spec)
+            self.rounds = Rounds(spec, self.index, c.memories, c.actors, c.learners, algo.work_items(self.cfg),
+                                 self.log)
         elif layout is not None:
             self.replay = FrameReplayBuffer(
                 self.capacity, spec, layout, alpha=a.prioritized_replay_alpha if a.prioritized_replay else None,
@@ -193,6 +195,7 @@ class MemoryRole(Role):
         link = self.actors.setdefault(conn.peer_name, ActorLink(conn.peer_name))
         if isinstance(self.replay, FrameReplayBuffer):
             link.frames = self.replay.stream()  # frame ids start over with every connection
+        link.conn = conn
 
         def handle(msg) -> None:
             if msg.kind == "batch":
@@ -211,8 +214,8 @@ class MemoryRole(Role):
                 link.frames = None
             if link.done_meta is None:
                 self.log.warning("%s went away without finishing (%d batches received)", link.name, link.batches)
-                if self.synchronous:
-                    self._drop_actor(index)
+            if self.synchronous:
+                self._actor_finished(index)
             self.changed.fire()
 
     def _ingest(self, link: ActorLink, msg) -> None:
@@ -238,33 +241,41 @@ class MemoryRole(Role):
     # ------------------------------------------------------------------ sync aggregation
 
     def _ingest_rollout(self, link: ActorLink, actor_index: int, msg) -> None:
-        iteration = int(msg.meta["iteration"])
-        if iteration != self.aggregate_iteration:
-            raise ValueError(f"{link.name} sent iteration {iteration}, this memory is collecting "
-                             f"iteration {self.aggregate_iteration}")
-        self.aggregate.add(self.assigned.index(actor_index), dict(msg.arrays))
+        n = len(next(iter(msg.arrays.values()))) if msg.arrays else 0
+        outcome = self.rounds.add(actor_index, msg.meta, dict(msg.arrays))
+        if outcome != "added":
+            self.log.debug("%s: ignored a %s part (%r)", link.name, outcome, msg.meta)
+            return
         link.batches += 1
         link.next_seq += 1
-        n = len(next(iter(msg.arrays.values()))) if msg.arrays else 0
         link.transitions += n
         self.inserted += n
-        self._maybe_complete_aggregate()
-
-    def _drop_actor(self, actor_index: int) -> None:
-        if actor_index in self.lost_actors:
-            return
-        self.lost_actors.add(actor_index)
-        self.aggregate.drop(self.assigned.index(actor_index))
-        self._maybe_complete_aggregate()
-
-    def _maybe_complete_aggregate(self) -> None:
-        if self.aggregate.complete:
-            self.aggregates[self.aggregate_iteration] = self.aggregate.take()
-            self.aggregate_iteration += 1
         self.changed.fire()
 
-    def _aggregate_ready(self, iteration: int) -> bool:
-        return iteration in self.aggregates or len(self.lost_actors) == len(self.assigned)
+    def _actor_finished(self, actor_index: int) -> None:
+        """Actor `actor_index` will send nothing more here (done, connection gone, or lost)."""
+        if actor_index in self.finished_actors:
+            return
+        self.finished_actors.add(actor_index)
+        self.rounds.drop_actor(actor_index)
+        if len(self.finished_actors) == self.cfg.cluster.actors:
+            self.rounds.finalize()
+        self.changed.fire()
+
+    def on_role_lost(self, name: str) -> None:
+        """The coordinator declared `name` lost or failed: a hung actor's rollouts are not waited for."""
+        try:
+            kind, index = parse_role_name(name)
+        except ValueError:
+            self.log.warning("ignored role_lost for %r", name)
+            return
+        if kind != "actor" or not 0 <= index < self.cfg.cluster.actors:
+            return
+        link = self.actors.get(name)
+        if link is not None and link.conn is not None and not link.closed:
+            link.conn.abort()  # its reader ends and finishes the actor
+        if self.synchronous:
+            self._actor_finished(index)
 
     # ------------------------------------------------------------------ learners
 
@@ -282,7 +293,8 @@ class MemoryRole(Role):
             else:
                 raise ValueError(f"unexpected message {msg.kind!r}")
 
-        sampler = asyncio.create_task(self._sampler(conn, link))
+        sampler = asyncio.create_task(self._sync_sampler(conn, link, index) if self.synchronous
+                                      else self._sampler(conn, link))
         try:
             link.done_meta = await self._read(conn, link.name, "learner_done", handle)
         finally:
@@ -317,29 +329,41 @@ class MemoryRole(Role):
         batch_size = self.cfg.agent.batch_size
         draining = lambda: self.phase >= Phase.DRAINING  # noqa: E731
         while True:
-            if self.synchronous:
-                await self.changed.wait_for(lambda: draining() or (
-                    link.credits > 0 and link.iteration is not None and self._aggregate_ready(link.iteration)))
-            else:
-                await self.changed.wait_for(lambda: draining() or (
-                    link.credits > 0 and len(self.replay) >= self.threshold and self._within_rate(batch_size)))
+            await self.changed.wait_for(lambda: draining() or (
+                link.credits > 0 and len(self.replay) >= self.threshold and self._within_rate(batch_size)))
             if draining():
                 break
             link.credits -= 1
-            if self.synchronous:
-                iteration = link.iteration
-                batch = self.aggregates.pop(iteration, None)
-                meta = {"memory": self.index, "iteration": iteration, "empty": batch is None}
-                link.iteration = None
-                batch = batch or {}
-            else:
-                beta = link.beta
-                batch = self.replay.sample(batch_size, beta) if self.cfg.agent.prioritized_replay \
-                    else self.replay.sample(batch_size)
-                meta = {"memory": self.index}
+            beta = link.beta
+            batch = self.replay.sample(batch_size, beta) if self.cfg.agent.prioritized_replay \
+                else self.replay.sample(batch_size)
+            meta = {"memory": self.index}
             self.sampled += len(batch["indices"]) if "indices" in batch else 0
             link.batches_sent += 1
             await conn.send("samples", meta, batch)
+        await conn.send("end", {"memory": self.index, "batches_sent": link.batches_sent})
+
+    async def _sync_sampler(self, conn: Connection, link: LearnerLink, learner_index: int) -> None:
+        """Send the learner its share of each round it asks for; ``end`` once none will come."""
+        rounds = self.rounds
+
+        def can_answer() -> bool:
+            if link.iteration is not None:
+                return rounds.ready(link.iteration) or rounds.final
+            return rounds.exhausted(link.next_iteration)
+
+        while True:
+            await self.changed.wait_for(can_answer)
+            iteration = link.iteration
+            if iteration is None or not rounds.ready(iteration):
+                break
+            link.iteration = None
+            link.credits -= 1
+            batch, meta = rounds.take(iteration, learner_index)
+            link.next_iteration = iteration + 1
+            link.batches_sent += 1
+            self.sampled += len(next(iter(batch.values()))) if batch else 0
+            await conn.send("samples", {"memory": self.index, "iteration": iteration, **meta}, batch)
         await conn.send("end", {"memory": self.index, "batches_sent": link.batches_sent})
 
     # ------------------------------------------------------------------ main
@@ -365,6 +389,9 @@ class MemoryRole(Role):
             "sampled": self.sampled,
             "replay_size": len(self.replay) if self.replay is not None else 0,
             "snapshot": snapshot,
+            "rounds": None if self.rounds is None else {
+                "completed": self.rounds.iteration, "duplicates": self.rounds.duplicates,
+                "stale": self.rounds.stale, "discarded_rows": self.rounds.discarded_rows},
             "actors": {n: {"batches": l.batches, "transitions": l.transitions, "next_seq": l.next_seq,
                            "seq_errors": l.seq_errors, "finished": l.done_meta is not None}
                        for n, l in self.actors.items()},

@@ -118,6 +118,9 @@ class Role:
     def advertised_address(self) -> tuple[str, int] | None:
         return None
 
+    def on_role_lost(self, name: str) -> None:
+        """The coordinator declared role `name` lost or failed."""
+
     # ------------------------------------------------------------------ phases
 
     async def wait_phase(self, phase: Phase) -> None:
@@ -257,6 +260,8 @@ class Role:
             async for msg in self.coordinator:
                 if msg.kind == "phase":
                     self._set_phase(Phase(int(msg.meta["phase"])))
+                elif msg.kind == "role_lost" and isinstance(msg.meta.get("role"), str):
+                    self.on_role_lost(msg.meta["role"])
                 elif msg.kind == "exit":
                     self._exit_meta = msg.meta
                     self._exited.set()

@@ -1,0 +1,353 @@
+"""Distributed PPO (Schulman et al. 2017) on the coordinator's barrier.
+
+Reads top to bottom: config, the loss, the acting policy (sampling and GAE),
+the learner, the builder.
+
+One iteration k: every live actor steps its ``env.num_envs`` environments
+``agent.sample_batch_size`` steps with weights version k, computes GAE(lambda)
+with its own copy of the critic and sends the rows; the memories aggregate
+one rollout per live actor; the learners train on the aggregate (each on an
+even share, gradients averaged through ``torch.distributed``); learner 0
+publishes version k+1, which actors wait for. Policy lag is 0 by
+construction (the runtime logs it per iteration from the versions the
+actors report).
+
+Advantages, for step t of one env stream (the compiled `aiorl.replay.gae`):
+
+    delta_t = r_t + gamma * V(s_{t+1}) * [not terminated_t] - V(s_t)
+    A_t     = delta_t + gamma * lambda * A_{t+1} * [episode goes on after t]
+
+A truncated step (time limit) bootstraps from V(final observation); a
+terminated one does not. ``value_target = A + V(s_t)``.
+
+Loss on a minibatch (advantages normalized per minibatch when
+``normalize_advantages``):
+
+    ratio   = exp(log pi(a|s) - log pi_old(a|s))
+    L_clip  = mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))
+    L_value = 0.5 * mean((V(s) - value_target)^2), or with ``value_clip`` c the
+              max of that and the error of V_old + clip(V - V_old, -c, c)
+    loss    = L_clip + value_coef * L_value - entropy_coef * entropy
+
+``epochs`` passes of shuffled minibatches of about ``agent.batch_size``
+rows, each step clipped to a global gradient norm. Gaussian policies (Box
+actions) step the env with the sample clipped to the bounds and learn from
+the log-probability of the unclipped sample.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from aiorl.algos._actor_critic import (
+    ActorCritic, DeterministicPolicy, GaussianHead, batch_moments, check_action_space, obs_norm_size,
+    policy_meta,
+)
+from aiorl.algos._common import (
+    ApexLearner, as_tensor, check_positive, export_script, load_numpy_state, make_adam, setup_torch,
+    state_to_numpy, write_checkpoint,
+)
+from aiorl.algos._networks import check_observation_space, is_image, parse_network
+from aiorl.config import ConfigError, doc
+from aiorl.replay import gae
+from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerResult
+
+DEFAULT_NETWORK = ["linear:64", "tanh", "linear:64", "tanh"]
+
+
+@dataclass
+class DPPOConfig:
+    network: list = doc("Torso layers (see aiorl/algos/_networks.py), used for the policy and the value "
+                        "torso; empty: nature_cnn for images, two tanh layers of 64 otherwise.",
+                        default_factory=list)
+    shared_torso: bool = doc("One torso for policy and value (else two of the same shape).", default=False)
+    gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
+    gae_lambda: float = doc("GAE lambda, in [0, 1].", default=0.95)
+    clip_ratio: float = doc("PPO clip epsilon: the ratio is clipped to [1 - eps, 1 + eps].", default=0.2)
+    value_clip: float | None = doc("Clip the value change per iteration to +-this (null: off).", default=None)
+    value_coef: float = doc("Weight of the value loss.", default=0.5)
+    entropy_coef: float = doc("Weight of the entropy bonus.", default=0.0)
+    learning_rate: float = doc("Adam step size.", default=3e-4)
+    lr_annealing: bool = doc("Anneal the step size linearly to 0 over agent.scheduled_timesteps env steps.",
+                             default=False)
+    adam_eps: float = doc("Adam epsilon.", default=1e-5)
+    epochs: int = doc("Passes over each iteration's rows (minibatches of about agent.batch_size rows).",
+                      default=10)
+    grad_clip_norm: float | None = doc("Clip the global gradient norm to this (null: no clipping).", default=0.5)
+    normalize_advantages: bool = doc("Normalize advantages to mean 0, std 1 within each minibatch.",
+                                     default=True)
+    obs_norm: bool = doc("Normalize vector observations by running mean/std (merged over every actor's "
+                         "rows each iteration; part of the weights and of the exported policy).",
+                         default=False)
+    obs_norm_clip: float = doc("Clip normalized observations to +-this.", default=10.0)
+    reward_scale: float = doc("Rewards are multiplied by this before GAE (returns reported unscaled).",
+                              default=1.0)
+    log_std_init: float = doc("Initial log standard deviation of the Gaussian policy (Box actions).",
+                              default=0.0)
+    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
+                      default="cpu")
+    torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
+    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
+
+
+# --------------------------------------------------------------------------
+# Logic: the loss
+
+
+def ppo_loss(net: ActorCritic, m: DPPOConfig, obs, action, old_logp, old_value, advantage, value_target):
+    """(loss, metrics tensors) of one minibatch; see the module docstring."""
+    params, value = net(obs)
+    logp = net.head.log_prob(params, action)
+    log_ratio = logp - old_logp
+    ratio = log_ratio.exp()
+    if m.normalize_advantages and len(advantage) > 1:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    policy_loss = torch.max(-advantage * ratio,
+                            -advantage * ratio.clamp(1.0 - m.clip_ratio, 1.0 + m.clip_ratio)).mean()
+    value_error = (value - value_target).pow(2)
+    if m.value_clip is not None:
+        clipped = old_value + (value - old_value).clamp(-m.value_clip, m.value_clip)
+        value_error = torch.max(value_error, (clipped - value_target).pow(2))
+    value_loss = 0.5 * value_error.mean()
+    entropy = net.head.entropy(params).mean()
+    loss = policy_loss + m.value_coef * value_loss - m.entropy_coef * entropy
+    with torch.no_grad():
+        metrics = {"losses/policy_loss": policy_loss.detach(), "losses/value_loss": value_loss.detach(),
+                   "losses/entropy": entropy.detach(), "losses/approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+                   "losses/clip_fraction": ((ratio - 1.0).abs() > m.clip_ratio).float().mean()}
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------
+# Acting
+
+
+class PPOActor(ActorPolicy):
+    """Samples actions, remembers (action, log-prob, value) of every step, and
+    turns a rollout into rows with advantages and value targets."""
+
+    def __init__(self, algo: "DPPO", seed: int):
+        m = algo.cfg.model
+        setup_torch(m.torch_threads, seed)
+        self.m = m
+        self.net = algo.network().eval()
+        self.gaussian = isinstance(self.net.head, GaussianHead)
+        self.action_shape = algo.env_spec.action_space.shape
+        self.rng = np.random.default_rng(seed)
+        self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def __repr__(self) -> str:
+        return f"<PPOActor weights_version={self.weights_version} steps_held={len(self.steps)}>"
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        params, value = self.net(torch.as_tensor(obs))
+        action, logp = self.net.head.sample(params, self.rng)
+        self.steps.append((action, logp, value.numpy()))
+        if self.gaussian:
+            return self.net.head.clip_to_bounds(action).reshape((len(obs),) + self.action_shape)
+        return action
+
+    @torch.no_grad()
+    def postprocess(self, rollout):
+        reward = rollout["reward"]
+        T, E = reward.shape
+        if len(self.steps) != T:
+            raise RuntimeError(f"PPOActor: {len(self.steps)} acted steps for a rollout of {T}")
+        action = np.stack([s[0] for s in self.steps])
+        logp = np.stack([s[1] for s in self.steps])
+        value = np.stack([s[2] for s in self.steps])
+        self.steps = []
+        terminated, truncated, next_obs = rollout["terminated"], rollout["truncated"], rollout["next_obs"]
+        # V of the observation after the rollout, and of every final observation a time limit cut.
+        cut = np.argwhere(truncated & ~terminated)
+        needed = np.concatenate([next_obs[T - 1], next_obs[cut[:, 0], cut[:, 1]]])
+        v_next = self.net.value(torch.as_tensor(needed)).numpy()
+        truncated_values = np.zeros((T, E), np.float32)
+        truncated_values[cut[:, 0], cut[:, 1]] = v_next[E:]
+        scaled = reward * np.float32(self.m.reward_scale) if self.m.reward_scale != 1.0 else reward
+        advantage, value_target = gae(scaled, value, v_next[:E], terminated, truncated, self.m.gamma,
+                                      self.m.gae_lambda, truncated_values)
+        n = T * E
+        return {"obs": rollout["obs"].reshape((n,) + rollout["obs"].shape[2:]),
+                "action": action.reshape((n,) + action.shape[2:]),
+                "logp": logp.reshape(n), "value": value.reshape(n), "advantage": advantage.reshape(n),
+                "value_target": value_target.reshape(n)}, None
+
+    def set_weights(self, weights, version):
+        load_numpy_state(self.net, weights, "net")
+        self.weights_version = version
+
+
+# --------------------------------------------------------------------------
+# Learning
+
+
+class PPOLearner(ApexLearner):
+    """Epochs of minibatch SGD per iteration; several learners average every
+    minibatch gradient (each trains on its share of the iteration's rows)."""
+
+    checkpoint_items = {"net": "net", "optimizer": "optimizer"}
+
+    def __init__(self, algo: "DPPO", learner_index: int, num_learners: int, seed: int, rendezvous: str | None):
+        super().__init__(algo, learner_index, num_learners, seed)
+        m = self.m
+        self.net = algo.network().to(self.device)
+        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        self.optimizer = make_adam(self.params, m.learning_rate, m.adam_eps)
+        self.join(self.params, [self.net], learner_index, num_learners, rendezvous)
+        self.rng = np.random.default_rng(seed)
+        self.minibatch = algo.cfg.agent.batch_size
+        self.schedule = algo.cfg.agent.scheduled_timesteps if m.lr_annealing else None
+        self.iterations = 0
+        self.env_steps_trained = 0  # rows of every learner, summed
+
+    def step(self, batch):
+        if self.dp.stopped:
+            return LearnerResult(stop=True)
+        m, dev = self.m, self.device
+        rows = len(batch["advantage"])
+        # One small all-reduce: every learner's rows (so all take the same number of
+        # minibatch steps) and the observation moments (so all normalizers agree).
+        moments = (batch_moments(batch["obs"])[1:] if self.net.normalizer.enabled else ())
+        totals = self.dp.all_sum(np.concatenate([[rows], *moments]))
+        total_rows = int(totals[0])
+        num_minibatches = max(1, total_rows // (self.minibatch * self.dp.world))
+        if self.schedule:
+            frac = max(0.0, 1.0 - self.env_steps_trained / self.schedule)
+            for group in self.optimizer.param_groups:
+                group["lr"] = m.learning_rate * frac
+        obs = as_tensor(batch["obs"], dev)
+        action = as_tensor(batch["action"], dev)
+        old_logp, old_value = as_tensor(batch["logp"], dev), as_tensor(batch["value"], dev)
+        advantage, value_target = as_tensor(batch["advantage"], dev), as_tensor(batch["value_target"], dev)
+        sums: dict[str, float] = {}
+        steps = 0
+        for _ in range(m.epochs):
+            for mb in np.array_split(self.rng.permutation(rows), num_minibatches):
+                idx = torch.as_tensor(mb, device=dev)
+                loss, metrics = ppo_loss(self.net, m, obs[idx], action[idx], old_logp[idx], old_value[idx],
+                                         advantage[idx], value_target[idx])
+                norms = self.apply([("loss", loss, self.params, self.optimizer)])
+                if norms is None:
+                    return LearnerResult(stop=True)  # a peer's data ended: nothing more applied
+                steps += 1
+                metrics["losses/grad_norm"] = torch.tensor(norms["loss"])
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+        if self.net.normalizer.enabled:
+            d = (len(totals) - 1) // 2
+            self.net.normalizer.update(total_rows, totals[1:1 + d], totals[1 + d:])
+        self.iterations += 1
+        self.env_steps_trained += total_rows
+        target = value_target.cpu().numpy()
+        explained = 1.0 - np.var(target - batch["value"]) / np.var(target) if np.var(target) > 0 else 0.0
+        out = {k: float(v) / steps for k, v in sums.items()}
+        out.update({"values/explained_variance": float(explained), "policy/rows": float(total_rows), "policy/learning_rate": self.optimizer.param_groups[0]["lr"]})
+        if isinstance(self.net.head, GaussianHead):
+            out["policy/log_std_mean"] = float(self.net.head.log_std.detach().mean())
+        return LearnerResult(out)
+
+    def get_weights(self):
+        return state_to_numpy(self.net, "net")
+
+    def save_checkpoint(self, directory, counters):
+        counters = {**counters, "env_steps_trained": self.env_steps_trained, "iterations": self.iterations}
+        return write_checkpoint(directory, self.state(counters), int(counters.get("learner_steps", 0)),
+                                self.m.keep_checkpoints)
+
+    def load_checkpoint(self, path):
+        counters = super().load_checkpoint(path)
+        self.iterations = int(counters.get("iterations", 0))
+        self.env_steps_trained = int(counters.get("env_steps_trained", 0))
+        return counters
+
+    def export_policy(self, directory):
+        policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
+        meta = policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
+                           env_steps_trained=self.env_steps_trained)
+        return export_script(policy, directory, meta)
+
+
+# --------------------------------------------------------------------------
+# Builder
+
+
+class DPPO(Algorithm):
+    name = "dppo"
+    model_config = DPPOConfig
+    synchronous = True
+
+    @classmethod
+    def validate(cls, cfg):
+        m, a = cfg.model, cfg.agent
+        if not 0 < m.gamma <= 1:
+            raise ConfigError(f"model.gamma: expected a value in (0, 1], got {m.gamma}")
+        if not 0 <= m.gae_lambda <= 1:
+            raise ConfigError(f"model.gae_lambda: expected a value in [0, 1], got {m.gae_lambda}")
+        if not 0 < m.clip_ratio < 1:
+            raise ConfigError(f"model.clip_ratio: expected a value in (0, 1), got {m.clip_ratio}")
+        if m.value_clip is not None:
+            check_positive(m.value_clip, "model.value_clip")
+        if m.value_coef < 0 or m.entropy_coef < 0:
+            raise ConfigError(f"model.value_coef and model.entropy_coef must be >= 0, got "
+                              f"{m.value_coef} and {m.entropy_coef}")
+        check_positive(m.learning_rate, "model.learning_rate")
+        check_positive(m.adam_eps, "model.adam_eps")
+        check_positive(m.obs_norm_clip, "model.obs_norm_clip")
+        check_positive(m.reward_scale, "model.reward_scale")
+        if m.epochs < 1:
+            raise ConfigError(f"model.epochs: must be at least 1, got {m.epochs}")
+        if m.grad_clip_norm is not None:
+            check_positive(m.grad_clip_norm, "model.grad_clip_norm")
+        if m.lr_annealing and a.scheduled_timesteps is None:
+            raise ConfigError("model.lr_annealing anneals over agent.scheduled_timesteps, which is not set")
+        if m.torch_threads < 1:
+            raise ConfigError(f"model.torch_threads: must be at least 1, got {m.torch_threads}")
+        if m.keep_checkpoints < 1:
+            raise ConfigError(f"model.keep_checkpoints: must be at least 1, got {m.keep_checkpoints}")
+        rows = a.sample_batch_size * cfg.env.num_envs
+        if rows < cfg.cluster.learners:
+            raise ConfigError(f"agent.sample_batch_size x env.num_envs ({rows} rows per actor) must be at least "
+                              f"cluster.learners ({cfg.cluster.learners}): every learner trains on a share of "
+                              "each rollout")
+        parse_network(m.network, "model.network")
+
+    def __init__(self, cfg, env_spec):
+        super().__init__(cfg, env_spec)
+        m = cfg.model
+        check_observation_space(env_spec.observation_space, "env.id")
+        check_action_space(env_spec.action_space, self.name)
+        self.obs_norm = obs_norm_size(env_spec.observation_space, "model.obs_norm") if m.obs_norm else 0
+        default = ["nature_cnn"] if is_image(env_spec.observation_space) else DEFAULT_NETWORK
+        self.layers = parse_network(m.network or default, "model.network")
+        self.network()  # shape errors surface now
+
+    def network(self) -> ActorCritic:
+        m = self.cfg.model
+        return ActorCritic(self.env_spec.observation_space, self.env_spec.action_space, self.layers,
+                           shared=m.shared_torso, obs_norm=self.obs_norm, obs_norm_clip=m.obs_norm_clip,
+                           log_std_init=m.log_std_init)
+
+    def transition_spec(self):
+        obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space
+        if isinstance(action_space, gym.spaces.Discrete):
+            action = ((), "<i8")
+        else:
+            action = ((int(np.prod(action_space.shape)),), "<f4")
+        return {"obs": (tuple(obs_space.shape), np.dtype(obs_space.dtype).str), "action": action,
+                "logp": ((), "<f4"), "value": ((), "<f4"), "advantage": ((), "<f4"),
+                "value_target": ((), "<f4")}
+
+    def make_actor(self, actor_index, num_actors, seed):
+        return PPOActor(self, seed)
+
+    def make_learner(self, learner_index, num_learners, seed, rendezvous=None):
+        return PPOLearner(self, learner_index, num_learners, seed, rendezvous)
+
+
+ALGORITHM = DPPO
