@@ -50,8 +50,9 @@ __all__ = [
     "ALLOWED_DTYPES",
 ]
 
-#: Bumped on any incompatible change of the frame format or the handshake.
-PROTOCOL_VERSION = 1
+#: Bumped on any incompatible change of the frame format or the handshake
+#: (2: the connecting side proves first, see aiorl.wire.auth).
+PROTOCOL_VERSION = 2
 
 MAGIC = b"aiRL"
 
@@ -80,16 +81,17 @@ _CACHE_MAX = 512
 class FrameType:
     """Values of the fixed header's frame type byte."""
 
-    HELLO = 1  # handshake: name, nonce (and the server's MAC)
+    HELLO = 1  # handshake: the client's name and nonce
     AUTH = 2  # handshake: the client's MAC
-    WELCOME = 3  # handshake: the server accepted the client
+    WELCOME = 3  # handshake: the server accepted the client, with the server's MAC
     REJECT = 4  # handshake: refused, with a reason
+    CHALLENGE = 5  # handshake: the server's name and nonce
     DATA = 16  # a streamed data message
     REQUEST = 17  # a message that expects a reply (request_id != 0)
     RESPONSE = 18  # the reply to request_id
     ERROR = 19  # an error reply to request_id (meta: reason)
 
-    HANDSHAKE = frozenset({HELLO, AUTH, WELCOME, REJECT})
+    HANDSHAKE = frozenset({HELLO, AUTH, WELCOME, REJECT, CHALLENGE})
     MESSAGES = frozenset({DATA, REQUEST, RESPONSE, ERROR})
 
 
