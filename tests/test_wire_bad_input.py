@@ -509,6 +509,18 @@ async def test_shape_that_does_not_match_the_byte_count(arena):
         conn.abort()
 
 
+async def test_empty_array_of_an_impossible_shape_is_a_protocol_error(arena):
+    """[0, 2**63] holds no bytes, so it passes the byte count, but numpy cannot make it."""
+    schema = msgpack.packb(["empty", [["x", "<f4", [0, 2**63], 0, 0]]])
+    conn, port = await arena.authenticated()
+    try:
+        conn._proto.transport.write(frame(schema=schema))
+        await arena.closed_with_reason(port, "even if empty")
+    finally:
+        conn.abort()
+    assert "attacker" not in arena.recorder.messages  # and the arena checks nothing was an internal error
+
+
 @pytest.mark.parametrize("cut", [5, 31, 40, -1])
 async def test_truncated_frames(arena, cut):
     data = valid_frame("batch", {"seq": 1}, {"x": np.arange(1000)})

@@ -395,10 +395,15 @@ class Decoder:
             if type(shape) is not list or len(shape) > limits.max_ndim:
                 raise ProtocolError(f"array {name!r}: shape must be a list of at most {limits.max_ndim} dims")
             count = 1
+            extent = 1  # product of the non-zero dims: numpy refuses shapes whose extent overflows
             for dim in shape:
                 if type(dim) is not int or dim < 0:
                     raise ProtocolError(f"array {name!r}: bad dimension {dim!r} in shape {shape!r}")
                 count *= dim  # Python ints: no overflow
+                extent *= dim or 1
+            if extent * dtype.itemsize > limits.max_payload_bytes:
+                raise ProtocolError(f"array {name!r}: shape {shape!r:.80} of {dtype.name} spans more than "
+                                    f"max_payload_bytes={limits.max_payload_bytes}, even if empty")
             if type(nbytes) is not int or nbytes != count * dtype.itemsize:
                 raise ProtocolError(
                     f"array {name!r}: shape {shape} of {dtype.name} is {count * dtype.itemsize} bytes, "

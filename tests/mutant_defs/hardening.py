@@ -34,4 +34,10 @@ MUTANTS = [
          old="    if path.is_symlink():\n",
          new="    if False:\n",
          tests=["tests/test_wire_auth.py::test_write_token_file_never_writes_through_a_symlink"]),
+    dict(name="empty-shape-extent-unchecked",
+         path="aiorl/wire/codec.py",
+         old="if extent * dtype.itemsize > limits.max_payload_bytes:",
+         new="if False:",
+         tests=["tests/test_wire_bad_input.py::test_empty_array_of_an_impossible_shape_is_a_protocol_error",
+                "tests/test_wire_codec.py::test_receiver_rejects_bad_array_descriptors"]),
 ]
