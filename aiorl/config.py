@@ -74,6 +74,14 @@ class ClusterConfig:
         "(fewer syscalls and memory-host wake-ups with cheap envs; 0 sends each at once).",
         default=0.005,
     )
+    max_handshakes: int = doc(
+        "Connections a coordinator or memory host lets handshake at once; more are refused (busy).",
+        default=128,
+    )
+    max_handshakes_per_host: int = doc(
+        "Of those, how many may come from one address (a flood from one host cannot take them all).",
+        default=32,
+    )
     tls_cert: str | None = doc("PEM certificate of this host (enables TLS).", default=None)
     tls_key: str | None = doc("PEM private key for tls_cert.", default=None)
     tls_ca: str | None = doc("CA bundle used to verify peers when TLS is on.", default=None)
@@ -96,7 +104,9 @@ class AgentConfig:
     prioritized_replay_alpha: float = doc("Priority exponent alpha.", default=0.6)
     prioritized_replay_beta: float = doc("Importance-sampling exponent beta.", default=0.4)
     prioritized_replay_beta_final: float | None = doc(
-        "Anneal beta linearly to this value over scheduled_global_steps.", default=None
+        "Anneal beta linearly to this value over the run's schedule: learner steps (all learners) over "
+        "scheduled_global_steps or env steps over scheduled_timesteps, whichever ends the run first.",
+        default=None,
     )
     prioritized_replay_eps: float = doc("Added to |priority| before the exponent.", default=1e-6)
     scheduled_timesteps: int | None = doc("Stop after this many env steps (all actors).", default=None)
@@ -311,6 +321,8 @@ def validate(cfg: Config) -> None:
            f"cluster.coordinator_timeout_s ({c.coordinator_timeout_s}) must exceed "
            f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})")
     _check(c.learner_credits >= 1, f"cluster.learner_credits: must be at least 1, got {c.learner_credits}")
+    for name in ("max_handshakes", "max_handshakes_per_host"):
+        _check(getattr(c, name) >= 1, f"cluster.{name}: must be at least 1, got {getattr(c, name)}")
     _check(0 <= c.actor_flush_delay_s <= 1,
            f"cluster.actor_flush_delay_s: expected 0..1 seconds, got {c.actor_flush_delay_s}")
     _check((c.tls_cert is None) == (c.tls_key is None),
@@ -335,6 +347,9 @@ def validate(cfg: Config) -> None:
     if a.prioritized_replay_beta_final is not None:
         _check(0 <= a.prioritized_replay_beta_final <= 1,
                f"agent.prioritized_replay_beta_final: expected 0..1, got {a.prioritized_replay_beta_final}")
+        _check(a.scheduled_global_steps is not None or a.scheduled_timesteps is not None,
+               "agent.prioritized_replay_beta_final anneals beta over the run's schedule: set "
+               "agent.scheduled_global_steps or agent.scheduled_timesteps (or drop it)")
     _check(a.prioritized_replay_eps > 0, f"agent.prioritized_replay_eps: must be > 0, got {a.prioritized_replay_eps}")
     for name in ("scheduled_timesteps", "scheduled_global_steps"):
         value = getattr(a, name)

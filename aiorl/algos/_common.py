@@ -89,6 +89,16 @@ def state_to_numpy(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
     return {f"{prefix}.{k}": v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
 
 
+def weights_spec_of(weights: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{name: (shape, dtype)}`` of a weights dict: what `Algorithm.weights_spec` returns."""
+    return {k: (tuple(v.shape), v.dtype.str) for k, v in weights.items()}
+
+
+def nstep_batch_rows(cfg, n_step: int) -> int:
+    """Most rows one n-step batch holds: a rollout's windows plus the n - 1 per env held back before it."""
+    return (cfg.agent.sample_batch_size + n_step - 1) * cfg.env.num_envs
+
+
 def load_numpy_state(module: nn.Module, weights: dict[str, np.ndarray], prefix: str) -> None:
     """Copy `prefix.*` arrays into `module` (every key must be there, shapes must match)."""
     start = prefix + "."

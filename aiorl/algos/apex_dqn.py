@@ -28,7 +28,8 @@ import torch
 
 from aiorl.algos._common import (
     ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, export_script, hard_update,
-    load_numpy_state, make_adam, setup_torch, soft_update, state_to_numpy, td_loss,
+    load_numpy_state, make_adam, nstep_batch_rows, setup_torch, soft_update, state_to_numpy, td_loss,
+    weights_spec_of,
 )
 from aiorl.algos._networks import (
     DEFAULT_MLP, GreedyPolicy, QNetwork, check_observation_space, is_image, parse_network,
@@ -229,6 +230,12 @@ class ApexDQN(Algorithm):
         obs = (tuple(space.shape), np.dtype(space.dtype).str)
         return {"obs": obs, "action": ((), "<i8"), "reward": ((), "<f4"), "next_obs": obs,
                 "done": ((), "|b1"), "discount": ((), "<f4")}
+
+    def max_batch_rows(self):
+        return nstep_batch_rows(self.cfg, self.cfg.model.n_step)
+
+    def weights_spec(self):
+        return weights_spec_of(state_to_numpy(self.q_network(), "q"))
 
     def policy_meta(self, learner_steps: int) -> dict:
         space = self.env_spec.observation_space

@@ -11,17 +11,35 @@ For synchronous algorithms the memory aggregates exactly one rollout per
 iteration from each live actor assigned to it (actor i goes to memory
 i % memories) and hands the aggregate of iteration k to the learner that asks
 for it.
+
+Only roles the coordinator registered for this run attach, once per live
+registration: a peer's first message is ``attach`` with the session id its
+registration got, which the coordinator confirms. A name this run does not
+have, a session that is not that name's current one, or a second connection
+of the same registration is refused (logged at a bounded rate, counted in
+``peers_refused``); a newer registration of a name (a restarted role)
+replaces the older one's connection. Every message is checked
+(`aiorl.runtime.messages`); a bad one closes that connection only. Batches
+rows with a non-finite or negative priority are dropped and counted
+(``rows_rejected``), the rest of the batch is kept.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
+import hmac
+import logging
 import math
 import signal
 from dataclasses import dataclass, field
 
+import numpy as np
 
+from aiorl.ratelog import RateLimitedLog
 from aiorl.replay import AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer
-from aiorl.runtime.algorithm import build_algorithm, get_algorithm
+from aiorl.runtime import frame_limits
+from aiorl.runtime.algorithm import get_algorithm
+from aiorl.runtime.messages import BadMessage, check, check_priorities_update, check_rows
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.role import Role
 from aiorl.wire import Connection, ConnectionClosed, Server, serve
@@ -66,6 +84,7 @@ class ActorLink:
     transitions: int = 0
     next_seq: int = 0
     seq_errors: int = 0
+    rows_rejected: int = 0  # rows dropped for a non-finite or negative priority
     done_meta: dict | None = None  # the actor's own account, from its actor_done
     closed: bool = False
 
@@ -80,6 +99,7 @@ class LearnerLink:
     priority_messages: int = 0
     priorities_applied: int = 0
     priorities_stale: int = 0
+    priorities_rejected: int = 0  # non-finite or negative priorities, not applied
     done_meta: dict | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -106,20 +126,27 @@ class MemoryRole(Role):
         self.aggregate_iteration = 0
         self.aggregate: AggregateBuffer | None = None
         self.lost_actors: set[int] = set()
-        self._conn_tasks: set[asyncio.Task] = set()
+        self.attached: dict[str, tuple[Connection, str]] = {}  # name -> (connection, session)
+        self.peers_refused: collections.Counter[str] = collections.Counter()  # by reason
+        self.rows_rejected = 0
+        self._log_peer = RateLimitedLog(self.log, logging.WARNING, burst=10, per_s=0.5)
 
     def advertised_address(self):
         return (self.cfg.cluster.advertise_host or self.coordinator_address()[0], self.server.port)
 
     def metrics(self) -> dict:
+        server = self.server.stats if self.server is not None else {}
         return {"replay_size": len(self.replay) if self.replay is not None else 0,
                 "replay_capacity": self.capacity, "inserted": self.inserted, "sampled": self.sampled,
                 "actor_connections": sum(not link.closed for link in self.actors.values()),
-                "learner_credits": sum(link.credits for link in self.learners.values())}
+                "learner_credits": sum(link.credits for link in self.learners.values()),
+                "peers_refused": sum(self.peers_refused.values()), "rows_rejected": self.rows_rejected,
+                "connections_refused_busy": server.get("refused_busy", 0),
+                "handshakes_failed": server.get("handshake_failures", 0)}
 
     async def _run(self) -> int:
-        spec = build_algorithm(self.cfg).transition_spec()
-        a = self.cfg.agent
+        spec = self.spec = self.algorithm().transition_spec()
+        a, c = self.cfg.agent, self.cfg.cluster
         if self.synchronous:
             self.aggregate = AggregateBuffer(max(1, len(self.assigned)), spec)
         elif a.prioritized_replay:
@@ -128,9 +155,12 @@ class MemoryRole(Role):
                                                   seed=self.cfg.run.seed + 1000 + self.index)
         else:
             self.replay = ReplayBuffer(self.capacity, spec, seed=self.cfg.run.seed + 1000 + self.index)
-        bind = self.cfg.cluster.advertise_host or self.coordinator_address()[0]
+        bind = c.advertise_host or self.coordinator_address()[0]
+        # Actors and learners, and room for restarted ones whose old connection lingers.
         self.server = await serve(self._on_connection, host=bind, port=0, token=self.token,
-                                  name=self.name, ssl=self.ssl_server)
+                                  name=self.name, ssl=self.ssl_server, limits=frame_limits.UNKNOWN_PEER,
+                                  max_connections=2 * (c.actors + c.learners) + 4,
+                                  max_handshakes=c.max_handshakes, max_handshakes_per_host=c.max_handshakes_per_host)
         self.log.info("serving replay on %s:%s (capacity %d)", bind, self.server.port, self.capacity)
         return await super()._run()
 
@@ -153,45 +183,99 @@ class MemoryRole(Role):
 
     async def _on_connection(self, conn: Connection) -> None:
         try:
-            kind, index = parse_role_name(conn.peer_name or "")
-        except ValueError:
-            self.log.warning("closing connection from %s: %r is not an actor or learner",
-                             conn.peer, conn.peer_name)
-            return
-        if kind == "actor":
-            await self._serve_actor(conn, index)
-        elif kind == "learner":
-            await self._serve_learner(conn, index)
-        else:
-            self.log.warning("closing connection from %s: %s does not talk to memories", conn.peer, conn.peer_name)
+            attached = await self._attach(conn)
+            if attached is None:
+                return
+            kind, index = attached
+            if kind == "actor":
+                await self._serve_actor(conn, index)
+            else:
+                await self._serve_learner(conn, index)
+        except (ConnectionClosed, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # not the peer's fault: a bug of ours ends the memory host loudly
+            self.fatal(exc, f"serving {conn.peer_name}")
 
-    async def _read(self, conn: Connection, name: str, done_kind: str, handle) -> dict | None:
-        """Feed each message to `handle` until the peer's `done_kind` message, whose meta is
-        returned; None when the connection ended first or sent something bad (logged)."""
+    def _refuse(self, conn: Connection, code: str, reason: str) -> None:
+        self.peers_refused[code] += 1
+        self._log_peer("refused %s from %s: %s", conn.peer_name, conn.peer, reason)
+
+    async def _attach(self, conn: Connection) -> tuple[str, int] | None:
+        """Check that the peer is a registered actor or learner of this run, attached once."""
+        c = self.cfg.cluster
+        name = conn.peer_name  # validated by the handshake: safe to log
+        try:
+            kind, index = parse_role_name(name)
+        except ValueError:
+            kind, index = "", -1
+        if kind not in ("actor", "learner") or index >= (c.actors if kind == "actor" else c.learners):
+            self._refuse(conn, "unknown", f"{name} is not an actor or learner of this run")
+            return None
+        try:
+            async with asyncio.timeout(c.coordinator_timeout_s):
+                msg = await conn.recv()
+            session = check(msg.kind, msg.meta, {"attach"})["session"]
+            if msg.request_id is None:
+                raise BadMessage("attach must be a request")
+        except (TimeoutError, ConnectionClosed, BadMessage) as exc:
+            self._refuse(conn, "no_attach", f"no valid attach: {exc or 'timed out'}")
+            return None
+        reason = await self._check_session(name, session)
+        held = self.attached.get(name)
+        if reason is None and held is not None and not held[0].closed:
+            if hmac.compare_digest(held[1], session):
+                reason = f"{name} is already attached (a second connection of the same registration)"
+            else:  # a newer registration (a restarted role): its predecessor is gone
+                self.log.warning("%s registered again: dropping its previous connection (%s)", name, held[0].peer)
+                held[0].abort()
+        if reason is not None:
+            self._refuse(conn, "duplicate" if "already attached" in reason else "session", reason)
+            try:
+                await conn.reply_error(msg, f"refused: {reason}")
+            except ConnectionClosed:
+                pass
+            return None
+        self.attached[name] = (conn, session)
+        conn.set_limits(frame_limits.actor_to_memory(self.cfg, self.algorithm()) if kind == "actor"
+                        else frame_limits.learner_to_memory(self.cfg, self.algorithm()))
+        await conn.reply(msg)
+        return kind, index
+
+    async def _check_session(self, name: str, session: str) -> str | None:
+        """None when `session` is `name`'s live registration, else why not (asks the coordinator)."""
+        if self.local_coordinator is not None:
+            return self.local_coordinator.check_session(name, session)
+        reply = await self._request_or_lost("check_session", {"role": name, "session": session})
+        return None if reply.meta.get("ok") is True else str(reply.meta.get("reason", "refused"))
+
+    async def _read(self, conn: Connection, name: str, done_kind: str, allowed: set[str], handle) -> dict | None:
+        """Feed each checked message to `handle` until the peer's `done_kind` message, whose
+        fields are returned; None when the connection ended first or sent something bad (logged)."""
         try:
             async for msg in conn:
+                fields = check(msg.kind, msg.meta, allowed | {done_kind})
                 if msg.kind == done_kind:
-                    return dict(msg.meta)
-                handle(msg)
+                    return fields
+                handle(msg, fields)
         except ConnectionClosed:
             pass
-        except (ValueError, KeyError, TypeError) as exc:
+        except BadMessage as exc:
             self.log.error("closing connection of %s: bad message: %s", name, exc)
+            conn.abort()
         return None
 
     async def _serve_actor(self, conn: Connection, index: int) -> None:
         link = self.actors.setdefault(conn.peer_name, ActorLink(conn.peer_name))
 
-        def handle(msg) -> None:
+        def handle(msg, fields) -> None:
             if msg.kind == "batch":
-                self._ingest(link, msg)
-            elif msg.kind == "rollout":
-                self._ingest_rollout(link, index, msg)
+                self._ingest(link, msg, fields)
             else:
-                raise ValueError(f"unexpected message {msg.kind!r}")
+                self._ingest_rollout(link, index, msg, fields)
 
+        allowed = {"rollout"} if self.synchronous else {"batch"}
         try:
-            link.done_meta = await self._read(conn, link.name, "actor_done", handle)
+            link.done_meta = await self._read(conn, link.name, "actor_done", allowed, handle)
         finally:
             link.closed = True
             if link.done_meta is None:
@@ -200,19 +284,34 @@ class MemoryRole(Role):
                     self._drop_actor(index)
             self.changed.fire()
 
-    def _ingest(self, link: ActorLink, msg) -> None:
-        seq = int(msg.meta.get("seq", -1))
+    def _ingest(self, link: ActorLink, msg, fields: dict) -> None:
+        seq = fields["seq"]
         if seq != link.next_seq:
             link.seq_errors += 1
             self.log.error("%s batch seq %d, expected %d", link.name, seq, link.next_seq)
         link.next_seq = seq + 1
         arrays = dict(msg.arrays)
         priorities = arrays.pop("priorities", None)
+        n = check_rows("batch", arrays, self.spec)
+        if priorities is not None:
+            if priorities.dtype != np.float64 or priorities.shape != (n,):
+                raise BadMessage(f"batch.priorities is {priorities.dtype}{list(priorities.shape)}, "
+                                 f"expected float64[{n}]")
+            good = np.isfinite(priorities) & (priorities >= 0)
+            if not good.all():
+                # One bad row must not cost the actor its connection: drop just those rows.
+                bad = int(n - good.sum())
+                link.rows_rejected += bad
+                self.rows_rejected += bad
+                self._log_peer("%s: dropped %d of %d rows with a non-finite or negative priority",
+                               link.name, bad, n)
+                arrays = {k: v[good] for k, v in arrays.items()}
+                priorities = priorities[good]
+                n -= bad
         if isinstance(self.replay, PrioritizedReplayBuffer):
             self.replay.add(arrays, priorities)
         else:
             self.replay.add(arrays)
-        n = len(next(iter(arrays.values()))) if arrays else 0
         link.batches += 1
         link.transitions += n
         self.inserted += n
@@ -220,21 +319,26 @@ class MemoryRole(Role):
 
     # ------------------------------------------------------------------ sync aggregation
 
-    def _ingest_rollout(self, link: ActorLink, actor_index: int, msg) -> None:
-        iteration = int(msg.meta["iteration"])
+    def _ingest_rollout(self, link: ActorLink, actor_index: int, msg, fields: dict) -> None:
+        iteration = fields["iteration"]
         if iteration != self.aggregate_iteration:
-            raise ValueError(f"{link.name} sent iteration {iteration}, this memory is collecting "
+            raise BadMessage(f"{link.name} sent iteration {iteration}, this memory is collecting "
                              f"iteration {self.aggregate_iteration}")
-        self.aggregate.add(self.assigned.index(actor_index), dict(msg.arrays))
+        if actor_index not in self.assigned:
+            raise BadMessage(f"{link.name} sent a rollout to memory {self.index}, which does not collect its")
+        n = check_rows("rollout", msg.arrays, self.spec)
+        producer = self.assigned.index(actor_index)
+        if producer in self.aggregate.received:
+            raise BadMessage(f"{link.name} sent a second rollout for iteration {iteration}")
+        self.aggregate.add(producer, dict(msg.arrays))
         link.batches += 1
         link.next_seq += 1
-        n = len(next(iter(msg.arrays.values()))) if msg.arrays else 0
         link.transitions += n
         self.inserted += n
         self._maybe_complete_aggregate()
 
     def _drop_actor(self, actor_index: int) -> None:
-        if actor_index in self.lost_actors:
+        if actor_index in self.lost_actors or actor_index not in self.assigned:
             return
         self.lost_actors.add(actor_index)
         self.aggregate.drop(self.assigned.index(actor_index))
@@ -255,19 +359,18 @@ class MemoryRole(Role):
         link = self.learners.setdefault(conn.peer_name, LearnerLink(conn.peer_name))
         link.beta = self.cfg.agent.prioritized_replay_beta
 
-        def handle(msg) -> None:
+        def handle(msg, fields) -> None:
             if msg.kind == "credit":
-                self._grant(link, int(msg.meta.get("n", 1)), msg.meta)
-            elif msg.kind == "priorities":
-                self._apply_priorities(link, msg)
-                if msg.meta.get("credit"):  # the batch's credit rides on its priorities
-                    self._grant(link, int(msg.meta["credit"]), msg.meta)
+                self._grant(link, fields.get("n", 1), fields)
             else:
-                raise ValueError(f"unexpected message {msg.kind!r}")
+                self._apply_priorities(link, msg)
+                if fields.get("credit"):  # the batch's credit rides on its priorities
+                    self._grant(link, fields["credit"], fields)
 
-        sampler = asyncio.create_task(self._sampler(conn, link))
+        allowed = {"credit", "priorities"} if isinstance(self.replay, PrioritizedReplayBuffer) else {"credit"}
+        sampler = self.spawn(self._sampler(conn, link), f"sampler for {link.name}")
         try:
-            link.done_meta = await self._read(conn, link.name, "learner_done", handle)
+            link.done_meta = await self._read(conn, link.name, "learner_done", allowed, handle)
         finally:
             if link.done_meta is None:
                 self.log.warning("%s went away without finishing", link.name)
@@ -275,21 +378,34 @@ class MemoryRole(Role):
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
 
-    def _grant(self, link: LearnerLink, credits: int, meta: dict) -> None:
+    def _grant(self, link: LearnerLink, credits: int, fields: dict) -> None:
         """A learner's credit for `credits` more batches, with its current beta (and sync iteration)."""
+        limit = self.cfg.cluster.learner_credits
+        if link.credits + credits > limit:
+            raise BadMessage(f"{link.name} holds {link.credits} credits and asks for {credits} more, "
+                             f"over cluster.learner_credits ({limit})")
         link.credits += credits
-        link.beta = float(meta.get("beta", link.beta))
-        if "iteration" in meta:
-            link.iteration = int(meta["iteration"])
+        link.beta = fields.get("beta", link.beta)
+        if "iteration" in fields:
+            link.iteration = fields["iteration"]
         self.changed.fire()
 
     def _apply_priorities(self, link: LearnerLink, msg) -> None:
-        arrays = msg.arrays
+        arrays = dict(msg.arrays)
+        n = check_priorities_update(arrays)
         link.priority_messages += 1
+        priorities = arrays["priorities"]
+        good = np.isfinite(priorities) & (priorities >= 0)
+        if not good.all():
+            bad = int(n - good.sum())
+            link.priorities_rejected += bad
+            self._log_peer("%s: ignored %d of %d priorities that are non-finite or negative", link.name, bad, n)
+            arrays = {k: v[good] for k, v in arrays.items()}
+            n -= bad
         stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"],
                                               arrays.get("generations"))
         link.priorities_stale += int(stale)
-        link.priorities_applied += len(arrays["indices"]) - int(stale)
+        link.priorities_applied += n - int(stale)
 
     def _within_rate(self, batch_size: int) -> bool:
         limit = self.cfg.agent.max_samples_per_insert
@@ -322,8 +438,14 @@ class MemoryRole(Role):
                 meta = {"memory": self.index}
             self.sampled += len(batch["indices"]) if "indices" in batch else 0
             link.batches_sent += 1
-            await conn.send("samples", meta, batch)
-        await conn.send("end", {"memory": self.index, "batches_sent": link.batches_sent})
+            try:
+                await conn.send("samples", meta, batch)
+            except ConnectionClosed:
+                return  # the learner went away; its connection handler reports it
+        try:
+            await conn.send("end", {"memory": self.index, "batches_sent": link.batches_sent})
+        except ConnectionClosed:
+            pass
 
     # ------------------------------------------------------------------ main
 
@@ -349,11 +471,15 @@ class MemoryRole(Role):
             "replay_size": len(self.replay) if self.replay is not None else 0,
             "snapshot": snapshot,
             "actors": {n: {"batches": l.batches, "transitions": l.transitions, "next_seq": l.next_seq,
-                           "seq_errors": l.seq_errors, "finished": l.done_meta is not None}
+                           "seq_errors": l.seq_errors, "rows_rejected": l.rows_rejected,
+                           "finished": l.done_meta is not None}
                        for n, l in self.actors.items()},
             "learners": {n: {"batches_sent": l.batches_sent, "priority_messages": l.priority_messages,
                              "priorities_applied": l.priorities_applied,
                              "priorities_stale": l.priorities_stale,
+                             "priorities_rejected": l.priorities_rejected,
                              "reported": l.done_meta}
                          for n, l in self.learners.items()},
+            "peers_refused": dict(self.peers_refused),
+            "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
         }

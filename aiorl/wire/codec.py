@@ -114,8 +114,10 @@ _WIRE_NAME: dict[np.dtype, str] = {dt: name for name, dt in ALLOWED_DTYPES.items
 class Limits:
     """Caps a receiver enforces before it allocates, and the sender's write buffer.
 
-    Both ends of a connection should use the same limits; a frame over the
-    receiver's limits closes the connection with a logged reason.
+    A connection's limits are what that side accepts (``Connection.set_limits``
+    can change them once the peer is known); a frame over them closes the
+    connection with a logged reason. Senders are held only to the defaults
+    and to the shared ``max_header_bytes``.
     """
 
     max_header_bytes: int = 64 * 1024

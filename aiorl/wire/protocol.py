@@ -217,7 +217,9 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._admit = admit
         self._admit_proved = admit_proved
         self._log_failure = log_failure
-        self._encoder = Encoder(limits, version)
+        # `limits` are what this side accepts; what it sends only has to fit the wire's own
+        # maxima (the peer enforces its limits), with the header cap both sides share.
+        self._encoder = Encoder(Limits(max_header_bytes=limits.max_header_bytes), version)
         self._decoder = Decoder(limits)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
