@@ -205,13 +205,6 @@ class MemoryRole(Role):
         c = self.cfg.cluster
         name = conn.peer_name  # validated by the handshake: safe to log
         try:
-            kind, index = parse_role_name(name)
-        except ValueError:
-            kind, index = "", -1
-        if kind not in ("actor", "learner") or index >= (c.actors if kind == "actor" else c.learners):
-            self._refuse(conn, "unknown", f"{name} is not an actor or learner of this run")
-            return None
-        try:
             async with asyncio.timeout(c.coordinator_timeout_s):
                 msg = await conn.recv()
             session = check(msg.kind, msg.meta, {"attach"})["session"]
@@ -220,16 +213,26 @@ class MemoryRole(Role):
         except (TimeoutError, ConnectionClosed, BadMessage) as exc:
             self._refuse(conn, "no_attach", f"no valid attach: {exc or 'timed out'}")
             return None
-        reason = await self._check_session(name, session)
-        held = self.attached.get(name)
-        if reason is None and held is not None and not held[0].closed:
-            if hmac.compare_digest(held[1], session):
-                reason = f"{name} is already attached (a second connection of the same registration)"
-            else:  # a newer registration (a restarted role): its predecessor is gone
-                self.log.warning("%s registered again: dropping its previous connection (%s)", name, held[0].peer)
-                held[0].abort()
+        try:
+            kind, index = parse_role_name(name)
+        except ValueError:
+            kind, index = "", -1
+        code = reason = None
+        if kind not in ("actor", "learner") or index >= (c.actors if kind == "actor" else c.learners):
+            code, reason = "unknown", f"{name} is not an actor or learner of this run"
+        else:
+            reason = await self._check_session(name, session)
+            code = "session"
+            held = self.attached.get(name)
+            if reason is None and held is not None and not held[0].closed:
+                if hmac.compare_digest(held[1], session):
+                    code, reason = "duplicate", f"{name} is already attached (a second connection, same registration)"
+                else:  # a newer registration (a restarted role): its predecessor is gone
+                    self.log.warning("%s registered again: dropping its previous connection (%s)",
+                                     name, held[0].peer)
+                    held[0].abort()
         if reason is not None:
-            self._refuse(conn, "duplicate" if "already attached" in reason else "session", reason)
+            self._refuse(conn, code, reason)
             try:
                 await conn.reply_error(msg, f"refused: {reason}")
             except ConnectionClosed:
