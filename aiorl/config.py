@@ -64,7 +64,8 @@ class ClusterConfig:
     start_timeout_s: float = doc("Seconds for every role to register.", default=120.0)
     phase_timeout_s: float = doc("Deadline of each shutdown phase.", default=60.0)
     rendezvous_port: int = doc(
-        "Port for torch.distributed among learners (0: a free one, local runs only).", default=0
+        "Port learner 0 listens on for torch.distributed among learners (0: a free one), on "
+        "advertise_host (else host). Unauthenticated: see aiorl/runtime/rendezvous.py.", default=0
     )
     learner_credits: int = doc(
         "Batches a learner may have requested and not yet consumed, per memory.", default=2

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from torch import nn
 from aiorl.config import ConfigError
 from aiorl.replay import NStep
 from aiorl.runtime.algorithm import ActorPolicy, LearnerCore
+from aiorl.runtime.rendezvous import init_process_group
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\.pt$")
 POLICY_FILE = "policy.pt"
@@ -204,8 +204,7 @@ class DataParallel:
             raise RuntimeError(f"{world} data-parallel learners need a rendezvous address")
         use_nccl = device.type == "cuda" and torch.cuda.device_count() >= world and dist.is_nccl_available()
         self.backend = "nccl" if use_nccl else "gloo"
-        dist.init_process_group(self.backend, init_method=rendezvous, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        init_process_group(self.backend, rendezvous, rank, world, timeout_s)
         # Every learner starts from learner 0's weights.
         for module in broadcast:
             for tensor in [*module.parameters(), *module.buffers()]:

@@ -15,7 +15,6 @@ import collections
 import hmac
 import logging
 import secrets
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,24 +156,10 @@ class Coordinator:
 
     # ------------------------------------------------------------------ serving
 
-    def _pick_rendezvous(self, host: str) -> str | None:
-        """A tcp:// address for torch.distributed among data-parallel learners."""
-        c = self.cfg.cluster
-        if c.learners < 2:
-            return None
-        if c.rendezvous_port:
-            port = c.rendezvous_port
-        else:
-            with socket.socket() as s:  # a free port now; learner 0 binds it moments later
-                s.bind((host, 0))
-                port = s.getsockname()[1]
-        return f"tcp://{c.advertise_host or host}:{port}"
-
     async def start(self, host: str, port: int) -> int:
         from aiorl.runtime.algorithm import build_algorithm
 
         self.algo = build_algorithm(self.cfg)
-        self.rendezvous = self._pick_rendezvous(host)
         c = self.cfg.cluster
         # Every role, room for restarted ones whose old connection lingers, and `aiorl status`.
         self.server = await serve(self._on_connection, host=host, port=port, token=self.token,
@@ -277,6 +262,8 @@ class Coordinator:
         record.address = (address[0], address[1]) if address else None
         record.status = "running"
         record.session = secrets.token_hex(16)
+        if name == "learner-0" and meta.get("rendezvous"):
+            self.rendezvous = meta["rendezvous"]  # learner 0 listens there (aiorl.runtime.rendezvous)
         record.last_heartbeat = asyncio.get_running_loop().time()
         log.info("registered %s (pid %s, %s)", name, record.pid, conn.peer)
         conn.set_limits(frame_limits.to_coordinator(name, self.algo))

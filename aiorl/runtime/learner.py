@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from aiorl.runtime import rendezvous
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed
 from aiorl.wire.names import safe_text
@@ -48,6 +49,14 @@ class LearnerRole(Role):
         self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
         self.last_beta: float | None = None
+
+    def register_extra(self) -> dict:
+        c = self.cfg.cluster
+        if self.index != 0 or c.learners < 2:
+            return {}
+        # Bound now and kept open for the TCPStore: see aiorl.runtime.rendezvous.
+        host = c.advertise_host or self.coordinator_address()[0]
+        return {"rendezvous": rendezvous.listen(host, c.rendezvous_port)}
 
     def metrics(self) -> dict:
         return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),

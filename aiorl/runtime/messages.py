@@ -126,7 +126,7 @@ SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     # role -> coordinator
     "register": {"role": (name, True), "pid": (nullable(integer(0, 1 << 31)), False),
                  "host": (nullable(text(255)), False), "config_hash": (text(64), True),
-                 "address": (nullable(address), False)},
+                 "address": (nullable(address), False), "rendezvous": (nullable(text(300)), False)},
     "heartbeat": _HEARTBEAT,
     "done": {**_HEARTBEAT, "stats": (any_map, False)},
     "wait_start": {},

@@ -132,6 +132,10 @@ class Role:
     def advertised_address(self) -> tuple[str, int] | None:
         return None
 
+    def register_extra(self) -> dict:
+        """More fields for the registration (learner 0: its rendezvous address)."""
+        return {}
+
     # ------------------------------------------------------------------ tasks
 
     def spawn(self, coro, name: str) -> asyncio.Task:
@@ -258,6 +262,7 @@ class Role:
             reply = await self.coordinator.request("register", {
                 "role": self.name, "pid": os.getpid(), "host": socket.gethostname(),
                 "config_hash": self.cfg.config_hash(), "address": self.advertised_address(),
+                **self.register_extra(),
             }, timeout_s=self.cfg.cluster.coordinator_timeout_s)
         except RemoteError as exc:
             raise RoleFailed(f"the coordinator refused registration: {exc}") from None

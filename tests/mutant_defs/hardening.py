@@ -108,4 +108,9 @@ MUTANTS = [
          old="        except (OSError, psutil.Error):\n            pass  # housekeeping never kills a role",
          new="        except psutil.NoSuchProcess:\n            pass  # housekeeping never kills a role",
          tests=["tests/test_role_housekeeping.py::test_heartbeat_stats_survive_running_out_of_file_descriptors"]),
+    dict(name="store-binds-every-interface",
+         path="aiorl/runtime/rendezvous.py",
+         old="store = dist.TCPStore(host, port, world, True, timeout, master_listen_fd=sock.detach())",
+         new="sock.close(); store = dist.TCPStore(host, port, world, True, timeout)",
+         tests=["tests/test_rendezvous.py::test_store_and_gloo_listen_on_the_learners_address_only"]),
 ]
