@@ -245,6 +245,12 @@ class ApexDDPG(Algorithm):
                               "(use apex_dqn for Discrete actions)")
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
             raise ConfigError(f"env.id: apex_ddpg needs bounded actions; {env_spec.id} has {action_space}")
+        fixed = np.flatnonzero((action_space.high - action_space.low).reshape(-1) <= 0)
+        if len(fixed):
+            # The rescaling to [-1, 1] divides by high - low: 0/0 gives NaN actions.
+            raise ConfigError(f"env.id: apex_ddpg needs low < high in every action dimension; {env_spec.id} has "
+                              f"low == high in dimension(s) {fixed.tolist()} of {action_space} (such a dimension "
+                              "is no choice: remove it with a gymnasium ActionWrapper)")
         default = ["nature_cnn"] if is_image(obs_space) else DEFAULT_MLP
         m = cfg.model
         self.actor_layers = parse_network(m.actor_network or default, "model.actor_network")
