@@ -23,6 +23,8 @@ import socket
 from datetime import timedelta
 from urllib.parse import urlsplit
 
+from aiorl.wire.connection import is_loopback
+
 log = logging.getLogger("aiorl.rendezvous")
 
 _listening: dict[str, socket.socket] = {}  # tcp://host:port -> bound socket, in learner 0's process
@@ -40,6 +42,9 @@ def listen(host: str, port: int = 0) -> str:
         sock.close()
         raise
     bound = sock.getsockname()[1]
+    if not is_loopback(host):
+        log.warning("the learners' torch.distributed rendezvous listens on %s:%d, unauthenticated and "
+                    "unencrypted: keep that network to the cluster", host, bound)
     url = f"tcp://[{host}]:{bound}" if family == socket.AF_INET6 else f"tcp://{host}:{bound}"
     _listening[url] = sock
     return url
