@@ -78,6 +78,7 @@ async def test_a_bad_credit_closes_that_connection_and_the_memory_host_keeps_ser
     async with asyncio.timeout(HANG_S):
         await learner.wait_closed()
     assert warnings(caplog, "credit.beta must be a finite number in [0, 1], got -1.0")
+    assert m.memory.bad_messages == 1 and m.memory.metrics()["bad_messages"] == 1
     assert "learner-0 went away without finishing" in caplog.text
     # Nothing of the memory host died: its sampler was not left broken, the run is not failing...
     assert not m.coordinator.failures and not m.coordinator.stop_event.is_set()

@@ -112,6 +112,7 @@ class Coordinator:
         self.last_row: dict = {}
         self._last_metrics: tuple | None = None
         self.registrations_refused = 0
+        self.bad_messages = 0
         self._log_refusal = RateLimitedLog(log, logging.WARNING, burst=10, per_s=0.5)
         self._log_housekeeping = RateLimitedLog(log, logging.ERROR, burst=5, per_s=0.1)
 
@@ -197,6 +198,7 @@ class Coordinator:
         except ConnectionClosed:
             pass
         except BadMessage as exc:
+            self.bad_messages += 1
             who = record.name if record is not None else f"{conn.peer_name} (unregistered)"
             if record is None:
                 self._log_refusal("closing the connection of %s from %s: %s", who, conn.peer, exc)
@@ -642,6 +644,7 @@ class Coordinator:
             "weights_version": self.weights_version,
             "weights_published_monotonic": self.weights_published,
             "registrations_refused": self.registrations_refused,
+            "bad_messages": self.bad_messages,
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
             "handshakes_failed": self.server.stats["handshake_failures"] if self.server else 0,
             "roles": {name: {"status": r.status, "reason": r.reason, "pid": r.pid,

@@ -129,6 +129,7 @@ class MemoryRole(Role):
         self.attached: dict[str, tuple[Connection, str]] = {}  # name -> (connection, session)
         self.peers_refused: collections.Counter[str] = collections.Counter()  # by reason
         self.rows_rejected = 0
+        self.bad_messages = 0  # connections closed for a message that broke the protocol
         self._log_peer = RateLimitedLog(self.log, logging.WARNING, burst=10, per_s=0.5)
 
     def advertised_address(self):
@@ -141,6 +142,7 @@ class MemoryRole(Role):
                 "actor_connections": sum(not link.closed for link in self.actors.values()),
                 "learner_credits": sum(link.credits for link in self.learners.values()),
                 "peers_refused": sum(self.peers_refused.values()), "rows_rejected": self.rows_rejected,
+                "bad_messages": self.bad_messages,
                 "connections_refused_busy": server.get("refused_busy", 0),
                 "handshakes_failed": server.get("handshake_failures", 0)}
 
@@ -263,6 +265,7 @@ class MemoryRole(Role):
         except ConnectionClosed:
             pass
         except BadMessage as exc:
+            self.bad_messages += 1
             self.log.error("closing connection of %s: bad message: %s", name, exc)
             conn.abort()
         return None
@@ -484,5 +487,6 @@ class MemoryRole(Role):
                              "reported": l.done_meta}
                          for n, l in self.learners.items()},
             "peers_refused": dict(self.peers_refused),
+            "bad_messages": self.bad_messages,
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
         }
