@@ -180,3 +180,19 @@ async def test_a_dead_sampler_fails_the_memory_host_and_the_run_through_the_phas
     assert m.coordinator.roles["memory-0"].status == "failed"
     assert any("sampler for learner-0 failed" in r.getMessage() and r.levelno == logging.ERROR
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind, meta, match", [
+    ("heartbeat", {"counters": {"env_steps": "lots"}}, "heartbeat.counters[env_steps] must be an integer"),
+    ("heartbeat", {"episode_returns": [1.0, float("nan")]}, "heartbeat.episode_returns[1] must be a finite"),
+    ("barrier", {"generation": -1}, "barrier.generation must be an integer"),
+    ("get_weights", {"have": 1.5}, "get_weights.have must be an integer"),
+    ("nonsense", {}, "unexpected message 'nonsense'"),
+])
+async def test_a_registered_role_sending_a_bad_control_message_is_cut_off_loudly(memory0, caplog, kind, meta, match):
+    m = memory0
+    with pytest.raises((RemoteError, ConnectionClosed, TimeoutError)):
+        await m.actor.request(kind, meta, timeout_s=HANG_S)
+    await m.until(lambda: m.coordinator.roles["actor-0"].status == "lost", "actor-0 to be lost")
+    assert warnings(caplog, match) and m.coordinator.bad_messages == 1
+    assert m.coordinator.roles["learner-0"].status == "running"  # the others carry on

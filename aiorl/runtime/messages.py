@@ -25,7 +25,7 @@ __all__ = ["BadMessage", "check", "check_rows", "check_priorities_update", "SCHE
 #: Upper bound of counters, indices and sizes carried in metadata (msgpack ints reach 2**64).
 MAX_COUNT = 2 ** 53
 MAX_LIST = 1 << 16  # items in a list field (episode returns of one heartbeat, ...)
-MAX_TEXT = 4096  # characters of a free-text field (reasons)
+MAX_TEXT = 1 << 16  # characters of a free-text field (reasons; a frame header holds 64 KiB anyway)
 
 
 class BadMessage(ValueError):

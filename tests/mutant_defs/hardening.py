@@ -133,4 +133,9 @@ MUTANTS = [
          old='            batch["epsilon"] = self.epsilons[tagged[:, 1]].astype(np.float32)',
          new='            batch["epsilon"] = np.full(len(tagged), self.epsilons[0], np.float32)',
          tests=["tests/test_apex_dqn.py::test_each_row_keeps_the_epsilon_of_the_env_that_acted"]),
+    dict(name="heartbeat-counters-unchecked",
+         path="aiorl/runtime/messages.py",
+         old='    "counters": (mapping(text(64), _count), False),',
+         new='    "counters": (any_map, False),',
+         tests=["tests/test_memory_hostile.py::test_a_registered_role_sending_a_bad_control_message_is_cut_off_loudly"]),
 ]
