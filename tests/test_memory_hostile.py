@@ -196,3 +196,30 @@ async def test_a_registered_role_sending_a_bad_control_message_is_cut_off_loudly
     await m.until(lambda: m.coordinator.roles["actor-0"].status == "lost", "actor-0 to be lost")
     assert warnings(caplog, match) and m.coordinator.bad_messages == 1
     assert m.coordinator.roles["learner-0"].status == "running"  # the others carry on
+
+
+async def test_a_learners_non_finite_priorities_are_ignored_and_out_of_range_indices_cut_it_off(memory0):
+    m = memory0
+    actor = await m.attach("actor-0", m.actor_session)
+    learner = await m.attach("learner-0", m.learner_session)
+    await actor.send("batch", {"actor": 0, "seq": 0}, {**batch(16), "priorities": np.ones(16)})
+    await learner.send("credit", {"n": 1, "beta": 0.4})
+    async with asyncio.timeout(HANG_S):
+        sample = await learner.recv()
+    assert sample.kind == "samples"
+    indices, generations = sample.arrays["indices"], sample.arrays["generations"]
+    priorities = np.full(len(indices), 2.0)
+    priorities[:3] = [np.nan, np.inf, -1.0]
+    await learner.send("priorities", {"credit": 1, "beta": 0.4},
+                       {"indices": indices, "generations": generations, "priorities": priorities})
+    link = m.memory.learners["learner-0"]
+    await m.until(lambda: link.priority_messages == 1, "the update")
+    assert link.priorities_rejected == 3 and link.priorities_applied == len(indices) - 3
+    await m.until(lambda: link.batches_sent == 2, "the credit that came with it spent on a new batch")
+    assert not learner.closed
+    bad = indices.copy()
+    bad[0] = 10**6
+    await learner.send("priorities", {}, {"indices": bad, "generations": generations, "priorities": np.ones(len(bad))})
+    async with asyncio.timeout(HANG_S):
+        await learner.wait_closed()
+    assert m.memory.bad_messages == 1 and not m.memory._fatal.done()

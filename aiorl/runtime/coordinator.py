@@ -27,7 +27,7 @@ from aiorl.ratelog import RateLimitedLog
 from aiorl.rundir import write_json_atomic
 from aiorl.runtime import frame_limits
 from aiorl.runtime.barrier import Barrier, BarrierAborted
-from aiorl.runtime.messages import BadMessage, check, check_rows
+from aiorl.runtime.messages import BadMessage, RowSpec, check
 from aiorl.runtime.phase import PHASE_OWNER, Phase, role_name
 from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
 from aiorl.wire.names import safe_text
@@ -161,6 +161,8 @@ class Coordinator:
         from aiorl.runtime.algorithm import build_algorithm
 
         self.algo = build_algorithm(self.cfg)
+        spec = self.algo.weights_spec()
+        self._weights_rows = RowSpec(spec) if spec is not None else None
         c = self.cfg.cluster
         # Every role, room for restarted ones whose old connection lingers, and `aiorl status`.
         self.server = await serve(self._on_connection, host=host, port=port, token=self.token,
@@ -373,9 +375,8 @@ class Coordinator:
         if record.name != "learner-0":
             await conn.reply_error(msg, f"only learner-0 publishes weights, not {record.name}")
             return
-        spec = self.algo.weights_spec()
-        if spec is not None:  # actors load these as they are: refuse what they could not
-            check_rows("publish", {k: v[None] for k, v in msg.arrays.items()}, spec)
+        if self._weights_rows is not None:  # actors load these as they are: refuse what they could not
+            self._weights_rows.rows("publish", {k: v[None] for k, v in msg.arrays.items()})
         async with self.weights_changed:
             # The arrays are views over the received frame: keeping them is free.
             self.weights = dict(msg.arrays)

@@ -19,7 +19,7 @@ have, a session that is not that name's current one, or a second connection
 of the same registration is refused (logged at a bounded rate, counted in
 ``peers_refused``); a newer registration of a name (a restarted role)
 replaces the older one's connection. Every message is checked
-(`aiorl.runtime.messages`); a bad one closes that connection only. Batches
+(`aiorl.runtime.messages`); a bad one closes that connection only. Batch
 rows with a non-finite or negative priority are dropped and counted
 (``rows_rejected``), the rest of the batch is kept.
 """
@@ -39,7 +39,7 @@ from aiorl.ratelog import RateLimitedLog
 from aiorl.replay import AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import get_algorithm
-from aiorl.runtime.messages import BadMessage, check, check_priorities_update, check_rows
+from aiorl.runtime.messages import PRIORITY_UPDATE, BadMessage, RowSpec, check
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.role import Role
 from aiorl.wire import Connection, ConnectionClosed, Server, serve
@@ -147,7 +147,8 @@ class MemoryRole(Role):
                 "handshakes_failed": server.get("handshake_failures", 0)}
 
     async def _run(self) -> int:
-        spec = self.spec = self.algorithm().transition_spec()
+        spec = self.algorithm().transition_spec()
+        self.rows = RowSpec(spec)
         a, c = self.cfg.agent, self.cfg.cluster
         if self.synchronous:
             self.aggregate = AggregateBuffer(max(1, len(self.assigned)), spec)
@@ -298,30 +299,35 @@ class MemoryRole(Role):
         link.next_seq = seq + 1
         arrays = dict(msg.arrays)
         priorities = arrays.pop("priorities", None)
-        n = check_rows("batch", arrays, self.spec)
-        if priorities is not None:
-            if priorities.dtype != np.float64 or priorities.shape != (n,):
-                raise BadMessage(f"batch.priorities is {priorities.dtype}{list(priorities.shape)}, "
-                                 f"expected float64[{n}]")
-            good = np.isfinite(priorities) & (priorities >= 0)
-            if not good.all():
-                # One bad row must not cost the actor its connection: drop just those rows.
-                bad = int(n - good.sum())
-                link.rows_rejected += bad
-                self.rows_rejected += bad
-                self._log_peer("%s: dropped %d of %d rows with a non-finite or negative priority",
-                               link.name, bad, n)
-                arrays = {k: v[good] for k, v in arrays.items()}
-                priorities = priorities[good]
-                n -= bad
+        n = self.rows.rows("batch", arrays)
+        if priorities is not None and (priorities.dtype != np.float64 or priorities.shape != (n,)):
+            raise BadMessage(f"batch.priorities is {priorities.dtype}{list(priorities.shape)}, "
+                             f"expected float64[{n}]")
         if isinstance(self.replay, PrioritizedReplayBuffer):
-            self.replay.add(arrays, priorities)
+            n = self._add_prioritized(link, arrays, priorities, n)
         else:
             self.replay.add(arrays)
         link.batches += 1
         link.transitions += n
         self.inserted += n
         self.changed.fire()
+
+    def _add_prioritized(self, link: ActorLink, arrays: dict, priorities, n: int) -> int:
+        """Add rows; rows with a non-finite or negative priority are dropped and counted
+        (one bad row must not cost the actor its connection). Returns the rows added."""
+        try:
+            self.replay.add(arrays, priorities)  # refuses the whole batch if a priority is bad
+            return n
+        except ValueError:
+            good = None if priorities is None else np.isfinite(priorities) & (priorities >= 0)
+            if good is None or good.all():
+                raise  # not the priorities: a bug of ours
+        bad = int(n - good.sum())
+        link.rows_rejected += bad
+        self.rows_rejected += bad
+        self._log_peer("%s: dropped %d of %d rows with a non-finite or negative priority", link.name, bad, n)
+        self.replay.add({k: v[good] for k, v in arrays.items()}, priorities[good])
+        return n - bad
 
     # ------------------------------------------------------------------ sync aggregation
 
@@ -332,7 +338,7 @@ class MemoryRole(Role):
                              f"iteration {self.aggregate_iteration}")
         if actor_index not in self.assigned:
             raise BadMessage(f"{link.name} sent a rollout to memory {self.index}, which does not collect its")
-        n = check_rows("rollout", msg.arrays, self.spec)
+        n = self.rows.rows("rollout", msg.arrays)
         producer = self.assigned.index(actor_index)
         if producer in self.aggregate.received:
             raise BadMessage(f"{link.name} sent a second rollout for iteration {iteration}")
@@ -397,19 +403,24 @@ class MemoryRole(Role):
         self.changed.fire()
 
     def _apply_priorities(self, link: LearnerLink, msg) -> None:
-        arrays = dict(msg.arrays)
-        n = check_priorities_update(arrays)
+        arrays = msg.arrays
+        n = PRIORITY_UPDATE.rows("priorities", arrays)
         link.priority_messages += 1
-        priorities = arrays["priorities"]
-        good = np.isfinite(priorities) & (priorities >= 0)
-        if not good.all():
+        try:  # refused whole (nothing written) if a priority or an index is bad
+            stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"],
+                                                  arrays.get("generations"))
+        except ValueError:
+            priorities = arrays["priorities"]
+            good = np.isfinite(priorities) & (priorities >= 0)
+            if good.all():
+                raise BadMessage("priorities: an index is out of range") from None
             bad = int(n - good.sum())
             link.priorities_rejected += bad
             self._log_peer("%s: ignored %d of %d priorities that are non-finite or negative", link.name, bad, n)
             arrays = {k: v[good] for k, v in arrays.items()}
             n -= bad
-        stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"],
-                                              arrays.get("generations"))
+            stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"],
+                                                  arrays.get("generations"))
         link.priorities_stale += int(stale)
         link.priorities_applied += n - int(stale)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from aiorl.wire.names import is_peer_name, safe_text
 
-__all__ = ["BadMessage", "check", "check_rows", "check_priorities_update", "SCHEMAS", "MAX_COUNT"]
+__all__ = ["BadMessage", "check", "RowSpec", "PRIORITY_UPDATE", "SCHEMAS", "MAX_COUNT"]
 
 #: Upper bound of counters, indices and sizes carried in metadata (msgpack ints reach 2**64).
 MAX_COUNT = 2 ** 53
@@ -171,33 +171,50 @@ def check(kind: str, meta: Mapping[str, Any], allowed: frozenset[str] | set[str]
     return out
 
 
-def check_rows(kind: str, arrays: Mapping[str, np.ndarray], spec: Mapping[str, tuple[tuple, str]],
-               extra: Mapping[str, str] = {}) -> int:
-    """Rows of a batch: exactly the spec's fields (plus optional `extra` 1-d ones: name -> dtype),
-    each ``[n, *row_shape]`` in the spec's dtype, with one n. Returns n."""
-    names = set(arrays)
-    missing = set(spec) - names
-    unknown = names - set(spec) - set(extra)
-    if missing or unknown:
-        raise BadMessage(f"{kind} fields do not match the replay spec: missing {sorted(missing)}, "
-                         f"unexpected {sorted(safe_text(n, 40) for n in unknown)}")
-    rows = None
-    for field, array in arrays.items():
-        shape, dtype = spec[field] if field in spec else ((), extra[field])
-        if array.dtype != np.dtype(dtype) or array.shape[1:] != tuple(shape) or array.ndim != len(shape) + 1:
-            raise BadMessage(f"{kind}.{field} is {array.dtype}{list(array.shape)}, the spec says "
-                             f"{np.dtype(dtype)}[n, {', '.join(map(str, shape))}]")
-        if rows is None:
-            rows = array.shape[0]
-        elif array.shape[0] != rows:
-            raise BadMessage(f"{kind}.{field} has {array.shape[0]} rows, other fields have {rows}")
-    return rows or 0
+class RowSpec:
+    """Checks that a batch holds exactly a spec's fields (plus optional 1-d `extra` ones),
+    each ``[n, *row_shape]`` in the spec's dtype, with one n. Built once per spec: the
+    check runs for every batch a memory host receives."""
+
+    def __init__(self, spec: Mapping[str, tuple[tuple, str]], extra: Mapping[str, str] = {}):
+        self.fields = {name: (np.dtype(dtype), tuple(shape)) for name, (shape, dtype) in spec.items()}
+        self.fields.update({name: (np.dtype(dtype), ()) for name, dtype in extra.items()})
+        self.required = len(spec)
+        self.optional = frozenset(extra)
+
+    def rows(self, kind: str, arrays: Mapping[str, np.ndarray]) -> int:
+        """The batch's row count n; BadMessage if it does not match."""
+        fields = self.fields
+        n = -1
+        present = 0
+        for field, array in arrays.items():
+            expected = fields.get(field)
+            if expected is None:
+                self._mismatch(kind, arrays)
+            dtype, tail = expected
+            shape = array.shape
+            if array.dtype != dtype or shape[1:] != tail or len(shape) != len(tail) + 1:
+                raise BadMessage(f"{kind}.{field} is {array.dtype}{list(shape)}, the spec says "
+                                 f"{dtype}[n, {', '.join(map(str, tail))}]")
+            if n < 0:
+                n = shape[0]
+            elif shape[0] != n:
+                raise BadMessage(f"{kind}.{field} has {shape[0]} rows, other fields have {n}")
+            if field not in self.optional:
+                present += 1
+        if present != self.required:
+            self._mismatch(kind, arrays)
+        return max(n, 0)
+
+    def _mismatch(self, kind: str, arrays) -> None:
+        names = set(arrays)
+        required = set(self.fields) - self.optional
+        raise BadMessage(f"{kind} fields do not match the replay spec: missing {sorted(required - names)}, "
+                         f"unexpected {sorted(safe_text(n, 40) for n in names - set(self.fields))}")
 
 
-def check_priorities_update(arrays: Mapping[str, np.ndarray]) -> int:
-    """A learner's priority update: int64 indices, float64 priorities, optional uint64 generations, one n."""
-    spec = {"indices": ((), "<i8"), "priorities": ((), "<f8")}
-    return check_rows("priorities", arrays, spec, extra={"generations": "<u8"})
+#: A learner's priority update: int64 indices, float64 priorities, optional uint64 generations.
+PRIORITY_UPDATE = RowSpec({"indices": ((), "<i8"), "priorities": ((), "<f8")}, extra={"generations": "<u8"})
 
 
 def _show(value: Any) -> str:

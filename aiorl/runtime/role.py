@@ -112,6 +112,7 @@ class Role:
         self._work_done = False
         self._late_failure: asyncio.Task | None = None
         self._spawned: set[asyncio.Task] = set()
+        self._algorithm = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} phase={self.phase.name} counters={self.counters}>"
@@ -219,7 +220,7 @@ class Role:
 
     def algorithm(self):
         """The configured algorithm, built once (roles need its specs for frame limits)."""
-        if getattr(self, "_algorithm", None) is None:
+        if self._algorithm is None:
             from aiorl.runtime.algorithm import build_algorithm
 
             self._algorithm = build_algorithm(self.cfg)
