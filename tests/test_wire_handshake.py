@@ -292,3 +292,52 @@ async def test_listening_beyond_loopback_without_tls_warns(caplog, host, warned)
     server = await serve(handler, host=host, token=TOKEN, name="s")
     await server.close()
     assert any("without TLS" in r.getMessage() for r in caplog.records) == warned
+
+
+async def test_bytes_handed_over_after_a_reset_are_ignored(caplog):
+    """A transport may hand over a read after it reported the connection lost (a reset):
+    the failed handshake must stay failed, with no internal error."""
+    from aiorl.wire import Limits
+    from aiorl.wire.protocol import WireProtocol
+
+    class Transport:
+        def __init__(self):
+            self.written = bytearray()
+
+        def get_extra_info(self, key, default=None):
+            return {"peername": ("127.0.0.1", 9)}.get(key, default)
+
+        def set_write_buffer_limits(self, high=None, low=None):
+            pass
+
+        def write(self, data):
+            self.written += data
+
+        def is_closing(self):
+            return False
+
+        def close(self):
+            pass
+
+        abort = close
+
+    caplog.set_level(logging.DEBUG, logger="aiorl.wire")
+    proto = WireProtocol(server=False, token=TOKEN, name="actor-0", limits=Limits(), recv_queue_size=4,
+                         handshake_timeout_s=HANG_S)
+    proto.connection_made(Transport())
+    server = Handshake(client=False, token=TOKEN, name="memory-0")
+    (challenge,) = server.receive(bytes(proto.transport.written))
+
+    def feed(data: bytes) -> None:
+        buf = proto.get_buffer(-1)
+        buf[:len(data)] = data
+        proto.buffer_updated(len(data))
+
+    hello_len = len(proto.transport.written)
+    feed(challenge.data)  # the client answers with its AUTH...
+    assert server.receive(bytes(proto.transport.written[hello_len:])) == [ClientProved("actor-0")]
+    welcome, _ = server.accept()
+    proto.connection_lost(ConnectionResetError(104, "Connection reset by peer"))  # ...then a reset
+    feed(welcome.data)  # a valid WELCOME, read before the reset
+    assert isinstance(proto.handshake_done.exception(), ConnectionResetError)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -447,7 +447,8 @@ class WireProtocol(asyncio.BufferedProtocol):
                 self._end += nbytes
                 data = bytes(self._stage_view[self._start:self._end])
                 self._start = self._end = 0
-                self._handshake_events(self._handshake.receive(data))
+                if not self._lost:  # bytes handed over after a reset: the handshake already failed
+                    self._handshake_events(self._handshake.receive(data))
                 return
             direct = self._direct
             if direct is not None:
