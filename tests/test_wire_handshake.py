@@ -14,12 +14,13 @@ import msgpack
 import pytest
 
 from aiorl.ratelog import RateLimitedLog
-from aiorl.wire import AuthError, ProtocolError, ServerBusy, connect, generate_token, serve
+from aiorl.wire import AuthError, Limits, ProtocolError, ServerBusy, connect, generate_token, serve
 from aiorl.wire.auth import (
     ClientProved, Established, Failed, Handshake, Send, State, handshake_frame, mac, new_nonce,
 )
 from aiorl.wire.codec import FIXED, FIXED_SIZE, PROTOCOL_VERSION, FrameType
 from aiorl.wire.names import is_peer_name, safe_text
+from aiorl.wire.protocol import WireProtocol
 
 TOKEN = generate_token()
 HANG_S = 30.0  # only bounds a hang
@@ -179,7 +180,31 @@ def test_rate_limited_log_counts_what_it_drops(caplog):
     assert log.total_suppressed == 7
 
 
-# ---------------------------------------------------------------------- over sockets
+# ---------------------------------------------------------------------- over sockets (or a fake transport)
+
+
+class FakeTransport:
+    """Just enough transport to drive a client WireProtocol by hand."""
+
+    def __init__(self):
+        self.written = bytearray()
+
+    def get_extra_info(self, key, default=None):
+        return {"peername": ("127.0.0.1", 9)}.get(key, default)
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        pass
+
+    def write(self, data):
+        self.written += data
+
+    def is_closing(self):
+        return False
+
+    def close(self):
+        pass
+
+    abort = close
 
 
 async def test_client_sends_nothing_after_a_bogus_server_mac():
@@ -297,34 +322,10 @@ async def test_listening_beyond_loopback_without_tls_warns(caplog, host, warned)
 async def test_bytes_handed_over_after_a_reset_are_ignored(caplog):
     """A transport may hand over a read after it reported the connection lost (a reset):
     the failed handshake must stay failed, with no internal error."""
-    from aiorl.wire import Limits
-    from aiorl.wire.protocol import WireProtocol
-
-    class Transport:
-        def __init__(self):
-            self.written = bytearray()
-
-        def get_extra_info(self, key, default=None):
-            return {"peername": ("127.0.0.1", 9)}.get(key, default)
-
-        def set_write_buffer_limits(self, high=None, low=None):
-            pass
-
-        def write(self, data):
-            self.written += data
-
-        def is_closing(self):
-            return False
-
-        def close(self):
-            pass
-
-        abort = close
-
     caplog.set_level(logging.DEBUG, logger="aiorl.wire")
     proto = WireProtocol(server=False, token=TOKEN, name="actor-0", limits=Limits(), recv_queue_size=4,
                          handshake_timeout_s=HANG_S)
-    proto.connection_made(Transport())
+    proto.connection_made(FakeTransport())
     server = Handshake(client=False, token=TOKEN, name="memory-0")
     (challenge,) = server.receive(bytes(proto.transport.written))
 
@@ -340,4 +341,28 @@ async def test_bytes_handed_over_after_a_reset_are_ignored(caplog):
     proto.connection_lost(ConnectionResetError(104, "Connection reset by peer"))  # ...then a reset
     feed(welcome.data)  # a valid WELCOME, read before the reset
     assert isinstance(proto.handshake_done.exception(), ConnectionResetError)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_welcome_after_connect_gave_up_is_ignored(caplog):
+    """connect() aborts a handshake that ran past its timeout; a WELCOME read just after must not
+    complete it (the future is cancelled) or log an internal error."""
+    caplog.set_level(logging.DEBUG, logger="aiorl.wire")
+    proto = WireProtocol(server=False, token=TOKEN, name="actor-0", limits=Limits(), recv_queue_size=4,
+                         handshake_timeout_s=HANG_S)
+    transport = FakeTransport()
+    proto.connection_made(transport)
+    server = Handshake(client=False, token=TOKEN, name="memory-0")
+    (challenge,) = server.receive(bytes(transport.written))
+    hello_len = len(transport.written)
+    buf = proto.get_buffer(-1)
+    buf[:len(challenge.data)] = challenge.data
+    proto.buffer_updated(len(challenge.data))
+    server.receive(bytes(transport.written[hello_len:]))
+    welcome, _ = server.accept()
+    proto.abort()  # what connect() does on its timeout
+    buf = proto.get_buffer(-1)
+    buf[:len(welcome.data)] = welcome.data
+    proto.buffer_updated(len(welcome.data))
+    assert proto.handshake_done.cancelled() and not proto._authenticated
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

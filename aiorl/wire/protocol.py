@@ -447,7 +447,7 @@ class WireProtocol(asyncio.BufferedProtocol):
                 self._end += nbytes
                 data = bytes(self._stage_view[self._start:self._end])
                 self._start = self._end = 0
-                if not self._lost:  # bytes handed over after a reset: the handshake already failed
+                if not (self._lost or self._closing):  # after a reset or abort() the handshake has ended
                     self._handshake_events(self._handshake.receive(data))
                 return
             direct = self._direct
@@ -654,7 +654,7 @@ class WireProtocol(asyncio.BufferedProtocol):
                 if self._server:
                     if self._on_ready is not None:
                         self._on_ready(self)
-                else:
+                elif not self.handshake_done.done():  # (connect() may have given up on it)
                     self.handshake_done.set_result(None)
                 if event.rest:
                     self._parse()  # frames the peer sent right behind its last handshake frame
