@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from aiorl.config import Config, ConfigError, load_config
+from aiorl.rundir import make_run_dir
+from aiorl.runtime.process import cluster_token
+from aiorl.wire import TokenError, load_token
+from aiorl.wire.auth import TOKEN_ENV
 
 
 def _make_run_dir(cfg: Config) -> Path:
@@ -16,8 +21,7 @@ def _make_run_dir(cfg: Config) -> Path:
     else:
         env = cfg.env.id.replace("/", "-")  # ALE/Pong-v5: one directory, not two
         run_dir = Path("runs") / f"{cfg.algo}-{env}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    return make_run_dir(run_dir)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -35,18 +39,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                 from aiorl.runtime.algorithm import get_algorithm
 
                 get_algorithm(cfg.algo).check_learner_host(cfg)
-            return run_role(cfg, args.role, args.index, _make_run_dir(cfg))
+            run_dir = _make_run_dir(cfg)
+            cluster_token(cfg, run_dir)  # a bad token is the user's to fix: one line, before the role starts
+            return run_role(cfg, args.role, args.index, run_dir)
         from aiorl.replay.frames import frame_layout
         from aiorl.runtime.algorithm import build_algorithm
 
-        # Fail on an unknown env, unsupported spaces or a missing learner device before
-        # any process starts.
+        # Fail on an unknown env, unsupported spaces, a missing learner device or a bad
+        # token before any process starts.
         algo = build_algorithm(cfg)
         algo.transition_spec()
         frame_layout(cfg, algo)
         algo.check_learner_host(cfg)
+        if cfg.run.token_file is not None or os.environ.get(TOKEN_ENV):
+            load_token(cfg.run.token_file)  # else the launcher makes one
     except ConfigError as exc:
         print(f"aiorl: config error: {exc}", file=sys.stderr)
+        return 2
+    except TokenError as exc:
+        print(f"aiorl: token error: {exc}", file=sys.stderr)
         return 2
     from aiorl.launch import LocalLauncher
 

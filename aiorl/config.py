@@ -78,7 +78,8 @@ class ClusterConfig:
     start_timeout_s: float = doc("Seconds for every role to register.", default=120.0)
     phase_timeout_s: float = doc("Deadline of each shutdown phase.", default=60.0)
     rendezvous_port: int = doc(
-        "Port for torch.distributed among learners (0: a free one, local runs only).", default=0
+        "Port learner 0 listens on for torch.distributed among learners (0: a free one), on "
+        "advertise_host (else host). Unauthenticated: see aiorl/runtime/rendezvous.py.", default=0
     )
     learner_credits: int = doc(
         "Batches a learner may have requested and not yet consumed, per memory.", default=2
@@ -91,6 +92,14 @@ class ClusterConfig:
     frame_compression: str = doc(
         "'lz4': actors send their frames (the frame replay layout) as one lz4 block per batch; "
         "'none': raw. See bench/frame_compression.py.", default="none"
+    )
+    max_handshakes: int = doc(
+        "Connections a coordinator or memory host lets handshake at once; more are refused (busy).",
+        default=128,
+    )
+    max_handshakes_per_host: int = doc(
+        "Of those, how many may come from one address (a flood from one host cannot take them all).",
+        default=32,
     )
     tls_cert: str | None = doc("PEM certificate of this host (enables TLS).", default=None)
     tls_key: str | None = doc("PEM private key for tls_cert.", default=None)
@@ -114,7 +123,9 @@ class AgentConfig:
     prioritized_replay_alpha: float = doc("Priority exponent alpha.", default=0.6)
     prioritized_replay_beta: float = doc("Importance-sampling exponent beta.", default=0.4)
     prioritized_replay_beta_final: float | None = doc(
-        "Anneal beta linearly to this value over scheduled_global_steps.", default=None
+        "Anneal beta linearly to this value over the run's schedule: learner steps (all learners) over "
+        "scheduled_global_steps or env steps over scheduled_timesteps, whichever ends the run first.",
+        default=None,
     )
     prioritized_replay_eps: float = doc("Added to |priority| before the exponent.", default=1e-6)
     scheduled_timesteps: int | None = doc("Stop after this many env steps (all actors).", default=None)
@@ -334,6 +345,8 @@ def validate(cfg: Config) -> None:
            f"cluster.coordinator_timeout_s ({c.coordinator_timeout_s}) must exceed "
            f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})")
     _check(c.learner_credits >= 1, f"cluster.learner_credits: must be at least 1, got {c.learner_credits}")
+    for name in ("max_handshakes", "max_handshakes_per_host"):
+        _check(getattr(c, name) >= 1, f"cluster.{name}: must be at least 1, got {getattr(c, name)}")
     _check(0 <= c.actor_flush_delay_s <= 1,
            f"cluster.actor_flush_delay_s: expected 0..1 seconds, got {c.actor_flush_delay_s}")
     _check((c.tls_cert is None) == (c.tls_key is None),
@@ -366,6 +379,9 @@ def validate(cfg: Config) -> None:
     if a.prioritized_replay_beta_final is not None:
         _check(0 <= a.prioritized_replay_beta_final <= 1,
                f"agent.prioritized_replay_beta_final: expected 0..1, got {a.prioritized_replay_beta_final}")
+        _check(a.scheduled_global_steps is not None or a.scheduled_timesteps is not None,
+               "agent.prioritized_replay_beta_final anneals beta over the run's schedule: set "
+               "agent.scheduled_global_steps or agent.scheduled_timesteps (or drop it)")
     _check(a.prioritized_replay_eps > 0, f"agent.prioritized_replay_eps: must be > 0, got {a.prioritized_replay_eps}")
     for name in ("scheduled_timesteps", "scheduled_global_steps"):
         value = getattr(a, name)

@@ -183,3 +183,17 @@ def test_config_errors(env, model, message):
 def test_validation_happens_at_load_time():
     with pytest.raises(ConfigError, match=r"model.actor_network\[0\]: unknown layer"):
         make_config("apex_ddpg", "Pendulum-v1", {"actor_network": ["relux"]})
+
+
+def test_an_action_dimension_of_zero_width_is_a_config_error():
+    """low == high would rescale by 0/0: NaN actions. Refused, naming the dimension."""
+    from aiorl.algos.apex_ddpg import ApexDDPG
+    from aiorl.envs import EnvSpec
+
+    cfg = make_config("apex_ddpg", "Pendulum-v1", {})
+    space = gym.spaces.Box(np.array([-2.0, 0.5, -1.0], np.float32), np.array([2.0, 0.5, 1.0], np.float32))
+    spec = EnvSpec("Fixed-v0", gym.spaces.Box(-1, 1, (3,), np.float32), space, 200)
+    with pytest.raises(ConfigError, match=r"low == high in dimension\(s\) \[1\]"):
+        ApexDDPG(cfg, spec)
+    # The same space with a real range in every dimension is fine.
+    ApexDDPG(cfg, EnvSpec("Ok-v0", spec.observation_space, gym.spaces.Box(-1, 1, (3,), np.float32), 200))

@@ -131,7 +131,40 @@ def test_per_actor_epsilon():
     assert actor_epsilon(3, 8, 0.4, 7.0) == pytest.approx(0.4 ** (1 + 7.0 * 3 / 7))
     assert actor_epsilon(7, 8, 0.4, 7.0) == pytest.approx(0.4 ** 8)
     algo = make_algo("apex_dqn", "CartPole-v1", {"exploration_eps": 0.5, "exploration_alpha": 3.0})
-    assert algo.make_actor(1, 3, seed=0).epsilon == pytest.approx(0.5 ** (1 + 3.0 * 1 / 2))
+    assert algo.make_actor(1, 3, seed=0).epsilons == pytest.approx([0.5 ** (1 + 3.0 * 1 / 2)])
+
+
+def test_epsilons_spread_over_every_env_slot():
+    """One actor with 8 envs explores like 8 actors; 2 x 4 gives the same 8 epsilons."""
+    model = {"exploration_eps": 0.4, "exploration_alpha": 7.0}
+    one = make_algo("apex_dqn", "CartPole-v1", model, env={"num_envs": 8}).make_actor(0, 1, seed=0)
+    assert one.epsilons == pytest.approx([0.4 ** (1 + 7.0 * j / 7) for j in range(8)])
+    algo = make_algo("apex_dqn", "CartPole-v1", model, env={"num_envs": 4})
+    two = np.concatenate([algo.make_actor(i, 2, seed=0).epsilons for i in range(2)])
+    assert two == pytest.approx(one.epsilons)
+    single = make_algo("apex_dqn", "CartPole-v1", model).make_actor(0, 1, seed=0)
+    assert single.epsilons == pytest.approx([0.4])  # one slot: the base epsilon
+
+
+def test_each_row_keeps_the_epsilon_of_the_env_that_acted():
+    algo = make_algo("apex_dqn", "CartPole-v1", {"n_step": 3}, env={"num_envs": 3})
+    assert algo.transition_spec()["epsilon"] == ((), "<f4")
+    actor = algo.make_actor(0, 1, seed=0)
+    runner = EnvRunner(algo.cfg.env, 3, seed=0)
+    rows = []
+    for _ in range(4):
+        rollout = runner.rollout(actor.act, 5)
+        batch, priorities = actor.postprocess(rollout)
+        rows.append(batch)
+    rows.append(actor.flush()[0])
+    runner.close()
+    epsilon = np.concatenate([b["epsilon"] for b in rows])
+    action = np.concatenate([b["action"] for b in rows])
+    assert len(epsilon) == 4 * 5 * 3  # every step of every env, once
+    assert action.dtype == np.int64 and set(np.unique(action)) <= {0, 1}
+    # Each env contributed its 20 steps, each with that env's epsilon.
+    values, counts = np.unique(epsilon, return_counts=True)
+    assert values == pytest.approx(np.sort(actor.epsilons.astype(np.float32))) and counts.tolist() == [20] * 3
 
 
 @pytest.mark.parametrize("eps, greedy_share", [(0.0, 1.0), (1.0, 0.5)])

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from torch import nn
 from aiorl.config import ConfigError
 from aiorl.replay import NStep
 from aiorl.runtime.algorithm import ActorPolicy, LearnerCore
+from aiorl.runtime.rendezvous import init_process_group
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\.pt$")
 POLICY_FILE = "policy.pt"
@@ -87,6 +87,16 @@ def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype | None
 def state_to_numpy(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
     """Named raw arrays (what weights travel as), copied off the device."""
     return {f"{prefix}.{k}": v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def weights_spec_of(weights: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{name: (shape, dtype)}`` of a weights dict: what `Algorithm.weights_spec` returns."""
+    return {k: (tuple(v.shape), v.dtype.str) for k, v in weights.items()}
+
+
+def nstep_batch_rows(cfg, n_step: int) -> int:
+    """Most rows one n-step batch holds: a rollout's windows plus the n - 1 per env held back before it."""
+    return (cfg.agent.sample_batch_size + n_step - 1) * cfg.env.num_envs
 
 
 def load_numpy_state(module: nn.Module, weights: dict[str, np.ndarray], prefix: str) -> None:
@@ -194,8 +204,7 @@ class DataParallel:
             raise RuntimeError(f"{world} data-parallel learners need a rendezvous address")
         use_nccl = device.type == "cuda" and torch.cuda.device_count() >= world and dist.is_nccl_available()
         self.backend = "nccl" if use_nccl else "gloo"
-        dist.init_process_group(self.backend, init_method=rendezvous, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        init_process_group(self.backend, rendezvous, rank, world, timeout_s)
         # Every learner starts from learner 0's weights.
         for module in broadcast:
             for tensor in [*module.parameters(), *module.buffers()]:

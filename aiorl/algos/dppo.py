@@ -49,7 +49,7 @@ from aiorl.algos._actor_critic import (
 )
 from aiorl.algos._common import (
     ApexLearner, as_tensor, check_positive, export_script, load_numpy_state, make_adam, setup_torch,
-    state_to_numpy, write_checkpoint,
+    state_to_numpy, weights_spec_of, write_checkpoint,
 )
 from aiorl.algos._networks import check_observation_space, is_image, parse_network
 from aiorl.config import ConfigError, doc
@@ -332,6 +332,9 @@ class DPPO(Algorithm):
         return ActorCritic(self.env_spec.observation_space, self.env_spec.action_space, self.layers,
                            shared=m.shared_torso, obs_norm=self.obs_norm, obs_norm_clip=m.obs_norm_clip,
                            log_std_init=m.log_std_init)
+
+    def weights_spec(self):
+        return weights_spec_of(state_to_numpy(self.network(), "net"))
 
     def transition_spec(self):
         obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space

@@ -426,6 +426,15 @@ class ES(Algorithm):
     def noise_table(self) -> NoiseTable:
         return NoiseTable(self.cfg.model.noise_seed, self.cfg.model.noise_table_size)
 
+    def max_batch_rows(self):
+        return 1  # one row per work item
+
+    def weights_spec(self):
+        dim = len(get_flat(self.network()))
+        norm = max(self.obs_norm, 1)
+        return {"theta": ((dim,), "<f4"), "normalizer.shift": ((norm,), "<f4"),
+                "normalizer.scale": ((norm,), "<f4")}
+
     def transition_spec(self):
         d = self.stats_dim
         return {"noise_index": ((), "<i8"), "returns": ((2,), "<f8"), "lengths": ((2,), "<i8"),

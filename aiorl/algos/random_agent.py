@@ -117,6 +117,16 @@ class RandomAgent(Algorithm):
         return {"obs": obs, "action": action, "reward": ((), "<f4"), "next_obs": obs,
                 "done": ((), "|b1"), "discount": ((), "<f4")}
 
+    def max_batch_rows(self):
+        rows = self.cfg.agent.sample_batch_size * self.cfg.env.num_envs
+        if self.is_synchronous(self.cfg):
+            return rows
+        return rows + (self.cfg.model.n_step - 1) * self.cfg.env.num_envs  # open n-step windows
+
+    def weights_spec(self):
+        obs_shape = self.env_spec.observation_space.shape
+        return {"mean_obs": ((int(np.prod(obs_shape)),), "<f8"), "steps": ((1,), "<i8")}
+
     def make_actor(self, actor_index, num_actors, seed):
         return RandomPolicy(self, seed)
 

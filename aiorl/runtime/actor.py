@@ -23,10 +23,9 @@ import numpy as np
 from aiorl.envs import EnvRunner
 from aiorl.replay.frame_sender import FrameSender
 from aiorl.replay.frames import frame_layout
-from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role
-from aiorl.wire import Connection, connect
+from aiorl.wire import Connection
 
 # Waits whose liveness comes from heartbeats and connection loss, not a timer.
 UNBOUNDED_S = 365 * 24 * 3600.0
@@ -67,7 +66,7 @@ class ActorRole(Role):
 
     async def main(self) -> dict:
         cfg = self.cfg
-        algo = build_algorithm(cfg)
+        algo = self.algorithm()
         seed = cfg.run.seed + 10_000 * (self.index + 1)
         self.policy = algo.make_actor(self.index, cfg.cluster.actors, seed)
         layout = frame_layout(cfg, algo)
@@ -80,7 +79,7 @@ class ActorRole(Role):
         # work items: the policy steps its own envs
         self.runner = None if work else EnvRunner(cfg.env, cfg.env.num_envs, seed, frames=self.frames)
         for host, port in self.start_info["memories"]:
-            self.memories.append(await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client))
+            self.memories.append(await self.attach_memory(host, port))
         self.sent = [{"batches": 0, "transitions": 0} for _ in self.memories]
         try:
             if work:
@@ -146,7 +145,7 @@ class ActorRole(Role):
             if (self.batches % self.cfg.agent.sync_interval == 0
                     and self.weights_version_seen > self.policy.weights_version
                     and (self._pull is None or self._pull.done())):
-                self._pull = asyncio.create_task(self._pull_weights())
+                self._pull = self.spawn(self._pull_weights(), "weights pull")
 
     async def _pull_weights(self) -> None:
         reply = await self._request_or_lost("get_weights", {"have": self.policy.weights_version})

@@ -183,6 +183,22 @@ class Algorithm:
     def transition_spec(self) -> Spec:
         raise NotImplementedError
 
+    def max_batch_rows(self) -> int:
+        """Most rows one actor batch (or synchronous rollout) can hold; bounds an actor's frames.
+
+        The default is one rollout, ``sample_batch_size x num_envs`` rows. A
+        postprocess that holds rows back across rollouts (open n-step windows)
+        must add what it may release at once.
+        """
+        return self.cfg.agent.sample_batch_size * self.cfg.env.num_envs
+
+    def weights_spec(self) -> Spec | None:
+        """The arrays learner 0 publishes (``{name: (shape, dtype)}``); bounds weights frames.
+
+        None when the algorithm cannot say: weights frames then get the wire's default cap.
+        """
+        return None
+
     def make_actor(self, actor_index: int, num_actors: int, seed: int) -> ActorPolicy:
         raise NotImplementedError
 

@@ -4,14 +4,18 @@ the parameter store and the shutdown phases. It lives in memory host 0.
 Every role keeps one control connection to it. Requests (register, heartbeat,
 publish, get_weights, barrier, work, done, stop) are answered on that
 connection; phase changes, ``role_lost`` (to memories) and the final ``exit``
-are pushed to roles on it.
+are pushed to roles on it. Every request is checked (`aiorl.runtime.messages`):
+a bad one closes that connection, which loses that role. Each registration
+gets a fresh session id, which memory hosts check (``check_session``) before a
+role may attach.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import logging
-import socket
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +24,16 @@ import numpy as np
 
 from aiorl.config import Config
 from aiorl.metrics import MetricsWriter, mean_or_none
+from aiorl.ratelog import RateLimitedLog
 from aiorl.rundir import write_json_atomic
+from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.barrier import Barrier, BarrierAborted
+from aiorl.runtime.messages import BadMessage, RowSpec, check
 from aiorl.runtime.phase import PHASE_OWNER, Phase, role_name
 from aiorl.runtime.work import WorkQueue
 from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
+from aiorl.wire.names import safe_text
 
 log = logging.getLogger("aiorl.coordinator")
 
@@ -44,6 +52,7 @@ class RoleRecord:
     address: tuple[str, int] | None = None  # memory hosts: where actors and learners connect
     status: str = "expected"  # expected, running, done, lost, failed
     reason: str | None = None
+    session: str | None = None  # id of its current registration
     last_heartbeat: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
@@ -59,6 +68,7 @@ class RoleRecord:
             "reason": self.reason,
             "pid": self.pid,
             "host": self.host,
+            "address": list(self.address) if self.address else None,
             "heartbeat_age_s": round(now - self.last_heartbeat, 3) if self.last_heartbeat else None,
             "counters": self.counters,
             "metrics": self.metrics,
@@ -109,6 +119,10 @@ class Coordinator:
         self._metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
         self.last_row: dict = {}
         self._last_metrics: tuple | None = None
+        self.registrations_refused = 0
+        self.bad_messages = 0
+        self._log_refusal = RateLimitedLog(log, logging.WARNING, burst=10, per_s=0.5)
+        self._log_housekeeping = RateLimitedLog(log, logging.ERROR, burst=5, per_s=0.1)
 
     def __repr__(self) -> str:
         alive = sum(r.live for r in self.roles.values())
@@ -151,23 +165,18 @@ class Coordinator:
 
     # ------------------------------------------------------------------ serving
 
-    def _pick_rendezvous(self, host: str) -> str | None:
-        """A tcp:// address for torch.distributed among data-parallel learners."""
-        c = self.cfg.cluster
-        if c.learners < 2:
-            return None
-        if c.rendezvous_port:
-            port = c.rendezvous_port
-        else:
-            with socket.socket() as s:  # a free port now; learner 0 binds it moments later
-                s.bind((host, 0))
-                port = s.getsockname()[1]
-        return f"tcp://{c.advertise_host or host}:{port}"
-
     async def start(self, host: str, port: int) -> int:
-        self.rendezvous = self._pick_rendezvous(host)
+        from aiorl.runtime.algorithm import build_algorithm
+
+        self.algo = build_algorithm(self.cfg)
+        spec = self.algo.weights_spec()
+        self._weights_rows = RowSpec(spec) if spec is not None else None
+        c = self.cfg.cluster
+        # Every role, room for restarted ones whose old connection lingers, and `aiorl status`.
         self.server = await serve(self._on_connection, host=host, port=port, token=self.token,
-                                  name="coordinator", ssl=self.ssl)
+                                  name="coordinator", ssl=self.ssl, limits=frame_limits.UNKNOWN_PEER,
+                                  max_connections=2 * len(self.roles) + 16, max_handshakes=c.max_handshakes,
+                                  max_handshakes_per_host=c.max_handshakes_per_host)
         return self.server.port
 
     async def _on_connection(self, conn: Connection) -> None:
@@ -177,8 +186,13 @@ class Coordinator:
         waiters: set[asyncio.Task] = set()
         try:
             async for msg in conn:
+                fields = check(msg.kind, msg.meta)
+                if msg.request_id is None:
+                    raise BadMessage(f"{msg.kind} must be a request")
                 if record is None and msg.kind == "register":
-                    record = await self._register(conn, msg)
+                    record = await self._register(conn, msg, fields)
+                    if record is None:
+                        return
                     continue
                 if msg.kind == "status":
                     await conn.reply(msg, meta=self.status())
@@ -186,12 +200,21 @@ class Coordinator:
                 if record is None:
                     await self._reply_error(conn, msg, f"{msg.kind!r} before register")
                     return
-                waiter = await self._dispatch(record, conn, msg)
+                waiter = await self._dispatch(record, conn, msg, fields)
                 if waiter is not None:
                     waiters.add(waiter)
                     waiter.add_done_callback(waiters.discard)
+                    waiter.add_done_callback(self._waiter_done)
         except ConnectionClosed:
             pass
+        except BadMessage as exc:
+            self.bad_messages += 1
+            who = record.name if record is not None else f"{conn.peer_name} (unregistered)"
+            if record is None:
+                self._log_refusal("closing the connection of %s from %s: %s", who, conn.peer, exc)
+            else:
+                log.error("closing the connection of %s: bad message: %s", who, exc)
+            conn.abort()
         finally:
             for waiter in list(waiters):
                 waiter.cancel()
@@ -206,9 +229,26 @@ class Coordinator:
             except ConnectionClosed:
                 pass
 
-    async def _register(self, conn: Connection, msg: Message) -> RoleRecord | None:
-        meta = msg.meta
-        name = str(meta.get("role", ""))
+    def _waiter_done(self, task: asyncio.Task) -> None:
+        """A request's task that raised is a bug of the coordinator's: log it, fail the run."""
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("%s failed: %s: %s", task.get_name(), type(exc).__name__, exc, exc_info=exc)
+            self.begin_stop(f"coordinator task {task.get_name()} failed: {type(exc).__name__}: {exc}", failed=True)
+
+    def check_session(self, name: str, session: str) -> str | None:
+        """None when `session` is the id of `name`'s live registration, else why not."""
+        record = self.roles.get(name)
+        if record is None or record.session is None:
+            return f"{name} is not registered in this run"
+        if not hmac.compare_digest(record.session, session):
+            return f"not the session of {name}'s current registration"
+        if not record.live:
+            return f"{name}'s registration has ended ({record.status})"
+        return None
+
+    async def _register(self, conn: Connection, msg: Message, meta: dict) -> RoleRecord | None:
+        name = meta["role"]
         record = self.roles.get(name)
         reason = None
         if record is None:
@@ -222,7 +262,8 @@ class Coordinator:
         elif self.phase != Phase.STARTING:
             reason = f"{name} registered too late: the run is in phase {self.phase.name}"
         if reason is not None:
-            log.warning("refused registration from %s: %s", conn.peer, reason)
+            self.registrations_refused += 1
+            self._log_refusal("refused registration from %s: %s", conn.peer, reason)
             await conn.reply_error(msg, reason)
             await conn.close()
             return None
@@ -230,11 +271,16 @@ class Coordinator:
         record.pid = meta.get("pid")
         record.host = meta.get("host")
         address = meta.get("address")
-        record.address = (str(address[0]), int(address[1])) if address else None
+        record.address = (address[0], address[1]) if address else None
         record.status = "running"
+        record.session = secrets.token_hex(16)
+        if name == "learner-0" and meta.get("rendezvous"):
+            self.rendezvous = meta["rendezvous"]  # learner 0 listens there (aiorl.runtime.rendezvous)
         record.last_heartbeat = asyncio.get_running_loop().time()
         log.info("registered %s (pid %s, %s)", name, record.pid, conn.peer)
-        await conn.reply(msg, meta={"phase": int(self.phase), "config_hash": self.config_hash})
+        conn.set_limits(frame_limits.to_coordinator(name, self.algo))
+        await conn.reply(msg, meta={"phase": int(self.phase), "config_hash": self.config_hash,
+                                    "session": record.session})
         if all(r.status == "running" for r in self.roles.values()):
             self.started.set()
         return record
@@ -298,52 +344,62 @@ class Coordinator:
         # Losing a learner or a memory host loses data or learning: end the run.
         self.begin_stop(f"{record.name} {record.status}: {record.reason}", failed=True)
 
-    async def _dispatch(self, record: RoleRecord, conn: Connection, msg: Message) -> asyncio.Task | None:
+    async def _dispatch(self, record: RoleRecord, conn: Connection, msg: Message,
+                        fields: dict) -> asyncio.Task | None:
         kind = msg.kind
         if kind == "heartbeat":
-            self._heartbeat(record, msg.meta)
-            await conn.reply(msg, meta={"phase": int(self.phase), "weights_version": self.weights_version})
+            self._heartbeat(record, fields)
+            await conn.reply(msg, meta={"phase": int(self.phase), "weights_version": self.weights_version,
+                                        "env_steps": self.env_steps, "learner_steps": self.learner_steps})
         elif kind == "wait_start":
-            return asyncio.create_task(self._answer_start(conn, msg))
+            return asyncio.create_task(self._answer_start(conn, msg), name=f"start for {record.name}")
         elif kind == "publish":
             await self._publish(record, conn, msg)
         elif kind == "get_weights":
-            return asyncio.create_task(self._answer_weights(conn, msg))
+            return asyncio.create_task(self._answer_weights(conn, msg, fields), name=f"weights for {record.name}")
         elif kind == "barrier":
-            return asyncio.create_task(self._answer_barrier(record, conn, msg))
+            return asyncio.create_task(self._answer_barrier(record, conn, msg, fields),
+                                       name=f"barrier for {record.name}")
         elif kind == "work":
-            return asyncio.create_task(self._answer_work(record, conn, msg))
+            return asyncio.create_task(self._answer_work(record, conn, msg, fields),
+                                       name=f"work for {record.name}")
+        elif kind == "check_session":
+            if record.kind != "memory":
+                await conn.reply_error(msg, f"only memory hosts check sessions, not {record.name}")
+            else:
+                reason = self.check_session(fields["role"], fields["session"])
+                await conn.reply(msg, meta={"ok": reason is None, "reason": reason})
         elif kind == "done":
-            self._heartbeat(record, msg.meta)
-            record.stats = dict(msg.meta.get("stats", {}))
+            self._heartbeat(record, fields)
+            record.stats = dict(fields.get("stats", {}))
             if record.status == "running":
                 record.status = "done"
                 log.info("%s done", record.name)
                 self.role_changed.set()
             await conn.reply(msg)
         elif kind == "fail":
-            reason = str(msg.meta.get("reason", "no reason given"))
+            reason = safe_text(fields.get("reason", "no reason given"), 1000)
             self._mark(record, "failed", reason)
             await conn.reply(msg)
         elif kind == "stop":
-            self.begin_stop(f"{record.name} asked to stop ({msg.meta.get('reason', 'no reason')})")
+            self.begin_stop(f"{record.name} asked to stop ({safe_text(fields.get('reason', 'no reason'))})")
             await conn.reply(msg)
         else:
             await self._reply_error(conn, msg, f"unknown control message {kind!r}")
         return None
 
-    def _heartbeat(self, record: RoleRecord, meta: dict) -> None:
+    def _heartbeat(self, record: RoleRecord, fields: dict) -> None:
         record.last_heartbeat = asyncio.get_running_loop().time()
-        counters = meta.get("counters")
+        counters = fields.get("counters")
         if counters:
-            record.counters = {str(k): int(v) for k, v in counters.items()}
-        metrics = meta.get("metrics")
+            record.counters = counters
+        metrics = fields.get("metrics")
         if metrics:
             record.metrics = metrics
-        returns = meta.get("episode_returns")
+        returns = fields.get("episode_returns")
         if returns:
-            self.returns.extend(float(r) for r in returns)
-            self.lengths.extend(int(n) for n in meta.get("episode_lengths", ()))
+            self.returns.extend(returns)
+            self.lengths.extend(fields.get("episode_lengths", ()))
             self.episodes += len(returns)
         self._check_stop_criteria()
 
@@ -360,6 +416,8 @@ class Coordinator:
         if record.name != "learner-0":
             await conn.reply_error(msg, f"only learner-0 publishes weights, not {record.name}")
             return
+        if self._weights_rows is not None:  # actors load these as they are: refuse what they could not
+            self._weights_rows.rows("publish", {k: v[None] for k, v in msg.arrays.items()})
         async with self.weights_changed:
             # The arrays are views over the received frame: keeping them is free.
             self.weights = dict(msg.arrays)
@@ -372,10 +430,10 @@ class Coordinator:
             self._wake_work()
         await conn.reply(msg, meta={"version": self.weights_version})
 
-    async def _answer_weights(self, conn: Connection, msg: Message) -> None:
+    async def _answer_weights(self, conn: Connection, msg: Message, fields: dict) -> None:
         """Reply with the weights if newer than ``have``; with ``min_version``, wait for it."""
-        have = int(msg.meta.get("have", -1))
-        min_version = msg.meta.get("min_version")
+        have = fields.get("have", -1)
+        min_version = fields.get("min_version")
         try:
             if min_version is not None:
                 async with self.weights_changed:
@@ -392,9 +450,9 @@ class Coordinator:
         except ConnectionClosed:
             pass
 
-    async def _answer_barrier(self, record: RoleRecord, conn: Connection, msg: Message) -> None:
+    async def _answer_barrier(self, record: RoleRecord, conn: Connection, msg: Message, fields: dict) -> None:
         """Reply once every live participant arrived; ``stop: True`` when the run stops first."""
-        name = str(msg.meta.get("name", "default"))
+        name = fields.get("name", "default")
         try:
             if self.phase > Phase.RUNNING:  # late arrivals: the barriers were aborted
                 await conn.reply(msg, meta={"stop": True})
@@ -404,18 +462,18 @@ class Coordinator:
                 live = [r.name for r in self.roles.values() if r.kind == record.kind and r.status == "running"]
                 barrier = self.barriers[name] = Barrier(live)
             try:
-                await barrier.wait(record.name, int(msg.meta["generation"]))
+                await barrier.wait(record.name, fields["generation"])
             except BarrierAborted:
                 await conn.reply(msg, meta={"stop": True})
                 return
-            except (ValueError, KeyError) as exc:
+            except ValueError as exc:
                 await self._reply_error(conn, msg, f"barrier {name!r}: {exc}")
                 return
-            await conn.reply(msg, meta={"generation": int(msg.meta["generation"])})
+            await conn.reply(msg, meta={"generation": fields["generation"]})
         except ConnectionClosed:
             pass
 
-    async def _answer_work(self, record: RoleRecord, conn: Connection, msg: Message) -> None:
+    async def _answer_work(self, record: RoleRecord, conn: Connection, msg: Message, fields: dict) -> None:
         """End the lease of the item reported ``done``, then hand out the next item
         (``iteration``, ``item``); wait while every item of the iteration is taken;
         ``stop: True`` once the run stops."""
@@ -423,11 +481,8 @@ class Coordinator:
             if self.work is None:
                 await self._reply_error(conn, msg, f"{self.cfg.algo} hands out no work items")
                 return
-            done = msg.meta.get("done")
+            done = fields.get("done")
             if done is not None:
-                if not (isinstance(done, list) and len(done) == 2 and all(type(v) is int for v in done)):
-                    await self._reply_error(conn, msg, f"work: 'done' must be [iteration, item], got {done!r}")
-                    return
                 self.work.finish(record.name, done[0], done[1])
             while True:
                 if self.phase > Phase.RUNNING or record.status != "running":
@@ -639,7 +694,10 @@ class Coordinator:
 
     def _write_metrics_row(self) -> None:
         self.last_row = self.metrics_row()
-        self._metrics.write(self.last_row)
+        try:
+            self._metrics.write(self.last_row)
+        except OSError as exc:  # a full disk or no file descriptor left must not end the run
+            self._log_housekeeping("could not write a metrics row: %s", exc)
 
     async def _metrics_loop(self) -> None:
         while True:
@@ -658,6 +716,10 @@ class Coordinator:
             "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
             "weights_version": self.weights_version,
             "weights_published_monotonic": self.weights_published,
+            "registrations_refused": self.registrations_refused,
+            "bad_messages": self.bad_messages,
+            "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
+            "handshakes_failed": self.server.stats["handshake_failures"] if self.server else 0,
             "roles": {name: {"status": r.status, "reason": r.reason, "pid": r.pid,
                              "counters": r.counters, "stats": r.stats}
                       for name, r in self.roles.items()},

@@ -7,6 +7,11 @@ incoming batches keep flowing while a step computes. A learner holds at most
 ``cluster.learner_credits`` batches requested-but-unconsumed per memory: no
 learner starves whatever the learner/memory counts, and memories never sample
 ahead of demand.
+
+Weights are copied between two steps (never while a step runs in the worker
+thread, which would tear them across two parameter versions) and published
+from that copy. A memory connection that ends before the memory's ``end``
+message fails the learner: it would otherwise wait for batches forever.
 """
 from __future__ import annotations
 
@@ -16,9 +21,10 @@ import time
 
 import numpy as np
 
-from aiorl.runtime.algorithm import build_algorithm
+from aiorl.runtime import rendezvous
 from aiorl.runtime.role import Offload, Role
-from aiorl.wire import Connection, ConnectionClosed, connect
+from aiorl.wire import Connection, ConnectionClosed
+from aiorl.wire.names import safe_text
 
 _END = None
 
@@ -53,6 +59,15 @@ class LearnerRole(Role):
         self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
         self.iterations: list[dict] = []  # synchronous algorithms: one entry per iteration trained
+        self.last_beta: float | None = None
+
+    def register_extra(self) -> dict:
+        c = self.cfg.cluster
+        if self.index != 0 or c.learners < 2:
+            return {}
+        # Bound now and kept open for the TCPStore: see aiorl.runtime.rendezvous.
+        host = c.advertise_host or self.coordinator_address()[0]
+        return {"rendezvous": rendezvous.listen(host, c.rendezvous_port)}
 
     def metrics(self) -> dict:
         return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),
@@ -63,20 +78,43 @@ class LearnerRole(Role):
             conn.abort()
 
     def beta(self) -> float:
+        """PER's beta, annealed linearly to ``prioritized_replay_beta_final`` over the run's schedule."""
         a = self.cfg.agent
-        if a.prioritized_replay_beta_final is None or not a.scheduled_global_steps:
+        if a.prioritized_replay_beta_final is None:
             return a.prioritized_replay_beta
-        frac = min(1.0, self.counters["learner_steps"] / a.scheduled_global_steps)
-        return a.prioritized_replay_beta + frac * (a.prioritized_replay_beta_final - a.prioritized_replay_beta)
+        frac = self.schedule_progress()
+        self.last_beta = a.prioritized_replay_beta + frac * (a.prioritized_replay_beta_final - a.prioritized_replay_beta)
+        return self.last_beta
+
+    def schedule_progress(self) -> float:
+        """How far the run is toward the stop criterion that ends it, in [0, 1].
+
+        The larger of the run's learner steps over ``scheduled_global_steps``
+        (the sum over every learner: what the coordinator stops on) and its env
+        steps over ``scheduled_timesteps``. The run's totals come with each
+        heartbeat reply; this learner's steps since then stand for every
+        learner's (data-parallel learners step together).
+        """
+        a = self.cfg.agent
+        totals = self.global_counters
+        frac = 0.0
+        if a.scheduled_global_steps:
+            own = self.counters["learner_steps"]
+            since = own - self.counters_at_heartbeat.get("learner_steps", 0)
+            run_steps = max(totals.get("learner_steps", 0) + since * self.cfg.cluster.learners, own)
+            frac = run_steps / a.scheduled_global_steps
+        if a.scheduled_timesteps:
+            frac = max(frac, totals.get("env_steps", 0) / a.scheduled_timesteps)
+        return min(1.0, frac)
 
     async def main(self) -> dict:
         cfg = self.cfg
-        algo = build_algorithm(cfg)
+        algo = self.algorithm()
         self.core = await asyncio.to_thread(
             algo.make_learner, self.index, cfg.cluster.learners, cfg.run.seed + 100 * (self.index + 1),
             self.start_info.get("rendezvous"))
         for host, port in self.start_info["memories"]:
-            self.memories.append(await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client))
+            self.memories.append(await self.attach_memory(host, port))
         self.per_memory = [{"batches": 0, "priority_messages": 0, "priorities": 0} for _ in self.memories]
         if self.index == 0:
             await self._publish_weights()  # version 0: actors start from the learner's weights
@@ -95,7 +133,8 @@ class LearnerRole(Role):
         await asyncio.to_thread(self.core.close)
         return {"learner_steps": self.counters["learner_steps"], "memories": self.per_memory,
                 "published": self.published, "checkpoints": self.checkpoints,
-                "unused_batches": self.unused_batches, "iterations": self.iterations}
+                "unused_batches": self.unused_batches, "iterations": self.iterations,
+                "prioritized_replay_beta_last": self.last_beta}
 
     async def _reader(self, m: int, conn: Connection) -> None:
         try:
@@ -105,9 +144,11 @@ class LearnerRole(Role):
                 elif msg.kind == "end":
                     break
                 else:
-                    self.log.warning("ignored %r from memory %d", msg.kind, m)
+                    raise RuntimeError(f"memory {m} sent an unexpected {safe_text(msg.kind, 40)!r} message")
+            else:
+                raise RuntimeError(f"memory {m} closed the connection before its end message")
         except ConnectionClosed as exc:
-            self.log.error("lost memory %d: %s", m, exc)
+            raise RuntimeError(f"lost memory {m} before its end message: {exc}") from None
         self.queue.put_nowait((m, _END))
 
     async def _train(self, m: int | None, batch: dict) -> bool:
@@ -172,7 +213,9 @@ class LearnerRole(Role):
                 pass  # that memory is gone; its reader reports it
             if (self.index == 0 and self.counters["learner_steps"] % self.cfg.agent.publish_interval == 0
                     and (self._publish is None or self._publish.done())):
-                self._publish = asyncio.create_task(self._publish_weights())
+                # Copied now, between two steps; the publish task must not read them later,
+                # while the next step changes them in a worker thread.
+                self._publish = self.spawn(self._publish_weights(self.core.get_weights()), "weights publish")
         if self._publish is not None:
             await self._publish
 
@@ -243,8 +286,10 @@ class LearnerRole(Role):
             else:
                 self.unused_batches += 1
 
-    async def _publish_weights(self) -> None:
-        weights = self.core.get_weights()
+    async def _publish_weights(self, weights: dict | None = None) -> None:
+        """Publish `weights` (taken between steps), or the current ones when no step is running."""
+        if weights is None:
+            weights = self.core.get_weights()
         reply = await self._request_or_lost("publish", {"learner_steps": self.counters["learner_steps"]},
                                             arrays=weights)
         self.published += 1

@@ -11,18 +11,37 @@ For synchronous algorithms the memory gathers rounds (`aiorl.runtime.rounds`):
 exactly one rollout per iteration from each live actor assigned to it (actor
 i goes to memory i % memories), or every work item assigned to it, and hands
 each learner its share of round k when it asks for iteration k.
+
+Only roles the coordinator registered for this run attach, once per live
+registration: a peer's first message is ``attach`` with the session id its
+registration got, which the coordinator confirms. A name this run does not
+have, a session that is not that name's current one, or a second connection
+of the same registration is refused (logged at a bounded rate, counted in
+``peers_refused``); a newer registration of a name (a restarted role)
+replaces the older one's connection. Every message is checked
+(`aiorl.runtime.messages`); a bad one closes that connection only. Batch
+rows with a non-finite or negative priority are dropped and counted
+(``rows_rejected``), the rest of the batch is kept (in the frame layout, where
+the rows of a message share its frames, such rows are kept at priority 0).
 """
 from __future__ import annotations
 
 import asyncio
+import collections
+import hmac
+import logging
 import math
 import signal
 from dataclasses import dataclass, field
 
+import numpy as np
 
+from aiorl.ratelog import RateLimitedLog
 from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from aiorl.replay.frames import FrameReplayBuffer, frame_layout
-from aiorl.runtime.algorithm import build_algorithm, get_algorithm
+from aiorl.runtime import frame_limits
+from aiorl.runtime.algorithm import get_algorithm
+from aiorl.runtime.messages import PRIORITY_UPDATE, BadMessage, RowSpec, check
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.role import Role
 from aiorl.runtime.rounds import Rounds
@@ -68,6 +87,7 @@ class ActorLink:
     transitions: int = 0
     next_seq: int = 0
     seq_errors: int = 0
+    rows_rejected: int = 0  # rows dropped for a non-finite or negative priority
     done_meta: dict | None = None  # the actor's own account, from its actor_done
     closed: bool = False
     frames: object = None  # frame layout: the FrameStream of this connection
@@ -85,6 +105,7 @@ class LearnerLink:
     priority_messages: int = 0
     priorities_applied: int = 0
     priorities_stale: int = 0
+    priorities_rejected: int = 0  # non-finite or negative priorities, not applied
     done_meta: dict | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -108,23 +129,34 @@ class MemoryRole(Role):
         self.sampled = 0
         self.rounds: Rounds | None = None  # sync mode
         self.finished_actors: set[int] = set()  # sync mode: actors that can send nothing more here
-        self._conn_tasks: set[asyncio.Task] = set()
+        self.attached: dict[str, tuple[Connection, str]] = {}  # name -> (connection, session)
+        self.peers_refused: collections.Counter[str] = collections.Counter()  # by reason
+        self.rows_rejected = 0
+        self.bad_messages = 0  # connections closed for a message that broke the protocol
+        self._log_peer = RateLimitedLog(self.log, logging.WARNING, burst=10, per_s=0.5)
 
     def advertised_address(self):
         return (self.cfg.cluster.advertise_host or self.coordinator_address()[0], self.server.port)
 
     def metrics(self) -> dict:
+        server = self.server.stats if self.server is not None else {}
         frames = {"replay_frames": len(self.replay.pool)} if isinstance(self.replay, FrameReplayBuffer) else {}
         return {**frames, "replay_size": len(self.replay) if self.replay is not None else 0,
                 "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
                 "inserted": self.inserted, "sampled": self.sampled,
                 "actor_connections": sum(not link.closed for link in self.actors.values()),
-                "learner_credits": sum(link.credits for link in self.learners.values())}
+                "learner_credits": sum(link.credits for link in self.learners.values()),
+                "peers_refused": sum(self.peers_refused.values()), "rows_rejected": self.rows_rejected,
+                "bad_messages": self.bad_messages,
+                "connections_refused_busy": server.get("refused_busy", 0),
+                "handshakes_failed": server.get("handshake_failures", 0)}
 
     async def _run(self) -> int:
-        algo = build_algorithm(self.cfg)
+        algo = self.algorithm()
         spec = algo.transition_spec()
         layout = frame_layout(self.cfg, algo)
+        # Frame layout: a batch's rows carry frame ids; its frames travel beside them.
+        self.rows = RowSpec(layout.wire_spec(spec) if layout is not None else spec)
         a, c = self.cfg.agent, self.cfg.cluster
         if self.synchronous:
             self.rounds = Rounds(spec, self.index, c.memories, c.actors, c.learners, algo.work_items(self.cfg),
@@ -133,16 +165,19 @@ class MemoryRole(Role):
             self.replay = FrameReplayBuffer(
                 self.capacity, spec, layout, alpha=a.prioritized_replay_alpha if a.prioritized_replay else None,
                 eps=a.prioritized_replay_eps, seed=self.cfg.run.seed + 1000 + self.index,
-                max_streams=self.cfg.cluster.actors)
+                max_streams=c.actors)
         elif a.prioritized_replay:
             self.replay = PrioritizedReplayBuffer(self.capacity, spec, alpha=a.prioritized_replay_alpha,
                                                   eps=a.prioritized_replay_eps,
                                                   seed=self.cfg.run.seed + 1000 + self.index)
         else:
             self.replay = ReplayBuffer(self.capacity, spec, seed=self.cfg.run.seed + 1000 + self.index)
-        bind = self.cfg.cluster.advertise_host or self.coordinator_address()[0]
+        bind = c.advertise_host or self.coordinator_address()[0]
+        # Actors and learners, and room for restarted ones whose old connection lingers.
         self.server = await serve(self._on_connection, host=bind, port=0, token=self.token,
-                                  name=self.name, ssl=self.ssl_server)
+                                  name=self.name, ssl=self.ssl_server, limits=frame_limits.UNKNOWN_PEER,
+                                  max_connections=2 * (c.actors + c.learners) + 4,
+                                  max_handshakes=c.max_handshakes, max_handshakes_per_host=c.max_handshakes_per_host)
         self.log.info("serving replay on %s:%s (capacity %d)", bind, self.server.port, self.capacity)
         return await super()._run()
 
@@ -165,30 +200,89 @@ class MemoryRole(Role):
 
     async def _on_connection(self, conn: Connection) -> None:
         try:
-            kind, index = parse_role_name(conn.peer_name or "")
-        except ValueError:
-            self.log.warning("closing connection from %s: %r is not an actor or learner",
-                             conn.peer, conn.peer_name)
-            return
-        if kind == "actor":
-            await self._serve_actor(conn, index)
-        elif kind == "learner":
-            await self._serve_learner(conn, index)
-        else:
-            self.log.warning("closing connection from %s: %s does not talk to memories", conn.peer, conn.peer_name)
+            attached = await self._attach(conn)
+            if attached is None:
+                return
+            kind, index = attached
+            if kind == "actor":
+                await self._serve_actor(conn, index)
+            else:
+                await self._serve_learner(conn, index)
+        except (ConnectionClosed, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # not the peer's fault: a bug of ours ends the memory host loudly
+            self.fatal(exc, f"serving {conn.peer_name}")
 
-    async def _read(self, conn: Connection, name: str, done_kind: str, handle) -> dict | None:
-        """Feed each message to `handle` until the peer's `done_kind` message, whose meta is
-        returned; None when the connection ended first or sent something bad (logged)."""
+    def _refuse(self, conn: Connection, code: str, reason: str) -> None:
+        self.peers_refused[code] += 1
+        self._log_peer("refused %s from %s: %s", conn.peer_name, conn.peer, reason)
+
+    async def _attach(self, conn: Connection) -> tuple[str, int] | None:
+        """Check that the peer is a registered actor or learner of this run, attached once."""
+        c = self.cfg.cluster
+        name = conn.peer_name  # validated by the handshake: safe to log
+        try:
+            async with asyncio.timeout(c.coordinator_timeout_s):
+                msg = await conn.recv()
+            session = check(msg.kind, msg.meta, {"attach"})["session"]
+            if msg.request_id is None:
+                raise BadMessage("attach must be a request")
+        except (TimeoutError, ConnectionClosed, BadMessage) as exc:
+            self._refuse(conn, "no_attach", f"no valid attach: {exc or 'timed out'}")
+            return None
+        try:
+            kind, index = parse_role_name(name)
+        except ValueError:
+            kind, index = "", -1
+        code = reason = None
+        if kind not in ("actor", "learner") or index >= (c.actors if kind == "actor" else c.learners):
+            code, reason = "unknown", f"{name} is not an actor or learner of this run"
+        else:
+            reason = await self._check_session(name, session)
+            code = "session"
+            held = self.attached.get(name)
+            if reason is None and held is not None and not held[0].closed:
+                if hmac.compare_digest(held[1], session):
+                    code, reason = "duplicate", f"{name} is already attached (a second connection, same registration)"
+                else:  # a newer registration (a restarted role): its predecessor is gone
+                    self.log.warning("%s registered again: dropping its previous connection (%s)",
+                                     name, held[0].peer)
+                    held[0].abort()
+        if reason is not None:
+            self._refuse(conn, code, reason)
+            try:
+                await conn.reply_error(msg, f"refused: {reason}")
+            except ConnectionClosed:
+                pass
+            return None
+        self.attached[name] = (conn, session)
+        conn.set_limits(frame_limits.actor_to_memory(self.cfg, self.algorithm()) if kind == "actor"
+                        else frame_limits.learner_to_memory(self.cfg, self.algorithm()))
+        await conn.reply(msg)
+        return kind, index
+
+    async def _check_session(self, name: str, session: str) -> str | None:
+        """None when `session` is `name`'s live registration, else why not (asks the coordinator)."""
+        if self.local_coordinator is not None:
+            return self.local_coordinator.check_session(name, session)
+        reply = await self._request_or_lost("check_session", {"role": name, "session": session})
+        return None if reply.meta.get("ok") is True else str(reply.meta.get("reason", "refused"))
+
+    async def _read(self, conn: Connection, name: str, done_kind: str, allowed: set[str], handle) -> dict | None:
+        """Feed each checked message to `handle` until the peer's `done_kind` message, whose
+        fields are returned; None when the connection ended first or sent something bad (logged)."""
         try:
             async for msg in conn:
+                fields = check(msg.kind, msg.meta, allowed | {done_kind})
                 if msg.kind == done_kind:
-                    return dict(msg.meta)
-                handle(msg)
+                    return fields
+                handle(msg, fields)
         except ConnectionClosed:
             pass
-        except (ValueError, KeyError, TypeError) as exc:
+        except BadMessage as exc:
+            self.bad_messages += 1
             self.log.error("closing connection of %s: bad message: %s", name, exc)
+            conn.abort()
         return None
 
     async def _serve_actor(self, conn: Connection, index: int) -> None:
@@ -197,16 +291,15 @@ class MemoryRole(Role):
             link.frames = self.replay.stream()  # frame ids start over with every connection
         link.conn = conn
 
-        def handle(msg) -> None:
+        def handle(msg, fields) -> None:
             if msg.kind == "batch":
-                self._ingest(link, msg)
-            elif msg.kind == "rollout":
-                self._ingest_rollout(link, index, msg)
+                self._ingest(link, msg, fields)
             else:
-                raise ValueError(f"unexpected message {msg.kind!r}")
+                self._ingest_rollout(link, index, msg, fields)
 
+        allowed = {"rollout"} if self.synchronous else {"batch"}
         try:
-            link.done_meta = await self._read(conn, link.name, "actor_done", handle)
+            link.done_meta = await self._read(conn, link.name, "actor_done", allowed, handle)
         finally:
             link.closed = True
             if link.frames is not None:
@@ -218,33 +311,78 @@ class MemoryRole(Role):
                 self._actor_finished(index)
             self.changed.fire()
 
-    def _ingest(self, link: ActorLink, msg) -> None:
-        seq = int(msg.meta.get("seq", -1))
+    def _ingest(self, link: ActorLink, msg, fields: dict) -> None:
+        seq = fields["seq"]
         if seq != link.next_seq:
             link.seq_errors += 1
             self.log.error("%s batch seq %d, expected %d", link.name, seq, link.next_seq)
         link.next_seq = seq + 1
         arrays = dict(msg.arrays)
         priorities = arrays.pop("priorities", None)
+        frames = {k: arrays.pop(k) for k in ("frames", "frames_lz4", "frame_ids") if k in arrays}
+        n = self.rows.rows("batch", arrays)
+        if priorities is not None and (priorities.dtype != np.float64 or priorities.shape != (n,)):
+            raise BadMessage(f"batch.priorities is {priorities.dtype}{list(priorities.shape)}, "
+                             f"expected float64[{n}]")
         if link.frames is not None:
-            self.replay.add(arrays, priorities, stream=link.frames, keep_from=msg.meta.get("keep_from"))
+            self._add_frames(link, {**arrays, **frames}, priorities, n, fields)
+        elif frames:
+            raise BadMessage(f"batch carries {sorted(frames)}, but this run does not use the frame layout")
         elif isinstance(self.replay, PrioritizedReplayBuffer):
-            self.replay.add(arrays, priorities)
+            n = self._add_prioritized(link, arrays, priorities, n)
         else:
             self.replay.add(arrays)
-        n = len(next(iter(arrays.values()))) if arrays else 0
         link.batches += 1
         link.transitions += n
         self.inserted += n
         self.changed.fire()
 
+    def _add_prioritized(self, link: ActorLink, arrays: dict, priorities, n: int) -> int:
+        """Add rows; rows with a non-finite or negative priority are dropped and counted
+        (one bad row must not cost the actor its connection). Returns the rows added."""
+        try:
+            self.replay.add(arrays, priorities)  # refuses the whole batch if a priority is bad
+            return n
+        except ValueError:
+            good = None if priorities is None else np.isfinite(priorities) & (priorities >= 0)
+            if good is None or good.all():
+                raise  # not the priorities: a bug of ours
+        bad = int(n - good.sum())
+        link.rows_rejected += bad
+        self.rows_rejected += bad
+        self._log_peer("%s: dropped %d of %d rows with a non-finite or negative priority", link.name, bad, n)
+        self.replay.add({k: v[good] for k, v in arrays.items()}, priorities[good])
+        return n - bad
+
+    def _add_frames(self, link: ActorLink, arrays: dict, priorities, n: int, fields: dict) -> None:
+        """Frame layout: every row stays (later messages of the stream lean on this one's
+        frames); a row with a non-finite or negative priority is stored at priority 0."""
+        if "keep_from" not in fields:
+            raise BadMessage("batch without its 'keep_from' field (the frame layout needs it)")
+        if priorities is not None:
+            good = np.isfinite(priorities) & (priorities >= 0)
+            if not good.all():
+                bad = int(n - good.sum())
+                link.rows_rejected += bad
+                self.rows_rejected += bad
+                self._log_peer("%s: %d of %d rows with a non-finite or negative priority kept at priority 0",
+                               link.name, bad, n)
+                priorities = np.where(good, priorities, 0.0)
+        try:  # nothing is stored if any part of the message is invalid
+            self.replay.add(arrays, priorities, stream=link.frames, keep_from=fields["keep_from"])
+        except ValueError as exc:
+            raise BadMessage(str(exc)) from None
+
     # ------------------------------------------------------------------ sync aggregation
 
-    def _ingest_rollout(self, link: ActorLink, actor_index: int, msg) -> None:
-        n = len(next(iter(msg.arrays.values()))) if msg.arrays else 0
-        outcome = self.rounds.add(actor_index, msg.meta, dict(msg.arrays))
+    def _ingest_rollout(self, link: ActorLink, actor_index: int, msg, fields: dict) -> None:
+        n = self.rows.rows("rollout", msg.arrays)
+        try:
+            outcome = self.rounds.add(actor_index, fields, dict(msg.arrays))
+        except ValueError as exc:
+            raise BadMessage(f"{link.name}: {exc}") from None
         if outcome != "added":
-            self.log.debug("%s: ignored a %s part (%r)", link.name, outcome, msg.meta)
+            self.log.debug("%s: ignored a %s part (%r)", link.name, outcome, fields)
             return
         link.batches += 1
         link.next_seq += 1
@@ -264,11 +402,7 @@ class MemoryRole(Role):
 
     def on_role_lost(self, name: str) -> None:
         """The coordinator declared `name` lost or failed: a hung actor's rollouts are not waited for."""
-        try:
-            kind, index = parse_role_name(name)
-        except ValueError:
-            self.log.warning("ignored role_lost for %r", name)
-            return
+        kind, index = parse_role_name(name)  # checked as a name; the coordinator only sends role names
         if kind != "actor" or not 0 <= index < self.cfg.cluster.actors:
             return
         link = self.actors.get(name)
@@ -283,20 +417,20 @@ class MemoryRole(Role):
         link = self.learners.setdefault(conn.peer_name, LearnerLink(conn.peer_name))
         link.beta = self.cfg.agent.prioritized_replay_beta
 
-        def handle(msg) -> None:
+        def handle(msg, fields) -> None:
             if msg.kind == "credit":
-                self._grant(link, int(msg.meta.get("n", 1)), msg.meta)
-            elif msg.kind == "priorities":
-                self._apply_priorities(link, msg)
-                if msg.meta.get("credit"):  # the batch's credit rides on its priorities
-                    self._grant(link, int(msg.meta["credit"]), msg.meta)
+                self._grant(link, fields.get("n", 1), fields)
             else:
-                raise ValueError(f"unexpected message {msg.kind!r}")
+                self._apply_priorities(link, msg)
+                if fields.get("credit"):  # the batch's credit rides on its priorities
+                    self._grant(link, fields["credit"], fields)
 
-        sampler = asyncio.create_task(self._sync_sampler(conn, link, index) if self.synchronous
-                                      else self._sampler(conn, link))
+        allowed = {"credit", "priorities"} if self.cfg.agent.prioritized_replay and not self.synchronous \
+            else {"credit"}
+        sampler = self.spawn(self._sync_sampler(conn, link, index) if self.synchronous
+                             else self._sampler(conn, link), f"sampler for {link.name}")
         try:
-            link.done_meta = await self._read(conn, link.name, "learner_done", handle)
+            link.done_meta = await self._read(conn, link.name, "learner_done", allowed, handle)
         finally:
             if link.done_meta is None:
                 self.log.warning("%s went away without finishing", link.name)
@@ -304,21 +438,39 @@ class MemoryRole(Role):
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
 
-    def _grant(self, link: LearnerLink, credits: int, meta: dict) -> None:
+    def _grant(self, link: LearnerLink, credits: int, fields: dict) -> None:
         """A learner's credit for `credits` more batches, with its current beta (and sync iteration)."""
+        limit = self.cfg.cluster.learner_credits
+        if link.credits + credits > limit:
+            raise BadMessage(f"{link.name} holds {link.credits} credits and asks for {credits} more, "
+                             f"over cluster.learner_credits ({limit})")
         link.credits += credits
-        link.beta = float(meta.get("beta", link.beta))
-        if "iteration" in meta:
-            link.iteration = int(meta["iteration"])
+        link.beta = fields.get("beta", link.beta)
+        if "iteration" in fields:
+            link.iteration = fields["iteration"]
         self.changed.fire()
 
     def _apply_priorities(self, link: LearnerLink, msg) -> None:
         arrays = msg.arrays
+        n = PRIORITY_UPDATE.rows("priorities", arrays)
         link.priority_messages += 1
-        stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"],
-                                              arrays.get("generations"))
+        try:  # refused whole (nothing written) if a priority or an index is bad
+            stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"],
+                                                  arrays.get("generations"))
+        except ValueError:
+            priorities = arrays["priorities"]
+            good = np.isfinite(priorities) & (priorities >= 0)
+            if good.all():
+                raise BadMessage("priorities: an index is out of range") from None
+            bad = int(n - good.sum())
+            link.priorities_rejected += bad
+            self._log_peer("%s: ignored %d of %d priorities that are non-finite or negative", link.name, bad, n)
+            arrays = {k: v[good] for k, v in arrays.items()}
+            n -= bad
+            stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"],
+                                                  arrays.get("generations"))
         link.priorities_stale += int(stale)
-        link.priorities_applied += len(arrays["indices"]) - int(stale)
+        link.priorities_applied += n - int(stale)
 
     def _within_rate(self, batch_size: int) -> bool:
         limit = self.cfg.agent.max_samples_per_insert
@@ -334,14 +486,15 @@ class MemoryRole(Role):
             if draining():
                 break
             link.credits -= 1
-            beta = link.beta
-            batch = self.replay.sample(batch_size, beta) if self.cfg.agent.prioritized_replay \
+            batch = self.replay.sample(batch_size, link.beta) if self.cfg.agent.prioritized_replay \
                 else self.replay.sample(batch_size)
-            meta = {"memory": self.index}
             self.sampled += len(batch["indices"]) if "indices" in batch else 0
             link.batches_sent += 1
-            await conn.send("samples", meta, batch)
-        await conn.send("end", {"memory": self.index, "batches_sent": link.batches_sent})
+            try:
+                await conn.send("samples", {"memory": self.index}, batch)
+            except ConnectionClosed:
+                return  # the learner went away; its connection handler reports it
+        await self._send_end(conn, link)
 
     async def _sync_sampler(self, conn: Connection, link: LearnerLink, learner_index: int) -> None:
         """Send the learner its share of each round it asks for; ``end`` once none will come."""
@@ -363,8 +516,17 @@ class MemoryRole(Role):
             link.next_iteration = iteration + 1
             link.batches_sent += 1
             self.sampled += len(next(iter(batch.values()))) if batch else 0
-            await conn.send("samples", {"memory": self.index, "iteration": iteration, **meta}, batch)
-        await conn.send("end", {"memory": self.index, "batches_sent": link.batches_sent})
+            try:
+                await conn.send("samples", {"memory": self.index, "iteration": iteration, **meta}, batch)
+            except ConnectionClosed:
+                return
+        await self._send_end(conn, link)
+
+    async def _send_end(self, conn: Connection, link: LearnerLink) -> None:
+        try:
+            await conn.send("end", {"memory": self.index, "batches_sent": link.batches_sent})
+        except ConnectionClosed:
+            pass
 
     # ------------------------------------------------------------------ main
 
@@ -393,11 +555,16 @@ class MemoryRole(Role):
                 "completed": self.rounds.iteration, "duplicates": self.rounds.duplicates,
                 "stale": self.rounds.stale, "discarded_rows": self.rounds.discarded_rows},
             "actors": {n: {"batches": l.batches, "transitions": l.transitions, "next_seq": l.next_seq,
-                           "seq_errors": l.seq_errors, "finished": l.done_meta is not None}
+                           "seq_errors": l.seq_errors, "rows_rejected": l.rows_rejected,
+                           "finished": l.done_meta is not None}
                        for n, l in self.actors.items()},
             "learners": {n: {"batches_sent": l.batches_sent, "priority_messages": l.priority_messages,
                              "priorities_applied": l.priorities_applied,
                              "priorities_stale": l.priorities_stale,
+                             "priorities_rejected": l.priorities_rejected,
                              "reported": l.done_meta}
                          for n, l in self.learners.items()},
+            "peers_refused": dict(self.peers_refused),
+            "bad_messages": self.bad_messages,
+            "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
         }

@@ -14,6 +14,7 @@ from pathlib import Path
 from aiorl.config import Config
 from aiorl.rundir import write_json_atomic
 from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, role_name
+from aiorl.runtime.resources import raise_open_file_limit
 from aiorl.wire import load_token
 
 def setup_logging(run_dir: Path, name: str, level: str) -> None:
@@ -101,7 +102,8 @@ def run_role(cfg: Config, kind: str, index: int, run_dir: str | Path) -> int:
     name = role_name(kind, index)
     setup_logging(run_dir, name, cfg.run.log_level)
     log = logging.getLogger(f"aiorl.{name}")
-    log.info("starting (pid %d)", os.getpid())
+    soft, _ = raise_open_file_limit()
+    log.info("starting (pid %d, open-file limit %d)", os.getpid(), soft)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             code = runner.run(_run_role(cfg, kind, index, run_dir))

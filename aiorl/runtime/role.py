@@ -6,6 +6,11 @@ registered), do its work (`main`), report ``done``, then wait for the
 coordinator's ``exit``. Losing the coordinator (its connection closes, or it
 stops answering heartbeats for ``cluster.coordinator_timeout_s``) ends the
 role with `EXIT_COORDINATOR_LOST`.
+
+Registration hands the role a session id for this registration; memory
+hosts check it when the role attaches (see `aiorl.runtime.memory`). Tasks a
+role starts besides its work go through `spawn`: one that dies is logged
+and fails the role (and so the run), never silently.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from aiorl.config import Config, connect_host
+from aiorl.runtime import frame_limits, messages
 from aiorl.runtime.phase import (
     EXIT_COORDINATOR_LOST,
     EXIT_FAILED,
@@ -28,7 +34,7 @@ from aiorl.runtime.phase import (
     Phase,
     role_name,
 )
-from aiorl.wire import Connection, ConnectionClosed, RemoteError, connect
+from aiorl.wire import Connection, ConnectionClosed, Limits, RemoteError, connect
 
 
 class Offload:
@@ -98,6 +104,15 @@ class Role:
         self._stop_task: asyncio.Task | None = None
         self._loop_lag_s = 0.0
         self._process = psutil.Process()
+        self._rss_bytes = 0
+        self.session: str | None = None  # this registration's id, shown to memory hosts when attaching
+        self.global_counters: dict[str, int] = {}  # the run's totals, from the last heartbeat reply
+        self.counters_at_heartbeat: dict[str, int] = {}
+        self._fatal: asyncio.Future | None = None
+        self._work_done = False
+        self._late_failure: asyncio.Task | None = None
+        self._spawned: set[asyncio.Task] = set()
+        self._algorithm = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} phase={self.phase.name} counters={self.counters}>"
@@ -117,6 +132,34 @@ class Role:
 
     def advertised_address(self) -> tuple[str, int] | None:
         return None
+
+    def register_extra(self) -> dict:
+        """More fields for the registration (learner 0: its rendezvous address)."""
+        return {}
+
+    # ------------------------------------------------------------------ tasks
+
+    def spawn(self, coro, name: str) -> asyncio.Task:
+        """Run `coro` beside the role's work; if it raises, the role fails (logged, reported)."""
+        task = asyncio.get_running_loop().create_task(coro, name=f"{self.name} {name}")
+        self._spawned.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._spawned.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.fatal(task.exception(), task.get_name())
+
+    def fatal(self, exc: BaseException, what: str) -> None:
+        """Something the role cannot go on without failed: log it and fail the role."""
+        self.log.error("%s failed: %s: %s", what, type(exc).__name__, exc, exc_info=exc)
+        reason = f"{what}: {type(exc).__name__}: {exc}"
+        if self._work_done:  # too late to stop the work: still fail the run
+            self._late_failure = asyncio.get_running_loop().create_task(self._report_failure(reason))
+        elif self._fatal is not None and not self._fatal.done():
+            self._fatal.set_exception(RuntimeError(reason))
+            self._fatal.exception()  # retrieved here; `_main_or_fatal` raises it
 
     def on_role_lost(self, name: str) -> None:
         """The coordinator declared role `name` lost or failed."""
@@ -144,17 +187,47 @@ class Role:
         host, port = self.coordinator_address()
         if port == 0:
             raise RoleFailed("cluster.port is 0: a role started on its own needs the coordinator's port")
+        limits = frame_limits.from_coordinator(self.algorithm())
+        try:
+            return await self.connect_to(host, port, limits)
+        except OSError as exc:
+            raise CoordinatorLost(f"cannot reach the coordinator at {host}:{port}: {exc}") from None
+
+    async def connect_to(self, host: str, port: int, limits: Limits | None = None) -> Connection:
+        """Connect to a server of the run, retrying (with backoff) while it refuses or is busy,
+        for up to ``cluster.start_timeout_s``."""
         deadline = asyncio.get_running_loop().time() + self.cfg.cluster.start_timeout_s
         delay = 0.05
         while True:
             try:
                 return await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client,
-                                     handshake_timeout_s=self.cfg.cluster.coordinator_timeout_s)
-            except OSError as exc:
+                                     limits=limits, handshake_timeout_s=self.cfg.cluster.coordinator_timeout_s)
+            except OSError:  # refused, unreachable, or busy (ServerBusy is a ConnectionRefusedError)
                 if asyncio.get_running_loop().time() + delay > deadline:
-                    raise CoordinatorLost(f"cannot reach the coordinator at {host}:{port}: {exc}") from None
+                    raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    async def attach_memory(self, host: str, port: int) -> Connection:
+        """Connect to a memory host and attach with this registration's session id."""
+        # A learner receives sampled batches; an actor only the attach reply.
+        limits = (frame_limits.memory_to_learner(self.cfg, self.algorithm()) if self.kind == "learner"
+                  else frame_limits.UNKNOWN_PEER)
+        conn = await self.connect_to(host, port, limits)
+        try:
+            await conn.request("attach", {"session": self.session}, timeout_s=self.cfg.cluster.coordinator_timeout_s)
+        except RemoteError as exc:
+            conn.abort()
+            raise RoleFailed(f"memory host {host}:{port} refused to attach {self.name}: {exc}") from None
+        return conn
+
+    def algorithm(self):
+        """The configured algorithm, built once (roles need its specs for frame limits)."""
+        if self._algorithm is None:
+            from aiorl.runtime.algorithm import build_algorithm
+
+            self._algorithm = build_algorithm(self.cfg)
+        return self._algorithm
 
     async def run(self) -> int:
         """Run the role to its end; return the process exit code."""
@@ -187,16 +260,22 @@ class Role:
         """Close what the role opened (servers, peer connections)."""
 
     async def _run(self) -> int:
+        self._fatal = asyncio.get_running_loop().create_future()
         self.coordinator = await self._connect_coordinator()
         try:
-            await self.coordinator.request("register", {
+            reply = await self.coordinator.request("register", {
                 "role": self.name, "pid": os.getpid(), "host": socket.gethostname(),
                 "config_hash": self.cfg.config_hash(), "address": self.advertised_address(),
+                **self.register_extra(),
             }, timeout_s=self.cfg.cluster.coordinator_timeout_s)
         except RemoteError as exc:
             raise RoleFailed(f"the coordinator refused registration: {exc}") from None
         except (ConnectionClosed, TimeoutError) as exc:
             raise CoordinatorLost(f"registration got no answer: {exc!r}") from None
+        session = reply.meta.get("session")
+        if type(session) is not str:
+            raise CoordinatorLost("the coordinator's registration reply has no session id")
+        self.session = session
         self.log.info("registered with the coordinator at %s:%s", *self.coordinator_address())
         async with asyncio.TaskGroup() as tg:
             control = tg.create_task(self._control_loop())
@@ -224,7 +303,7 @@ class Role:
             raise CoordinatorLost(f"connection closed while waiting for the start: {exc}") from None
         self.start_info = reply.meta
         try:
-            stats = await self.main()
+            stats = await self._main_or_fatal()
         except (CoordinatorLost, asyncio.CancelledError):
             raise
         except Exception as exc:
@@ -237,6 +316,21 @@ class Role:
             raise RoleFailed(f"{type(cause).__name__}: {cause}") from exc
         await self._request_or_lost("done", {**self._heartbeat_meta(), "stats": stats})
         self.log.info("reported done")
+
+    async def _main_or_fatal(self) -> dict:
+        """`main`, unless a spawned task fails first (then main is cancelled and that error raised)."""
+        main = asyncio.ensure_future(self.main())
+        try:
+            await asyncio.wait({main, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            main.cancel()
+            raise
+        if not main.done():
+            main.cancel()
+            await asyncio.gather(main, return_exceptions=True)
+            raise self._fatal.exception()
+        self._work_done = True
+        return main.result()
 
     async def _report_failure(self, reason: str) -> None:
         try:
@@ -258,29 +352,34 @@ class Role:
     async def _control_loop(self) -> None:
         try:
             async for msg in self.coordinator:
+                fields = messages.check(msg.kind, msg.meta, {"phase", "role_lost", "exit"})
                 if msg.kind == "phase":
-                    self._set_phase(Phase(int(msg.meta["phase"])))
-                elif msg.kind == "role_lost" and isinstance(msg.meta.get("role"), str):
-                    self.on_role_lost(msg.meta["role"])
-                elif msg.kind == "exit":
-                    self._exit_meta = msg.meta
+                    self._set_phase(Phase(fields["phase"]))
+                elif msg.kind == "role_lost":
+                    self.on_role_lost(fields["role"])
+                else:
+                    self._exit_meta = fields
                     self._exited.set()
                     return
-                else:
-                    self.log.warning("ignored control message %r from the coordinator", msg.kind)
         except ConnectionClosed as exc:
             raise CoordinatorLost(f"connection closed: {exc}") from None
+        except messages.BadMessage as exc:
+            raise CoordinatorLost(f"the coordinator sent a bad message: {exc}") from None
         raise CoordinatorLost("connection closed before the exit message")
 
     def _heartbeat_meta(self) -> dict:
         if not self.cfg.run.metrics:
             return {"counters": dict(self.counters), **self.heartbeat_extra()}
+        try:
+            self._rss_bytes = self._process.memory_info().rss
+        except (OSError, psutil.Error):
+            pass  # housekeeping never kills a role (EMFILE under a connection flood): keep the last value
         meta = {
             "counters": dict(self.counters),
             "metrics": {
                 **self.metrics(),
                 "loop_lag_s": round(self._loop_lag_s, 6),
-                "rss_bytes": self._process.memory_info().rss,
+                "rss_bytes": self._rss_bytes,
             },
         }
         meta.update(self.heartbeat_extra())
@@ -294,9 +393,13 @@ class Role:
             await asyncio.sleep(interval)
             # How late the timer fired: the loop's responsiveness while work runs.
             self._loop_lag_s = max(0.0, loop.time() - expected)
-            reply = await self._request_or_lost("heartbeat", self._heartbeat_meta())
+            meta = self._heartbeat_meta()
+            reply = await self._request_or_lost("heartbeat", meta)
             self._set_phase(Phase(int(reply.meta["phase"])))
             self.weights_version_seen = int(reply.meta.get("weights_version", -1))
+            self.global_counters = {k: int(reply.meta[k]) for k in ("env_steps", "learner_steps")
+                                    if k in reply.meta}
+            self.counters_at_heartbeat = meta["counters"]  # what those totals include of ours
 
     def _on_signal(self, sig: int) -> None:
         self._signals += 1
