@@ -278,13 +278,24 @@ class LearnerRole(Role):
             del self.iterations[:-1000]
             self.log.info("iteration %d: %d rows, policy lag %s", iteration, rows, lag)
             iteration += 1
-        # Drain the ends of memories still open.
+        # Memories still open may hold later rounds (a final empty one, or a round that was
+        # incomplete elsewhere): ask on, an iteration at a time, until each answers its end, so
+        # that none waits forever for a credit this learner would never send.
         while open_memories:
-            m, msg = await self._next()
-            if msg is _END:
-                open_memories.discard(m)
-            else:
-                self.unused_batches += 1
+            iteration += 1
+            for m in open_memories:
+                try:
+                    await self.memories[m].send("credit", {"n": 1, "iteration": iteration})
+                except ConnectionClosed:
+                    pass
+            waiting = set(open_memories)
+            while waiting:
+                m, msg = await self._next()
+                waiting.discard(m)
+                if msg is _END:
+                    open_memories.discard(m)
+                elif not msg.meta.get("empty"):
+                    self.unused_batches += 1
 
     async def _publish_weights(self, weights: dict | None = None) -> None:
         """Publish `weights` (taken between steps), or the current ones when no step is running."""
