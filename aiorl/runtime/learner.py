@@ -231,11 +231,7 @@ class LearnerRole(Role):
         iteration = 0
         open_memories = set(range(len(self.memories)))
         while True:
-            for m in open_memories:
-                try:
-                    await self.memories[m].send("credit", {"n": 1, "iteration": iteration})
-                except ConnectionClosed:
-                    pass  # its reader reports the loss and ends it
+            await self._ask_round(open_memories, iteration)
             parts, versions, ended = [], [], []
             waiting = set(open_memories)
             while waiting:
@@ -283,11 +279,7 @@ class LearnerRole(Role):
         # that none waits forever for a credit this learner would never send.
         while open_memories:
             iteration += 1
-            for m in open_memories:
-                try:
-                    await self.memories[m].send("credit", {"n": 1, "iteration": iteration})
-                except ConnectionClosed:
-                    pass
+            await self._ask_round(open_memories, iteration)
             waiting = set(open_memories)
             while waiting:
                 m, msg = await self._next()
@@ -296,6 +288,14 @@ class LearnerRole(Role):
                     open_memories.discard(m)
                 elif not msg.meta.get("empty"):
                     self.unused_batches += 1
+
+    async def _ask_round(self, memories: set[int], iteration: int) -> None:
+        """Ask each of `memories` for this learner's share of round `iteration`."""
+        for m in memories:
+            try:
+                await self.memories[m].send("credit", {"n": 1, "iteration": iteration})
+            except ConnectionClosed:
+                pass  # its reader reports the loss and ends it
 
     async def _publish_weights(self, weights: dict | None = None) -> None:
         """Publish `weights` (taken between steps), or the current ones when no step is running."""
