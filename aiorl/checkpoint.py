@@ -158,9 +158,33 @@ def write_file(directory: str | Path, learner_steps: int, payload: bytes | memor
     return path
 
 
-def serialize(state: dict) -> bytes:
-    """The payload of a checkpoint: ``torch.save`` bytes of `state`."""
+def non_finite(state, path: str = "") -> str | None:
+    """The key path of the first floating tensor in `state` holding a NaN or an infinity, or None.
+
+    A checksum proves a file is whole, not that its weights are sane: a learner whose weights
+    blew up must not leave a checkpoint that a resume would take for good.
+    """
     import torch
+
+    if isinstance(state, torch.Tensor):
+        if state.is_floating_point() and not bool(torch.isfinite(state).all()):
+            return path or "state"
+        return None
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    for key, value in items:
+        found = non_finite(value, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def serialize(state: dict) -> bytes:
+    """The payload of a checkpoint: ``torch.save`` bytes of `state` (refused if any weight is not finite)."""
+    import torch
+
+    bad = non_finite(state)
+    if bad is not None:
+        raise CheckpointError(f"not checkpointed: {bad} holds NaN or infinite values")
 
     buffer = io.BytesIO()
     torch.save(state, buffer)

@@ -32,7 +32,8 @@ from aiorl.progress import Progress
 from aiorl.restart import RestartPolicy
 from aiorl.rundir import RunDir, write_json_atomic
 from aiorl.runtime.phase import (
-    EXIT_COORDINATOR_LOST, EXIT_OK, EXIT_REFUSED, FAILED, FINISHED, INTERRUPTED, interrupted_exit_code, role_name,
+    EXIT_COORDINATOR_LOST, EXIT_OK, EXIT_REFUSED, FAILED, FINISHED, INTERRUPTED, interrupted_exit_code,
+    last_checkpoint_budget_s, role_name,
 )
 from aiorl.wire import generate_token, write_token_file
 
@@ -214,9 +215,8 @@ class LocalLauncher:
         """
         coordinator = self.coordinator
         c = self.cfg.cluster
-        # Roles notice a lost coordinator within its timeout, then learner 0 may take as long
-        # again to write its last checkpoint.
-        grace = 2 * c.coordinator_timeout_s + 5.0
+        # Roles notice a lost coordinator within its timeout, then learner 0 writes its last checkpoint.
+        grace = c.coordinator_timeout_s + last_checkpoint_budget_s(c) + 5.0
         others_gone_at = signalled_at = None
         while True:
             progress.update()

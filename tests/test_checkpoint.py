@@ -80,3 +80,12 @@ def test_atomic_write_leaves_the_old_file_when_the_writer_fails(tmp_path):
     with pytest.raises(RuntimeError):
         checkpoint.atomic_write(target, broken)
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["f.bin"]
+
+
+def test_weights_that_blew_up_are_never_checkpointed(tmp_path):
+    bad = {"model": {"w": torch.tensor([1.0, float("inf")])}, "optimizer": {"state": {0: {"step": 3}}}}
+    with pytest.raises(CheckpointError, match=r"model\.w holds NaN or infinite values"):
+        checkpoint.save(tmp_path, 1, bad, {}, keep=1)
+    assert not list(tmp_path.iterdir())
+    assert checkpoint.non_finite({"ids": torch.tensor([1, 2]), "x": [torch.zeros(2), {"y": torch.ones(1)}]}) is None
+    assert checkpoint.non_finite({"x": [torch.zeros(2), {"y": torch.tensor([float("nan")])}]}) == "x.1.y"

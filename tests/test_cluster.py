@@ -133,6 +133,11 @@ def test_killing_the_coordinator_ends_every_role_nonzero(tmp_path):
     assert all(code == 3 for code in exits.values()), exits  # EXIT_COORDINATOR_LOST
     for name in exits:
         assert "lost the coordinator" in (run_dir / "logs" / f"{name}.log").read_text()
+    # Learner 0 still wrote a checkpoint on its way out.
+    from aiorl import checkpoint
+
+    newest = checkpoint.list_checkpoints(run_dir / "checkpoints")[-1]
+    assert checkpoint.read_meta(newest)["reason"].startswith("abnormal end: lost the coordinator")
     assert code != 0
     assert not any(alive(pid) for pid in started.values())
 

@@ -10,9 +10,10 @@ ahead of demand.
 
 Checkpoints (learner 0; `aiorl.checkpoint`): every ``run.checkpoint_interval_s``
 seconds and/or ``run.checkpoint_every`` learner steps, at shutdown, and when
-the role ends abnormally for a cause outside its own work (coordinator lost,
-told to exit early, a second signal) if it still can. Each records the run's
-counters and return window from the coordinator, so that ``--resume``
+the role ends abnormally (coordinator lost, told to exit early, a second
+signal, its step failed because a data-parallel peer died) if it still can;
+weights holding NaN or infinities are never checkpointed. Each records the
+run's counters and return window from the coordinator, so that ``--resume``
 continues them. The state is serialized between two steps (training waits
 that long); the file is written in the background. A resumed run's learners
 all load the checkpoint it continues from.
@@ -32,7 +33,7 @@ import numpy as np
 from aiorl import checkpoint
 from aiorl.rundir import Identity
 from aiorl.runtime.algorithm import build_algorithm, get_algorithm
-from aiorl.runtime.phase import Phase
+from aiorl.runtime.phase import Phase, last_checkpoint_budget_s
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed, connect
 
@@ -352,7 +353,11 @@ class LearnerRole(Role):
             finally:
                 self.core_lock.release()
 
-        payload = await asyncio.to_thread(serialize)
+        try:
+            payload = await asyncio.to_thread(serialize)
+        except checkpoint.CheckpointError as exc:
+            self.log.error("checkpoint at learner step %d (%s): %s", self.total_steps, reason, exc)
+            return
         if payload is None:
             return
         meta = self.identity.stamp({"reason": reason, "run": run_state, "algo": self.cfg.algo,
@@ -378,9 +383,9 @@ class LearnerRole(Role):
         if self.index != 0 or self.core is None:
             return
         try:
-            # Bounded by the coordinator timeout: the launcher gives a role that long (and as long
-            # again to notice the loss) once the coordinator is gone.
-            async with asyncio.timeout(self.cfg.cluster.coordinator_timeout_s):
+            # Bounded: once the coordinator is gone, a launcher gives roles this long beyond the
+            # coordinator timeout.
+            async with asyncio.timeout(last_checkpoint_budget_s(self.cfg.cluster)):
                 # A step still running in its thread holds the lock: the checkpoint waits for it.
                 await self._checkpoint(f"abnormal end: {why}", coordinator=False)
                 await self._checkpoint_written()

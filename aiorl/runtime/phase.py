@@ -30,6 +30,12 @@ EXIT_INTERRUPTED = 130
 FINISHED, INTERRUPTED, FAILED = "finished", "interrupted", "failed"
 
 
+def last_checkpoint_budget_s(cluster) -> float:
+    """How long learner 0 may take for its checkpoint when it ends abnormally (and so how much
+    longer than the coordinator timeout a launcher waits for roles once the coordinator is gone)."""
+    return max(cluster.coordinator_timeout_s, 10.0)
+
+
 def interrupted_exit_code(signal_name: str | None) -> int:
     import signal
 

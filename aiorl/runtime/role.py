@@ -129,8 +129,8 @@ class Role:
         self.log.warning("ignored control message %r from the coordinator", msg.kind)
 
     async def on_abnormal_end(self, why: str) -> None:
-        """The role is ending without finishing its phases for a cause outside its own work
-        (coordinator lost, told to exit early, a second signal): save what can be saved."""
+        """The role is ending without finishing its phases (coordinator lost, told to exit
+        early, a second signal, its work failed): save what can be saved."""
 
     # ------------------------------------------------------------------ phases
 
@@ -182,6 +182,9 @@ class Role:
                 return EXIT_REFUSED
             if failed:
                 self.log.error("failed: %s", failed[0])
+                # Its own work failed, maybe for a cause outside it (a data-parallel peer died);
+                # learner 0 still saves what it can (weights that blew up are not saved).
+                await self.on_abnormal_end(f"failed: {failed[0]}")
                 return EXIT_FAILED
             raise
         finally:
