@@ -216,7 +216,7 @@ def claim(cfg, resume: str | None, overrides: list[str]) -> RunDir:
     """The run directory of a local launch, held until `close`: new (refusing one that holds
     anything) or, with `resume`, the given one continued. Writes the resolved config into it."""
     if resume is not None:
-        run_dir = RunDir.resume(resume, overrides)
+        run_dir = RunDir.resume(Path(resume).resolve(), overrides)  # roles may not share our cwd
     else:
         run_dir = RunDir.create(cfg.run.dir or default_path(cfg.algo, cfg.env.id), overrides)
     cfg.run.dir = str(run_dir.path.resolve())

@@ -56,7 +56,8 @@ def render(status: dict) -> str:
         + (f"  (stopping: {status['stop_reason']})" if status.get("stop_reason") else ""),
         f"env_steps {status['env_steps']}  learner_steps {status['learner_steps']}  "
         f"episodes {status['episodes']}  return_mean_100 {status.get('return_mean_100')}  "
-        f"weights_version {status.get('weights_version')}",
+        f"weights_version {status.get('weights_version')}  attempt {status.get('attempt', 1)}  "
+        f"restarts {status.get('restarts', 0)}",
         f"{'role':<12} {'status':<9} {'pid':>8} {'heartbeat':>10}  counters",
     ]
     for name, role in status["roles"].items():

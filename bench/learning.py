@@ -294,17 +294,20 @@ def compare(args) -> int:
             runs[name].append(result)
 
     def median(name, key):
+        """Median over the runs that reached the threshold (a run that did not counts as never)."""
         values = [r["reached"][key] for r in runs[name] if r["reached"] and r["reached"][key] is not None]
-        return float(np.median(values)) if len(values) == len(runs[name]) else None
+        return float(np.median(values)) if values else None
 
+    reached = {name: sum(bool(r["reached"]) for r in rs) for name, rs in runs.items()}
     lines = {}
     for key in ("seconds", "env_steps", "learner_steps"):
         ref, var = median("reference", key), median("variant", key)
         lines[key] = {"reference": ref, "variant": var, "ratio": None if not (ref and var) else round(var / ref, 3)}
-    log(f"time to threshold {args.threshold} ({args.pairs} pair(s), medians): " + "; ".join(
-        f"{k} {v['reference']} -> {v['variant']} ({v['ratio']}x)" for k, v in lines.items()))
+    log(f"time to threshold {args.threshold}, medians of the runs that reached it (reference {reached['reference']}"
+        f"/{args.pairs}, variant {reached['variant']}/{args.pairs}): " + "; ".join(
+            f"{k} {v['reference']} -> {v['variant']} ({v['ratio']}x)" for k, v in lines.items()))
     if args.json:
-        Path(args.json).write_text(json.dumps({"versus": args.versus, "medians": lines, "runs": runs},
+        Path(args.json).write_text(json.dumps({"versus": args.versus, "medians": lines, "reached": reached, "runs": runs},
                                               indent=1, default=str))
     return 0 if all(r["reached"] for rs in runs.values() for r in rs) else 1
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from aiorl import checkpoint
-from cluster_helpers import alive, finish, last_metrics, pids, read_json, run, start, wait_for, write_config
+from cluster_helpers import alive, finish, last_metrics, pids, read_json, start, wait_for, write_config
 
 pytestmark = pytest.mark.cluster
 
@@ -212,7 +212,10 @@ def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(t
     assert [a["resume_from"] for a in owner["attempts"]] == [None, str(previous)]
 
 
-def test_a_stalled_coordinator_is_killed_and_blamed_alone(tmp_path):
+@pytest.fixture(scope="module")
+def stalled_run(tmp_path_factory):
+    """A run whose coordinator is SIGSTOPped (and never continued) while it is RUNNING."""
+    tmp_path = tmp_path_factory.mktemp("stalled")
     proc, run_dir = start(tmp_path, config(RANDOM, cluster={"actors": 1, "memories": 2, "learners": 1},
                                            agent={"scheduled_timesteps": 10**9}))
     stopped = None
@@ -220,12 +223,17 @@ def test_a_stalled_coordinator_is_killed_and_blamed_alone(tmp_path):
         started = pids(run_dir)
         wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 120, "learner steps")
         stopped = started["memory-0"]
-        os.kill(stopped, signal.SIGSTOP)  # never continued: the launcher must not wait for it
+        os.kill(stopped, signal.SIGSTOP)  # the launcher must not wait for it
         code, out = finish(proc, timeout_s=120)
     finally:
         if stopped is not None:
             kill(stopped)
         proc.kill()
+    return tmp_path, run_dir, started, code, out
+
+
+def test_a_stalled_coordinator_is_killed_and_blamed_alone(stalled_run):
+    _, run_dir, started, code, out = stalled_run
     assert code == 1, out
     exits = read_json(run_dir / "exits.json")
     assert exits.pop("memory-0") == -signal.SIGKILL
@@ -239,9 +247,8 @@ def test_a_stalled_coordinator_is_killed_and_blamed_alone(tmp_path):
     assert not any(alive(pid) for pid in started.values())
 
 
-def test_running_twice_into_one_run_directory_is_refused_and_changes_nothing(tmp_path):
-    code, out, run_dir = run(tmp_path, config(RANDOM, agent={"scheduled_timesteps": 2000}))
-    assert code == 0, out
+def test_running_twice_into_one_run_directory_is_refused_and_changes_nothing(stalled_run):
+    tmp_path, run_dir, _, _, _ = stalled_run
 
     def tree() -> dict:
         return {str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
@@ -254,10 +261,12 @@ def test_running_twice_into_one_run_directory_is_refused_and_changes_nothing(tmp
     lines = again.stderr.strip().splitlines()
     assert len(lines) == 1 and "already holds a run" in lines[0] and f"aiorl run --resume {run_dir}" in lines[0]
     assert tree() == before
-    # `aiorl status` reports that run's own summary, proven by its launch id.
+    # `aiorl status` reports that run's own summary (the launcher's), proven by its launch id.
     status = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
                             capture_output=True, text=True, timeout=60)
-    assert json.loads(status.stdout)["launch_id"] == read_json(run_dir / "run.json")["attempts"][-1]["launch_id"]
+    summary = json.loads(status.stdout)
+    assert summary["launch_id"] == read_json(run_dir / "run.json")["attempts"][-1]["launch_id"]
+    assert summary["written_by"] == "launcher"
 
 
 class CuttableProxy:
