@@ -166,7 +166,7 @@ def test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_
 
 
 def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(tmp_path):
-    cfg = config(APEX, agent={"scheduled_global_steps": 500},
+    cfg = config(APEX, agent={"scheduled_global_steps": 400},
                  run={"checkpoint_every": 50, "checkpoint_interval_s": None, "keep_checkpoints": 3,
                       "snapshot_replay": True, "snapshot_interval_s": 1.0})
     proc, run_dir = start(tmp_path, cfg)
@@ -193,7 +193,7 @@ def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(t
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"{newest} is corrupt (SHA-256 mismatch); falling back to the previous checkpoint" in resumed.stderr
     summary = read_json(run_dir / "summary.json")
-    assert summary["outcome"] == "finished" and summary["attempt"] == 2 and summary["learner_steps"] >= 500
+    assert summary["outcome"] == "finished" and summary["attempt"] == 2 and summary["learner_steps"] >= 400
     assert summary["resumed_from"]["checkpoint"] == str(previous)
     rows = metrics_rows(run_dir)
     assert rows[0]["attempt"] == 1  # the first launch's rows are kept; the second appends
@@ -207,6 +207,7 @@ def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(t
     assert second[0]["time_s"] >= saved["run"]["time_s"]  # the clock goes on too
     learner = summary["roles"]["learner-0"]["stats"]
     assert learner["total_learner_steps"] - learner["learner_steps"] == saved["learner_steps"]
+    assert saved["run"]["learner_steps"] == saved["learner_steps"]  # one learner: the run's steps are its own
     assert summary["roles"]["memory-0"]["stats"]["snapshot_restored_rows"] > 0
     owner = read_json(run_dir / "run.json")
     assert [a["resume_from"] for a in owner["attempts"]] == [None, str(previous)]

@@ -434,7 +434,8 @@ class Coordinator:
             await conn.reply(msg, meta={"phase": int(self.phase), "weights_version": self.weights_version,
                                         "env_steps": self.env_steps, "learner_steps": self.learner_steps,
                                         "episodes": self.episodes})
-        elif kind == "run_state":
+        elif kind == "run_state":  # learner 0 checkpointing: its own counters first, so they are exact
+            self._heartbeat(record, {"counters": msg.meta.get("counters")})
             await conn.reply(msg, meta=self.run_state())
         elif kind == "wait_start":
             return asyncio.create_task(self._answer_start(conn, msg))

@@ -329,7 +329,8 @@ class LearnerRole(Role):
     async def _run_state(self) -> dict:
         """The run's counters and return window, to record in a checkpoint."""
         try:
-            reply = await self.coordinator.request("run_state", timeout_s=self.cfg.cluster.coordinator_timeout_s)
+            reply = await self.coordinator.request("run_state", {"counters": dict(self.counters)},
+                                                   timeout_s=self.cfg.cluster.coordinator_timeout_s)
             return dict(reply.meta)
         except Exception as exc:  # the coordinator is gone: the last counters a heartbeat brought
             self.log.warning("checkpoint without the coordinator's run state (%r); using the last heartbeat's", exc)
