@@ -47,6 +47,10 @@ class LearnerRole(Role):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # Checkpoints are written with torch. Importing it holds the GIL for seconds, so it
+        # happens now, before heartbeats start, and not in the middle of the run (an algorithm
+        # that never imports torch itself, like random_agent, would otherwise miss heartbeats).
+        import torch  # noqa: F401
         self.memories: list[Connection] = []
         self.queue: asyncio.Queue = asyncio.Queue()  # bounded by the credits granted
         self.per_memory: list[dict] = []
