@@ -236,6 +236,9 @@ class ActorRole(Role):
         self.batches += 1
 
     async def _async_loop(self) -> None:
+        # The start reply can come before the RUNNING broadcast: a quick set-up must not find
+        # the run "not running" and stop at once.
+        await self.wait_phase(Phase.RUNNING)
         while self.phase == Phase.RUNNING:
             if self._pending_weights is not None:
                 self.policy.set_weights(*self._pending_weights)
