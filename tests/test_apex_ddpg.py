@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from aiorl import checkpoint
 from aiorl.algos._networks import Critic, parse_network, split_at_flat
 from aiorl.algos.apex_ddpg import GaussianNoise, OUNoise, n_step_critic_target
 from aiorl.config import ConfigError
@@ -118,10 +119,10 @@ def test_checkpoint_contents_and_restore(tmp_path):
     rows, _ = actor.postprocess(pendulum_rollout([-1.0] * 6, truncated_at=5))
     learner.step(replay_batch(rows))
     path = learner.save_checkpoint(str(tmp_path), {"learner_steps": 1})
-    state = torch.load(path, weights_only=False)
+    meta, state = checkpoint.load(path)
     assert {"actor", "critic", "actor_target", "critic_target", "actor_optimizer", "critic_optimizer",
-            "counters", "config"} <= set(state)
-    assert state["counters"]["learner_steps"] == 1 and state["actor_optimizer"]["state"]
+            "learner_steps", "torch_rng"} <= set(state)
+    assert meta["learner_steps"] == 1 and state["learner_steps"] == 1 and state["actor_optimizer"]["state"]
     fresh = algo.make_learner(0, 1, seed=5)
     fresh.load_checkpoint(path)
     for name in ("actor", "critic", "actor_target", "critic_target"):

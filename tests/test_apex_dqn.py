@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from aiorl.algos._common import list_checkpoints, td_loss
+from aiorl import checkpoint
+from aiorl.algos._common import td_loss
 from aiorl.algos._networks import DuelingHead
 from aiorl.algos.apex_dqn import actor_epsilon, n_step_q_target
 from aiorl.config import ConfigError
@@ -205,26 +206,33 @@ def test_nan_loss_raises_saying_so():
 
 
 def test_checkpoint_contents_and_restore(tmp_path):
-    algo = make_algo("apex_dqn", "CartPole-v1", {"keep_checkpoints": 2, "sync_target_frequency": 1000})
+    algo = make_algo("apex_dqn", "CartPole-v1", {"sync_target_frequency": 1000})
     actor, learner = algo.make_actor(0, 1, seed=0), algo.make_learner(0, 1, seed=0)
     rows, _ = actor.postprocess(episode_rollout([1.0] * 8, terminated_at=7))
     for _ in range(3):
         learner.step(replay_batch(rows))
-    paths = [learner.save_checkpoint(str(tmp_path), {"learner_steps": s}) for s in (1, 2, 3)]
-    assert [p.name for p in list_checkpoints(str(tmp_path))] == ["checkpoint-000000002.pt",
-                                                                  "checkpoint-000000003.pt"]
-    state = torch.load(paths[-1], weights_only=False)
-    assert {"algo", "model", "target", "optimizer", "counters", "config"} <= set(state)
-    assert state["algo"] == "apex_dqn" and state["counters"]["learner_steps"] == 3
+    paths = [learner.save_checkpoint(str(tmp_path), {"learner_steps": s}, keep=2) for s in (1, 2, 3)]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["checkpoint-000000002.pt",
+                                                                      "checkpoint-000000003.pt"]
+    meta, state = checkpoint.load(paths[-1])  # torch.load(weights_only=True) inside
+    assert {"algo", "model", "target", "optimizer", "learner_steps", "torch_rng"} <= set(state)
+    assert state["algo"] == "apex_dqn" and state["learner_steps"] == 3 and meta["learner_steps"] == 3
     assert state["optimizer"]["state"], "Adam moments are saved"
     # model and target differ: no target sync happened in 3 steps
     assert any(not torch.equal(state["model"][k], state["target"][k]) for k in state["model"])
+    torch.rand(5)  # move the global generator on; loading must put it back
     fresh = algo.make_learner(0, 1, seed=99)
-    counters = fresh.load_checkpoint(paths[-1])
-    assert counters["learner_steps"] == 3 and fresh.learner_steps == 3
+    meta = fresh.load_checkpoint(paths[-1])
+    assert meta["learner_steps"] == 3 and fresh.learner_steps == 3
+    assert torch.equal(torch.get_rng_state(), state["torch_rng"])
     for k, v in learner.online.state_dict().items():
         assert torch.equal(fresh.online.state_dict()[k], v)
         assert torch.equal(fresh.target.state_dict()[k], learner.target.state_dict()[k])
+    # The restored learner continues exactly: same optimizer moments, so the same next step.
+    a, b = learner.step(replay_batch(rows)), fresh.step(replay_batch(rows))
+    assert np.array_equal(a.priorities, b.priorities)
+    for k, v in learner.online.state_dict().items():
+        assert torch.equal(fresh.online.state_dict()[k], v)
 
 
 def test_hard_and_soft_target_updates():

@@ -62,7 +62,6 @@ class ApexDDPGConfig:
     device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
                       default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
-    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
 
 
 # --------------------------------------------------------------------------

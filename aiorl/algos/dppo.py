@@ -49,7 +49,7 @@ from aiorl.algos._actor_critic import (
 )
 from aiorl.algos._common import (
     ApexLearner, as_tensor, check_positive, export_script, load_numpy_state, make_adam, setup_torch,
-    state_to_numpy, weights_spec_of, write_checkpoint,
+    state_to_numpy, weights_spec_of,
 )
 from aiorl.algos._networks import check_observation_space, is_image, parse_network
 from aiorl.config import ConfigError, doc
@@ -91,7 +91,6 @@ class DPPOConfig:
     device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
                       default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
-    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
 
 
 # --------------------------------------------------------------------------
@@ -255,16 +254,15 @@ class PPOLearner(ApexLearner):
     def get_weights(self):
         return state_to_numpy(self.net, "net")
 
-    def save_checkpoint(self, directory, counters):
-        counters = {**counters, "env_steps_trained": self.env_steps_trained, "iterations": self.iterations}
-        return write_checkpoint(directory, self.state(counters), int(counters.get("learner_steps", 0)),
-                                self.m.keep_checkpoints)
+    def state_dict(self):
+        return {**super().state_dict(), "iterations": self.iterations, "env_steps_trained": self.env_steps_trained,
+                "minibatch_rng": self.rng.bit_generator.state}
 
-    def load_checkpoint(self, path):
-        counters = super().load_checkpoint(path)
-        self.iterations = int(counters.get("iterations", 0))
-        self.env_steps_trained = int(counters.get("env_steps_trained", 0))
-        return counters
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.iterations = int(state["iterations"])
+        self.env_steps_trained = int(state["env_steps_trained"])
+        self.rng.bit_generator.state = state["minibatch_rng"]
 
     def export_policy(self, directory):
         policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
@@ -308,8 +306,6 @@ class DPPO(Algorithm):
             raise ConfigError("model.lr_annealing anneals over agent.scheduled_timesteps, which is not set")
         if m.torch_threads < 1:
             raise ConfigError(f"model.torch_threads: must be at least 1, got {m.torch_threads}")
-        if m.keep_checkpoints < 1:
-            raise ConfigError(f"model.keep_checkpoints: must be at least 1, got {m.keep_checkpoints}")
         rows = a.sample_batch_size * cfg.env.num_envs
         if rows < cfg.cluster.learners:
             raise ConfigError(f"agent.sample_batch_size x env.num_envs ({rows} rows per actor) must be at least "

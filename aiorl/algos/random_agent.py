@@ -84,12 +84,19 @@ class MeanLearner(LearnerCore):
     def get_weights(self):
         return {"mean_obs": self.mean_obs.copy(), "steps": np.array([self.steps], np.int64)}
 
-    def save_checkpoint(self, directory, counters):
-        import os
+    def state_dict(self):
+        import torch
 
-        path = os.path.join(directory, "checkpoint.npz")
-        np.savez(path, **self.get_weights())
-        return path
+        return {"algo": "random_agent", "mean_obs": torch.from_numpy(self.mean_obs.copy()), "steps": self.steps}
+
+    def load_state_dict(self, state):
+        if state.get("algo") != "random_agent":
+            raise ValueError(f"a {state.get('algo')!r} checkpoint cannot restore a random_agent learner")
+        mean_obs = state["mean_obs"].numpy()
+        if mean_obs.shape != self.mean_obs.shape:
+            raise ValueError(f"checkpoint mean_obs has shape {mean_obs.shape}, this env needs {self.mean_obs.shape}")
+        self.mean_obs[:] = mean_obs
+        self.steps = int(state["steps"])
 
 
 class RandomAgent(Algorithm):

@@ -5,7 +5,13 @@ Pull-based: a learner grants credits (one per batch it will consume); the
 memory samples only against a credit, so it never samples ahead of demand,
 and every learner is fed by every memory. Priority updates come back on the
 same connection; updates to slots overwritten since sampling are counted as
-stale, never silently dropped.
+stale, never silently dropped. With ``agent.samples_per_insert`` the memory
+also rate limits both sides (`aiorl.runtime.ratelimit`): learners' batches
+wait for the ratio, and actors send only against credits it grants them.
+
+Each actor connection is accounted on its own (batches, transitions, a
+sequence number from 0): a restarted actor's new connection starts again at
+0, and every transition accepted is counted in exactly one of them.
 
 For synchronous algorithms the memory gathers rounds (`aiorl.runtime.rounds`):
 exactly one rollout per iteration from each live actor assigned to it (actor
@@ -32,6 +38,7 @@ import hmac
 import logging
 import math
 import signal
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,8 +50,10 @@ from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.messages import PRIORITY_UPDATE, BadMessage, RowSpec, check
 from aiorl.runtime.phase import Phase, parse_role_name
+from aiorl.runtime.ratelimit import ACTOR_CREDITS, SampleToInsertRatio
 from aiorl.runtime.role import Role
 from aiorl.runtime.rounds import Rounds
+from aiorl.runtime.snapshot import ReplaySnapshots, snapshot_path
 from aiorl.wire import Connection, ConnectionClosed, Server, serve
 
 
@@ -82,7 +91,9 @@ class Pulse:
 
 @dataclass
 class ActorLink:
+    """One actor connection (a restarted actor, or one that reconnected, makes a new one)."""
     name: str
+    conn: Connection | None = None
     batches: int = 0
     transitions: int = 0
     next_seq: int = 0
@@ -91,7 +102,15 @@ class ActorLink:
     done_meta: dict | None = None  # the actor's own account, from its actor_done
     closed: bool = False
     frames: object = None  # frame layout: the FrameStream of this connection
-    conn: Connection | None = None
+    credits: int = 0  # granted and not yet used (rate limiting only)
+    granted: int = 0  # credits ever granted: ties go to the actor given the fewest
+    unsent_credits: int = 0  # granted, not yet told to the actor
+    credit_ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def stats(self) -> dict:
+        return {"batches": self.batches, "transitions": self.transitions, "next_seq": self.next_seq,
+                "seq_errors": self.seq_errors, "rows_rejected": self.rows_rejected,
+                "finished": self.done_meta is not None}
 
 
 @dataclass
@@ -122,8 +141,15 @@ class MemoryRole(Role):
         self.threshold = max(1, math.ceil(a.learning_starts / c.memories))
         self.server: Server | None = None
         self.replay = None
-        self.actors: dict[str, ActorLink] = {}
+        self.actor_links: list[ActorLink] = []
         self.learners: dict[str, LearnerLink] = {}
+        self.limiter: SampleToInsertRatio | None = None
+        if a.samples_per_insert is not None and not self.synchronous:
+            self.limiter = SampleToInsertRatio(a.samples_per_insert, self.threshold, a.batch_size,
+                                               a.sample_batch_size * self.cfg.env.num_envs,
+                                               a.samples_per_insert_tolerance)
+        self.sample_blocked_s = 0.0
+        self.snapshots = ReplaySnapshots(snapshot_path(self.run_dir, self.name), self.log)
         self.changed = Pulse()
         self.inserted = 0
         self.sampled = 0
@@ -144,8 +170,9 @@ class MemoryRole(Role):
         return {**frames, "replay_size": len(self.replay) if self.replay is not None else 0,
                 "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
                 "inserted": self.inserted, "sampled": self.sampled,
-                "actor_connections": sum(not link.closed for link in self.actors.values()),
+                "actor_connections": sum(not link.closed for link in self.actor_links),
                 "learner_credits": sum(link.credits for link in self.learners.values()),
+                "sample_blocked_s": round(self.sample_blocked_s, 3),
                 "peers_refused": sum(self.peers_refused.values()), "rows_rejected": self.rows_rejected,
                 "bad_messages": self.bad_messages,
                 "connections_refused_busy": server.get("refused_busy", 0),
@@ -172,6 +199,10 @@ class MemoryRole(Role):
                                                   seed=self.cfg.run.seed + 1000 + self.index)
         else:
             self.replay = ReplayBuffer(self.capacity, spec, seed=self.cfg.run.seed + 1000 + self.index)
+        if self.replay is not None:
+            restored = self.snapshots.restore(self.replay)
+            if restored and self.limiter is not None:
+                self.limiter.restore(restored)
         bind = c.advertise_host or self.coordinator_address()[0]
         # Actors and learners, and room for restarted ones whose old connection lingers.
         self.server = await serve(self._on_connection, host=bind, port=0, token=self.token,
@@ -188,7 +219,7 @@ class MemoryRole(Role):
     def _on_signal(self, sig: int) -> None:
         if self.local_coordinator is not None and self._signals == 0:
             self._signals += 1
-            self.local_coordinator.begin_stop(f"got {signal.Signals(sig).name}")
+            self.local_coordinator.interrupt(signal.Signals(sig).name, self.name)
             return
         super()._on_signal(sig)
 
@@ -286,10 +317,10 @@ class MemoryRole(Role):
         return None
 
     async def _serve_actor(self, conn: Connection, index: int) -> None:
-        link = self.actors.setdefault(conn.peer_name, ActorLink(conn.peer_name))
+        link = ActorLink(conn.peer_name, conn)
+        self.actor_links.append(link)
         if isinstance(self.replay, FrameReplayBuffer):
             link.frames = self.replay.stream()  # frame ids start over with every connection
-        link.conn = conn
 
         def handle(msg, fields) -> None:
             if msg.kind == "batch":
@@ -298,6 +329,8 @@ class MemoryRole(Role):
                 self._ingest_rollout(link, index, msg, fields)
 
         allowed = {"rollout"} if self.synchronous else {"batch"}
+        sender = self.spawn(self._send_credits(link), f"credits for {link.name}") if self.limiter else None
+        self._grant_actor_credits()
         try:
             link.done_meta = await self._read(conn, link.name, "actor_done", allowed, handle)
         finally:
@@ -305,6 +338,12 @@ class MemoryRole(Role):
             if link.frames is not None:
                 link.frames.release()
                 link.frames = None
+            if sender is not None:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+            if self.limiter is not None and link.credits:
+                self.limiter.release(link.credits)
+                link.credits = 0
             if link.done_meta is None:
                 self.log.warning("%s went away without finishing (%d batches received)", link.name, link.batches)
             if self.synchronous:
@@ -335,7 +374,39 @@ class MemoryRole(Role):
         link.batches += 1
         link.transitions += n
         self.inserted += n
+        if self.limiter is not None:
+            with_credit = link.credits > 0  # an actor's last batch, in STOPPING, comes without one
+            link.credits -= with_credit
+            self.limiter.inserted_rows(n, with_credit)
+            self._grant_actor_credits()
         self.changed.fire()
+
+    def _grant_actor_credits(self) -> None:
+        """Top every open actor connection up to ACTOR_CREDITS batches, while the ratio allows;
+        the neediest first, then the least served, so no actor is starved by a faster one."""
+        if self.limiter is None or self.phase > Phase.RUNNING:
+            return
+        while True:
+            open_links = [link for link in self.actor_links if not link.closed and link.credits < ACTOR_CREDITS]
+            if not open_links or not self.limiter.can_grant():
+                return
+            link = min(open_links, key=lambda l: (l.credits, l.granted))
+            link.credits += 1
+            link.granted += 1
+            link.unsent_credits += 1
+            link.credit_ready.set()
+            self.limiter.grant()
+
+    async def _send_credits(self, link: ActorLink) -> None:
+        """Tell an actor of the credits granted to it (several per message when they pile up)."""
+        try:
+            while True:
+                await link.credit_ready.wait()
+                link.credit_ready.clear()
+                n, link.unsent_credits = link.unsent_credits, 0
+                await link.conn.send("credit", {"n": n})
+        except ConnectionClosed:
+            pass  # its reader sees the close
 
     def _add_prioritized(self, link: ActorLink, arrays: dict, priorities, n: int) -> int:
         """Add rows; rows with a non-finite or negative priority are dropped and counted
@@ -405,9 +476,9 @@ class MemoryRole(Role):
         kind, index = parse_role_name(name)  # checked as a name; the coordinator only sends role names
         if kind != "actor" or not 0 <= index < self.cfg.cluster.actors:
             return
-        link = self.actors.get(name)
-        if link is not None and link.conn is not None and not link.closed:
-            link.conn.abort()  # its reader ends and finishes the actor
+        for link in self.actor_links:
+            if link.name == name and not link.closed:
+                link.conn.abort()  # its reader ends and finishes the actor
         if self.synchronous:
             self._actor_finished(index)
 
@@ -472,23 +543,30 @@ class MemoryRole(Role):
         link.priorities_stale += int(stale)
         link.priorities_applied += n - int(stale)
 
-    def _within_rate(self, batch_size: int) -> bool:
-        limit = self.cfg.agent.max_samples_per_insert
-        return limit is None or self.sampled + batch_size <= limit * self.inserted
+    def _within_rate(self) -> bool:
+        return self.limiter is None or self.limiter.can_sample(len(self.replay))
 
     async def _sampler(self, conn: Connection, link: LearnerLink) -> None:
         """Send one batch per credit while RUNNING or STOPPING, then ``end``."""
         batch_size = self.cfg.agent.batch_size
         draining = lambda: self.phase >= Phase.DRAINING  # noqa: E731
         while True:
-            await self.changed.wait_for(lambda: draining() or (
-                link.credits > 0 and len(self.replay) >= self.threshold and self._within_rate(batch_size)))
+            ready = lambda: link.credits > 0 and len(self.replay) >= self.threshold  # noqa: E731
+            limited = ready() and not self._within_rate()
+            t0 = time.perf_counter()
+            await self.changed.wait_for(lambda: draining() or (ready() and self._within_rate()))
+            if limited:  # the learner asked and the data was there: the ratio held it back
+                self.sample_blocked_s += time.perf_counter() - t0
             if draining():
                 break
             link.credits -= 1
             batch = self.replay.sample(batch_size, link.beta) if self.cfg.agent.prioritized_replay \
                 else self.replay.sample(batch_size)
-            self.sampled += len(batch["indices"]) if "indices" in batch else 0
+            rows = len(batch["indices"]) if "indices" in batch else 0
+            self.sampled += rows
+            if self.limiter is not None:
+                self.limiter.sampled_rows(rows)
+                self._grant_actor_credits()
             link.batches_sent += 1
             try:
                 await conn.send("samples", {"memory": self.index}, batch)
@@ -530,8 +608,30 @@ class MemoryRole(Role):
 
     # ------------------------------------------------------------------ main
 
+    def _actor_stats(self) -> dict:
+        """Per actor: totals over its connections, the last one's sequence state, and each connection."""
+        by_name: dict[str, list[ActorLink]] = {}
+        for link in self.actor_links:
+            by_name.setdefault(link.name, []).append(link)
+        return {name: {"batches": sum(l.batches for l in links), "transitions": sum(l.transitions for l in links),
+                       "next_seq": links[-1].next_seq, "seq_errors": sum(l.seq_errors for l in links),
+                       "rows_rejected": sum(l.rows_rejected for l in links),
+                       "finished": links[-1].done_meta is not None, "connections": [l.stats() for l in links]}
+                for name, links in by_name.items()}
+
+    # ------------------------------------------------------------------ main
+
     async def main(self) -> dict:
-        await self.wait_phase(Phase.CLOSING)
+        periodic = None
+        if self.cfg.run.snapshot_replay and self.replay is not None:
+            periodic = self.spawn(self.snapshots.run_every(self.replay, self.cfg.run.snapshot_interval_s),
+                                  "replay snapshots")
+        try:
+            await self.wait_phase(Phase.CLOSING)
+        finally:
+            if periodic is not None:
+                periodic.cancel()
+                await asyncio.gather(periodic, return_exceptions=True)
         # Learners send learner_done after their last priorities; wait for every one
         # connected (or its connection closing) so no update is left unapplied.
         pending = [link.finished.wait() for link in self.learners.values()]
@@ -541,23 +641,19 @@ class MemoryRole(Role):
         except TimeoutError:
             late = [n for n, link in self.learners.items() if not link.finished.is_set()]
             self.log.error("learners did not finish in time: %s", ", ".join(late))
-        snapshot = None
         if self.cfg.run.snapshot_replay and self.replay is not None:
-            snapshot = str(self.run_dir / f"replay-{self.name}.npz")
-            await asyncio.to_thread(self.replay.save, snapshot)
-            self.log.info("replay saved to %s", snapshot)
+            await self.snapshots.save(self.replay)
         return {
             "inserted": self.inserted,
             "sampled": self.sampled,
             "replay_size": len(self.replay) if self.replay is not None else 0,
-            "snapshot": snapshot,
+            "replay_added": self.replay.added if self.replay is not None else 0,
+            "sample_blocked_s": round(self.sample_blocked_s, 3),
+            **self.snapshots.stats(),
             "rounds": None if self.rounds is None else {
                 "completed": self.rounds.iteration, "duplicates": self.rounds.duplicates,
                 "stale": self.rounds.stale, "discarded_rows": self.rounds.discarded_rows},
-            "actors": {n: {"batches": l.batches, "transitions": l.transitions, "next_seq": l.next_seq,
-                           "seq_errors": l.seq_errors, "rows_rejected": l.rows_rejected,
-                           "finished": l.done_meta is not None}
-                       for n, l in self.actors.items()},
+            "actors": self._actor_stats(),
             "learners": {n: {"batches_sent": l.batches_sent, "priority_messages": l.priority_messages,
                              "priorities_applied": l.priorities_applied,
                              "priorities_stale": l.priorities_stale,

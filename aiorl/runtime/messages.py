@@ -134,7 +134,8 @@ SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     # role -> coordinator
     "register": {"role": (name, True), "pid": (nullable(integer(0, 1 << 31)), False),
                  "host": (nullable(text(255)), False), "config_hash": (text(64), True),
-                 "address": (nullable(address), False), "rendezvous": (nullable(text(300)), False)},
+                 "address": (nullable(address), False), "rendezvous": (nullable(text(300)), False),
+                 "incarnation": (text(64), False), "rejoin": (boolean, False)},
     "heartbeat": _HEARTBEAT,
     "done": {**_HEARTBEAT, "stats": (any_map, False)},
     "wait_start": {},
@@ -144,6 +145,7 @@ SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     "fail": {"reason": (text(), False)},
     "stop": {"reason": (text(), False)},
     "status": {},
+    "run_state": {"counters": (mapping(text(64), _count), False)},
     "work": {"done": (nullable(int_pair), False)},
     "check_session": {"role": (name, True), "session": (text(64), True)},
     # actor -> memory
@@ -161,7 +163,9 @@ SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     # coordinator -> role
     "phase": {"phase": (integer(0, 5), True), "reason": (nullable(text()), False)},
     "role_lost": {"role": (name, True)},
-    "exit": {"ok": (boolean, False), "role_ok": (boolean, False), "reason": (nullable(text()), False)},
+    "memories": {"memories": (list_of(nullable(address), 1 << 12), True)},
+    "exit": {"ok": (boolean, False), "role_ok": (boolean, False), "reason": (nullable(text()), False),
+             "outcome": (nullable(text(32)), False), "signal": (nullable(text(32)), False)},
 }
 
 
