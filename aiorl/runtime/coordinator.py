@@ -42,6 +42,7 @@ class RoleRecord:
     status: str = "expected"  # expected, running, done, lost, failed
     reason: str | None = None
     last_heartbeat: float = 0.0
+    done_phase: str | None = None  # the phase in which the role reported done
     counters: dict[str, int] = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
@@ -278,7 +279,8 @@ class Coordinator:
             record.stats = dict(msg.meta.get("stats", {}))
             if record.status == "running":
                 record.status = "done"
-                log.info("%s done", record.name)
+                record.done_phase = self.phase.name
+                log.info("%s done in phase %s", record.name, self.phase.name)
                 self.role_changed.set()
             await conn.reply(msg)
         elif kind == "fail":
@@ -584,7 +586,7 @@ class Coordinator:
             "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
             "weights_version": self.weights_version,
             "weights_published_monotonic": self.weights_published,
-            "roles": {name: {"status": r.status, "reason": r.reason, "pid": r.pid,
+            "roles": {name: {"status": r.status, "reason": r.reason, "pid": r.pid, "done_phase": r.done_phase,
                              "counters": r.counters, "stats": r.stats}
                       for name, r in self.roles.items()},
         }
