@@ -42,6 +42,7 @@ class RoleRecord:
     status: str = "expected"  # expected, running, done, lost, failed
     reason: str | None = None
     last_heartbeat: float = 0.0
+    stall_at_heartbeat_s: float = 0.0  # the coordinator's own stalled time when that heartbeat came
     done_phase: str | None = None  # the phase in which the role reported done
     counters: dict[str, int] = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
@@ -96,6 +97,7 @@ class Coordinator:
         self.server: Server | None = None
         self.rendezvous: str | None = None
         self.loop_lag_max_s = 0.0  # how late the coordinator's own timer fired, worst case
+        self.stalled_s = 0.0  # how long the coordinator's own loop was stalled, in total
         self.t_start = time.time()
         self.t_running: float | None = None
         # Made now, before serving: importing TensorBoard's writer takes a while.
@@ -226,6 +228,7 @@ class Coordinator:
         record.address = (str(address[0]), int(address[1])) if address else None
         record.status = "running"
         record.last_heartbeat = asyncio.get_running_loop().time()
+        record.stall_at_heartbeat_s = self.stalled_s
         log.info("registered %s (pid %s, %s)", name, record.pid, conn.peer)
         await conn.reply(msg, meta={"phase": int(self.phase), "config_hash": self.config_hash})
         if all(r.status == "running" for r in self.roles.values()):
@@ -296,6 +299,7 @@ class Coordinator:
 
     def _heartbeat(self, record: RoleRecord, meta: dict) -> None:
         record.last_heartbeat = asyncio.get_running_loop().time()
+        record.stall_at_heartbeat_s = self.stalled_s
         counters = meta.get("counters")
         if counters:
             record.counters = {str(k): int(v) for k, v in counters.items()}
@@ -477,17 +481,34 @@ class Coordinator:
         if self.server is not None:
             await self.server.close()
 
+    def silence_s(self, record: RoleRecord, now: float) -> float:
+        """How long `record` has been silent while the coordinator itself was listening.
+
+        Time the coordinator's own loop spent stalled (a GC pause, SIGSTOP, an
+        overloaded machine) since that role's last heartbeat is not the role's
+        silence: its heartbeats were waiting, unread, in the socket.
+        """
+        return now - record.last_heartbeat - (self.stalled_s - record.stall_at_heartbeat_s)
+
     async def _heartbeat_monitor(self) -> None:
         c = self.cfg.cluster
         loop = asyncio.get_running_loop()
         while True:
             expected = loop.time() + c.heartbeat_interval_s
             await asyncio.sleep(c.heartbeat_interval_s)
+            lag = max(0.0, loop.time() - expected)
+            self.loop_lag_max_s = max(self.loop_lag_max_s, lag)
+            if lag > 0:
+                # The stall is granted as grace, and the heartbeats that queued up
+                # during it are read before anyone is judged: after a stall this
+                # timer can fire before the loop has run the readers of the sockets.
+                self.stalled_s += lag
+                await asyncio.sleep(0)
             now = loop.time()
-            self.loop_lag_max_s = max(self.loop_lag_max_s, now - expected)
             for record in self.roles.values():
-                if record.status == "running" and now - record.last_heartbeat > c.heartbeat_timeout_s:
-                    self._mark(record, "lost", f"no heartbeat for {now - record.last_heartbeat:.1f} s "
+                silence = self.silence_s(record, now)
+                if record.status == "running" and silence > c.heartbeat_timeout_s:
+                    self._mark(record, "lost", f"no heartbeat for {silence:.1f} s "
                                                f"(cluster.heartbeat_timeout_s {c.heartbeat_timeout_s:g})")
                     if record.conn is not None:
                         record.conn.abort()
@@ -549,7 +570,7 @@ class Coordinator:
             "rss_bytes": sum(r.metrics.get("rss_bytes", 0) for r in roles if r.live),
             "roles_alive": sum(r.status in ("running", "done") for r in roles),
             "roles_late": [r.name for r in roles
-                           if r.status == "running" and loop_now - r.last_heartbeat > late_after],
+                           if r.status == "running" and self.silence_s(r, loop_now) > late_after],
             "roles_lost": [r.name for r in roles if r.status in ("lost", "failed")],
         }
         algo_keys = sorted({k for m in learners for k in m} - LEARNER_RUNTIME_KEYS)
