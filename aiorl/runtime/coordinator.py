@@ -212,10 +212,10 @@ class Coordinator:
         elif meta.get("config_hash") != self.config_hash:
             reason = (f"config hash mismatch: {name} runs config {meta.get('config_hash')}, the coordinator "
                       f"runs {self.config_hash}; start every role with the same config")
+        elif self.phase != Phase.STARTING:  # before the status: a late role is 'lost' by now
+            reason = f"{name} registered too late: the run is in phase {self.phase.name}"
         elif record.status != "expected":
             reason = f"{name} is already registered (status {record.status})"
-        elif self.phase != Phase.STARTING:
-            reason = f"{name} registered too late: the run is in phase {self.phase.name}"
         if reason is not None:
             log.warning("refused registration from %s: %s", conn.peer, reason)
             await conn.reply_error(msg, reason)
