@@ -82,6 +82,7 @@ class Coordinator:
         self.phase_changed = asyncio.Event()
         self.phase_times: list[dict] = []
         self.started = asyncio.Event()
+        self.start_settled = asyncio.Event()  # the run started, or stopped before it could
         self.stop_reason: str | None = None
         self.stop_event = asyncio.Event()
         self.failures: list[str] = []
@@ -315,7 +316,10 @@ class Coordinator:
 
     async def _answer_start(self, conn: Connection, msg: Message) -> None:
         try:
-            await self.started.wait()
+            await self.start_settled.wait()
+            if self.stop_event.is_set():  # it will never run: a role did not register, or Ctrl-C
+                await conn.reply(msg, meta={"stop": True, "reason": self.stop_reason, "phase": int(self.phase)})
+                return
             memories = [self.roles[role_name("memory", i)].address for i in range(self.cfg.cluster.memories)]
             await conn.reply(msg, meta={"memories": [list(a) for a in memories],
                                         "rendezvous": self.rendezvous, "phase": int(self.phase)})
@@ -444,6 +448,7 @@ class Coordinator:
                 for record in self.roles.values():
                     if record.status == "expected":
                         self._mark(record, "lost", "never registered")
+            self.start_settled.set()
             if not self.stop_event.is_set():
                 self.t_running = time.time()
                 await self._set_phase(Phase.RUNNING)
