@@ -42,6 +42,7 @@ class LearnerRole(Role):
         # may wait on a slow peer for long, and the loop must keep heartbeating.
         self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
+        self.queue_depth_max = 0  # batches received and not yet trained on, worst case
 
     def metrics(self) -> dict:
         return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),
@@ -84,13 +85,14 @@ class LearnerRole(Role):
         await asyncio.to_thread(self.core.close)
         return {"learner_steps": self.counters["learner_steps"], "memories": self.per_memory,
                 "published": self.published, "checkpoints": self.checkpoints,
-                "unused_batches": self.unused_batches}
+                "unused_batches": self.unused_batches, "queue_depth_max": self.queue_depth_max}
 
     async def _reader(self, m: int, conn: Connection) -> None:
         try:
             async for msg in conn:
                 if msg.kind == "samples":
                     self.queue.put_nowait((m, msg))
+                    self.queue_depth_max = max(self.queue_depth_max, self.queue.qsize())
                 elif msg.kind == "end":
                     break
                 else:

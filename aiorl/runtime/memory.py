@@ -353,7 +353,7 @@ class MemoryRole(Role):
                        for n, l in self.actors.items()},
             "learners": {n: {"batches_sent": l.batches_sent, "priority_messages": l.priority_messages,
                              "priorities_applied": l.priorities_applied,
-                             "priorities_stale": l.priorities_stale,
+                             "priorities_stale": l.priorities_stale, "beta": l.beta,
                              "reported": l.done_meta}
                          for n, l in self.learners.items()},
         }
