@@ -1,5 +1,6 @@
 """aiorl.replay is the compiled extension, never a silent numpy fallback; the bench still runs."""
 import importlib.machinery
+import importlib.util
 import json
 import os
 import subprocess
@@ -45,3 +46,9 @@ def test_bench_quick_run_writes_its_table_and_json(tmp_path):
     for row in result["rows"]:
         assert row["aiorl"] > 0 and row["numpy"] > 0
     assert result["backend"] == "cython" and {t["name"] for t in result["targets"]}
+    # cpprb is a bench-only comparison: without it the run says what it left out.
+    if importlib.util.find_spec("cpprb") is None:
+        assert "skipped: the cpprb comparisons (cpprb is not installed" in out.stdout
+        assert "cpprb" in result["skipped"] and all(row["cpprb"] is None for row in result["rows"])
+    else:
+        assert result["skipped"] == {}
