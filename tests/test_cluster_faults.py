@@ -28,8 +28,18 @@ def metrics_rows(run_dir) -> list[dict]:
     return [json.loads(line) for line in lines[:-1] if line.strip()]  # the last one may be half-written
 
 
+def waited(run_dir, predicate, timeout_s: float, what: str):
+    """wait_for, and if it times out, say where the run stood."""
+    try:
+        return wait_for(predicate, timeout_s, what)
+    except AssertionError as exc:
+        summary = run_dir / "summary.json"
+        raise AssertionError(f"{exc}; last metrics row: {last_metrics(run_dir)}; summary: "
+                             f"{summary.read_text()[:3000] if summary.exists() else None}") from None
+
+
 def running(run_dir, key: str = "learner_steps", above: int = 5):
-    wait_for(lambda: (last_metrics(run_dir) or {}).get(key, 0) > above, 120, key)
+    waited(run_dir, lambda: (last_metrics(run_dir) or {}).get(key, 0) > above, 120, key)
 
 
 def none_left(started: dict[str, int]) -> bool:
@@ -47,7 +57,8 @@ def test_losing_a_learner_or_memory_1_ends_the_run(tmp_path, victim):
     finally:
         proc.kill()
     summary = read_json(run_dir / "summary.json")
-    assert summary["stop_reason"].startswith(f"{victim} lost: its connection to the coordinator closed")
+    # (Losing memory 1 also fails the actor that was sending to it; either may stop the run first.)
+    assert any(f.startswith(f"{victim} lost: its connection to the coordinator closed") for f in summary["failures"])
     assert [p["phase"] for p in summary["phases"]][-1] == "EXITED"
     assert summary["roles"][victim]["status"] == "lost" and not summary["ok"]
     assert read_json(run_dir / "exits.json")[victim] == -signal.SIGKILL
@@ -57,25 +68,29 @@ def test_losing_a_learner_or_memory_1_ends_the_run(tmp_path, victim):
 
 def test_losing_an_actor_in_synchronous_mode_leaves_the_others_iterating(tmp_path):
     # Memory 1 aggregates only actor 1: once it is gone, memory 1 hands out empty aggregates.
-    config = cluster(3, 2, 1, scheduled_timesteps=4000, sample_batch_size=8)
+    config = cluster(3, 2, 1, scheduled_timesteps=10**9, sample_batch_size=8)
     config["model"] = {"synchronous": True}
     proc, run_dir = start(tmp_path, config)
     try:
         started = pids(run_dir)
         running(run_dir, "env_steps", 200)
         os.kill(started["actor-1"], signal.SIGKILL)
+        lost_at = waited(run_dir, lambda: (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"]
+                         and last_metrics(run_dir)["env_steps"], 60, "actor-1 lost")
+        running(run_dir, "env_steps", lost_at + 2000)  # 2 actors x 16 env steps per iteration go on
+        proc.send_signal(signal.SIGINT)
         code, out = finish(proc, timeout_s=120)
     finally:
         proc.kill()
     summary = read_json(run_dir / "summary.json")
-    assert summary["env_steps"] >= 4000 and "scheduled_timesteps" in summary["stop_reason"]
     assert summary["roles"]["actor-1"]["status"] == "lost"
     for name in ("actor-0", "actor-2"):
-        log = summary["roles"][name]["stats"]["iterations"]
-        # 16 env steps per actor and iteration: far more iterations than the ~4 before the loss,
-        # still in lock step with the learner's versions.
-        assert len(log) > 4000 // (3 * 16)
-        assert [e["iteration"] for e in log] == [e["weights_version"] for e in log] == list(range(len(log)))
+        log = summary["roles"][name]["stats"]["iterations"]  # (the last 1000)
+        iterations = [e["iteration"] for e in log]
+        # Many more iterations after the loss, still in lock step with the learner's versions.
+        assert iterations == [e["weights_version"] for e in log]
+        assert iterations == list(range(iterations[0], iterations[0] + len(log)))
+        assert iterations[-1] + 1 > (lost_at + 2000) // (3 * 16)
     exits = read_json(run_dir / "exits.json")
     assert exits.pop("actor-1") == -signal.SIGKILL and exits.pop("memory-0") == 2
     assert set(exits.values()) == {0}, exits
@@ -167,19 +182,20 @@ def test_silence_is_judged_against_the_coordinators_own_stalls(tmp_path):
     try:
         started = pids(run_dir)
         running(run_dir)
+        before = len(metrics_rows(run_dir))
         os.kill(started["memory-0"], signal.SIGSTOP)
         time.sleep(1.4)  # the stall itself, not a wait for a condition
         os.kill(started["memory-0"], signal.SIGCONT)
         # The coordinator saw its own stall; then 2 s of rows (10 at 0.2 s) lose nobody.
-        seen = wait_for(lambda: next((i for i, r in enumerate(metrics_rows(run_dir))
-                                      if r["loop_lag_max_s"] >= 1.0), None), 60, "the stall in metrics")
-        wait_for(lambda: len(metrics_rows(run_dir)) > seen + 10, 60, "rows after the stall")
+        seen = waited(run_dir, lambda: next((i for i, r in enumerate(metrics_rows(run_dir))
+                                             if i >= before and r["loop_lag_max_s"] >= 1.0), None), 60, "the stall")
+        waited(run_dir, lambda: len(metrics_rows(run_dir)) > seen + 10, 60, "rows after the stall")
         after = metrics_rows(run_dir)[seen:]
         assert all(r["phase"] == "RUNNING" and r["roles_lost"] == [] for r in after), after[-1]
 
         os.kill(started["actor-1"], signal.SIGSTOP)
         try:
-            wait_for(lambda: (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"], 60, "actor-1 lost")
+            waited(run_dir, lambda: (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"], 60, "actor-1 lost")
         finally:
             os.kill(started["actor-1"], signal.SIGCONT)
         env_steps = last_metrics(run_dir)["env_steps"]
