@@ -183,6 +183,15 @@ def _backup_path(root: Path, rel: str) -> Path:
     return root / BACKUP_DIR / rel
 
 
+def _drop_backup(root: Path, backup: Path) -> None:
+    backup.unlink()
+    base = root / BACKUP_DIR
+    for parent in backup.parents:  # and the folders it leaves empty
+        if parent == base.parent or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
 def restore_leftovers(root: Path) -> list[str]:
     """Put back any original a previous, killed runner left in the backup folder."""
     restored = []
@@ -192,7 +201,7 @@ def restore_leftovers(root: Path) -> list[str]:
     for backup in sorted(p for p in base.rglob("*") if p.is_file()):
         rel = backup.relative_to(base)
         (root / rel).write_bytes(backup.read_bytes())
-        backup.unlink()
+        _drop_backup(root, backup)
         restored.append(str(rel))
     return restored
 
@@ -262,7 +271,7 @@ def run_mutant(m: Mutant, root: Path = ROOT, python: str = sys.executable, timeo
             target.write_bytes(original)
             if target.read_bytes() != original:
                 raise RuntimeError(f"{m.path} was not restored; its original is kept at {backup}")
-            backup.unlink()
+            _drop_backup(root, backup)
             if is_pyx:
                 rebuilt = _rebuild(root, python)
                 if rebuilt.returncode != 0:

@@ -65,12 +65,13 @@ def test_learning_starts_holds_learners_back(tmp_path):
 
 
 def test_beta_anneals_to_its_final_value_and_sync_interval_spaces_weight_pulls(tmp_path):
-    config = cluster(1, 1, 1, scheduled_global_steps=100, prioritized_replay_beta=0.4,
+    config = cluster(1, 1, 1, scheduled_global_steps=200, prioritized_replay_beta=0.4,
                      prioritized_replay_beta_final=1.0, sync_interval=10**6)
+    config["model"]["learner_step_sleep_s"] = 0.01  # a run of a few heartbeats: newer weights get announced
     code, out, run_dir = run(tmp_path, config)
     assert code == 0, out
     summary = read_json(run_dir / "summary.json")
-    assert summary["learner_steps"] >= 100
+    assert summary["learner_steps"] >= 200
     # The beta the memory last sampled with is the final one: the schedule is over.
     assert summary["roles"]["memory-0"]["stats"]["learners"]["learner-0"]["beta"] == 1.0
     # Weights were published, but an actor checks for them only every 10**6 batches.
