@@ -9,11 +9,14 @@ CONFIG ?= examples/apex_dqn_cartpole.yaml
 
 # torch is installed first, pinned to the CPU wheel, so that the project's
 # `torch>=2.2` requirement is already satisfied and pip never fetches a CUDA build.
+# The build requirements go in first too, and the editable install builds with them
+# (--no-build-isolation): against the venv's own numpy, so `build` below finds the
+# extension up to date instead of compiling it a second time.
 $(BIN)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68" wheel "Cython>=3.0"
+	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68" wheel "Cython>=3.0" "numpy>=2.0"
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test,tb]'
+	$(BIN)/python -m pip install --quiet --no-build-isolation -e '.[test,tb]'
 	touch $@
 
 # Bench-only comparison libraries (cpprb has no wheel for every Python we support):
