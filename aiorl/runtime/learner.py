@@ -84,6 +84,8 @@ class LearnerRole(Role):
         # may wait on a slow peer for long, and the loop must keep heartbeating.
         self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
+        self.batches_queued = 0
+        self.queue_depth_max = 0  # batches received and not yet trained on, worst case
         self.iterations: list[dict] = []  # synchronous algorithms: one entry per iteration trained
         self.last_beta: float | None = None
         self.core = None
@@ -204,7 +206,7 @@ class LearnerRole(Role):
                 "memories": self.per_memory, "earlier_connections": self.earlier_per_memory,
                 "published": self.published, "checkpoints": self.checkpoints,
                 "unused_batches": self.unused_batches, "iterations": self.iterations,
-                "prioritized_replay_beta_last": self.last_beta}
+                "prioritized_replay_beta_last": self.last_beta, "queue_depth_max": self.queue_depth_max}
 
     @staticmethod
     def _memory_account() -> dict:
@@ -218,6 +220,8 @@ class LearnerRole(Role):
             async for msg in conn:
                 if msg.kind == "samples":
                     self.queue.put_nowait((m, msg))
+                    self.batches_queued += 1  # the queue also carries phase wake-ups and ends
+                    self.queue_depth_max = max(self.queue_depth_max, self.batches_queued)
                 elif msg.kind == "end":
                     break
                 else:
@@ -315,6 +319,8 @@ class LearnerRole(Role):
         t0 = time.perf_counter()
         item = await self.queue.get()
         self.wait_s += time.perf_counter() - t0
+        if item[1] is not _END and item[1] is not _AWAY and item[1] is not _WAKE:  # a batch, not a marker
+            self.batches_queued -= 1
         return item
 
     async def _async_loop(self) -> None:

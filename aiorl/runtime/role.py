@@ -326,10 +326,17 @@ class Role:
 
     async def _work(self) -> None:
         try:
-            reply = await self.coordinator.request("wait_start", timeout_s=self.cfg.cluster.start_timeout_s)
+            # The coordinator answers by its own start deadline; allow it the usual time to answer.
+            c = self.cfg.cluster
+            reply = await self.coordinator.request("wait_start", timeout_s=c.start_timeout_s + c.coordinator_timeout_s)
         except TimeoutError:
             raise CoordinatorLost("the run did not start within cluster.start_timeout_s") from None
         self.start_info = reply.meta
+        if reply.meta.get("stop"):
+            # The run stopped before it started: nothing to do but report and wait for the exit.
+            self.log.warning("the run stopped before it started: %s", reply.meta.get("reason"))
+            await self._request_or_lost("done", {**self._heartbeat_meta(), "stats": {}})
+            return
         self._set_phase(Phase(int(reply.meta.get("phase", Phase.STARTING))))
         try:
             stats = await self._main_or_fatal()
