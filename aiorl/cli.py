@@ -71,35 +71,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return LocalLauncher(cfg, run_dir, quiet=args.quiet).run()
 
 
-KEYS_HELP = "Every config key, with its default, type and doc: `aiorl config ALGO` or `aiorl config keys`."
-MAIN_EPILOG = f"""examples:
-  aiorl run examples/apex_dqn_cartpole.yaml --set cluster.actors=2
-  aiorl eval runs/apex_dqn-CartPole-v1-<timestamp> --episodes 20
-  aiorl config apex_dqn > my.yaml
-
-{KEYS_HELP}"""
-
-
-def _run_epilog() -> str:
-    from aiorl.runtime.algorithm import available_algorithms
-
-    return (f"algorithms (algo:): {', '.join(available_algorithms())}\n\n"
-            "examples:\n"
-            "  aiorl run examples/apex_dqn_cartpole.yaml --set agent.batch_size=64\n"
-            "  aiorl run --resume runs/apex_dqn-CartPole-v1-<timestamp>\n"
-            "  AIORL_TOKEN=... aiorl run cfg.yaml --role actor --index 0 --set cluster.port=7000\n\n"
-            f"{KEYS_HELP}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     from aiorl import __version__
 
-    parser = argparse.ArgumentParser(prog="aiorl", description=__doc__, epilog=MAIN_EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="aiorl", description=__doc__)
     parser.add_argument("--version", action="version", version=f"aiorl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a config: every role locally, or one role with --role/--index",
-                         epilog=_run_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = sub.add_parser("run", help="run a config: every role locally, or one role with --role/--index")
     run.add_argument("config", nargs="?", help="run config (YAML or JSON)")
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="continue a stopped, interrupted or crashed run from its newest good checkpoint")
@@ -120,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     from aiorl import config_reference
 
     config_reference.add_parser(sub)
+    from aiorl.cli_help import add_examples
+
+    add_examples(parser, sub)
     return parser
 
 

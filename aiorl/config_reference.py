@@ -152,13 +152,6 @@ def keys_table(algo: str | None) -> str:
 # --------------------------------------------------------------------------
 # `aiorl config`
 
-EPILOG = """examples:
-  aiorl config apex_dqn > my.yaml          every key of an apex_dqn run, with defaults and docs
-  aiorl config show my.yaml --set agent.batch_size=64
-  aiorl config keys                         every dotted key (aiorl config keys dppo: with dppo's model keys)
-"""
-
-
 def cmd_config(args: argparse.Namespace) -> int:
     try:
         if args.what == "show":
@@ -189,8 +182,7 @@ def _checked_algo(name: str) -> str:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "config", help="print the config reference: every key with default, type and doc",
-        description=__doc__.split("\n\n")[0] + " Algorithms: " + ", ".join(_algorithms()) + ".",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__.split("\n\n")[0] + " Algorithms: " + ", ".join(_algorithms()) + ".")
     p.add_argument("what", metavar="ALGO|show|keys",
                    help="an algorithm (its full default config), 'show' (a file's resolved config) or 'keys'")
     p.add_argument("arg", nargs="?", metavar="CONFIG|ALGO", help="the config file of 'show'; the algorithm of 'keys'")
