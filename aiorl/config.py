@@ -12,6 +12,7 @@ own dataclass (``Algorithm.model_config``), validated the same way.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -450,7 +451,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read, override, type-check and validate a run config; raise ConfigError on any problem."""
     from aiorl.runtime.algorithm import get_algorithm  # the algorithm owns the model section
 
-    raw = dict(data) if data is not None else read_config_file(path)
+    # A deep copy: overrides must not change the caller's nested mappings (aiorl.run(dict) twice).
+    raw = copy.deepcopy(dict(data)) if data is not None else read_config_file(path)
     raw = apply_overrides(raw, list(overrides or []))
     model_raw = raw.pop("model", None)
     cfg = build_dataclass(Config, raw, "")
