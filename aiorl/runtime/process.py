@@ -120,6 +120,6 @@ def run_role(cfg: Config, kind: str, index: int, run_dir: str | Path, console: b
     except Exception:
         log.exception("crashed")
         code = EXIT_FAILED
-    log.info("exit code %d; run directory %s", code, run_dir, extra={CONSOLE: True})
+    log.info("exit code %d; run directory %s", code, run_dir.resolve(), extra={CONSOLE: True})
     logging.shutdown()
     return code
