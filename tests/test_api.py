@@ -115,11 +115,11 @@ class Corridor(gym.Env):
         return np.array([self.pos], np.float32), float(done), done, False, {}
 
 
-gym.register(id="Corridor-v0", entry_point=Corridor, max_episode_steps=50)
+gym.register(id="Hall-v0", entry_point=Corridor, max_episode_steps=50)  # another name: Corridor is the class
 '''
 
 
-@pytest.mark.parametrize("env_id", ["my_envs:Corridor", "my_envs:Corridor-v0"])
+@pytest.mark.parametrize("env_id", ["my_envs:Corridor", "my_envs:Hall-v0"])
 def test_custom_env_from_the_current_directory_gets_its_kwargs(tmp_path, env_id):
     """`module:Class` and a registered `module:EnvId`, found in the cwd without PYTHONPATH, by the
     `aiorl` script (which does not put the cwd on sys.path) and by every role process."""

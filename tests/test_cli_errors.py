@@ -89,5 +89,9 @@ def test_ctrl_c_during_start_up_prints_no_traceback(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(cli, "load_config", interrupted)
     (tmp_path / "cfg.yaml").write_text(CFG)
-    assert cli.main(["run", str(tmp_path / "cfg.yaml")]) == 130
+    try:
+        code = cli.main(["run", str(tmp_path / "cfg.yaml")])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C during start-up escaped aiorl's main (a traceback)")
+    assert code == 130
     assert capsys.readouterr().err.strip() == "aiorl: interrupted"
