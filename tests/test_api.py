@@ -140,3 +140,16 @@ def test_custom_env_from_the_current_directory_gets_its_kwargs(tmp_path, env_id)
     assert {p.read_text() for p in made} == {"7"}
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["ok"] and summary["episodes"] > 0
+
+
+def test_run_takes_a_file_a_mapping_or_a_config(tmp_path):
+    from aiorl.api import _load, _override_list
+
+    (tmp_path / "cfg.yaml").write_text("algo: random_agent\n")
+    from_file = _load(tmp_path / "cfg.yaml", _override_list({"run.seed": 5, "env.kwargs": {"a": 1}}))
+    assert from_file.run.seed == 5 and from_file.env.kwargs == {"a": 1}
+    from_config = _load(from_file, ["agent.batch_size=16"])
+    assert from_config.run.seed == 5 and from_config.agent.batch_size == 16
+    assert _load({"algo": "random_agent"}, []).to_dict() == aiorl.load_config(tmp_path / "cfg.yaml").to_dict()
+    with pytest.raises(TypeError, match="mapping or a list"):
+        _override_list("run.seed=1")
