@@ -64,11 +64,22 @@ def check_role(cfg: Config, kind: str, index: int, run_dir: Path) -> None:
     cluster_token(cfg, run_dir)  # AIORL_TOKEN, run.token_file or the directory's token: says what to do if none
 
 
-def make_role_run_dir(cfg: Config, run_dir: Path) -> Path:
+# What a role's run writes that a later run of the same role must not write over.
+RESULTS = {"memory-0": ("summary.json", "metrics.jsonl"), "learner-0": ("policy", "checkpoints")}
+
+
+def make_role_run_dir(cfg: Config, run_dir: Path, kind: str, index: int) -> Path:
     """Make the run directory of a role started by hand, holding the resolved config."""
+    from aiorl.runtime.phase import role_name
+
+    name = role_name(kind, index)
     if (run_dir / OWNER_FILE).exists():
         raise RunDirError(f"run directory {run_dir} belongs to a local run ({OWNER_FILE}); a role started by "
                           "hand needs a run.dir of its own, or one shared only by its cluster's roles")
+    earlier = [f for f in RESULTS.get(name, ()) if (run_dir / f).exists()]
+    if earlier:
+        raise RunDirError(f"run directory {run_dir} already holds an earlier run's {name} results "
+                          f"({', '.join(earlier)}); give a new run.dir")
     try:
         make_run_dir(run_dir)
     except OSError as exc:

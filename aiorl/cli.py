@@ -34,7 +34,7 @@ def _run_role(cfg, kind: str, index: int) -> int:
     if by_hand.started_by_hand():
         run_dir = by_hand.run_dir_path(cfg, kind, index)
         by_hand.check_role(cfg, kind, index, run_dir)
-        by_hand.make_role_run_dir(cfg, run_dir)
+        by_hand.make_role_run_dir(cfg, run_dir, kind, index)
         return run_role(cfg, kind, index, run_dir, console=True)
     from aiorl.rundir import role_run_dir
 

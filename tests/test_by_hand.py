@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from aiorl.cli import main
-from cluster_helpers import FAST_CLUSTER, wait_for
+from cluster_helpers import FAST_CLUSTER
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")]
@@ -95,3 +95,8 @@ def test_roles_by_hand_share_one_run_dir_without_clobbering_and_refuse_another_c
                             text=True, timeout=120)
     assert result.returncode == 2 and "config hash mismatch" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+    # A second run of the same cluster there would write over the first one's results: refused.
+    again = subprocess.run([sys.executable, "-m", "aiorl", "run", "cfg.json", "--role", "memory", "--set",
+                            f"run.dir={shared}"], cwd=tmp_path, env={**os.environ, "AIORL_TOKEN": "k" * 64},
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "earlier run's memory-0 results" in again.stderr, again.stderr
