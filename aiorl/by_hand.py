@@ -54,13 +54,13 @@ def check_role(cfg: Config, kind: str, index: int, run_dir: Path) -> None:
     limit = {"actor": c.actors, "memory": c.memories, "learner": c.learners}[kind]
     if not 0 <= index < limit:
         raise ConfigError(f"--index {index}: this cluster has {limit} {kind} role(s) (indices 0..{limit - 1})")
-    if c.port == 0 and not (kind == "memory" and index == 0):
-        raise ConfigError(f"cluster.port is 0: {kind} {index} started on its own must be told the coordinator's "
-                          "port (--set cluster.port=PORT, the port memory 0 listens on)")
     if kind == "learner":
         from aiorl.runtime.algorithm import get_algorithm
 
         get_algorithm(cfg.algo).check_learner_host(cfg)
+    if c.port == 0 and not (kind == "memory" and index == 0):
+        raise ConfigError(f"cluster.port is 0: {kind} {index} started on its own must be told the coordinator's "
+                          "port (--set cluster.port=PORT, the port memory 0 listens on)")
     cluster_token(cfg, run_dir)  # AIORL_TOKEN, run.token_file or the directory's token: says what to do if none
 
 
