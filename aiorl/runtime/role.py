@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from aiorl.by_hand import CONSOLE
 from aiorl.config import Config, connect_host
 from aiorl.runtime import frame_limits, messages
 from aiorl.runtime.control import ControlChannel, CoordinatorLost, NotAdmitted, Refused
@@ -189,7 +190,7 @@ class Role:
         for p, event in self._phase_events.items():
             if p <= phase:
                 event.set()
-        self.log.info("phase %s", phase.name)
+        self.log.info("phase %s", phase.name, extra={CONSOLE: True})
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -304,7 +305,8 @@ class Role:
             raise RoleFailed(str(exc)) from None
         self.registration = reply
         self._set_phase(Phase(int(reply.get("phase", Phase.STARTING))))  # a restart joins a running run
-        self.log.info("registered with the coordinator at %s:%s (%s)", host, port, reply.get("admission"))
+        self.log.info("registered with the coordinator at %s:%s (%s)", host, port, reply.get("admission"),
+                      extra={CONSOLE: True})
         async with asyncio.TaskGroup() as tg:
             control = tg.create_task(self._control_loop())
             heartbeat = tg.create_task(self._heartbeat_loop())
