@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -106,8 +107,9 @@ def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
     finally:
         proc.kill()
     assert code == 130, out  # interrupted by SIGINT, cleanly
+    (run_dir / "token").unlink()  # a finished run's summary is a file: no token, no coordinator needed
     final = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "AIORL_TOKEN": ""})
     summary = json.loads(final.stdout)
     assert summary["live"] is False and summary["ok"] and set(summary["roles"]) == set(started)
     assert read_json(run_dir / "summary.json")["ok"]

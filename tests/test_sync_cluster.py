@@ -77,7 +77,7 @@ def test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learner
         assert abs(a["rows"] - b["rows"]) <= 2
         total = a["rows"] + b["rows"]
         assert total == 3 * ROLLOUT if k < len(first) - 1 else total in (ROLLOUT, 2 * ROLLOUT, 3 * ROLLOUT)
-    assert (run_dir / "policy" / "policy.pt").exists()
+    assert (run_dir / "policy" / "policy.pt2").exists()
 
 
 def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(tmp_path):
@@ -115,7 +115,7 @@ def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(
     rows = [e["rows"] for e in summary["roles"]["learner-0"]["stats"]["iterations"]]
     assert rows[0] == 3 * ROLLOUT and rows == sorted(rows, reverse=True)
     assert {2 * ROLLOUT, ROLLOUT} <= set(rows) <= {ROLLOUT, 2 * ROLLOUT, 3 * ROLLOUT}
-    assert (run_dir / "policy" / "policy.pt").exists()
+    assert (run_dir / "policy" / "policy.pt2").exists()
     assert not any(alive(pid) for pid in started.values())
 
 
@@ -139,7 +139,7 @@ def test_dppo_sigint_mid_iteration_trains_every_delivered_rollout_and_writes_the
     assert trained[-1]["iteration"] == last_acted
     assert roles["memory-0"]["stats"]["rounds"]["discarded_rows"] == 0
     assert list((run_dir / "checkpoints").glob("checkpoint-*.pt"))
-    assert (run_dir / "policy" / "policy.pt").exists()
+    assert (run_dir / "policy" / "policy.pt2").exists()
     assert not any(alive(pid) for pid in started.values())
 
 

@@ -55,6 +55,7 @@ log = logging.getLogger("aiorl.coordinator")
 # Learner gauges the runtime itself reports; the rest are the algorithm's (learner/<name>).
 LEARNER_RUNTIME_KEYS = {"wait_s", "train_s", "loop_lag_s", "rss_bytes", "queue_depth"}
 COUNTERS = ("env_steps", "learner_steps")
+WEIGHTS_PUBLISHED_KEPT = 32  # summary.json: weights_published_monotonic holds the first 32 only
 
 
 @dataclass
@@ -130,7 +131,9 @@ class Coordinator:
         self.weights: dict[str, np.ndarray] = {}
         self.weights_version = -1
         self.weights_changed = asyncio.Condition()
-        self.weights_published: list[tuple[int, float]] = []  # (version, time.monotonic()), bounded
+        # (version, time.monotonic()) of the first publications: what a test needs to check that
+        # iteration k started after version k, without a long run's list bloating summary.json.
+        self.weights_published: list[tuple[int, float]] = []
         self.barriers: dict[str, Barrier] = {}
         algo = get_algorithm(cfg.algo)
         items = algo.work_items(cfg) if algo.is_synchronous(cfg) else None
@@ -600,8 +603,8 @@ class Coordinator:
             # The arrays are views over the received frame: keeping them is free.
             self.weights = dict(msg.arrays)
             self.weights_version += 1
-            self.weights_published.append((self.weights_version, time.monotonic()))
-            del self.weights_published[:-1000]
+            if len(self.weights_published) < WEIGHTS_PUBLISHED_KEPT:
+                self.weights_published.append((self.weights_version, time.monotonic()))
             self.weights_changed.notify_all()
         if self.work is not None:
             self.work.start(self.weights_version)  # iteration k's items act with version k
