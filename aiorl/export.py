@@ -53,6 +53,9 @@ def example_observations(meta: dict):
 def save_policy(module, directory: str | Path, meta: dict) -> str:
     """Export `module` (obs batch -> action batch, on the CPU) to DIRECTORY/policy.pt2 with policy.json.
 
+    `meta` must hold ``observation_shape`` and ``observation_dtype`` (the example
+    input the export traces with); it is written to policy.json as given.
+
     The one export every algorithm calls; the write is atomic (a reader never
     sees half a file), and a stale TorchScript ``policy.pt`` there is removed so
     that a directory never holds two different policies.

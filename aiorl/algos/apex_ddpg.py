@@ -216,6 +216,8 @@ class DDPGLearner(ApexLearner):
 class ApexDDPG(Algorithm):
     name = "apex_ddpg"
     model_config = ApexDDPGConfig
+    panel_metrics = (("critic loss", "learner/losses/critic_loss"), ("actor loss", "learner/losses/actor_loss"),
+                     ("weights lag", "weights_lag_max"))
 
     @classmethod
     def validate(cls, cfg):

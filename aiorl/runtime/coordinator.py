@@ -121,6 +121,9 @@ class Coordinator:
         self.phase_times: list[dict] = []
         self.started = asyncio.Event()
         self.stop_reason: str | None = None
+        # The counters the stop was decided on; the final ones are larger by the work in flight
+        # then (a learner trains the batches it holds credits for).
+        self.stopped_at: dict | None = None
         self.stop_event = asyncio.Event()
         self.failures: list[str] = []  # run-level; lost and failed roles are added at the end
         self.stopped_by_failure = False
@@ -227,6 +230,7 @@ class Coordinator:
             return
         log.info("stopping: %s", reason)
         self.stop_reason = reason
+        self.stopped_at = {"env_steps": self.env_steps, "learner_steps": self.learner_steps}
         self.stop_event.set()
 
     def interrupt(self, signal_name: str, who: str) -> None:
@@ -939,6 +943,7 @@ class Coordinator:
             "lost_with_restarts_left": self.lost_restartable,
             "failures": self.failures,
             "phases": self.phase_times,
+            "stopped_at": self.stopped_at,
             "env_steps": self.env_steps,
             "learner_steps": self.learner_steps,
             "episodes": self.episodes,
