@@ -80,7 +80,7 @@ def test_plot_writes_a_png_of_the_requested_size(finished_run, tmp_path):
     assert pixels.std() > 5  # not blank
     proc = subprocess.run([sys.executable, "-m", "aiorl", "plot", str(run_dir), "-o", str(out),
                            "--metric", "no_such_metric"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "no run has values of 'no_such_metric'" in proc.stderr
+    assert proc.returncode == 2 and "--metric 'no_such_metric': no run has values of it" in proc.stderr
 
 
 def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
