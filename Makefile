@@ -13,7 +13,7 @@ $(BIN)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68" wheel "Cython>=3.0"
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,atari,video]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,atari,video,wandb,mlflow]'
 	touch $@
 
 setup: $(BIN)/.deps build

@@ -59,6 +59,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         algo.transition_spec()
         frame_layout(cfg, algo)
         algo.check_learner_host(cfg)
+        from aiorl.loggers import check_installed
+
+        if (missing := check_installed(cfg.run.loggers)) is not None:
+            raise ConfigError(missing)
         if cfg.run.token_file is not None or os.environ.get(TOKEN_ENV):
             load_token(cfg.run.token_file)  # else the launcher makes one
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiorl.config import Config
-from aiorl.progress import Progress, next_command
+from aiorl.progress import Progress, next_command, stopped_at_note
 from aiorl.restart import RestartPolicy
 from aiorl.rundir import RunDir, write_json_atomic
 from aiorl.runtime.phase import (
@@ -338,10 +338,9 @@ class LocalLauncher:
         if summary.get("written_by") == "launcher":
             lines.append("aiorl: the coordinator wrote no summary (it did not finish)")
         lines.append(f"aiorl: run {outcome} ({summary.get('stop_detail') or summary.get('stop_reason')}): {counts}")
-        at = summary.get("stopped_at") or {}
-        if at.get("learner_steps") is not None and summary.get("learner_steps", 0) > at["learner_steps"]:
-            lines.append(f"aiorl: the stop was decided at learner_steps {at['learner_steps']}; the batches "
-                         "learners held credits for were trained after it")
+        note = stopped_at_note(summary)
+        if note:
+            lines.append(f"aiorl: {note}")
         for failure in summary.get("failures", []):
             lines.append(f"aiorl: {failure}")
         problems = progress.logs.summary()

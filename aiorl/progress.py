@@ -140,16 +140,23 @@ def next_command(run_dir: Path) -> str | None:
     return f"policy at {policy}; try `aiorl eval {run_dir} --episodes 20`"
 
 
-def stop_line(final: dict) -> str:
-    """The stop reason with the counters it was decided on and the final ones (they differ by the
-    work in flight at the stop: learner steps may overshoot a limit by the in-flight credits)."""
-    reason = final.get("stop_detail") or final.get("stop_reason") or "-"
-    line = f"stopped: {reason}"
+def stopped_at_note(final: dict) -> str | None:
+    """The counters the stop was decided on, when the final ones (summary.json's) are past them: the
+    work in flight at the stop finishes after it (actors' last batches, the batches learners hold
+    credits for), so learner steps may overshoot a limit by the in-flight credits."""
     at = final.get("stopped_at")
-    if at and (at.get("env_steps") != final.get("env_steps") or at.get("learner_steps") != final.get("learner_steps")):
-        line += (f"; at the stop env_steps {at.get('env_steps'):,}, learner_steps {at.get('learner_steps'):,} "
-                 "(the work in flight then finished after it)")
-    return line
+    if not at or (at.get("env_steps") == final.get("env_steps")
+                  and at.get("learner_steps") == final.get("learner_steps")):
+        return None
+    return (f"at the stop env_steps {at.get('env_steps'):,}, learner_steps {at.get('learner_steps'):,} "
+            "(the work in flight then finished after it)")
+
+
+def stop_line(final: dict) -> str:
+    """The stop reason, with the counters it was decided on where the final ones differ."""
+    line = f"stopped: {final.get('stop_detail') or final.get('stop_reason') or '-'}"
+    note = stopped_at_note(final)
+    return f"{line}; {note}" if note else line
 
 
 def render_panel(state: PanelState):

@@ -121,11 +121,11 @@ def test_missing_tensorboard_is_a_one_line_notice(tmp_path, monkeypatch, caplog)
     from aiorl.metrics import MetricsWriter
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
-    with caplog.at_level(logging.INFO, logger="aiorl.metrics"):
+    with caplog.at_level(logging.INFO, logger="aiorl.loggers"):
         writer = MetricsWriter(tmp_path)
     writer.write({"time_s": 0.0, "env_steps": 1})
     writer.close()
-    assert writer.tb is None and not (tmp_path / "tb").exists()
+    assert writer.loggers == [] and not (tmp_path / "tb").exists()
     notices = [r.getMessage() for r in caplog.records]
     assert len(notices) == 1 and "TensorBoard is not installed" in notices[0] and "\n" not in notices[0]
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"time_s": 0.0, "env_steps": 1}

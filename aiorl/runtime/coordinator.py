@@ -157,7 +157,8 @@ class Coordinator:
             self._resume(self.identity.resume_from)
         # Made now, before serving: importing TensorBoard's writer takes a while.
         self._metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard,
-                                      purge_step=self.base["env_steps"] if self.resumed_from else None)
+                                      purge_step=self.base["env_steps"] if self.resumed_from else None,
+                                      loggers=cfg.run.loggers, config=cfg.to_dict())
         self.last_row: dict = {}
         self._last_metrics: tuple | None = None
         self.registrations_refused = 0
