@@ -53,6 +53,7 @@ def test_wandb_offline_run_holds_config_and_metrics(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     write_rows(tmp_path, ["wandb"])
+    wandb.teardown()  # the service writes the run file asynchronously: wait for it, as process exit does
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
     # The offline record (wandb's own binary log, protobuf records) names the config and metric keys
