@@ -142,8 +142,8 @@ def next_command(run_dir: Path) -> str | None:
 
 def stopped_at_note(final: dict) -> str | None:
     """The counters the stop was decided on, when the final ones (summary.json's) are past them: the
-    work in flight at the stop finishes after it (actors' last batches, the batches learners hold
-    credits for), so learner steps may overshoot a limit by the in-flight credits."""
+    work in flight at the stop finishes after it (actors' last batches, the learners' training
+    while those arrive, and the batches they hold credits for)."""
     at = final.get("stopped_at")
     if not at or (at.get("env_steps") == final.get("env_steps")
                   and at.get("learner_steps") == final.get("learner_steps")):
