@@ -52,6 +52,17 @@ def test_metrics_jsonl_has_documented_keys_and_monotonic_counters(finished_run):
     assert (run_dir / "tb").is_dir()  # TensorBoard is installed in the test environment
 
 
+def test_summary_json_stays_compact(finished_run):
+    run_dir, _ = finished_run
+    summary = read_json(run_dir / "summary.json")
+    # The weights publications of a long run are a debugging list: only the first 32 are kept
+    # (the barrier tests read those), not one per publication.
+    assert summary["weights_version"] > 32
+    published = summary["weights_published_monotonic"]
+    assert [version for version, _ in published] == list(range(32))  # version 0 (the initial weights) on
+    assert summary["stopped_at"]["env_steps"] >= 40_000 and summary["stopped_at"]["env_steps"] <= summary["env_steps"]
+
+
 def test_plain_progress_output_is_line_oriented(tmp_path):
     path = tmp_path / "c.json"
     config = {**CONFIG, "agent": {**CONFIG["agent"], "scheduled_timesteps": 20_000},
