@@ -16,7 +16,7 @@ EXPORTING = [("apex_dqn", "CartPole-v1"), ("apex_ddpg", "Pendulum-v1"), ("dppo",
              ("dppo", "Pendulum-v1"), ("es", "CartPole-v1")]
 
 # Runs in `python -I` (no PYTHONPATH, no cwd on sys.path) with aiorl made unimportable even
-# through the editable install's path hook: only torch reads the file.
+# through the editable install's path hook: only torch reads the files.
 PLAIN_TORCH = """
 import json, sys
 sys.modules["aiorl"] = None
@@ -27,31 +27,36 @@ except ImportError:
 else:
     raise SystemExit("aiorl is importable")
 import torch
-policy = torch.export.load(sys.argv[1]).module()
-batches = [torch.tensor(obs, dtype=torch.float32) for obs in json.loads(sys.argv[2])]
-print(json.dumps([policy(obs).tolist() for obs in batches]))
+out = []
+for path, batches in json.loads(sys.stdin.read()):
+    policy = torch.export.load(path).module()
+    out.append([policy(torch.tensor(obs, dtype=torch.float32)).tolist() for obs in batches])
+print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("algo_name,env_id", EXPORTING)
-def test_exported_policy_loads_with_plain_torch_and_no_aiorl(tmp_path, algo_name, env_id):
-    algo = make_algo(algo_name, env_id)
-    learner = algo.make_learner(0, 1, seed=1)
-    path = learner.export_policy(str(tmp_path / "policy"))
-    assert path.endswith("policy.pt2") and not (tmp_path / "policy" / "policy.pt").exists()
-    meta = json.loads((tmp_path / "policy" / "policy.json").read_text())
-    assert meta["format"] == "torch.export" and meta["file"] == "policy.pt2" and meta["env_id"] == env_id
+def test_every_algorithms_exported_policy_loads_with_plain_torch_and_no_aiorl(tmp_path):
     rng = np.random.default_rng(0)
-    # The batch dimension stays dynamic, size 1 included.
-    batches = [rng.normal(size=(b, *meta["observation_shape"])).astype(np.float32) for b in (1, 3)]
-    out = subprocess.run([sys.executable, "-I", "-c", PLAIN_TORCH, path, json.dumps([o.tolist() for o in batches])],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    jobs = []
+    for algo_name, env_id in EXPORTING:
+        learner = make_algo(algo_name, env_id).make_learner(0, 1, seed=1)
+        root = tmp_path / f"{algo_name}-{env_id}"
+        path = learner.export_policy(str(root))
+        assert path.endswith("policy.pt2") and not (root / "policy.pt").exists()
+        meta = json.loads((root / "policy.json").read_text())
+        assert meta["format"] == "torch.export" and meta["file"] == "policy.pt2" and meta["env_id"] == env_id
+        # The batch dimension stays dynamic, size 1 included.
+        jobs.append((path, [rng.normal(size=(b, *meta["observation_shape"])).astype(np.float32) for b in (1, 3)]))
+    out = subprocess.run([sys.executable, "-I", "-c", PLAIN_TORCH], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, input=json.dumps([(p, [o.tolist() for o in obs]) for p, obs in jobs]))
     assert out.returncode == 0, out.stderr
-    policy = load_policy(path)
-    for obs, actions in zip(batches, json.loads(out.stdout), strict=True):
-        expected = policy(torch.from_numpy(obs)).numpy()
-        assert len(expected) == len(obs)
-        np.testing.assert_allclose(np.asarray(actions), expected, rtol=1e-5, atol=1e-6)
+    results = json.loads(out.stdout)
+    for (path, batches), actions_by_batch in zip(jobs, results, strict=True):
+        policy = load_policy(path)
+        for obs, actions in zip(batches, actions_by_batch, strict=True):
+            expected = policy(torch.from_numpy(obs)).numpy()
+            assert len(expected) == len(obs)
+            np.testing.assert_allclose(np.asarray(actions), expected, rtol=1e-5, atol=1e-6, err_msg=path)
 
 
 def test_a_re_export_replaces_an_older_torchscript_policy(tmp_path):

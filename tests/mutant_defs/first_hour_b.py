@@ -7,7 +7,7 @@ MUTANTS = [
         path='aiorl/export.py',
         old='dynamic_shapes=({0: batch},)',
         new='dynamic_shapes=None',
-        tests=['tests/test_export.py::test_exported_policy_loads_with_plain_torch_and_no_aiorl'],
+        tests=['tests/test_export.py::test_every_algorithms_exported_policy_loads_with_plain_torch_and_no_aiorl'],
     ),
     dict(
         name='no-legacy-torchscript-fallback',
