@@ -144,8 +144,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--policy", help="policy file (.pt2, or an older run's TorchScript .pt) to use instead of "
                         "RUN_DIR/policy/policy.pt2")
     parser.add_argument("--checkpoint", metavar="N",
-                        help="evaluate the checkpoint at learner step N (RUN_DIR/checkpoints/checkpoint-N.pt) "
-                        "or a checkpoint file, instead of the exported policy")
+                        help="evaluate the checkpoint of learner step N (in RUN_DIR/checkpoints) or a checkpoint "
+                        "file, instead of the exported policy")
     parser.add_argument("--video", metavar="DIR",
                         help="record every episode as an mp4 in DIR (needs: pip install 'aiorl[video]')")
     parser.add_argument("--render", action="store_true", help="show the episodes in a window (human rendering)")
