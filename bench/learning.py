@@ -68,7 +68,7 @@ def log(line: str) -> None:
 
 
 def evaluate_core(algo, core, episodes: int, seed: int = EVAL_SEED) -> dict:
-    """Export `core`'s policy (TorchScript, as `aiorl eval` loads it) and run it greedily."""
+    """Export `core`'s policy (torch.export, as `aiorl eval` loads it) and run it greedily."""
     with tempfile.TemporaryDirectory() as tmp:
         path = core.export_policy(tmp)
         return run_episodes(load_policy(path), algo.cfg.env, episodes, seed)
@@ -305,7 +305,7 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
         summary = json.loads((run_dir / "summary.json").read_text())
     phases = summary.get("phases") or [{}]
     running_at = round(phases[0]["time"] - launched, 2) if phases[0].get("phase") == "RUNNING" else None
-    if (run_dir / "policy" / "policy.pt").exists():
+    if (run_dir / "policy" / "policy.pt2").exists():
         out = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes",
                               str(args.final_episodes), "--json"], cwd=ROOT, capture_output=True, text=True)
         if out.returncode == 0:

@@ -2,11 +2,7 @@
 data-parallel gradient averaging, target updates, checkpoints and export."""
 from __future__ import annotations
 
-import json
-import os
 import re
-import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -14,12 +10,11 @@ import torch.distributed as dist
 from torch import nn
 
 from aiorl.config import ConfigError
+from aiorl.export import save_policy
 from aiorl.replay import NStep
 from aiorl.runtime.algorithm import ActorPolicy, LearnerCore
 from aiorl.runtime.rendezvous import init_process_group
 
-POLICY_FILE = "policy.pt"
-POLICY_META = "policy.json"
 
 
 # --------------------------------------------------------------------------
@@ -389,18 +384,6 @@ class ApexLearner(LearnerCore):
 # Checkpoints and exported policies
 
 
-def export_script(module: nn.Module, directory: str, meta: dict) -> str:
-    """Save `module` as TorchScript (``policy.pt``) with a JSON description beside it."""
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        # torch 2.9+ marks TorchScript deprecated; it is still the format that loads
-        # with plain `torch.jit.load`, without the Python class definitions.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        scripted = torch.jit.script(module.eval())
-    path = root / POLICY_FILE
-    tmp = root / (POLICY_FILE + ".tmp")
-    scripted.save(str(tmp))
-    os.replace(tmp, path)
-    (root / POLICY_META).write_text(json.dumps(meta, indent=1) + "\n")
-    return str(path)
+# Every algorithm exports through aiorl.export.save_policy; the old name stays for
+# code written against it (it no longer writes TorchScript).
+export_script = save_policy

@@ -48,7 +48,7 @@ from aiorl.algos._actor_critic import (
     policy_meta,
 )
 from aiorl.algos._common import (
-    ApexLearner, as_tensor, check_positive, export_script, load_numpy_state, make_adam, setup_torch,
+    ApexLearner, as_tensor, check_positive, save_policy, load_numpy_state, make_adam, setup_torch,
     state_to_numpy, weights_spec_of,
 )
 from aiorl.algos._networks import check_observation_space, is_image, parse_network
@@ -268,7 +268,7 @@ class PPOLearner(ApexLearner):
         policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
         meta = policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
                            env_steps_trained=self.env_steps_trained)
-        return export_script(policy, directory, meta)
+        return save_policy(policy, directory, meta)
 
 
 # --------------------------------------------------------------------------
@@ -278,6 +278,8 @@ class PPOLearner(ApexLearner):
 class DPPO(Algorithm):
     name = "dppo"
     model_config = DPPOConfig
+    panel_metrics = (("policy loss", "learner/losses/policy_loss"), ("entropy", "learner/losses/entropy"),
+                     ("value loss", "learner/losses/value_loss"), ("policy lag", "learner/policy_lag"))
     synchronous = True
 
     @classmethod
