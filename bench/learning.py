@@ -55,6 +55,7 @@ from aiorl.config import Config, load_config  # noqa: E402
 from aiorl.envs import EnvRunner  # noqa: E402
 from aiorl.evaluate import load_policy, run_episodes  # noqa: E402
 from aiorl.runtime.algorithm import build_algorithm, get_algorithm  # noqa: E402
+from aiorl.runtime.learner import weights_digest  # noqa: E402
 
 EVAL_SEED = 1_000_000  # evaluation episodes are not the training seeds
 
@@ -181,7 +182,9 @@ def harness(cfg: Config, args) -> dict:
         runner.close()
     return {"mode": "harness", "config": args.config, "algo": cfg.algo, "env": cfg.env.id, "actors": n_actors,
             "updates_per_step": args.updates_per_step, "threshold": args.threshold, "reached": reached,
-            "rows": rows, "seconds": round(time.perf_counter() - t0, 2)}
+            "rows": rows, "seconds": round(time.perf_counter() - t0, 2),
+            # Evaluations of a barely trained net often tie; its weights do not.
+            "weights_digest": weights_digest(learner.get_weights())}
 
 
 # --------------------------------------------------------------------------
