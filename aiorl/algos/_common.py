@@ -2,6 +2,7 @@
 data-parallel gradient averaging, target updates, checkpoints and export."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -379,6 +380,46 @@ class ApexLearner(LearnerCore):
             getattr(self, attr).load_state_dict(state[key])
         self.learner_steps = int(state["counters"].get("core_learner_steps", 0))
         return dict(state["counters"])
+
+
+class ActorCriticLearner(ApexLearner):
+    """What the on-policy learners (DPPO, IMPALA) add: one `ActorCritic` in ``self.net``
+    trained by ``self.optimizer`` (subclasses build both), its weights, the step size
+    annealed over the env steps trained on, checkpoints that count them, the greedy
+    exported policy."""
+
+    checkpoint_items = {"net": "net", "optimizer": "optimizer"}
+    iterations = 0  # steps taken (one per `step` call)
+    env_steps_trained = 0  # rows trained on by every learner, summed
+    schedule: int | None = None  # env steps over which the step size anneals to 0 (None: constant)
+
+    def anneal_lr(self) -> None:
+        if self.schedule:
+            frac = max(0.0, 1.0 - self.env_steps_trained / self.schedule)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.m.learning_rate * frac
+
+    def get_weights(self):
+        return state_to_numpy(self.net, "net")
+
+    def save_checkpoint(self, directory, counters):
+        counters = {**counters, "env_steps_trained": self.env_steps_trained, "iterations": self.iterations}
+        return write_checkpoint(directory, self.state(counters), int(counters.get("learner_steps", 0)),
+                                self.m.keep_checkpoints)
+
+    def load_checkpoint(self, path):
+        counters = super().load_checkpoint(path)
+        self.iterations = int(counters.get("iterations", 0))
+        self.env_steps_trained = int(counters.get("env_steps_trained", 0))
+        return counters
+
+    def export_policy(self, directory):
+        from aiorl.algos._actor_critic import DeterministicPolicy, policy_meta
+
+        policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
+        meta = policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
+                           env_steps_trained=self.env_steps_trained)
+        return export_script(policy, directory, meta)
 
 
 # --------------------------------------------------------------------------
