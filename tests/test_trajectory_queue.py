@@ -1,0 +1,181 @@
+"""The trajectory queue (whole fragments, FIFO, bounded, fresh batches), the actors' credit gate
+and the memory's fragment hub, without sockets."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from aiorl.replay.trajectory_queue import QueueFull, QueueSpec, TrajectoryQueue
+from aiorl.runtime.fragments import ActorCredits, CreditGate, FragmentHub, LagMeter
+
+SPEC = {"obs": ((3,), "<f4"), "action": ((), "<i8"), "terminated": ((), "|b1")}
+T = 4
+
+
+def fragments(n, start=0, spec=SPEC):
+    """n fragments whose every value encodes (fragment, step): obs[i, t] = 100 * (start + i) + t."""
+    code = 100 * (start + np.arange(n))[:, None] + np.arange(T)[None, :]
+    return {"obs": np.repeat(code[..., None], 3, axis=2).astype(np.float32), "action": code.astype(np.int64),
+            "terminated": (code % 3 == 0)}
+
+
+def ids(batch):
+    return [int(x) // 100 for x in batch["action"][:, 0]]
+
+
+def test_fifo_whole_fragments_with_their_origin():
+    q = TrajectoryQueue(8, SPEC, T)
+    q.push(fragments(3, 0), version=5, actor=1)
+    q.push(fragments(2, 3), version=6, actor=0, envs=[4, 7])
+    assert len(q) == 5 and q.free == 3
+    batch = q.take(4)
+    assert ids(batch) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(batch["obs"], fragments(4)["obs"])
+    np.testing.assert_array_equal(batch["terminated"], fragments(4)["terminated"])
+    assert batch["weights_version"].tolist() == [5, 5, 5, 6]
+    assert batch["actor"].tolist() == [1, 1, 1, 0] and batch["env"].tolist() == [0, 1, 2, 4]
+    assert batch["obs"].shape == (4, T, 3) and batch["obs"].dtype == np.float32
+    assert ids(q.take(1)) == [4] and len(q) == 0
+    assert (q.pushed, q.taken) == (5, 5)
+
+
+def test_batches_are_fresh_arrays_not_views_of_storage():
+    q = TrajectoryQueue(4, SPEC, T)
+    q.push(fragments(4, 0), version=0, actor=0)
+    batch = q.take(2)
+    copy = {k: v.copy() for k, v in batch.items()}
+    for array in batch.values():
+        assert array.base is None or not any(np.shares_memory(array, s) for s in q._storage.values())
+    # A later insert reuses the freed slots; and the storage is overwritten outright.
+    q.push(fragments(2, 10), version=1, actor=1)
+    for storage in q._storage.values():
+        storage[...] = 1
+    for name in copy:
+        np.testing.assert_array_equal(batch[name], copy[name])
+
+
+def test_throttle_refuses_overflow_and_drop_oldest_counts():
+    q = TrajectoryQueue(4, SPEC, T, full="throttle")
+    q.push(fragments(3), version=0, actor=0)
+    with pytest.raises(QueueFull, match="2 fragments pushed with room for 1"):
+        q.push(fragments(2, 3), version=0, actor=0)
+    assert len(q) == 3 and q.dropped_full == 0  # nothing changed
+    q = TrajectoryQueue(4, SPEC, T, full="drop_oldest")
+    q.push(fragments(3), version=0, actor=0)
+    assert q.push(fragments(3, 3), version=1, actor=0) == 2
+    assert q.dropped_full == 2 and ids(q.take(4)) == [2, 3, 4, 5]
+    with pytest.raises(QueueFull, match="can never fit"):
+        q.push(fragments(5), version=0, actor=0)
+
+
+def test_drop_older_from_anywhere_frees_room():
+    q = TrajectoryQueue(6, SPEC, T)
+    for i, version in enumerate([3, 1, 4, 1, 5, 2]):
+        q.push(fragments(1, i), version=version, actor=0)
+    assert q.drop_older(3) == 3 and q.dropped_lag == 3
+    assert q.versions().tolist() == [3, 4, 5] and q.free == 3
+    q.push(fragments(3, 6), version=6, actor=0)
+    assert ids(q.take(6)) == [0, 2, 4, 6, 7, 8]
+    assert q.drop_older(100) == 0
+
+
+def test_push_is_checked_whole_before_anything_changes():
+    q = TrajectoryQueue(8, SPEC, T)
+    good = fragments(2)
+    for bad, match in [({**good, "obs": good["obs"][:, :3]}, r"'obs': expected shape \(2, 4, 3\)"),
+                       ({**good, "action": good["action"].astype(np.int32)}, "'action': expected dtype int64"),
+                       ({**good, "terminated": good["terminated"][:1]}, r"'terminated': expected shape \(2, 4\)"),
+                       ({k: v for k, v in good.items() if k != "action"}, r"missing \['action'\]"),
+                       ({**good, "extra": good["action"]}, r"unexpected \['extra'\]")]:
+        with pytest.raises(ValueError, match=match):
+            q.push(bad, version=0, actor=0)
+    assert len(q) == 0 and q.pushed == 0
+    with pytest.raises(ValueError, match="reserved"):
+        TrajectoryQueue(2, {**SPEC, "actor": ((), "<i8")}, T)
+    with pytest.raises(ValueError, match=r"take\(3\) from a queue holding 0"):
+        q.take(3)
+
+
+def test_credit_gate_throttles_in_order_and_voids_a_leaver():
+    gate = CreditGate(capacity=8, per_message=2, throttle=True, initial=2)
+    for actor in ("a", "b", "c"):
+        gate.join(actor)
+    granted = []
+    queued = 0
+    while (head := gate.head(queued)) is not None:
+        gate.grant(head)
+        granted.append(head)
+    # 8 fragments of room, 2 per message: four credits, in the order asked.
+    assert granted == ["a", "a", "b", "b"] and gate.promised() == 8
+    with pytest.raises(ValueError, match="c sent a fragment message without a credit"):
+        gate.used("c")
+    gate.used("a")  # its message is queued now: still no room
+    queued = 2
+    assert gate.head(queued) is None
+    queued = 0  # a learner took it
+    assert gate.head(queued) == "c" and gate.throttled == 0
+    gate.grant("c")
+    assert gate.throttled == 1  # that grant waited for room
+    gate.leave("b")  # b's two outstanding credits are void: room for two more
+    assert gate.head(queued) == "c"
+    gate.grant("c")
+    assert gate.head(queued) == "a"
+    with pytest.raises(RuntimeError, match="not next"):
+        gate.grant("c")
+    free = CreditGate(capacity=2, per_message=2, throttle=False, initial=3)
+    free.join("a")
+    for _ in range(3):
+        free.grant(free.head(queued=100))  # drop_oldest: credits never wait for room
+
+
+def hub(capacity=8, full="throttle", max_lag=None, per_batch=2, envs=2):
+    return FragmentHub(SPEC, T, envs, QueueSpec(capacity, full, max_lag, per_batch))
+
+
+def test_hub_checks_messages_and_filters_lag():
+    h = hub(max_lag=1)
+    h.gate.join("actor-0")
+    h.gate.grant("actor-0")
+    with pytest.raises(ValueError, match=r"'weights_version': expected an integer"):
+        h.ingest("actor-0", 0, {"weights_version": "1"}, fragments(2))
+    with pytest.raises(ValueError, match="one fragment per env \\(2\\), got 3"):
+        h.ingest("actor-0", 0, {"weights_version": 0}, fragments(3))
+    h.ingest("actor-0", 0, {"weights_version": 0}, fragments(2))
+    with pytest.raises(ValueError, match="without a credit"):
+        h.ingest("actor-0", 0, {"weights_version": 0}, fragments(2))
+    h.saw_version(1)
+    assert len(h.queue) == 2  # lag 1: kept
+    h.saw_version(2)
+    assert len(h.queue) == 0 and h.queue.dropped_lag == 2
+    h.gate.grant("actor-0")
+    h.ingest("actor-0", 0, {"weights_version": 0}, fragments(2))
+    assert len(h.queue) == 0  # stale on arrival
+    h.gate.grant("actor-0")
+    h.ingest("actor-0", 0, {"weights_version": 2}, fragments(2, 5))
+    assert h.ready()
+    batch, meta = h.take()
+    assert ids(batch) == [5, 6] and meta == {"known_version": 2}
+    assert h.metrics()["queue/dropped_lag"] == 4
+
+
+def test_lag_meter():
+    lag = LagMeter()
+    lag.add(5, np.array([5, 3, 4]))
+    lag.add(7, np.array([1]))
+    assert lag.metrics() == {"policy_lag_mean": 6.0, "policy_lag_max": 6.0}
+    assert lag.stats() == {"batches": 2, "fragments": 4, "mean": 2.25, "max": 6}
+
+
+async def test_actor_credits_round_robin_and_validated():
+    credits = ActorCredits(3)
+    credits.add(0, {"n": 1})
+    credits.add(2, {"n": 2})
+    assert [await credits.acquire() for _ in range(3)] == [0, 2, 2]
+    waiter = asyncio.ensure_future(credits.acquire())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    credits.add(1, {"n": 1})
+    assert await asyncio.wait_for(waiter, 5) == 1
+    for bad in ({"n": 0}, {"n": True}, {"n": 10 ** 6}, {}):
+        with pytest.raises(ValueError, match="'n'"):
+            credits.add(0, bad)
