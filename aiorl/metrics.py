@@ -24,6 +24,11 @@ insert_per_s, sample_per_s  transitions inserted into / sampled from replay per 
 samples_per_insert          sampled / inserted transitions since the start
 learner_wait_fraction       share of learner time spent waiting for batches
 learner/<name>              an algorithm metric (e.g. learner/loss), mean over learners
+actor_idle_fraction         mean over actors of the share of their loop's wall time spent waiting
+                            (credits, writes, barriers, weights), as each actor measures it
+queue/<name>                trajectory queues of the memories (IMPALA), summed: fragments, capacity,
+                            pushed, taken, dropped_full, dropped_lag, throttled (credit grants that
+                            waited for room)
 loop_lag_max_s              worst event-loop lag of any role (timer lateness)
 rss_bytes                   resident memory of all role processes together
 roles_alive                 roles registered and not lost or failed
@@ -44,7 +49,7 @@ ROW_KEYS = (
     "time_s", "phase", "env_steps", "learner_steps", "episodes", "env_steps_per_s", "learner_steps_per_s",
     "return_mean_100", "episode_length_mean_100", "weights_version", "weights_lag_max", "replay_size",
     "replay_fill", "insert_per_s", "sample_per_s", "samples_per_insert", "learner_wait_fraction",
-    "loop_lag_max_s", "rss_bytes", "roles_alive", "roles_late", "roles_lost",
+    "actor_idle_fraction", "loop_lag_max_s", "rss_bytes", "roles_alive", "roles_late", "roles_lost",
 )
 
 

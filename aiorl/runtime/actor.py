@@ -11,7 +11,12 @@ while the policy is acting in the worker thread).
 
 Synchronous algorithms run in lockstep instead: one rollout per iteration,
 then the barrier and the weights of the next version (`_sync_loop`); or work
-items taken from the coordinator one at a time (`_work_loop`, ES).
+items taken from the coordinator one at a time (`_work_loop`, ES). IMPALA's
+actors send one fragment per env against a memory's credit and never wait
+for the learner (`_fragment_loop`, `aiorl.runtime.fragments`).
+
+Every loop measures its actor's idle time: the seconds spent waiting
+(credits, writes, barriers, weights) over the loop's wall time.
 """
 from __future__ import annotations
 
@@ -24,12 +29,46 @@ from aiorl.envs import EnvRunner
 from aiorl.replay.frame_sender import FrameSender
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
+from aiorl.runtime.fragments import ActorCredits
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, connect
 
 # Waits whose liveness comes from heartbeats and connection loss, not a timer.
 UNBOUNDED_S = 365 * 24 * 3600.0
+
+
+class IdleClock:
+    """Seconds an actor waits (``with clock:`` around each wait) over its loop's wall time."""
+
+    def __init__(self):
+        self.idle_s = 0.0
+        self.started: float | None = None
+        self.ended: float | None = None
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+
+    def stop(self) -> None:
+        if self.started is not None and self.ended is None:
+            self.ended = time.monotonic()
+
+    def __enter__(self):
+        self._t0 = time.monotonic()
+
+    def __exit__(self, *exc) -> None:
+        self.idle_s += time.monotonic() - self._t0
+
+    @property
+    def wall_s(self) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.ended or time.monotonic()) - self.started
+
+    def fraction(self) -> float | None:
+        wall = self.wall_s
+        return round(min(1.0, self.idle_s / wall), 6) if wall > 0 else None
 
 
 class ActorRole(Role):
@@ -49,6 +88,7 @@ class ActorRole(Role):
         self.counters = {"env_steps": 0}
         self.frames: FrameSender | None = None
         self.payload_bytes = 0  # array bytes of the batches sent (frame layout: frames once)
+        self.idle = IdleClock()
 
     def heartbeat_extra(self) -> dict:
         returns, self.episode_returns = self.episode_returns, []
@@ -57,7 +97,8 @@ class ActorRole(Role):
 
     def metrics(self) -> dict:
         version = self.policy.weights_version if hasattr(self, "policy") else -1
-        return {"weights_version": version, "weights_lag": max(0, self.weights_version_seen - version)}
+        return {"weights_version": version, "weights_lag": max(0, self.weights_version_seen - version),
+                "idle_fraction": self.idle.fraction()}
 
     async def cleanup(self) -> None:
         if self._pull is not None:
@@ -87,6 +128,8 @@ class ActorRole(Role):
                 await self._work_loop()
             elif algo.is_synchronous(cfg):
                 await self._sync_loop()
+            elif algo.fragment_queue(cfg) is not None:
+                await self._fragment_loop()
             else:
                 # A steady stream of batches nobody waits on: let a few share each write.
                 # (A synchronous rollout is waited on, so it goes at once.)
@@ -96,6 +139,7 @@ class ActorRole(Role):
             batch, priorities = self.policy.flush()
             if batch:
                 await self._send(batch, priorities)
+            self.idle.stop()
             for i, conn in enumerate(self.memories):
                 await conn.send("actor_done", {"actor": self.index, **self.sent[i]})
         finally:
@@ -105,6 +149,8 @@ class ActorRole(Role):
                 "payload_bytes": self.payload_bytes,
                 "frames_sent": self.frames.frames_sent if self.frames is not None else None,
                 "weights_version": self.policy.weights_version,
+                "idle_s": round(self.idle.idle_s, 3), "loop_s": round(self.idle.wall_s, 3),
+                "idle_fraction": self.idle.fraction(),
                 "iterations": self.iterations[-1000:]}
 
     async def _rollout(self):
@@ -125,16 +171,18 @@ class ActorRole(Role):
         if priorities is not None:
             arrays["priorities"] = np.asarray(priorities, np.float64)
         self.payload_bytes += sum(a.nbytes for a in arrays.values())
-        await self.memories[m].send("batch", meta, arrays)
+        with self.idle:
+            await self.memories[m].send("batch", meta, arrays)
         self._count_sent(m, batch)
 
-    def _count_sent(self, m: int, batch: dict) -> None:
+    def _count_sent(self, m: int, batch: dict, transitions: int | None = None) -> None:
         """The actor's own account of what memory `m` got, checked against the memory's at the end."""
         self.sent[m]["batches"] += 1
-        self.sent[m]["transitions"] += len(next(iter(batch.values())))
+        self.sent[m]["transitions"] += len(next(iter(batch.values()))) if transitions is None else transitions
         self.batches += 1
 
     async def _async_loop(self) -> None:
+        self.idle.start()
         while self.phase == Phase.RUNNING:
             if self._pending_weights is not None:
                 self.policy.set_weights(*self._pending_weights)
@@ -153,6 +201,44 @@ class ActorRole(Role):
         if reply.arrays:
             self._pending_weights = (dict(reply.arrays), int(reply.meta["version"]))
 
+    async def _fragment_loop(self) -> None:
+        """Roll out, then send one fragment per env to a memory that gave a credit; weights are
+        pulled every `sync_interval` messages (one pull in flight) and applied between rollouts,
+        so each message is acted with one version."""
+        # Acting with the learner's weights from the first fragment on (version 0).
+        reply = await self.coordinator.request("get_weights", {"have": -1, "min_version": 0},
+                                               timeout_s=UNBOUNDED_S)
+        if reply.meta.get("stop"):
+            return
+        self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
+        credits = ActorCredits(len(self.memories))
+        steps = self.cfg.agent.sample_batch_size * self.cfg.env.num_envs
+        async with asyncio.TaskGroup() as tg:
+            readers = [tg.create_task(credits.read(m, conn)) for m, conn in enumerate(self.memories)]
+            self.idle.start()
+            try:
+                while self.phase == Phase.RUNNING:
+                    if self._pending_weights is not None:
+                        self.policy.set_weights(*self._pending_weights)
+                        self._pending_weights = None
+                    fragments, _ = self.policy.postprocess(await self._rollout())
+                    with self.idle:
+                        m = await credits.acquire()
+                    meta = {"seq": self.sent[m]["batches"], "weights_version": self.policy.weights_version}
+                    arrays = fragments
+                    if self.frames is not None:
+                        arrays, meta["keep_from"] = self.frames.message(m, fragments)
+                    self.payload_bytes += sum(a.nbytes for a in arrays.values())
+                    with self.idle:
+                        await self.memories[m].send("fragment", meta, arrays)
+                    self._count_sent(m, fragments, steps)
+                    if (self.batches % self.cfg.agent.sync_interval == 0
+                            and (self._pull is None or self._pull.done())):
+                        self._pull = asyncio.create_task(self._pull_weights())
+            finally:
+                for reader in readers:
+                    reader.cancel()
+
     async def _sync_loop(self) -> None:
         """One rollout per iteration; no iteration starts before its weights are published."""
         m = self.index % len(self.memories)
@@ -164,22 +250,26 @@ class ActorRole(Role):
             return
         self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
         iteration = 0
+        self.idle.start()
         while self.phase == Phase.RUNNING:
             started = time.monotonic()
             rollout = await self._rollout()
             batch, _ = self.policy.postprocess(rollout)
-            await memory.send("rollout", {"actor": self.index, "iteration": iteration,
-                                          "weights_version": self.policy.weights_version}, batch)
+            with self.idle:
+                await memory.send("rollout", {"actor": self.index, "iteration": iteration,
+                                              "weights_version": self.policy.weights_version}, batch)
             self._count_sent(m, batch)
             self.iterations.append({"iteration": iteration, "weights_version": self.policy.weights_version,
                                     "started_monotonic": started})
-            reply = await self.coordinator.request(
-                "barrier", {"name": "iteration", "generation": iteration}, timeout_s=UNBOUNDED_S)
+            with self.idle:
+                reply = await self.coordinator.request(
+                    "barrier", {"name": "iteration", "generation": iteration}, timeout_s=UNBOUNDED_S)
             if reply.meta.get("stop"):
                 break  # the run stopped while this actor waited for the others
-            reply = await self.coordinator.request(
-                "get_weights", {"have": self.policy.weights_version, "min_version": iteration + 1},
-                timeout_s=UNBOUNDED_S)
+            with self.idle:
+                reply = await self.coordinator.request(
+                    "get_weights", {"have": self.policy.weights_version, "min_version": iteration + 1},
+                    timeout_s=UNBOUNDED_S)
             if reply.meta.get("stop"):
                 break
             self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
@@ -189,16 +279,19 @@ class ActorRole(Role):
         """Take work items from the coordinator until the run stops; the result of item i
         goes to memory i % memories. Each request reports the previous item done."""
         done = None
+        self.idle.start()
         while self.phase == Phase.RUNNING:
-            reply = await self.coordinator.request("work", {"done": done}, timeout_s=UNBOUNDED_S)
+            with self.idle:
+                reply = await self.coordinator.request("work", {"done": done}, timeout_s=UNBOUNDED_S)
             if reply.meta.get("stop"):
                 break
             iteration, item = int(reply.meta["iteration"]), int(reply.meta["item"])
             done = [iteration, item]
             if self.policy.weights_version < iteration:
-                reply = await self.coordinator.request(
-                    "get_weights", {"have": self.policy.weights_version, "min_version": iteration},
-                    timeout_s=UNBOUNDED_S)
+                with self.idle:
+                    reply = await self.coordinator.request(
+                        "get_weights", {"have": self.policy.weights_version, "min_version": iteration},
+                        timeout_s=UNBOUNDED_S)
                 if reply.meta.get("stop"):
                     break
                 self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
@@ -210,9 +303,10 @@ class ActorRole(Role):
             self.episode_returns.extend(result.episode_returns)
             self.episode_lengths.extend(result.episode_lengths)
             m = item % len(self.memories)
-            await self.memories[m].send("rollout", {"actor": self.index, "iteration": iteration, "item": item,
-                                                    "weights_version": self.policy.weights_version},
-                                        result.batch)
+            with self.idle:
+                await self.memories[m].send("rollout", {"actor": self.index, "iteration": iteration, "item": item,
+                                                        "weights_version": self.policy.weights_version},
+                                            result.batch)
             self._count_sent(m, result.batch)
             self.iterations.append({"iteration": iteration, "item": item,
                                     "weights_version": self.policy.weights_version,

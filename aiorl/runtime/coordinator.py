@@ -624,6 +624,10 @@ class Coordinator:
                            if r.status == "running" and loop_now - r.last_heartbeat > late_after],
             "roles_lost": [r.name for r in roles if r.status in ("lost", "failed")],
         }
+        idle = [m["idle_fraction"] for m in actors if isinstance(m.get("idle_fraction"), (int, float))]
+        row["actor_idle_fraction"] = mean_or_none(idle)
+        for key in sorted({k for m in memories for k in m if k.startswith("queue/")}):
+            row[key] = sum(m.get(key, 0) for m in memories)
         algo_keys = sorted({k for m in learners for k in m} - LEARNER_RUNTIME_KEYS)
         for key in algo_keys:
             row[f"learner/{key}"] = mean_or_none(m[key] for m in learners if isinstance(m.get(key), (int, float)))

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from aiorl.runtime.algorithm import build_algorithm
+from aiorl.runtime.fragments import LagMeter
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed, connect
 
@@ -53,6 +54,8 @@ class LearnerRole(Role):
         self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
         self.iterations: list[dict] = []  # synchronous algorithms: one entry per iteration trained
+        self.published_version = -1  # learner 0: the newest version it published
+        self.lag = LagMeter()  # fragments (IMPALA): policy lag of each batch
 
     def metrics(self) -> dict:
         return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),
@@ -95,7 +98,8 @@ class LearnerRole(Role):
         await asyncio.to_thread(self.core.close)
         return {"learner_steps": self.counters["learner_steps"], "memories": self.per_memory,
                 "published": self.published, "checkpoints": self.checkpoints,
-                "unused_batches": self.unused_batches, "iterations": self.iterations}
+                "unused_batches": self.unused_batches, "iterations": self.iterations,
+                "policy_lag": self.lag.stats() if self.lag.batches else None}
 
     async def _reader(self, m: int, conn: Connection) -> None:
         try:
@@ -117,6 +121,8 @@ class LearnerRole(Role):
             return False
         t0 = time.perf_counter()
         step = self.counters["learner_steps"] + 1
+        if "weights_version" in batch:  # whole fragments, each acted with one version
+            self.lag.add(self.weights_version(), batch["weights_version"])
         try:
             result = await self.offload(self.core.step, batch)
         except Exception as exc:
@@ -130,6 +136,8 @@ class LearnerRole(Role):
             return False
         self.counters["learner_steps"] += 1
         self.last_metrics = {k: float(v) for k, v in result.metrics.items()}
+        if self.lag.batches:
+            self.last_metrics.update(self.lag.metrics())
         credited = False
         if m is not None:
             self.per_memory[m]["batches"] += 1
@@ -155,10 +163,14 @@ class LearnerRole(Role):
         self.wait_s += time.perf_counter() - t0
         return item
 
+    def weights_version(self) -> int:
+        """The newest weights version this learner's weights are at least as new as."""
+        return max(self.published_version, self.weights_version_seen)
+
     async def _async_loop(self) -> None:
         credits = self.cfg.cluster.learner_credits
         for conn in self.memories:
-            await conn.send("credit", {"n": credits, "beta": self.beta()})
+            await conn.send("credit", {"n": credits, "beta": self.beta(), "version": self.weights_version()})
         ended = 0
         while ended < len(self.memories):
             m, msg = await self._next()
@@ -167,7 +179,8 @@ class LearnerRole(Role):
                 continue
             try:
                 if not await self._train(m, msg.arrays):
-                    await self.memories[m].send("credit", {"n": 1, "beta": self.beta()})
+                    await self.memories[m].send("credit", {"n": 1, "beta": self.beta(),
+                                                           "version": self.weights_version()})
             except ConnectionClosed:
                 pass  # that memory is gone; its reader reports it
             if (self.index == 0 and self.counters["learner_steps"] % self.cfg.agent.publish_interval == 0
@@ -248,6 +261,7 @@ class LearnerRole(Role):
         reply = await self._request_or_lost("publish", {"learner_steps": self.counters["learner_steps"]},
                                             arrays=weights)
         self.published += 1
+        self.published_version = int(reply.meta.get("version", self.published_version))
         self.log.debug("published weights version %s", reply.meta.get("version"))
 
     async def _checkpoint(self) -> None:

@@ -7,6 +7,10 @@ and every learner is fed by every memory. Priority updates come back on the
 same connection; updates to slots overwritten since sampling are counted as
 stale, never silently dropped.
 
+IMPALA's memories keep a bounded FIFO of whole fragments instead
+(`aiorl.runtime.fragments.FragmentHub`): actors send against credits this
+memory gives them, learners get the oldest fragments on their credits.
+
 For synchronous algorithms the memory gathers rounds (`aiorl.runtime.rounds`):
 exactly one rollout per iteration from each live actor assigned to it (actor
 i goes to memory i % memories), or every work item assigned to it, and hands
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from aiorl.replay.frames import FrameReplayBuffer, frame_layout
 from aiorl.runtime.algorithm import build_algorithm, get_algorithm
+from aiorl.runtime.fragments import FragmentHub, int_field
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.role import Role
 from aiorl.runtime.rounds import Rounds
@@ -107,6 +112,7 @@ class MemoryRole(Role):
         self.inserted = 0
         self.sampled = 0
         self.rounds: Rounds | None = None  # sync mode
+        self.fragments: FragmentHub | None = None  # trajectory queue (IMPALA)
         self.finished_actors: set[int] = set()  # sync mode: actors that can send nothing more here
         self._conn_tasks: set[asyncio.Task] = set()
 
@@ -115,7 +121,8 @@ class MemoryRole(Role):
 
     def metrics(self) -> dict:
         frames = {"replay_frames": len(self.replay.pool)} if isinstance(self.replay, FrameReplayBuffer) else {}
-        return {**frames, "replay_size": len(self.replay) if self.replay is not None else 0,
+        queue = self.fragments.metrics() if self.fragments is not None else {}
+        return {**frames, **queue, "replay_size": len(self.replay) if self.replay is not None else 0,
                 "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
                 "inserted": self.inserted, "sampled": self.sampled,
                 "actor_connections": sum(not link.closed for link in self.actors.values()),
@@ -126,9 +133,12 @@ class MemoryRole(Role):
         spec = algo.transition_spec()
         layout = frame_layout(self.cfg, algo)
         a, c = self.cfg.agent, self.cfg.cluster
+        queue = algo.fragment_queue(self.cfg)
         if self.synchronous:
             self.rounds = Rounds(spec, self.index, c.memories, c.actors, c.learners, algo.work_items(self.cfg),
                                  self.log)
+        elif queue is not None:
+            self.fragments = FragmentHub(spec, a.sample_batch_size, self.cfg.env.num_envs, queue)
         elif layout is not None:
             self.replay = FrameReplayBuffer(
                 self.capacity, spec, layout, alpha=a.prioritized_replay_alpha if a.prioritized_replay else None,
@@ -143,7 +153,11 @@ class MemoryRole(Role):
         bind = self.cfg.cluster.advertise_host or self.coordinator_address()[0]
         self.server = await serve(self._on_connection, host=bind, port=0, token=self.token,
                                   name=self.name, ssl=self.ssl_server)
-        self.log.info("serving replay on %s:%s (capacity %d)", bind, self.server.port, self.capacity)
+        if self.fragments is not None:
+            self.log.info("serving a trajectory queue on %s:%s (%d fragments of %d steps, when full: %s)", bind,
+                          self.server.port, queue.capacity, a.sample_batch_size, queue.full)
+        else:
+            self.log.info("serving replay on %s:%s (capacity %d)", bind, self.server.port, self.capacity)
         return await super()._run()
 
     def _set_phase(self, phase: Phase) -> None:
@@ -202,12 +216,22 @@ class MemoryRole(Role):
                 self._ingest(link, msg)
             elif msg.kind == "rollout":
                 self._ingest_rollout(link, index, msg)
+            elif msg.kind == "fragment" and self.fragments is not None:
+                self._ingest_fragment(link, index, msg)
             else:
                 raise ValueError(f"unexpected message {msg.kind!r}")
 
+        credits = None
+        if self.fragments is not None:
+            self.fragments.gate.join(link.name)
+            credits = asyncio.create_task(self._actor_credits(conn, link))
         try:
             link.done_meta = await self._read(conn, link.name, "actor_done", handle)
         finally:
+            if credits is not None:
+                credits.cancel()
+                await asyncio.gather(credits, return_exceptions=True)
+                self.fragments.gate.leave(link.name)
             link.closed = True
             if link.frames is not None:
                 link.frames.release()
@@ -237,6 +261,50 @@ class MemoryRole(Role):
         link.transitions += n
         self.inserted += n
         self.changed.fire()
+
+    # ------------------------------------------------------------------ trajectory queue
+
+    def _ingest_fragment(self, link: ActorLink, actor_index: int, msg) -> None:
+        seq = int_field(msg.meta, "seq")
+        if seq != link.next_seq:
+            link.seq_errors += 1
+            self.log.error("%s fragment message seq %d, expected %d", link.name, seq, link.next_seq)
+        link.next_seq = seq + 1
+        arrays = dict(msg.arrays)
+        self.fragments.ingest(link.name, actor_index, msg.meta, arrays)
+        n = self.fragments.num_envs * self.fragments.queue.steps
+        link.batches += 1
+        link.transitions += n
+        self.inserted += n
+        self.changed.fire()
+
+    async def _actor_credits(self, conn: Connection, link: ActorLink) -> None:
+        """Give this actor its credits, each when it is first in line and (throttle) the queue has room."""
+        hub = self.fragments
+        try:
+            while True:
+                await self.changed.wait_for(lambda: hub.next_credit(link.name))
+                hub.gate.grant(link.name)
+                self.changed.fire()  # the next actor in line may go now
+                await conn.send("credit", {"n": 1})
+        except ConnectionClosed:
+            pass
+
+    async def _fragment_sampler(self, conn: Connection, link: LearnerLink) -> None:
+        """One batch of the oldest fragments per credit while RUNNING or STOPPING, then ``end``."""
+        hub = self.fragments
+        draining = lambda: self.phase >= Phase.DRAINING  # noqa: E731
+        while True:
+            await self.changed.wait_for(lambda: draining() or (link.credits > 0 and hub.ready()))
+            if draining():
+                break
+            link.credits -= 1
+            batch, meta = hub.take()
+            self.sampled += hub.qspec.fragments_per_batch * hub.queue.steps
+            link.batches_sent += 1
+            self.changed.fire()  # room in the queue: actors' credits may go out
+            await conn.send("samples", {"memory": self.index, **meta}, batch)
+        await conn.send("end", {"memory": self.index, "batches_sent": link.batches_sent})
 
     # ------------------------------------------------------------------ sync aggregation
 
@@ -293,8 +361,12 @@ class MemoryRole(Role):
             else:
                 raise ValueError(f"unexpected message {msg.kind!r}")
 
-        sampler = asyncio.create_task(self._sync_sampler(conn, link, index) if self.synchronous
-                                      else self._sampler(conn, link))
+        if self.synchronous:
+            sampler = asyncio.create_task(self._sync_sampler(conn, link, index))
+        elif self.fragments is not None:
+            sampler = asyncio.create_task(self._fragment_sampler(conn, link))
+        else:
+            sampler = asyncio.create_task(self._sampler(conn, link))
         try:
             link.done_meta = await self._read(conn, link.name, "learner_done", handle)
         finally:
@@ -310,6 +382,8 @@ class MemoryRole(Role):
         link.beta = float(meta.get("beta", link.beta))
         if "iteration" in meta:
             link.iteration = int(meta["iteration"])
+        if self.fragments is not None and "version" in meta:
+            self.fragments.saw_version(int_field(meta, "version", -1))
         self.changed.fire()
 
     def _apply_priorities(self, link: LearnerLink, msg) -> None:
@@ -389,6 +463,7 @@ class MemoryRole(Role):
             "sampled": self.sampled,
             "replay_size": len(self.replay) if self.replay is not None else 0,
             "snapshot": snapshot,
+            "queue": None if self.fragments is None else self.fragments.stats(),
             "rounds": None if self.rounds is None else {
                 "completed": self.rounds.iteration, "duplicates": self.rounds.duplicates,
                 "stale": self.rounds.stale, "discarded_rows": self.rounds.discarded_rows},
