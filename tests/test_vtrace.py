@@ -20,10 +20,10 @@ def fragments(B, T, seed=0, dtype=np.float32, log_rho_scale=1.0):
 
 
 def definition(log_rhos, rewards, values, bootstrap_value, terminated, truncated, truncated_values, gamma,
-               rho_bar, c_bar, pg_rho_bar):
+               rho_bar, c_bar, pg_rho_bar, lam=1.0):
     """The paper's sums, one fragment and one start step at a time, in Python floats:
 
-        vs_s = V(x_s) + sum_{t=s}^{end} gamma^(t-s) (prod_{i=s}^{t-1} c_i) delta_t
+        vs_s = V(x_s) + sum_{t=s}^{end} gamma^(t-s) (prod_{i=s}^{t-1} c_i) delta_t,  c_i = lam min(c_bar, rho_i)
 
     where `end` is the first episode end at or after s, or T-1; the state after
     step t is 0 (terminated), V(final obs) (truncated), the bootstrap (t = T-1)
@@ -55,7 +55,7 @@ def definition(log_rhos, rewards, values, bootstrap_value, terminated, truncated
                 total += weight * delta
                 if ends(t):
                     break
-                weight *= gamma * min(c_bar, rho[t])
+                weight *= gamma * lam * min(c_bar, rho[t])
                 t += 1
             vs[b, s] = float(values[b, s]) + total
         for s in range(T):
@@ -64,14 +64,15 @@ def definition(log_rhos, rewards, values, bootstrap_value, terminated, truncated
     return vs, pg
 
 
-def check_all(args, tv, gamma=0.9, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, rtol=1e-5):
-    vs, pg = vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv)
+def check_all(args, tv, gamma=0.9, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, rtol=1e-5, lam=1.0):
+    vs, pg = vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv,
+                    lam=lam)
     want_vs, want_pg = reference.vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
-                                        truncated_values=tv)
+                                        truncated_values=tv, lam=lam)
     np.testing.assert_array_equal(vs, want_vs)
     np.testing.assert_array_equal(pg, want_pg)
     def_vs, def_pg = definition(**args, truncated_values=tv, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar,
-                                pg_rho_bar=rho_bar if pg_rho_bar is None else pg_rho_bar)
+                                pg_rho_bar=rho_bar if pg_rho_bar is None else pg_rho_bar, lam=lam)
     np.testing.assert_allclose(vs, def_vs, rtol=rtol, atol=rtol)
     np.testing.assert_allclose(pg, def_pg, rtol=rtol, atol=rtol)
     return vs, pg
@@ -137,6 +138,21 @@ def test_clipping_by_hand():
     np.testing.assert_allclose(pg[0], [0.1 * 1.5, 0.1 * 1.0])
 
 
+def test_lambda_scales_the_traces():
+    """lam 0: vs is the one-step target; lam 0.5 by hand on two steps (gamma 1, rho 1, V = 0, r = 1)."""
+    args, _ = fragments(2, 5, seed=9, dtype=np.float64)
+    args["log_rhos"][:] = 0.0
+    vs, pg = vtrace(**args, gamma=0.9, lam=0.0)
+    r, v, boot = args["rewards"], args["values"], args["bootstrap_value"]
+    next_v = np.concatenate([v[:, 1:], boot[:, None]], axis=1)
+    np.testing.assert_allclose(vs, r + 0.9 * next_v, rtol=1e-12)
+    zeros, flags = np.zeros((1, 2)), np.zeros((1, 2), bool)
+    vs, _ = vtrace(zeros, np.ones((1, 2)), zeros, np.zeros(1), flags, flags, gamma=1.0, lam=0.5)
+    assert vs[0].tolist() == [1.0 + 0.5 * 1.0, 1.0]
+    with pytest.raises(ValueError, match=r"lam must be in \[0, 1\]"):
+        vtrace(**args, gamma=0.9, lam=1.5)
+
+
 def test_on_policy_unclipped_is_the_n_step_return():
     args, _ = fragments(3, 7, seed=5, dtype=np.float64)
     args["log_rhos"][:] = 0.0
@@ -152,18 +168,19 @@ def test_on_policy_unclipped_is_the_n_step_return():
 @given(B=st.sampled_from([1, 2, 3, 8, 16]), T=st.sampled_from([1, 2, 5, 20, 32]),
        gamma=st.sampled_from([0.0, 0.9, 0.99, 1.0]), end_rate=st.sampled_from([0.0, 0.1, 0.5]),
        bars=st.sampled_from([(1.0, 1.0, None), (2.0, 0.5, 1.0), (float("inf"), float("inf"), None),
-                             (0.5, 0.5, 3.0)]),
+                             (0.5, 0.5, 3.0)]), lam=st.sampled_from([1.0, 0.95, 0.0]),
        dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2 ** 32 - 1))
-def test_matches_reference(B, T, gamma, end_rate, bars, dtype, seed):
+def test_matches_reference(B, T, gamma, end_rate, bars, lam, dtype, seed):
     args, tv = fragments(B, T, seed, dtype)
     rng = np.random.default_rng(seed + 1)
     args["terminated"] = rng.random((B, T)) < end_rate
     args["truncated"] = rng.random((B, T)) < end_rate
     rho_bar, c_bar, pg_rho_bar = bars
-    vs, pg = vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv)
+    vs, pg = vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv,
+                    lam=lam)
     assert vs.dtype == pg.dtype == dtype and vs.shape == pg.shape == (B, T)
     want_vs, want_pg = reference.vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
-                                        truncated_values=tv)
+                                        truncated_values=tv, lam=lam)
     np.testing.assert_array_equal(vs, want_vs)
     np.testing.assert_array_equal(pg, want_pg)
 
@@ -175,7 +192,7 @@ def test_matches_the_definition(T, end_rate, seed):
     rng = np.random.default_rng(seed + 2)
     args["terminated"] = rng.random((3, T)) < end_rate
     args["truncated"] = rng.random((3, T)) < end_rate
-    check_all(args, tv, gamma=0.95, rho_bar=1.2, c_bar=0.9, pg_rho_bar=0.8, rtol=1e-10)
+    check_all(args, tv, gamma=0.95, rho_bar=1.2, c_bar=0.9, pg_rho_bar=0.8, rtol=1e-10, lam=0.9)
 
 
 def test_truncation_needs_final_values_and_bootstraps_from_them():

@@ -12,15 +12,17 @@ rho_t = pi(a_t|x_t) / mu(a_t|x_t) (given as log_rhos), for step t of a row:
              = values[t+1]            otherwise
     A_next_t = 0 if an episode ended at t or t == T-1, else vs[t+1] - values[t+1]
     delta_t  = min(rho_bar, rho_t) * (rewards[t] + gamma * V_next_t - values[t])
-    vs[t]    = values[t] + delta_t + gamma * min(c_bar, rho_t) * A_next_t
+    vs[t]    = values[t] + delta_t + gamma * lam * min(c_bar, rho_t) * A_next_t
     pg_advantages[t] = min(pg_rho_bar, rho_t) * (rewards[t] + gamma * (V_next_t + A_next_t) - values[t])
 
 so V_next_t + A_next_t is vs[t+1] inside an episode, and the target of the
 state after an episode or fragment end otherwise. The recursion runs
 backwards per row, in float64 whatever the input dtype; rows are
 independent, so nothing flows from one fragment (or episode) into another.
-With rho_bar = c_bar = pg_rho_bar = inf and pi = mu, vs is the n-step
-return bootstrapped at the fragment end.
+With rho_bar = c_bar = pg_rho_bar = inf, lam = 1 and pi = mu, vs is the
+n-step return bootstrapped at the fragment end; lam < 1 (the paper's
+Remark 1: c_i = lam * min(c_bar, rho_i)) mixes in shorter returns, as
+GAE's lambda does.
 """
 import numpy as np
 
@@ -40,7 +42,7 @@ cdef inline double _clip(double bound, double x) noexcept nogil:
 cdef void _vtrace_kernel(const floating[:, ::1] log_rhos, const floating[:, ::1] rewards,
                          const floating[:, ::1] values, const floating[::1] bootstrap,
                          const uint8_t[:, ::1] terminated, const uint8_t[:, ::1] truncated,
-                         const floating[:, ::1] truncated_values, double gamma, double rho_bar,
+                         const floating[:, ::1] truncated_values, double gamma, double lam, double rho_bar,
                          double c_bar, double pg_rho_bar, floating[:, ::1] vs,
                          floating[:, ::1] pg_advantages) noexcept nogil:
     """Backward recursion per fragment (rows are contiguous: fragment outer, time inner)."""
@@ -65,7 +67,7 @@ cdef void _vtrace_kernel(const floating[:, ::1] log_rhos, const floating[:, ::1]
             rho = exp(<double> log_rhos[b, t])
             v = values[b, t]
             acc = _clip(rho_bar, rho) * (rewards[b, t] + gamma * next_value - v) \
-                + gamma * _clip(c_bar, rho) * next_acc
+                + gamma * lam * _clip(c_bar, rho) * next_acc
             vs[b, t] = <floating> (v + acc)
             pg_advantages[b, t] = <floating> (_clip(pg_rho_bar, rho)
                                               * (rewards[b, t] + gamma * (next_value + next_acc) - v))
@@ -78,18 +80,20 @@ cdef int _check_bound(str what, double value) except -1:
 
 
 def vtrace(log_rhos, rewards, values, bootstrap_value, terminated, truncated, double gamma,
-           double rho_bar=1.0, double c_bar=1.0, pg_rho_bar=None, truncated_values=None):
+           double rho_bar=1.0, double c_bar=1.0, pg_rho_bar=None, truncated_values=None, double lam=1.0):
     """(vs, pg_advantages), both [B, T], for a batch of fragments (see the module docstring).
 
     log_rhos: log pi(a|x) - log mu(a|x); log_rhos, rewards, values: [B, T];
     bootstrap_value: [B], V of the observation after each fragment;
     terminated, truncated: [B, T] bool; truncated_values: [B, T], V(final
     observation) wherever truncated and not terminated (other entries are
-    ignored), required if any such step exists. pg_rho_bar None: rho_bar.
+    ignored), required if any such step exists. pg_rho_bar None: rho_bar;
+    lam in [0, 1] scales the traces.
     Results are float32 when log_rhos, rewards and values are all float32,
     else float64.
     """
     check_fraction("gamma", gamma)
+    check_fraction("lam", lam)
     _check_bound("rho_bar", rho_bar)
     _check_bound("c_bar", c_bar)
     cdef double pg_bar = rho_bar if pg_rho_bar is None else float(pg_rho_bar)
@@ -131,10 +135,10 @@ def vtrace(log_rhos, rewards, values, bootstrap_value, terminated, truncated, do
         lr32, r32, v32, tv32, boot32 = log_rhos, rewards, values, truncated_values, bootstrap_value
         vs32, pg32 = vs, pg_advantages
         with nogil:
-            _vtrace_kernel(lr32, r32, v32, boot32, term, trunc, tv32, gamma, rho_bar, c_bar, pg_bar, vs32, pg32)
+            _vtrace_kernel(lr32, r32, v32, boot32, term, trunc, tv32, gamma, lam, rho_bar, c_bar, pg_bar, vs32, pg32)
     else:
         lr64, r64, v64, tv64, boot64 = log_rhos, rewards, values, truncated_values, bootstrap_value
         vs64, pg64 = vs, pg_advantages
         with nogil:
-            _vtrace_kernel(lr64, r64, v64, boot64, term, trunc, tv64, gamma, rho_bar, c_bar, pg_bar, vs64, pg64)
+            _vtrace_kernel(lr64, r64, v64, boot64, term, trunc, tv64, gamma, lam, rho_bar, c_bar, pg_bar, vs64, pg64)
     return vs, pg_advantages

@@ -298,7 +298,7 @@ def gae(rewards, values, bootstrap_value, terminated, truncated, gamma, lam, tru
 
 
 def vtrace(log_rhos, rewards, values, bootstrap_value, terminated, truncated, gamma, rho_bar=1.0, c_bar=1.0,
-           pg_rho_bar=None, truncated_values=None):
+           pg_rho_bar=None, truncated_values=None, lam=1.0):
     """Same contract as `aiorl.replay.vtrace`: the backward recursion, vectorised over fragments."""
     log_rhos, rewards, values = np.asarray(log_rhos), np.asarray(rewards), np.asarray(values)
     single = log_rhos.dtype == rewards.dtype == values.dtype == np.float32
@@ -328,7 +328,7 @@ def vtrace(log_rhos, rewards, values, bootstrap_value, terminated, truncated, ga
         next_value = np.where(term[:, t], 0.0, np.where(trunc[:, t], tv[:, t], next_value))
         next_acc = np.where(ended | (t + 1 == T), 0.0, acc)
         acc = (np.minimum(rho_bar, rho[:, t]) * (r[:, t] + gamma * next_value - v[:, t])
-               + gamma * np.minimum(c_bar, rho[:, t]) * next_acc)
+               + gamma * lam * np.minimum(c_bar, rho[:, t]) * next_acc)
         vs[:, t] = v[:, t] + acc
         pg[:, t] = np.minimum(pg_rho_bar, rho[:, t]) * (r[:, t] + gamma * (next_value + next_acc) - v[:, t])
     return vs.astype(dtype), pg.astype(dtype)
