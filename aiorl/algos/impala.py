@@ -16,7 +16,7 @@ Per fragment, with rho_t = pi(a_t|x_t) / mu(a_t|x_t) (pi: the learner's
 policy now, mu: the actor's), V-trace targets (`aiorl.replay.vtrace`, compiled):
 
     vs_t  = V(x_t) + sum_{s>=t} gamma^(s-t) (prod_{i<s} c_i) delta_s,
-    delta_s = min(rho_bar, rho_s) (r_s + gamma V(x_{s+1}) - V(x_s)),  c_i = min(c_bar, rho_i)
+    delta_s = min(rho_bar, rho_s) (r_s + gamma V(x_{s+1}) - V(x_s)),  c_i = lambda min(c_bar, rho_i)
 
 cut at episode ends (terminated: V(x_{s+1}) = 0; truncated: V(final obs)) and
 bootstrapped from V(obs after the fragment). Loss on a batch of B fragments:
@@ -63,8 +63,12 @@ class ImpalaConfig:
     c_bar: float = doc("V-trace: trace-cutting weights clipped to this (.inf: off).", default=1.0)
     pg_rho_bar: float | None = doc("Importance weights of the policy gradient clipped to this (null: rho_bar).",
                                    default=None)
+    vtrace_lambda: float = doc("V-trace lambda in [0, 1]: traces c_i = lambda * min(c_bar, rho_i) (the paper's "
+                               "Remark 1; 1: none).", default=1.0)
     value_coef: float = doc("Weight of the value loss.", default=0.5)
     entropy_coef: float = doc("Weight of the entropy bonus.", default=0.01)
+    reward_scale: float = doc("Rewards are multiplied by this before V-trace (returns reported unscaled).",
+                              default=1.0)
     optimizer: str = doc("'rmsprop' (the paper's) or 'adam'.", default="rmsprop")
     learning_rate: float = doc("Step size.", default=6e-4)
     lr_annealing: bool = doc("Anneal the step size linearly to 0 over agent.scheduled_timesteps env steps "
@@ -73,6 +77,8 @@ class ImpalaConfig:
     rmsprop_momentum: float = doc("RMSProp momentum.", default=0.0)
     optimizer_eps: float = doc("Epsilon of RMSProp or Adam (torch adds it outside the square root).",
                                default=0.01)
+    epochs: int = doc("Optimizer steps on each batch, its V-trace targets recomputed with the current weights "
+                      "before each (1: the paper's IMPALA).", default=1)
     grad_clip_norm: float | None = doc("Clip the global gradient norm to this (null: no clipping).", default=40.0)
     queue_capacity: int = doc("Fragments each memory host's trajectory queue holds.", default=64)
     queue_full: str = doc("When a trajectory queue is full: 'throttle' (actors wait for credit) or "
@@ -121,8 +127,12 @@ def impala_loss(net: ActorCritic, m: ImpalaConfig, batch, device):
         v_next[flat] = net.value(as_tensor(next_obs, device)).cpu().numpy()
         v_next = v_next.reshape(B, T)
         values_np = values.detach().reshape(B, T).cpu().numpy()
-    vs, pg_advantages = vtrace(log_rhos.cpu().numpy(), batch["reward"], values_np, v_next[:, -1].copy(),
-                               terminated, truncated, m.gamma, m.rho_bar, m.c_bar, m.pg_rho_bar, v_next)
+    reward = np.asarray(batch["reward"])
+    if m.reward_scale != 1.0:
+        reward = reward * np.float32(m.reward_scale)
+    vs, pg_advantages = vtrace(log_rhos.cpu().numpy(), reward, values_np, v_next[:, -1].copy(),
+                               terminated, truncated, m.gamma, m.rho_bar, m.c_bar, m.pg_rho_bar, v_next,
+                               m.vtrace_lambda)
     vs_t = torch.as_tensor(vs, device=device).reshape(-1)
     pg_t = torch.as_tensor(pg_advantages, device=device).reshape(-1)
     policy_loss = -(pg_t * logp).mean()
@@ -211,10 +221,11 @@ class ImpalaLearner(ActorCriticLearner):
         if self.dp.stopped:
             return LearnerResult(stop=True)
         self.anneal_lr()
-        loss, metrics = impala_loss(self.net, self.m, batch, self.device)
-        norms = self.apply([("loss", loss, self.params, self.optimizer)])
-        if norms is None:
-            return LearnerResult(stop=True)  # a peer's data ended: nothing applied
+        for _ in range(self.m.epochs):
+            loss, metrics = impala_loss(self.net, self.m, batch, self.device)
+            norms = self.apply([("loss", loss, self.params, self.optimizer)])
+            if norms is None:
+                return LearnerResult(stop=True)  # a peer's data ended: nothing applied
         rows = int(np.prod(np.shape(batch["reward"])))
         self.iterations += 1
         self.env_steps_trained += rows * self.dp.world  # every learner's batch is as large
@@ -243,6 +254,8 @@ class Impala(Algorithm):
         m, a = cfg.model, cfg.agent
         if not 0 < m.gamma <= 1:
             raise ConfigError(f"model.gamma: expected a value in (0, 1], got {m.gamma}")
+        if not 0 <= m.vtrace_lambda <= 1:
+            raise ConfigError(f"model.vtrace_lambda: expected a value in [0, 1], got {m.vtrace_lambda}")
         for key in ("rho_bar", "c_bar", "pg_rho_bar"):
             if getattr(m, key) is not None:
                 check_positive(getattr(m, key), f"model.{key}")
@@ -253,6 +266,7 @@ class Impala(Algorithm):
             raise ConfigError(f"model.optimizer: expected 'rmsprop' or 'adam', got {m.optimizer!r}")
         check_positive(m.learning_rate, "model.learning_rate")
         check_positive(m.optimizer_eps, "model.optimizer_eps")
+        check_positive(m.reward_scale, "model.reward_scale")
         if not 0 <= m.rmsprop_alpha < 1 or m.rmsprop_momentum < 0:
             raise ConfigError(f"model.rmsprop_alpha must be in [0, 1) and model.rmsprop_momentum >= 0, got "
                               f"{m.rmsprop_alpha} and {m.rmsprop_momentum}")
@@ -264,6 +278,8 @@ class Impala(Algorithm):
             raise ConfigError(f"model.queue_full: expected 'throttle' or 'drop_oldest', got {m.queue_full!r}")
         if m.max_policy_lag is not None and m.max_policy_lag < 0:
             raise ConfigError(f"model.max_policy_lag: must be >= 0 (or null: no bound), got {m.max_policy_lag}")
+        if m.epochs < 1:
+            raise ConfigError(f"model.epochs: must be at least 1, got {m.epochs}")
         if m.torch_threads < 1:
             raise ConfigError(f"model.torch_threads: must be at least 1, got {m.torch_threads}")
         if m.keep_checkpoints < 1:
