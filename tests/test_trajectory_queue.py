@@ -179,3 +179,67 @@ async def test_actor_credits_round_robin_and_validated():
     for bad in ({"n": 0}, {"n": True}, {"n": 10 ** 6}, {}):
         with pytest.raises(ValueError, match="'n'"):
             credits.add(0, bad)
+
+
+@pytest.mark.parametrize("full, compression", [("throttle", "none"), ("drop_oldest", "lz4")])
+def test_frame_layout_queue_hands_out_exactly_the_naive_batches(full, compression):
+    """Two actors' stacked-frame envs, each rollout queued as its fragments both ways: stacks
+    per step (TrajectoryQueue) and frames sent once (FrameSender -> FrameTrajectoryQueue).
+    Pushes, takes, overflow drops and lag drops interleave; every batch is the same, and once
+    everything left and the streams are released the pool holds nothing."""
+    from test_replay_frames import Jumbled, env_config
+
+    from aiorl.envs import EnvRunner
+    from aiorl.replay.frame_sender import FrameSender
+    from aiorl.replay.frames import FrameLayout
+    from aiorl.replay.trajectory_queue import FrameTrajectoryQueue
+
+    stack, envs, steps = 3, 2, 5
+    frame_spec = {"obs": ((stack, 1, 2), "|u1"), "next_obs": ((stack, 1, 2), "|u1"), "reward": ((), "<f4"),
+                  "terminated": ((), "|b1"), "truncated": ((), "|b1")}
+    layout = FrameLayout.for_spec(frame_spec, ("obs", "next_obs"), envs, steps, 0)
+    capacity = 6 if full == "drop_oldest" else 64
+    naive_q = TrajectoryQueue(capacity, frame_spec, steps, full)
+    frame_q = FrameTrajectoryQueue(capacity, frame_spec, steps, layout, full, max_streams=2)
+    actors = []
+    for a in range(2):
+        sender = FrameSender(layout, envs, 1, 0, compression)
+        runners = [EnvRunner(env_config(stack, True), envs, seed=10 + a),
+                   EnvRunner(env_config(stack, True), envs, seed=10 + a, frames=sender)]
+        for runner in runners:
+            runner.envs.envs = [Jumbled(env) for env in runner.envs.envs]
+            for i, env in enumerate(runner.envs.envs):
+                env.np_random = np.random.default_rng(a * 7 + i)
+        actors.append((sender, runners, frame_q.stream(), np.random.default_rng(a)))
+    rng = np.random.default_rng(0)
+
+    def fragments_of(rollout):
+        return {name: np.ascontiguousarray(np.swapaxes(rollout[name], 0, 1)) for name in frame_spec}
+
+    version = 0
+    for round_ in range(40):
+        a = int(rng.integers(2))
+        sender, (naive, framed), stream, actions = actors[a]
+        act = actions.integers(0, 2, (steps, envs))
+        it = iter(act)
+        plain = fragments_of(naive.rollout(lambda obs: next(it), steps))
+        it = iter(act)
+        ids = fragments_of(framed.rollout(lambda obs: next(it), steps))
+        if full == "throttle" and naive_q.free < envs:
+            naive_q.take(envs), frame_q.take(envs)
+        arrays, keep_from = sender.message(0, ids)
+        assert naive_q.push(plain, version, a) == frame_q.push(arrays, version, a, stream=stream, keep_from=keep_from)
+        if round_ % 7 == 3:
+            version += 2
+            assert naive_q.drop_older(version - 1) == frame_q.drop_older(version - 1)
+        n = int(rng.integers(0, len(naive_q) + 1))
+        got, want = frame_q.take(n), naive_q.take(n)
+        assert set(got) == set(want)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        assert got["obs"].shape == (n, steps, stack, 1, 2) and got["obs"].dtype == np.uint8
+    assert naive_q.dropped_lag > 0 and (full == "throttle" or naive_q.dropped_full > 0)
+    frame_q.take(len(frame_q))
+    for sender, runners, stream, _ in actors:
+        stream.release()
+    assert len(frame_q.pool) == 0

@@ -183,3 +183,91 @@ class TrajectoryQueue:
         for s in slots:
             self._origin["weights_version"][s] = -1
         self._free.extend(slots)
+
+
+class FrameTrajectoryQueue(TrajectoryQueue):
+    """A trajectory queue whose stacked-observation fields are stored as frames, each once.
+
+    `FrameTrajectoryQueue(capacity, spec, steps, layout, full="throttle", max_streams=1)`:
+    spec is the naive one (stacked ``(k, *frame)`` observation fields). Fragment messages
+    come as the frame layout sends them (`aiorl.replay.frames`): frame fields as ``[n, steps,
+    k]`` frame ids, plus ``frames`` (or ``frames_lz4``) and ``frame_ids``, against the
+    sender's `stream()`. Queued fragments hold their frames in a reference-counted
+    `FramePool`; `take` rebuilds the stacks, ``[n, steps, k, *frame]``, fresh arrays as ever.
+    """
+
+    def __init__(self, capacity: int, spec: dict, steps: int, layout, full: str = "throttle", max_streams: int = 1):
+        from aiorl.replay import FramePool
+
+        self.layout = layout
+        self.naive_spec = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()}
+        # Checked and stored as the wire has them: a frame field is k ids a step (stored: pool slots).
+        super().__init__(capacity, layout.wire_spec(spec), steps, full)
+        self._incoming = None  # the message `push` is storing: (stream, frames, frame_ids, refs, keep_from)
+        max_frames = capacity * steps * len(layout.fields) * layout.stack + max(1, max_streams) * layout.window
+        self.pool = FramePool(layout.frame_shape, layout.dtype, max_frames)
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f" frames={len(self.pool)}>"
+
+    def stream(self):
+        """A new producer's frame ids; `release()` it when the producer is gone."""
+        from aiorl.replay import FrameStream
+
+        return FrameStream(self.pool, self.layout.window, self.layout.stack)
+
+    def push(self, fragments: dict, version: int, actor: int, envs=None, *, stream=None, keep_from: int = 0) -> int:
+        """As `TrajectoryQueue.push`, for a frame-layout message of `stream`'s producer; nothing
+        changes if any part of it is invalid (ValueError)."""
+        from aiorl.replay.frames import unpack_frames
+
+        rows = dict(fragments)
+        packed = rows.pop("frames_lz4", None)
+        try:
+            frames = rows.pop("frames") if packed is None else None
+            frame_ids = np.asarray(rows.pop("frame_ids"))
+        except KeyError as exc:
+            raise ValueError(f"fragment message lacks {exc.args[0]!r} (the frame layout sends 'frames' or "
+                             "'frames_lz4', and 'frame_ids')") from None
+        n = self.check(rows)
+        if packed is not None:
+            frames = unpack_frames(self.layout, packed, frame_ids, n * self.steps, "fragment message")
+        if not isinstance(keep_from, (int, np.integer)) or stream is None:
+            raise ValueError(f"a frame-layout fragment message needs its stream and an integer keep_from, "
+                             f"got {keep_from!r}")
+        refs = np.concatenate([rows[f].reshape(-1) for f in self.layout.fields]).astype(np.int64, copy=False)
+        stream.check(frames, frame_ids, refs, int(keep_from))
+        self._incoming = (stream, frames, frame_ids, refs, int(keep_from))
+        try:
+            return super().push(rows, version, actor, envs)
+        finally:
+            self._incoming = None
+
+    def _store(self, slots: list[int], fragments: dict) -> None:
+        stream, frames, frame_ids, refs, keep_from = self._incoming
+        resolved = stream.admit(frames, frame_ids, refs, keep_from)
+        self.pool.incref(resolved)
+        per_field = len(slots) * self.steps * self.layout.stack
+        tables = {f: resolved[i * per_field:(i + 1) * per_field].reshape(len(slots), self.steps, self.layout.stack)
+                  for i, f in enumerate(self.layout.fields)}
+        super()._store(slots, {**fragments, **tables})
+
+    def _gather(self, slots: list[int]) -> dict:
+        batch = {}
+        rows = (np.asarray(slots, np.int64)[:, None] * self.steps + np.arange(self.steps)).reshape(-1)
+        frame_fields = list(self.layout.fields)
+        tables = [self._storage[f].reshape(self.capacity * self.steps, self.layout.stack) for f in frame_fields]
+        stacks = self.pool.gather(tables, rows)
+        shape = (len(slots), self.steps) + self.naive_spec[frame_fields[0]][0]
+        for name, storage in self._storage.items():
+            if name in frame_fields:
+                batch[name] = stacks[frame_fields.index(name)].reshape(shape)
+            else:
+                batch[name] = storage[slots]
+        return batch
+
+    def _release(self, slots: list[int]) -> None:
+        if slots:
+            for f in self.layout.fields:
+                self.pool.decref(self._storage[f][slots])
+        super()._release(slots)

@@ -30,7 +30,7 @@ import asyncio
 from collections import deque
 import numpy as np
 
-from aiorl.replay.trajectory_queue import QueueFull, QueueSpec, TrajectoryQueue
+from aiorl.replay.trajectory_queue import FrameTrajectoryQueue, QueueFull, QueueSpec, TrajectoryQueue
 from aiorl.wire import ConnectionClosed
 
 # Fragment messages an actor may have in flight per memory: one on the wire while it rolls
@@ -106,12 +106,20 @@ class CreditGate:
 
 
 class FragmentHub:
-    """One memory host's trajectory queue, actor credits and policy-lag filter."""
+    """One memory host's trajectory queue, actor credits and policy-lag filter.
 
-    def __init__(self, spec: dict, steps: int, num_envs: int, qspec: QueueSpec):
+    With a frame layout (`aiorl.replay.frames`), observations arrive as frame ids, each
+    frame once per actor connection (`join` gives the connection its frame stream).
+    """
+
+    def __init__(self, spec: dict, steps: int, num_envs: int, qspec: QueueSpec, layout=None, actors: int = 1):
         self.qspec = qspec
         self.num_envs = num_envs
-        self.queue = TrajectoryQueue(qspec.capacity, spec, steps, qspec.full)
+        if layout is None:
+            self.queue = TrajectoryQueue(qspec.capacity, spec, steps, qspec.full)
+        else:
+            self.queue = FrameTrajectoryQueue(qspec.capacity, spec, steps, layout, qspec.full, max_streams=actors)
+        self.streams: dict[str, object] = {}  # frame layout: each actor connection's FrameStream
         self.gate = CreditGate(qspec.capacity, num_envs, qspec.full == "throttle")
         self.known_version = -1  # newest weights version heard of
         self.messages = 0
@@ -120,16 +128,35 @@ class FragmentHub:
     def __repr__(self) -> str:
         return f"<FragmentHub {self.queue!r} {self.gate!r} known_version={self.known_version}>"
 
+    def join(self, actor: str) -> None:
+        """An actor connected: its credits (and frame stream) start now."""
+        self.gate.join(actor)
+        if isinstance(self.queue, FrameTrajectoryQueue):
+            self.streams[actor] = self.queue.stream()  # frame ids start over with every connection
+
+    def leave(self, actor: str) -> None:
+        self.gate.leave(actor)
+        stream = self.streams.pop(actor, None)
+        if stream is not None:
+            stream.release()  # queued fragments keep the frames they reference
+
     def ingest(self, actor: str, actor_index: int, meta: dict, arrays: dict) -> int:
         """A fragment message from `actor`: one fragment per env, checked whole, then queued.
         Returns the fragments dropped to make room (drop_oldest)."""
         version = int_field(meta, "weights_version")
-        n = self.queue.check(arrays)
+        frames = isinstance(self.queue, FrameTrajectoryQueue)
+        rows = {k: v for k, v in arrays.items() if k not in ("frames", "frames_lz4", "frame_ids")} if frames \
+            else arrays
+        n = self.queue.check(rows)
         if n != self.num_envs:
             raise ValueError(f"a fragment message holds one fragment per env ({self.num_envs}), got {n}")
         self.gate.used(actor)
         try:
-            dropped = self.queue.push(arrays, version, actor_index)
+            if frames:
+                dropped = self.queue.push(arrays, version, actor_index, stream=self.streams[actor],
+                                          keep_from=int_field(meta, "keep_from"))
+            else:
+                dropped = self.queue.push(arrays, version, actor_index)
         except QueueFull as exc:
             raise ValueError(str(exc)) from None
         self.messages += 1

@@ -138,7 +138,7 @@ class MemoryRole(Role):
             self.rounds = Rounds(spec, self.index, c.memories, c.actors, c.learners, algo.work_items(self.cfg),
                                  self.log)
         elif queue is not None:
-            self.fragments = FragmentHub(spec, a.sample_batch_size, self.cfg.env.num_envs, queue)
+            self.fragments = FragmentHub(spec, a.sample_batch_size, self.cfg.env.num_envs, queue, layout, c.actors)
         elif layout is not None:
             self.replay = FrameReplayBuffer(
                 self.capacity, spec, layout, alpha=a.prioritized_replay_alpha if a.prioritized_replay else None,
@@ -223,7 +223,7 @@ class MemoryRole(Role):
 
         credits = None
         if self.fragments is not None:
-            self.fragments.gate.join(link.name)
+            self.fragments.join(link.name)
             credits = asyncio.create_task(self._actor_credits(conn, link))
         try:
             link.done_meta = await self._read(conn, link.name, "actor_done", handle)
@@ -231,7 +231,7 @@ class MemoryRole(Role):
             if credits is not None:
                 credits.cancel()
                 await asyncio.gather(credits, return_exceptions=True)
-                self.fragments.gate.leave(link.name)
+                self.fragments.leave(link.name)
             link.closed = True
             if link.frames is not None:
                 link.frames.release()
