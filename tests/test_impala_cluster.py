@@ -232,3 +232,43 @@ def test_ci_sized_run_learns(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["mean"] >= 400, result.stdout
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+def test_pong_example_streams_frames_once_trains_and_evaluates(tmp_path, capsys):
+    """examples/impala_pong.yaml with a tiny budget and 2 memories: fragments travel in the frame
+    layout (each frame sent once per memory), learners get stacks back, the run checkpoints,
+    exports and `aiorl eval` plays a full game."""
+    import yaml
+
+    from aiorl.cli import main
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "impala_pong.yaml").read_text())
+    config["env"]["num_envs"] = 2
+    config["cluster"]["memories"] = 2
+    config["agent"].update(batch_size=40, scheduled_global_steps=6, scheduled_timesteps=None, target_return=None)
+    config["model"].update(device="cpu", queue_capacity=4, lr_annealing=False)
+    config["run"] = {"checkpoint_every": 3}
+    proc, run_dir = start(tmp_path, config)
+    code, out = finish(proc, 240)
+    assert code == 0, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["ok"] and summary["learner_steps"] >= 6
+    actor = summary["roles"]["actor-0"]["stats"]
+    transitions = sum(m["transitions"] for m in actor["memories"])
+    assert all(m["transitions"] > 0 for m in actor["memories"])
+    # One new frame per env step, plus per message the older frames of its first stacks
+    # (stack 4) that went to the other memory, plus the first stacks.
+    assert actor["frames_sent"] <= transitions * (1 + 4 / 20) + 2 * 4 * 2
+    assert actor["payload_bytes"] / transitions <= 8 * 1024
+    for m in range(2):
+        queue = summary["roles"][f"memory-{m}"]["stats"]["queue"]
+        assert queue["pushed"] == actor["memories"][m]["transitions"] // 20
+        assert queue["pushed"] == queue["taken"] + queue["dropped_full"] + queue["dropped_lag"] + queue["left_at_end"]
+    assert len(list((run_dir / "checkpoints").glob("checkpoint-*.pt"))) >= 2
+    meta = json.loads((run_dir / "policy" / "policy.json").read_text())
+    assert meta["algo"] == "impala" and meta["observation_shape"] == [4, 84, 84]
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 1 and -21 <= result["returns"][0] <= 21
