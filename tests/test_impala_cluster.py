@@ -272,3 +272,22 @@ def test_pong_example_streams_frames_once_trains_and_evaluates(tmp_path, capsys)
     assert main(["eval", str(run_dir), "--episodes", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["episodes"] == 1 and -21 <= result["returns"][0] <= 21
+
+
+def test_two_data_parallel_learners_take_the_same_steps(tmp_path):
+    """2 learners (torch.distributed, gloo) and 2 memories: each learner trains on its own
+    batches, gradients averaged every step; both take the same steps and end with the same
+    weights."""
+    config = impala_config()
+    config["cluster"].update(memories=2, learners=2)
+    config["agent"]["scheduled_global_steps"] = 80
+    proc, run_dir = start(tmp_path, config)
+    code, out = finish(proc, 180)
+    assert code == 0, out
+    roles = read_json(run_dir / "summary.json")["roles"]
+    learners = [roles[f"learner-{i}"]["stats"] for i in range(2)]
+    assert learners[0]["learner_steps"] == learners[1]["learner_steps"] >= 40
+    assert learners[0]["weights_digest"] == learners[1]["weights_digest"]
+    assert all(lr["policy_lag"]["fragments"] > 0 for lr in learners)
+    # Every memory fed every learner.
+    assert all(m["batches"] > 0 for lr in learners for m in lr["memories"])

@@ -95,8 +95,10 @@ class LearnerRole(Role):
             await conn.send("learner_done", {"learner": self.index, **self.per_memory[m]})
         if self.index == 0:
             await self._finish_outputs()
+        digest = weights_digest(self.core.get_weights())  # data-parallel learners end equal
         await asyncio.to_thread(self.core.close)
         return {"learner_steps": self.counters["learner_steps"], "memories": self.per_memory,
+                "weights_digest": digest,
                 "published": self.published, "checkpoints": self.checkpoints,
                 "unused_batches": self.unused_batches, "iterations": self.iterations,
                 "policy_lag": self.lag.stats() if self.lag.batches else None}
