@@ -147,3 +147,27 @@ def test_config_refusals(override, match):
         data[section].update(values)
     with pytest.raises(ConfigError, match=match):
         load_config(data=data)
+
+
+def test_idle_clock_counts_finished_waits_and_the_one_in_progress(monkeypatch):
+    """An actor's idle fraction: finished waits over loop time, plus the wait it is in now (a
+    throttled actor reports its wait while it waits, not once it ends)."""
+    from aiorl.runtime import actor
+
+    now = [0.0]
+    monkeypatch.setattr(actor.time, "monotonic", lambda: now[0])
+    clock = actor.IdleClock()
+    assert clock.fraction() is None
+    clock.start()
+    now[0] = 2.0
+    with clock:
+        now[0] = 5.0
+    now[0] = 10.0
+    assert clock.fraction() == pytest.approx(0.3)
+    clock.__enter__()
+    now[0] = 20.0
+    assert clock.fraction() == pytest.approx(13 / 20)
+    clock.__exit__(None, None, None)
+    clock.stop()
+    now[0] = 40.0
+    assert clock.fraction() == pytest.approx(13 / 20) and clock.wall_s == 20.0

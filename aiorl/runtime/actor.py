@@ -45,7 +45,7 @@ class IdleClock:
         self.idle_s = 0.0
         self.started: float | None = None
         self.ended: float | None = None
-        self._t0 = 0.0
+        self._t0: float | None = None  # start of the wait in progress
 
     def start(self) -> None:
         self.started = time.monotonic()
@@ -59,6 +59,7 @@ class IdleClock:
 
     def __exit__(self, *exc) -> None:
         self.idle_s += time.monotonic() - self._t0
+        self._t0 = None
 
     @property
     def wall_s(self) -> float:
@@ -67,8 +68,10 @@ class IdleClock:
         return (self.ended or time.monotonic()) - self.started
 
     def fraction(self) -> float | None:
+        """Counting the wait in progress: an actor held back for minutes reports it while it waits."""
         wall = self.wall_s
-        return round(min(1.0, self.idle_s / wall), 6) if wall > 0 else None
+        waiting = time.monotonic() - self._t0 if self._t0 is not None and self.ended is None else 0.0
+        return round(min(1.0, (self.idle_s + waiting) / wall), 6) if wall > 0 else None
 
 
 class ActorRole(Role):
