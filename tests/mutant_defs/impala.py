@@ -81,5 +81,10 @@ MUTANTS = [
          path="aiorl/runtime/actor.py",
          old="        self.idle_s += time.monotonic() - self._t0",
          new="        self.idle_s += 0.0",
-         tests=[f"{CLUSTER}::test_a_full_queue_throttles_actors_or_drops_the_oldest[throttle]"]),
+         tests=["tests/test_impala.py::test_idle_clock_counts_finished_waits_and_the_one_in_progress"]),
+    dict(name="wait_in_progress_not_counted",
+         path="aiorl/runtime/actor.py",
+         old="(self.idle_s + waiting) / wall",
+         new="self.idle_s / wall",
+         tests=["tests/test_impala.py::test_idle_clock_counts_finished_waits_and_the_one_in_progress"]),
 ]
