@@ -159,12 +159,9 @@ def make_env(env_cfg, evaluation: bool = False) -> gym.Env:
     o = options(env_cfg)
     kwargs = {"repeat_action_probability": 0.0,
               **{k: v for k, v in env_cfg.kwargs.items() if k not in VECTOR_ONLY_KWARGS}, "frameskip": 1}
-    try:
-        env = gym.make(env_cfg.id, **kwargs)
-    except gym.error.Error as exc:
-        raise ConfigError(f"env.id: Gymnasium cannot make {env_cfg.id!r}: {exc}") from None
-    except TypeError as exc:
-        raise ConfigError(f"env.kwargs: {env_cfg.id!r} rejected {kwargs}: {exc}") from None
+    from aiorl.envs import gym_make  # envs imports this module lazily, for the preset
+
+    env = gym_make(env_cfg.id, kwargs)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=o.noop_max, frame_skip=o.frame_skip,
                                           screen_size=o.screen_size, terminal_on_life_loss=False,
                                           grayscale_obs=True, scale_obs=False)

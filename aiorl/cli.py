@@ -2,28 +2,39 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-import time
 from pathlib import Path
 
-from aiorl.config import Config, ConfigError, load_config
+from aiorl.config import ConfigError, load_config
+from aiorl.rundir import RunDirError, check_resumable
+from aiorl.runtime.process import cluster_token
+from aiorl.wire import TokenError, load_token
+from aiorl.wire.auth import TOKEN_ENV
 
 
-def _make_run_dir(cfg: Config) -> Path:
-    """`run.dir`, or runs/<algo>-<env>-<timestamp>; created."""
-    if cfg.run.dir:
-        run_dir = Path(cfg.run.dir)
-    else:
-        env = cfg.env.id.replace("/", "-")  # ALE/Pong-v5: one directory, not two
-        run_dir = Path("runs") / f"{cfg.algo}-{env}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+def _config_source(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The config file and overrides of `aiorl run`: CONFIG, or the run directory's own with --resume."""
+    if args.resume is None:
+        if args.config is None:
+            raise ConfigError("aiorl run needs a CONFIG file, or --resume RUN_DIR")
+        return args.config, args.set
+    if args.config is not None:
+        raise ConfigError(f"give either CONFIG ({args.config}) or --resume RUN_DIR, not both "
+                          "(a resumed run keeps its config; change values with --set)")
+    if args.role is not None:
+        raise ConfigError("--resume continues a whole local run; it does not combine with --role")
+    run_dir = Path(args.resume)
+    check_resumable(run_dir)
+    return str(run_dir / "config.yaml"), [*args.set, f"run.dir={run_dir.resolve()}"]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.config, args.set)
+        config_path, overrides = _config_source(args)
+        cfg = load_config(config_path, overrides)
         if args.role is not None:
+            from aiorl.rundir import role_run_dir
             from aiorl.runtime.process import run_role
 
             limit = {"actor": cfg.cluster.actors, "memory": cfg.cluster.memories,
@@ -35,28 +46,39 @@ def cmd_run(args: argparse.Namespace) -> int:
                 from aiorl.runtime.algorithm import get_algorithm
 
                 get_algorithm(cfg.algo).check_learner_host(cfg)
-            return run_role(cfg, args.role, args.index, _make_run_dir(cfg))
+            run_dir = role_run_dir(cfg.run.dir, cfg.algo, cfg.env.id)
+            cluster_token(cfg, run_dir)  # a bad token is the user's to fix: one line, before the role starts
+            return run_role(cfg, args.role, args.index, run_dir)
         from aiorl.replay.frames import frame_layout
+        from aiorl.rundir import claim
         from aiorl.runtime.algorithm import build_algorithm
 
-        # Fail on an unknown env, unsupported spaces or a missing learner device before
-        # any process starts.
+        # Fail on an unknown env, unsupported spaces, a missing learner device or a bad
+        # token before any process starts.
         algo = build_algorithm(cfg)
         algo.transition_spec()
         frame_layout(cfg, algo)
         algo.check_learner_host(cfg)
+        if cfg.run.token_file is not None or os.environ.get(TOKEN_ENV):
+            load_token(cfg.run.token_file)  # else the launcher makes one
+
+        run_dir = claim(cfg, args.resume, args.set)
     except ConfigError as exc:
         print(f"aiorl: config error: {exc}", file=sys.stderr)
         return 2
+    except RunDirError as exc:
+        print(f"aiorl: {exc}", file=sys.stderr)
+        return 2
+    except TokenError as exc:
+        print(f"aiorl: token error: {exc}", file=sys.stderr)
+        return 2
     from aiorl.launch import LocalLauncher
 
-    run_dir = _make_run_dir(cfg)
-    cfg.run.dir = str(run_dir.resolve())
-    cfg.dump(run_dir / "config.yaml")
     if not args.quiet:
         c = cfg.cluster
+        what = (f"resuming attempt {run_dir.identity.attempt}" if args.resume else "run directory")
         print(f"aiorl: {cfg.algo} on {cfg.env.id}: {c.actors} actor(s), {c.memories} memory host(s), "
-              f"{c.learners} learner(s); run directory {run_dir}", flush=True)
+              f"{c.learners} learner(s); {what} {run_dir.path}", flush=True)
     return LocalLauncher(cfg, run_dir, quiet=args.quiet).run()
 
 
@@ -64,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiorl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a config: every role locally, or one role with --role/--index")
-    run.add_argument("config", help="run config (YAML or JSON)")
+    run.add_argument("config", nargs="?", help="run config (YAML or JSON)")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue a stopped, interrupted or crashed run from its newest good checkpoint")
     run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                      help="override a config value (parsed as a YAML scalar); repeatable")
     run.add_argument("--role", choices=("actor", "memory", "learner"),

@@ -78,8 +78,15 @@ class ClusterConfig:
     start_timeout_s: float = doc("Seconds for every role to register.", default=120.0)
     phase_timeout_s: float = doc("Deadline of each shutdown phase.", default=60.0)
     rendezvous_port: int = doc(
-        "Port for torch.distributed among learners (0: a free one, local runs only).", default=0
+        "Port learner 0 listens on for torch.distributed among learners (0: a free one), on "
+        "advertise_host (else host). Unauthenticated: see aiorl/runtime/rendezvous.py.", default=0
     )
+    max_restarts: int = doc(
+        "Times each actor (and memory host other than 0) is restarted after exiting abnormally; "
+        "see aiorl/restart.py.", default=0
+    )
+    restart_backoff_s: float = doc("Wait before a restart, doubled after each quick failure.", default=1.0)
+    restart_backoff_max_s: float = doc("Longest wait before a restart.", default=30.0)
     learner_credits: int = doc(
         "Batches a learner may have requested and not yet consumed, per memory.", default=2
     )
@@ -91,6 +98,14 @@ class ClusterConfig:
     frame_compression: str = doc(
         "'lz4': actors send their frames (the frame replay layout) as one lz4 block per batch; "
         "'none': raw. See bench/frame_compression.py.", default="none"
+    )
+    max_handshakes: int = doc(
+        "Connections a coordinator or memory host lets handshake at once; more are refused (busy).",
+        default=128,
+    )
+    max_handshakes_per_host: int = doc(
+        "Of those, how many may come from one address (a flood from one host cannot take them all).",
+        default=32,
     )
     tls_cert: str | None = doc("PEM certificate of this host (enables TLS).", default=None)
     tls_key: str | None = doc("PEM private key for tls_cert.", default=None)
@@ -114,7 +129,9 @@ class AgentConfig:
     prioritized_replay_alpha: float = doc("Priority exponent alpha.", default=0.6)
     prioritized_replay_beta: float = doc("Importance-sampling exponent beta.", default=0.4)
     prioritized_replay_beta_final: float | None = doc(
-        "Anneal beta linearly to this value over scheduled_global_steps.", default=None
+        "Anneal beta linearly to this value over the run's schedule: learner steps (all learners) over "
+        "scheduled_global_steps or env steps over scheduled_timesteps, whichever ends the run first.",
+        default=None,
     )
     prioritized_replay_eps: float = doc("Added to |priority| before the exponent.", default=1e-6)
     scheduled_timesteps: int | None = doc("Stop after this many env steps (all actors).", default=None)
@@ -122,9 +139,19 @@ class AgentConfig:
     target_return: float | None = doc(
         "Stop once the mean of the last 100 episode returns reaches this.", default=None
     )
+    samples_per_insert: float | None = doc(
+        "Rate limit (Reverb's SampleToInsertRatio): each memory keeps sampled transitions near this "
+        "x inserted ones, holding back learners when they run ahead and actors (by credits) when "
+        "they do; learning_starts is the minimum size. None: no limit (see aiorl/runtime/ratelimit.py).",
+        default=None
+    )
+    samples_per_insert_tolerance: float = doc(
+        "Width of the limiter's band, as a fraction of samples_per_insert x learning_starts (Acme's "
+        "samples_per_insert_tolerance_rate); never narrower than one learner and one actor batch.",
+        default=0.1
+    )
     max_samples_per_insert: float | None = doc(
-        "Rate limit: memories serve a batch only while sampled <= this x inserted transitions "
-        "(None: learners train as fast as they can).", default=None
+        "Replaced by samples_per_insert (it holds back both sides); setting it is an error.", default=None
     )
     sync_interval: int = doc("Actors check for newer weights every this many batches.", default=1)
     replay_layout: str = doc(
@@ -146,10 +173,20 @@ class RunSection:
                         default=True)
     tensorboard: bool = doc("Also write TensorBoard event files when TensorBoard is installed.",
                             default=True)
-    checkpoint_every: int | None = doc(
-        "Learner 0 checkpoints every this many learner steps (and at shutdown).", default=None
+    checkpoint_interval_s: float | None = doc(
+        "Learner 0 checkpoints every this many seconds (and at shutdown, and when the run ends "
+        "abnormally while it still can); None: only by checkpoint_every.", default=60.0
     )
-    snapshot_replay: bool = doc("Memories save their replay in the run dir at shutdown.", default=False)
+    checkpoint_every: int | None = doc(
+        "Learner 0 also checkpoints every this many of its learner steps.", default=None
+    )
+    keep_checkpoints: int = doc("Checkpoint files kept (the newest).", default=3)
+    snapshot_replay: bool = doc(
+        "Memories snapshot their replay into the run dir (every snapshot_interval_s and at shutdown); "
+        "a resumed or restarted memory host starts from its snapshot.", default=False
+    )
+    snapshot_interval_s: float = doc("Seconds between replay snapshots when snapshot_replay is on.",
+                                     default=300.0)
     token_file: str | None = doc(
         "Cluster token file (0600); AIORL_TOKEN wins; local runs generate one.", default=None
     )
@@ -334,6 +371,8 @@ def validate(cfg: Config) -> None:
            f"cluster.coordinator_timeout_s ({c.coordinator_timeout_s}) must exceed "
            f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})")
     _check(c.learner_credits >= 1, f"cluster.learner_credits: must be at least 1, got {c.learner_credits}")
+    for name in ("max_handshakes", "max_handshakes_per_host"):
+        _check(getattr(c, name) >= 1, f"cluster.{name}: must be at least 1, got {getattr(c, name)}")
     _check(0 <= c.actor_flush_delay_s <= 1,
            f"cluster.actor_flush_delay_s: expected 0..1 seconds, got {c.actor_flush_delay_s}")
     _check((c.tls_cert is None) == (c.tls_key is None),
@@ -366,18 +405,35 @@ def validate(cfg: Config) -> None:
     if a.prioritized_replay_beta_final is not None:
         _check(0 <= a.prioritized_replay_beta_final <= 1,
                f"agent.prioritized_replay_beta_final: expected 0..1, got {a.prioritized_replay_beta_final}")
+        _check(a.scheduled_global_steps is not None or a.scheduled_timesteps is not None,
+               "agent.prioritized_replay_beta_final anneals beta over the run's schedule: set "
+               "agent.scheduled_global_steps or agent.scheduled_timesteps (or drop it)")
     _check(a.prioritized_replay_eps > 0, f"agent.prioritized_replay_eps: must be > 0, got {a.prioritized_replay_eps}")
     for name in ("scheduled_timesteps", "scheduled_global_steps"):
         value = getattr(a, name)
         _check(value is None or value >= 1, f"agent.{name}: must be at least 1, got {value}")
-    _check(a.max_samples_per_insert is None or a.max_samples_per_insert > 0,
-           f"agent.max_samples_per_insert: must be > 0, got {a.max_samples_per_insert}")
+    _check(a.max_samples_per_insert is None,
+           f"agent.max_samples_per_insert was replaced by agent.samples_per_insert, a limiter that holds "
+           f"back learners and actors alike: set agent.samples_per_insert: {a.max_samples_per_insert} "
+           "(and optionally agent.samples_per_insert_tolerance)")
+    _check(a.samples_per_insert is None or a.samples_per_insert > 0,
+           f"agent.samples_per_insert: must be > 0, got {a.samples_per_insert}")
+    _check(a.samples_per_insert_tolerance >= 0,
+           f"agent.samples_per_insert_tolerance: must be >= 0, got {a.samples_per_insert_tolerance}")
+    _check(c.max_restarts >= 0, f"cluster.max_restarts: must be >= 0, got {c.max_restarts}")
+    _check(0 < c.restart_backoff_s <= c.restart_backoff_max_s,
+           f"cluster.restart_backoff_s ({c.restart_backoff_s}) must be > 0 and at most "
+           f"cluster.restart_backoff_max_s ({c.restart_backoff_max_s})")
     _check(a.sync_interval >= 1, f"agent.sync_interval: must be at least 1, got {a.sync_interval}")
     _check(a.publish_interval >= 1, f"agent.publish_interval: must be at least 1, got {a.publish_interval}")
     _check(r.max_seconds is None or r.max_seconds > 0, f"run.max_seconds: must be > 0, got {r.max_seconds}")
     _check(r.metrics_interval_s > 0, f"run.metrics_interval_s: must be > 0, got {r.metrics_interval_s}")
     _check(r.checkpoint_every is None or r.checkpoint_every >= 1,
            f"run.checkpoint_every: must be at least 1, got {r.checkpoint_every}")
+    _check(r.checkpoint_interval_s is None or r.checkpoint_interval_s > 0,
+           f"run.checkpoint_interval_s: must be > 0 (or null), got {r.checkpoint_interval_s}")
+    _check(r.keep_checkpoints >= 1, f"run.keep_checkpoints: must be at least 1, got {r.keep_checkpoints}")
+    _check(r.snapshot_interval_s > 0, f"run.snapshot_interval_s: must be > 0, got {r.snapshot_interval_s}")
     _check(r.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
            f"run.log_level: expected DEBUG, INFO, WARNING or ERROR, got {r.log_level!r}")
 
@@ -395,4 +451,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     cfg.model = _coerce(model_raw, algo.model_config, "model")
     validate(cfg)
     algo.validate(cfg)
+    if algo.is_synchronous(cfg):
+        check_synchronous(cfg)
     return cfg
+
+
+def check_synchronous(cfg: Config) -> None:
+    """Synchronous algorithms aggregate one rollout per actor per iteration: no replay to rate
+    limit, and a barrier that counts every actor (so no restarts)."""
+    _check(cfg.agent.samples_per_insert is None,
+           f"agent.samples_per_insert: {cfg.algo} is synchronous (one rollout per actor per iteration, "
+           "no replay), so there is nothing to rate limit; remove it")
+    _check(cfg.cluster.max_restarts == 0,
+           f"cluster.max_restarts: {cfg.algo} is synchronous; its iteration barrier cannot take a "
+           "restarted actor back, so restarts are for asynchronous algorithms only (set it to 0)")

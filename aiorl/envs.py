@@ -36,13 +36,18 @@ def make_env(env_cfg: EnvConfig, evaluation: bool = False) -> gym.Env:
         kwargs = dict(env_cfg.kwargs)
         if env_cfg.max_episode_steps is not None:
             kwargs["max_episode_steps"] = env_cfg.max_episode_steps
-        try:
-            env = gym.make(env_cfg.id, **kwargs)
-        except gym.error.Error as exc:
-            raise ConfigError(f"env.id: Gymnasium cannot make {env_cfg.id!r}: {exc}") from None
-        except TypeError as exc:
-            raise ConfigError(f"env.kwargs: {env_cfg.id!r} rejected {kwargs}: {exc}") from None
+        env = gym_make(env_cfg.id, kwargs)
     return apply_wrappers(env, env_cfg.wrappers)
+
+
+def gym_make(env_id: str, kwargs: dict) -> gym.Env:
+    """`gym.make`, with what it refuses turned into a config error naming the key."""
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.Error as exc:
+        raise ConfigError(f"env.id: Gymnasium cannot make {env_id!r}: {exc}") from None
+    except TypeError as exc:
+        raise ConfigError(f"env.kwargs: {env_id!r} rejected {kwargs}: {exc}") from None
 
 
 def env_spec(env_cfg: EnvConfig) -> EnvSpec:

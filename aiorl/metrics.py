@@ -7,10 +7,11 @@ coordinator folds them into one row every ``run.metrics_interval_s``.
 Keys of a row (stable; counters are monotonic):
 
 ==========================  ===========================================================
-time_s                      seconds since the coordinator started (monotonic)
+time_s                      seconds since the run started (a resumed run goes on from its checkpoint's)
+attempt                     launch of the run that wrote the row (1, then one more per --resume)
 phase                       STARTING, RUNNING, STOPPING, DRAINING, CLOSING, EXITED
-env_steps                   env steps taken by all actors (exact; monotonic)
-learner_steps               learner steps of all learners (exact; monotonic)
+env_steps                   env steps taken by all actors (exact; monotonic within a launch)
+learner_steps               learner steps of all learners (exact; monotonic within a launch)
 episodes                    episodes finished by all actors (monotonic)
 env_steps_per_s             env steps per second since the previous row
 learner_steps_per_s         learner steps per second since the previous row
@@ -23,6 +24,9 @@ replay_fill                 replay_size / total capacity
 insert_per_s, sample_per_s  transitions inserted into / sampled from replay per second
 samples_per_insert          sampled / inserted transitions since the start
 learner_wait_fraction       share of learner time spent waiting for batches
+actor_blocked_s             seconds actors spent waiting for the rate limiter's credits (all actors)
+sample_blocked_s            seconds learners' requests waited on the rate limiter (all memories)
+restarts                    role restarts so far (cluster.max_restarts)
 learner/<name>              an algorithm metric (e.g. learner/loss), mean over learners
 actor_idle_fraction         mean over actors of the share of their loop's wall time spent waiting
                             (credits, writes, barriers, weights), as each actor measures it
@@ -46,17 +50,18 @@ from pathlib import Path
 log = logging.getLogger("aiorl.metrics")
 
 ROW_KEYS = (
-    "time_s", "phase", "env_steps", "learner_steps", "episodes", "env_steps_per_s", "learner_steps_per_s",
+    "time_s", "attempt", "phase", "env_steps", "learner_steps", "episodes", "env_steps_per_s", "learner_steps_per_s",
     "return_mean_100", "episode_length_mean_100", "weights_version", "weights_lag_max", "replay_size",
     "replay_fill", "insert_per_s", "sample_per_s", "samples_per_insert", "learner_wait_fraction",
-    "actor_idle_fraction", "loop_lag_max_s", "rss_bytes", "roles_alive", "roles_late", "roles_lost",
+    "actor_blocked_s", "sample_blocked_s", "restarts", "actor_idle_fraction",
+    "loop_lag_max_s", "rss_bytes", "roles_alive", "roles_late", "roles_lost",
 )
 
 
 class MetricsWriter:
     """Appends rows to ``metrics.jsonl``; mirrors numbers to TensorBoard when it is installed."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, purge_step: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.file = open(self.path, "a", buffering=1)
         self.tb = None
@@ -64,7 +69,8 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+                # A resumed run: TensorBoard hides the earlier launch's events past the checkpoint.
+                self.tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"), purge_step=purge_step)
             except ImportError:
                 log.info("TensorBoard is not installed (pip install 'aiorl[tb]'): metrics go to "
                          "metrics.jsonl only")

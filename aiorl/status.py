@@ -3,7 +3,9 @@
 TARGET is a run directory (the coordinator's address is recorded in its
 ``coordinator.json``) or ``host:port``. The cluster token comes from
 ``AIORL_TOKEN``, ``--token-file`` or the run directory's ``token``. A finished
-run's directory gives its final summary instead.
+run's directory gives its final summary instead, but only a summary its
+latest launch wrote (``run.json`` names it): an earlier launch's is never
+shown as this one's result.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 from aiorl.config import connect_host
+from aiorl.rundir import latest_launch_id, read_json
 from aiorl.wire import ConnectionClosed, WireError, connect, load_token
 
 
@@ -53,7 +56,8 @@ def render(status: dict) -> str:
         + (f"  (stopping: {status['stop_reason']})" if status.get("stop_reason") else ""),
         f"env_steps {status['env_steps']}  learner_steps {status['learner_steps']}  "
         f"episodes {status['episodes']}  return_mean_100 {status.get('return_mean_100')}  "
-        f"weights_version {status.get('weights_version')}",
+        f"weights_version {status.get('weights_version')}  attempt {status.get('attempt', 1)}  "
+        f"restarts {status.get('restarts', 0)}",
         f"{'role':<12} {'status':<9} {'pid':>8} {'heartbeat':>10}  counters",
     ]
     for name, role in status["roles"].items():
@@ -75,15 +79,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         status = asyncio.run(fetch_status(host, port, token, args.timeout))
         status["live"] = True
     except (OSError, TimeoutError, ConnectionClosed, WireError) as exc:
-        summary = run_dir / "summary.json" if run_dir is not None else None
-        if summary is None or not summary.exists():
+        final = read_json(run_dir / "summary.json") if run_dir is not None else None
+        latest = latest_launch_id(run_dir) if run_dir is not None else None
+        if final is not None and latest is not None and final.get("launch_id") != latest:
+            print(f"aiorl status: cannot reach the coordinator at {host}:{port} ({exc}), and the latest launch "
+                  f"of {run_dir} wrote no summary: it did not finish (the summary there is an earlier "
+                  f"launch's, attempt {final.get('attempt')})", file=sys.stderr)
+            return 1
+        if final is None:
             print(f"aiorl status: cannot reach the coordinator at {host}:{port}: {exc}", file=sys.stderr)
             return 1
-        final = json.loads(summary.read_text())
         if args.json:
             print(json.dumps({"live": False, **final}))
         else:
-            print(f"run finished ({'ok' if final['ok'] else 'FAILED'}): {final.get('stop_reason')}")
+            print(f"run {final.get('outcome', 'finished')} ({'ok' if final['ok'] else 'FAILED'}): "
+                  f"{final.get('stop_detail') or final.get('stop_reason')}")
             print(f"env_steps {final['env_steps']}  learner_steps {final['learner_steps']}  "
                   f"episodes {final['episodes']}  return_mean_100 {final.get('return_mean_100')}")
             for name, role in final["roles"].items():

@@ -34,6 +34,14 @@ invocation is the first evaluation (the untrained policy).
     python bench/learning.py compare examples/impala_cartpole.yaml examples/dppo_cartpole.yaml --seeds 0 1 2 \
         --threshold 475 --eval-episodes 20 --stop-at-threshold
     python bench/learning.py harness examples/apex_ddpg_pendulum.yaml --threshold -200 --max-env-steps 40000
+
+``run --versus KEY=VALUE`` (repeatable) runs the config a second time with
+those overrides too, alternating ``--pairs`` times, and prints the ratio of
+the variant's time to threshold to the reference's (medians over the pairs),
+e.g. what the rate limiter does:
+
+    python bench/learning.py run examples/apex_dqn_cartpole.yaml --threshold 475 --stop-at-threshold \
+        --versus agent.samples_per_insert=8 --pairs 2
 """
 from __future__ import annotations
 
@@ -51,6 +59,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from aiorl.checkpoint import CheckpointError  # noqa: E402
 from aiorl.config import Config, load_config  # noqa: E402
 from aiorl.envs import EnvRunner  # noqa: E402
 from aiorl.evaluate import load_policy, run_episodes  # noqa: E402
@@ -86,11 +95,13 @@ class CheckpointEvaluator:
         self.core = self.algo.make_learner(0, 1, 0)
 
     def __call__(self, path: Path, episodes: int) -> tuple[dict, dict]:
-        counters = self.core.load_checkpoint(str(path))
+        counters = self.load(path)
         return counters, evaluate_core(self.algo, self.core, episodes)
 
     def load(self, path: Path) -> dict:
-        return self.core.load_checkpoint(str(path))
+        """Restore `path` into the core; its meta, with the on-policy cores' env steps trained on."""
+        meta = self.core.load_checkpoint(str(path))
+        return {**meta, "env_steps_trained": getattr(self.core, "env_steps_trained", 0)}
 
     def evaluate(self, episodes: int) -> dict:
         return evaluate_core(self.algo, self.core, episodes)
@@ -201,25 +212,26 @@ def env_steps_at(metrics_path: Path, learner_steps: int) -> int | None:
 
 
 def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
-    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="aiorl-bench-"))
+    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="aiorl-bench-")) / "run"
     sets = [*overrides, f"run.dir={run_dir}", f"run.checkpoint_every={args.checkpoint_every}"]
     grid = None
     base = load_config(cfg_path, overrides)
     algo_cls = get_algorithm(base.algo)
     if algo_cls.is_synchronous(base):
         grid = args.eval_every_env_steps
-        sets += ["run.checkpoint_every=1", "model.keep_checkpoints=1000000"]
+        sets += ["run.checkpoint_every=1", "run.keep_checkpoints=1000000"]
     elif algo_cls.fragment_queue(base) is not None:
         grid = args.eval_every_env_steps
         per_step = base.agent.batch_size * base.cluster.learners  # env steps trained on per learner step
-        sets += [f"run.checkpoint_every={max(1, grid // (5 * per_step))}", "model.keep_checkpoints=1000000"]
+        sets += [f"run.checkpoint_every={max(1, grid // (5 * per_step))}", "run.keep_checkpoints=1000000"]
     cfg = load_config(cfg_path, sets)
     command = [sys.executable, "-m", "aiorl", "run", cfg_path, "--quiet", *sum((["--set", s] for s in sets), [])]
     log(f"$ {' '.join(command)}")
     t0 = time.perf_counter()
     launched = time.time()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    stdout = open(run_dir / "aiorl-run.log", "w")
+    # Beside the run directory, not in it: `aiorl run` takes only an empty or new directory.
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    stdout = open(run_dir.with_name(run_dir.name + "-aiorl-run.log"), "w")
     proc = subprocess.Popen(command, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT)
     evaluator = CheckpointEvaluator(cfg)
     seen: set[str] = set()
@@ -238,8 +250,8 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
                     seen.add(path.name)
                     try:
                         counters = evaluator.load(path)
-                    except (OSError, EOFError, RuntimeError):
-                        continue  # half-written under us
+                    except (OSError, EOFError, RuntimeError, CheckpointError):
+                        continue  # pruned under us
                     if int(counters.get("env_steps_trained", 0)) >= next_grid:
                         picked = path
                         break
@@ -270,8 +282,8 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
                 seconds = time.perf_counter() - t0
                 try:
                     counters, result = evaluator(path, args.eval_episodes)
-                except (OSError, EOFError, RuntimeError):
-                    continue  # pruned or half-written under us: take the next one
+                except (OSError, EOFError, RuntimeError, CheckpointError):
+                    continue  # pruned under us: take the next one
                 # Checkpoints count learner 0's steps; the run's counter sums every learner's.
                 learner_steps = int(counters.get("learner_steps", 0)) * cfg.cluster.learners
                 row = {"checkpoint": path.name, "learner_steps": learner_steps,
@@ -401,6 +413,37 @@ def report(result: dict) -> None:
             f" ({result['stop_reason']})")
 
 
+def versus(args) -> int:
+    """``run --versus``: reference and variant runs, alternating; median seconds (and env steps) to the threshold."""
+    if args.threshold is None or args.run_dir:
+        raise SystemExit("--versus needs --threshold (and no --run-dir: each run gets its own)")
+    runs = {"reference": [], "variant": []}
+    for pair in range(args.pairs):
+        for name, sets in (("reference", args.set), ("variant", [*args.set, *args.versus])):
+            log(f"--- pair {pair + 1}/{args.pairs}: {name} {' '.join(sets)}")
+            result = through_runtime(args.config, sets, args)
+            report(result)
+            runs[name].append(result)
+
+    def median(name, key):
+        """Median over the runs that reached the threshold (a run that did not counts as never)."""
+        values = [r["reached"][key] for r in runs[name] if r["reached"] and r["reached"][key] is not None]
+        return float(np.median(values)) if values else None
+
+    reached = {name: sum(bool(r["reached"]) for r in rs) for name, rs in runs.items()}
+    lines = {}
+    for key in ("seconds", "env_steps", "learner_steps"):
+        ref, var = median("reference", key), median("variant", key)
+        lines[key] = {"reference": ref, "variant": var, "ratio": None if not (ref and var) else round(var / ref, 3)}
+    log(f"time to threshold {args.threshold}, medians of the runs that reached it (reference {reached['reference']}"
+        f"/{args.pairs}, variant {reached['variant']}/{args.pairs}): " + "; ".join(
+            f"{k} {v['reference']} -> {v['variant']} ({v['ratio']}x)" for k, v in lines.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"versus": args.versus, "medians": lines, "reached": reached, "runs": runs},
+                                              indent=1, default=str))
+    return 0 if all(r["reached"] for rs in runs.values() for r in rs) else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -429,6 +472,10 @@ def main(argv=None) -> int:
         r.add_argument("--budget-s", type=float, default=1800.0, help="interrupt the run after this many seconds")
         r.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
         r.add_argument("--run-dir", help="run directory (default: a fresh temporary one)")
+    r = sub.choices["run"]
+    r.add_argument("--versus", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="also run with these overrides and compare times to threshold; repeatable")
+    r.add_argument("--pairs", type=int, default=1, help="with --versus: alternating (reference, variant) pairs")
     args = parser.parse_args(argv)
     if args.mode == "compare":
         result = compare(args)
@@ -437,6 +484,8 @@ def main(argv=None) -> int:
         return 0 if all(row["reached"] == row["seeds"] for row in result["summary"]) else 1
     if args.mode == "harness":
         result = harness(load_config(args.config, args.set), args)
+    elif args.versus:
+        return versus(args)
     else:
         result = through_runtime(args.config, args.set, args)
     report(result)

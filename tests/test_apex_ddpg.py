@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from aiorl import checkpoint
 from aiorl.algos._networks import Critic, parse_network, split_at_flat
 from aiorl.algos.apex_ddpg import GaussianNoise, OUNoise, n_step_critic_target
 from aiorl.config import ConfigError
@@ -118,10 +119,10 @@ def test_checkpoint_contents_and_restore(tmp_path):
     rows, _ = actor.postprocess(pendulum_rollout([-1.0] * 6, truncated_at=5))
     learner.step(replay_batch(rows))
     path = learner.save_checkpoint(str(tmp_path), {"learner_steps": 1})
-    state = torch.load(path, weights_only=False)
+    meta, state = checkpoint.load(path)
     assert {"actor", "critic", "actor_target", "critic_target", "actor_optimizer", "critic_optimizer",
-            "counters", "config"} <= set(state)
-    assert state["counters"]["learner_steps"] == 1 and state["actor_optimizer"]["state"]
+            "learner_steps", "torch_rng"} <= set(state)
+    assert meta["learner_steps"] == 1 and state["learner_steps"] == 1 and state["actor_optimizer"]["state"]
     fresh = algo.make_learner(0, 1, seed=5)
     fresh.load_checkpoint(path)
     for name in ("actor", "critic", "actor_target", "critic_target"):
@@ -183,3 +184,17 @@ def test_config_errors(env, model, message):
 def test_validation_happens_at_load_time():
     with pytest.raises(ConfigError, match=r"model.actor_network\[0\]: unknown layer"):
         make_config("apex_ddpg", "Pendulum-v1", {"actor_network": ["relux"]})
+
+
+def test_an_action_dimension_of_zero_width_is_a_config_error():
+    """low == high would rescale by 0/0: NaN actions. Refused, naming the dimension."""
+    from aiorl.algos.apex_ddpg import ApexDDPG
+    from aiorl.envs import EnvSpec
+
+    cfg = make_config("apex_ddpg", "Pendulum-v1", {})
+    space = gym.spaces.Box(np.array([-2.0, 0.5, -1.0], np.float32), np.array([2.0, 0.5, 1.0], np.float32))
+    spec = EnvSpec("Fixed-v0", gym.spaces.Box(-1, 1, (3,), np.float32), space, 200)
+    with pytest.raises(ConfigError, match=r"low == high in dimension\(s\) \[1\]"):
+        ApexDDPG(cfg, spec)
+    # The same space with a real range in every dimension is fine.
+    ApexDDPG(cfg, EnvSpec("Ok-v0", spec.observation_space, gym.spaces.Box(-1, 1, (3,), np.float32), 200))

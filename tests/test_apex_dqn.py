@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from aiorl.algos._common import list_checkpoints, td_loss
+from aiorl import checkpoint
+from aiorl.algos._common import td_loss
 from aiorl.algos._networks import DuelingHead
 from aiorl.algos.apex_dqn import actor_epsilon, n_step_q_target
 from aiorl.config import ConfigError
@@ -131,7 +132,40 @@ def test_per_actor_epsilon():
     assert actor_epsilon(3, 8, 0.4, 7.0) == pytest.approx(0.4 ** (1 + 7.0 * 3 / 7))
     assert actor_epsilon(7, 8, 0.4, 7.0) == pytest.approx(0.4 ** 8)
     algo = make_algo("apex_dqn", "CartPole-v1", {"exploration_eps": 0.5, "exploration_alpha": 3.0})
-    assert algo.make_actor(1, 3, seed=0).epsilon == pytest.approx(0.5 ** (1 + 3.0 * 1 / 2))
+    assert algo.make_actor(1, 3, seed=0).epsilons == pytest.approx([0.5 ** (1 + 3.0 * 1 / 2)])
+
+
+def test_epsilons_spread_over_every_env_slot():
+    """One actor with 8 envs explores like 8 actors; 2 x 4 gives the same 8 epsilons."""
+    model = {"exploration_eps": 0.4, "exploration_alpha": 7.0}
+    one = make_algo("apex_dqn", "CartPole-v1", model, env={"num_envs": 8}).make_actor(0, 1, seed=0)
+    assert one.epsilons == pytest.approx([0.4 ** (1 + 7.0 * j / 7) for j in range(8)])
+    algo = make_algo("apex_dqn", "CartPole-v1", model, env={"num_envs": 4})
+    two = np.concatenate([algo.make_actor(i, 2, seed=0).epsilons for i in range(2)])
+    assert two == pytest.approx(one.epsilons)
+    single = make_algo("apex_dqn", "CartPole-v1", model).make_actor(0, 1, seed=0)
+    assert single.epsilons == pytest.approx([0.4])  # one slot: the base epsilon
+
+
+def test_each_row_keeps_the_epsilon_of_the_env_that_acted():
+    algo = make_algo("apex_dqn", "CartPole-v1", {"n_step": 3}, env={"num_envs": 3})
+    assert algo.transition_spec()["epsilon"] == ((), "<f4")
+    actor = algo.make_actor(0, 1, seed=0)
+    runner = EnvRunner(algo.cfg.env, 3, seed=0)
+    rows = []
+    for _ in range(4):
+        rollout = runner.rollout(actor.act, 5)
+        batch, priorities = actor.postprocess(rollout)
+        rows.append(batch)
+    rows.append(actor.flush()[0])
+    runner.close()
+    epsilon = np.concatenate([b["epsilon"] for b in rows])
+    action = np.concatenate([b["action"] for b in rows])
+    assert len(epsilon) == 4 * 5 * 3  # every step of every env, once
+    assert action.dtype == np.int64 and set(np.unique(action)) <= {0, 1}
+    # Each env contributed its 20 steps, each with that env's epsilon.
+    values, counts = np.unique(epsilon, return_counts=True)
+    assert values == pytest.approx(np.sort(actor.epsilons.astype(np.float32))) and counts.tolist() == [20] * 3
 
 
 @pytest.mark.parametrize("eps, greedy_share", [(0.0, 1.0), (1.0, 0.5)])
@@ -172,26 +206,33 @@ def test_nan_loss_raises_saying_so():
 
 
 def test_checkpoint_contents_and_restore(tmp_path):
-    algo = make_algo("apex_dqn", "CartPole-v1", {"keep_checkpoints": 2, "sync_target_frequency": 1000})
+    algo = make_algo("apex_dqn", "CartPole-v1", {"sync_target_frequency": 1000})
     actor, learner = algo.make_actor(0, 1, seed=0), algo.make_learner(0, 1, seed=0)
     rows, _ = actor.postprocess(episode_rollout([1.0] * 8, terminated_at=7))
     for _ in range(3):
         learner.step(replay_batch(rows))
-    paths = [learner.save_checkpoint(str(tmp_path), {"learner_steps": s}) for s in (1, 2, 3)]
-    assert [p.name for p in list_checkpoints(str(tmp_path))] == ["checkpoint-000000002.pt",
-                                                                  "checkpoint-000000003.pt"]
-    state = torch.load(paths[-1], weights_only=False)
-    assert {"algo", "model", "target", "optimizer", "counters", "config"} <= set(state)
-    assert state["algo"] == "apex_dqn" and state["counters"]["learner_steps"] == 3
+    paths = [learner.save_checkpoint(str(tmp_path), {"learner_steps": s}, keep=2) for s in (1, 2, 3)]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["checkpoint-000000002.pt",
+                                                                      "checkpoint-000000003.pt"]
+    meta, state = checkpoint.load(paths[-1])  # torch.load(weights_only=True) inside
+    assert {"algo", "model", "target", "optimizer", "learner_steps", "torch_rng"} <= set(state)
+    assert state["algo"] == "apex_dqn" and state["learner_steps"] == 3 and meta["learner_steps"] == 3
     assert state["optimizer"]["state"], "Adam moments are saved"
     # model and target differ: no target sync happened in 3 steps
     assert any(not torch.equal(state["model"][k], state["target"][k]) for k in state["model"])
+    torch.rand(5)  # move the global generator on; loading must put it back
     fresh = algo.make_learner(0, 1, seed=99)
-    counters = fresh.load_checkpoint(paths[-1])
-    assert counters["learner_steps"] == 3 and fresh.learner_steps == 3
+    meta = fresh.load_checkpoint(paths[-1])
+    assert meta["learner_steps"] == 3 and fresh.learner_steps == 3
+    assert torch.equal(torch.get_rng_state(), state["torch_rng"])
     for k, v in learner.online.state_dict().items():
         assert torch.equal(fresh.online.state_dict()[k], v)
         assert torch.equal(fresh.target.state_dict()[k], learner.target.state_dict()[k])
+    # The restored learner continues exactly: same optimizer moments, so the same next step.
+    a, b = learner.step(replay_batch(rows)), fresh.step(replay_batch(rows))
+    assert np.array_equal(a.priorities, b.priorities)
+    for k, v in learner.online.state_dict().items():
+        assert torch.equal(fresh.online.state_dict()[k], v)
 
 
 def test_hard_and_soft_target_updates():

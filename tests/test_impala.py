@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from aiorl import checkpoint
 from aiorl.algos.impala import impala_loss
 from aiorl.config import ConfigError, load_config
 from aiorl.envs import EnvRunner
@@ -116,11 +117,18 @@ def test_learner_step_checkpoint_and_export(tmp_path):
     assert any(not np.array_equal(before[k], after[k]) for k in before)
     assert learner.env_steps_trained == E * T and learner.iterations == 1
     path = learner.save_checkpoint(str(tmp_path / "ckpt"), {"learner_steps": 1})
+    assert checkpoint.load(path)[1]["algo"] == "impala"  # plain tensors and numbers (weights_only=True)
     other = algo.make_learner(0, 1, seed=7)
-    counters = other.load_checkpoint(path)
-    assert counters["env_steps_trained"] == E * T
+    meta = other.load_checkpoint(path)
+    assert meta["learner_steps"] == 1 and other.env_steps_trained == E * T and other.iterations == 1
     for k, v in learner.get_weights().items():
         np.testing.assert_array_equal(other.get_weights()[k], v)
+    # The optimizer goes on where it was: the next step is the same on both.
+    batch = {**fragments, "weights_version": np.zeros(E, np.int64)}
+    learner.step(batch)
+    other.step(batch)
+    for k, v in learner.get_weights().items():
+        np.testing.assert_allclose(other.get_weights()[k], v, rtol=1e-6, atol=1e-7)
     exported = torch.jit.load(learner.export_policy(str(tmp_path / "policy")))
     obs = torch.as_tensor(fragments["obs"].reshape(E * T, -1))
     with torch.no_grad():
@@ -136,7 +144,7 @@ def test_learner_step_checkpoint_and_export(tmp_path):
     ({"model": {"rho_bar": 0}}, r"model.rho_bar: must be > 0"),
     ({"model": {"max_policy_lag": -1}}, r"model.max_policy_lag: must be >= 0"),
     ({"model": {"optimizer": "sgd"}}, r"model.optimizer: expected 'rmsprop' or 'adam', got 'sgd'"),
-    ({"agent": {"max_samples_per_insert": 1.0}}, r"impala trains on each fragment once"),
+    ({"agent": {"samples_per_insert": 1.0}}, r"impala trains on each fragment once"),
     ({"model": {"lr_annealing": True}}, r"anneals over agent.scheduled_timesteps"),
 ])
 def test_config_refusals(override, match):
@@ -171,3 +179,26 @@ def test_idle_clock_counts_finished_waits_and_the_one_in_progress(monkeypatch):
     clock.stop()
     now[0] = 40.0
     assert clock.fraction() == pytest.approx(13 / 20) and clock.wall_s == 20.0
+
+
+@pytest.mark.parametrize("steps", [1, T])
+def test_a_fragment_message_a_batch_of_fragments_and_the_weights_fit_their_frame_limits(steps):
+    """What each IMPALA connection carries fits the limits the wire holds it to, also for
+    fragments of one step (as many fragments as rows, each with its origin)."""
+    from aiorl.replay.trajectory_queue import TrajectoryQueue
+    from aiorl.runtime import frame_limits
+    from test_frame_limits import fits
+
+    per_batch = 128  # fragments: well over the floor every limit has (4 KiB)
+    cfg = load_config(data={"algo": "impala", "env": {"id": "CartPole-v1", "num_envs": E},
+                            "agent": {"sample_batch_size": steps, "batch_size": per_batch * steps},
+                            "model": {"network": ["linear:16", "tanh"], "queue_capacity": per_batch + E}})
+    algo, _, learner, _, message, _ = rollout_fragments(cfg, steps=steps)
+    assert fits(message, frame_limits.actor_to_memory(cfg, algo))
+    queue = TrajectoryQueue(per_batch + E, algo.transition_spec(), steps)
+    while len(queue) < per_batch:
+        queue.push(message, version=len(queue), actor=0)
+    batch = queue.take(per_batch)
+    assert fits(batch, frame_limits.memory_to_learner(cfg, algo))
+    assert fits(learner.get_weights(), frame_limits.to_coordinator("learner-0", algo))
+    assert fits(learner.get_weights(), frame_limits.from_coordinator(algo))

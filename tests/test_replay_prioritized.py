@@ -228,3 +228,30 @@ def test_matches_reference(capacity, alpha, ops, seed):
             assert buf.update_priorities(got["indices"], priorities, got["generations"]) == \
                 oracle.update_priorities(want["indices"], priorities, want["generations"])
         assert buf.tree.total == oracle.tree.total and buf.max_priority == oracle.max_priority
+
+
+def test_huge_priorities_are_clipped_to_max_priority():
+    """One absurd |TD| (1e300) must not pin the running max that new rows get."""
+    from aiorl.replay import MAX_PRIORITY
+
+    assert MAX_PRIORITY == reference.MAX_PRIORITY == 1e8
+    alpha, eps = 0.6, 1e-6
+    buf = PrioritizedReplayBuffer(8, SPEC, alpha=alpha, eps=eps, seed=0)
+    oracle = reference.PrioritizedReplayBuffer(8, SPEC, alpha=alpha, eps=eps, seed=0)
+    priorities = [1e300, 1e9, MAX_PRIORITY, 5.0]
+    np.testing.assert_array_equal(buf.add(make_batch(4), priorities), oracle.add(make_batch(4), priorities))
+    top = oracle.max_priority
+    np.testing.assert_allclose(top, (MAX_PRIORITY + eps) ** alpha, rtol=1e-15)
+    assert buf.max_priority == top
+    np.testing.assert_array_equal(buf.tree.get(np.arange(4)), oracle.tree.get(np.arange(4)))
+    assert buf.tree.get([0, 1, 2]).tolist() == [top] * 3
+    buf.add(make_batch(1, 4))  # a new row gets the (clipped) max: as likely as any clipped row
+    assert buf.tree.get([4])[0] == top
+    assert buf.update_priorities([3], [1e200]) == 0 and buf.tree.get([3])[0] == top
+    assert np.isfinite(buf.tree.total)
+
+
+def test_an_alpha_that_could_overflow_the_total_is_refused():
+    with pytest.raises(ValueError, match="alpha 40.0 is too large"):
+        PrioritizedReplayBuffer(1000, SPEC, alpha=40.0)
+    PrioritizedReplayBuffer(1000, SPEC, alpha=2.0)  # (1e8)**2 * 1000 is fine

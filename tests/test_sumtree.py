@@ -172,3 +172,19 @@ def test_bad_arguments():
         tree.sample(0, np.random.default_rng(0))
     with pytest.raises(ValueError, match=r"indices\[0\] = 4 is out of range"):
         tree.get([4])
+
+
+@pytest.mark.parametrize("capacity", [2, 9, 4096])
+def test_finite_values_whose_sum_overflows_are_refused_untouched(capacity):
+    """Every leaf finite but the total inf: each draw would then land on the same leaf."""
+    tree = SumTree(capacity)
+    tree.update([0, 1], [1.0, 3.0])
+    before = (tree.total, tree.min, tree.get(np.arange(capacity)).tolist())
+    big = np.finfo(np.float64).max / 2
+    with pytest.raises(ValueError, match="would make the total inf.*nothing was written"):
+        tree.update([0, capacity - 1, 0], [big, big * 1.5, big * 1.5])  # with a duplicate
+    assert (tree.total, tree.min, tree.get(np.arange(capacity)).tolist()) == before
+    tree.update([capacity - 1], [big])  # alone it fits
+    assert np.isfinite(tree.total)
+    counts = np.bincount(tree.sample(64, np.random.default_rng(0)), minlength=capacity)
+    assert counts[capacity - 1] == 64

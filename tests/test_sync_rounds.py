@@ -113,3 +113,62 @@ def test_work_queue_hands_out_each_item_once_and_a_lost_workers_items_go_first()
     assert q.take("a") == 0 and q.leases == {0: "a"} and q.finished == 0
     with pytest.raises(ValueError):
         q.start(1)
+
+
+# --------------------------------------------------------------------------
+# The learner's side of the end of a run
+
+
+class ScriptedMemory:
+    """Answers each credit of a learner the way a memory's sync sampler would, from a
+    script of ``{iteration: rows | None (an empty share)}``; any other iteration: the end."""
+
+    def __init__(self, m, learner, script):
+        self.m, self.learner, self.script, self.asked = m, learner, script, []
+
+    async def send(self, kind, meta, arrays=None):
+        from aiorl.runtime.learner import _END
+        from aiorl.wire.message import Message
+
+        assert kind == "credit"
+        it = meta["iteration"]
+        self.asked.append(it)
+        if it not in self.script:
+            self.learner.queue.put_nowait((self.m, _END))
+            return
+        part = self.script[it]
+        self.learner.queue.put_nowait((self.m, Message(
+            "samples", {"iteration": it, "empty": part is None, "versions": [it, it]},
+            {} if part is None else rows(it, part))))
+
+
+async def test_a_learner_asks_on_until_every_memory_ended_when_one_ends_first(tmp_path):
+    """Memory 1 ends at iteration 1 while memory 0 still holds rounds (data for 1, a final
+    empty 2): the learner discards iteration 1 and keeps asking memory 0 until its end,
+    instead of waiting for an end that memory 0 only sends when asked."""
+    import asyncio
+
+    from aiorl.config import load_config
+    from aiorl.runtime.algorithm import LearnerResult
+    from aiorl.runtime.learner import LearnerRole
+
+    cfg = load_config(data={"algo": "random_agent", "cluster": {"memories": 2, "learners": 2},
+                            "model": {"synchronous": True}})
+    learner = LearnerRole(cfg, 1, tmp_path, b"t" * 32)  # not learner 0: it publishes nothing
+
+    class Core:
+        steps = []
+
+        def step(self, batch):
+            self.steps.append(batch["x"].tolist())
+            return LearnerResult()
+
+        def get_weights(self):
+            return {}
+
+    learner.core = Core()
+    learner.per_memory = [{"batches": 0} for _ in range(2)]
+    learner.memories = [ScriptedMemory(0, learner, {0: 2, 1: 2, 2: None}), ScriptedMemory(1, learner, {0: 1})]
+    await asyncio.wait_for(learner._sync_loop(), 10)
+    assert Core.steps == [[0, 0, 0]]  # iteration 0 from both memories; iteration 1 discarded whole
+    assert learner.memories[0].asked == [0, 1, 2, 3] and learner.memories[1].asked == [0, 1]

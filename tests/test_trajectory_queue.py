@@ -1,12 +1,11 @@
-"""The trajectory queue (whole fragments, FIFO, bounded, fresh batches), the actors' credit gate
-and the memory's fragment hub, without sockets."""
-import asyncio
-
+"""The trajectory queue (whole fragments, FIFO, bounded, fresh batches), the room it gives the
+memory's actor credits, and the memory's fragment hub, without sockets."""
 import numpy as np
 import pytest
 
 from aiorl.replay.trajectory_queue import QueueFull, QueueSpec, TrajectoryQueue
-from aiorl.runtime.fragments import ActorCredits, CreditGate, FragmentHub, LagMeter
+from aiorl.runtime.fragments import FragmentHub, LagMeter, QueueRoom
+from aiorl.runtime.messages import BadMessage, check
 
 SPEC = {"obs": ((3,), "<f4"), "action": ((), "<i8"), "terminated": ((), "|b1")}
 T = 4
@@ -96,36 +95,33 @@ def test_push_is_checked_whole_before_anything_changes():
         q.take(3)
 
 
-def test_credit_gate_throttles_in_order_and_voids_a_leaver():
-    gate = CreditGate(capacity=8, per_message=2, throttle=True, initial=2)
-    for actor in ("a", "b", "c"):
-        gate.join(actor)
-    granted = []
-    queued = 0
-    while (head := gate.head(queued)) is not None:
-        gate.grant(head)
-        granted.append(head)
-    # 8 fragments of room, 2 per message: four credits, in the order asked.
-    assert granted == ["a", "a", "b", "b"] and gate.promised() == 8
-    with pytest.raises(ValueError, match="c sent a fragment message without a credit"):
-        gate.used("c")
-    gate.used("a")  # its message is queued now: still no room
-    queued = 2
-    assert gate.head(queued) is None
-    queued = 0  # a learner took it
-    assert gate.head(queued) == "c" and gate.throttled == 0
-    gate.grant("c")
-    assert gate.throttled == 1  # that grant waited for room
-    gate.leave("b")  # b's two outstanding credits are void: room for two more
-    assert gate.head(queued) == "c"
-    gate.grant("c")
-    assert gate.head(queued) == "a"
-    with pytest.raises(RuntimeError, match="not next"):
-        gate.grant("c")
-    free = CreditGate(capacity=2, per_message=2, throttle=False, initial=3)
-    free.join("a")
-    for _ in range(3):
-        free.grant(free.head(queued=100))  # drop_oldest: credits never wait for room
+def test_queue_room_grants_credits_while_the_queue_has_room_for_them():
+    q = TrajectoryQueue(8, SPEC, T)
+    room = QueueRoom(q, per_message=2, throttle=True)
+    granted = 0
+    while granted < 10 and room.can_grant():  # (bounded: a room that never fills fails, not hangs)
+        room.grant()
+        granted += 1
+    # 8 fragments of room, 2 per message: four credits.
+    assert granted == 4 and room.reserved == 4 and room.throttled == 0
+    q.push(fragments(2), version=0, actor=0)
+    room.inserted_rows(2 * T, with_credit=True)  # its message is queued now: still no room
+    assert room.reserved == 3 and not room.can_grant()
+    q.take(2)  # a learner took it
+    assert room.can_grant()
+    room.grant()
+    assert room.throttled == 1  # that grant waited for room
+    room.release(2)  # an actor went away holding two credits: room for two more
+    for _ in range(2):
+        assert room.can_grant()
+        room.grant()
+    assert not room.can_grant() and room.reserved == 4 and room.throttled == 1
+    room.inserted_rows(2 * T, with_credit=False)
+    assert room.reserved == 4
+    free = QueueRoom(TrajectoryQueue(2, SPEC, T, "drop_oldest"), per_message=2, throttle=False)
+    for _ in range(5):  # drop_oldest: credits never wait for room
+        assert free.can_grant()
+        free.grant()
 
 
 def hub(capacity=8, full="throttle", max_lag=None, per_batch=2, envs=2):
@@ -133,25 +129,23 @@ def hub(capacity=8, full="throttle", max_lag=None, per_batch=2, envs=2):
 
 
 def test_hub_checks_messages_and_filters_lag():
+    with pytest.raises(BadMessage, match=r"fragment.weights_version must be an integer"):
+        check("fragment", {"seq": 0, "weights_version": "1"})
+    with pytest.raises(BadMessage, match=r"fragment without its 'weights_version' field"):
+        check("fragment", {"seq": 0})
+    with pytest.raises(BadMessage, match=r"credit.version must be an integer in \[-1"):
+        check("credit", {"n": 1, "version": -2})
     h = hub(max_lag=1)
-    h.gate.join("actor-0")
-    h.gate.grant("actor-0")
-    with pytest.raises(ValueError, match=r"'weights_version': expected an integer"):
-        h.ingest("actor-0", 0, {"weights_version": "1"}, fragments(2))
     with pytest.raises(ValueError, match="one fragment per env \\(2\\), got 3"):
-        h.ingest("actor-0", 0, {"weights_version": 0}, fragments(3))
-    h.ingest("actor-0", 0, {"weights_version": 0}, fragments(2))
-    with pytest.raises(ValueError, match="without a credit"):
-        h.ingest("actor-0", 0, {"weights_version": 0}, fragments(2))
+        h.ingest(0, 0, fragments(3))
+    h.ingest(0, 0, fragments(2))
     h.saw_version(1)
     assert len(h.queue) == 2  # lag 1: kept
     h.saw_version(2)
     assert len(h.queue) == 0 and h.queue.dropped_lag == 2
-    h.gate.grant("actor-0")
-    h.ingest("actor-0", 0, {"weights_version": 0}, fragments(2))
+    h.ingest(0, 0, fragments(2))
     assert len(h.queue) == 0  # stale on arrival
-    h.gate.grant("actor-0")
-    h.ingest("actor-0", 0, {"weights_version": 2}, fragments(2, 5))
+    h.ingest(0, 2, fragments(2, 5))
     assert h.ready()
     batch, meta = h.take()
     assert ids(batch) == [5, 6] and meta == {"known_version": 2}
@@ -164,21 +158,6 @@ def test_lag_meter():
     lag.add(7, np.array([1]))
     assert lag.metrics() == {"policy_lag_mean": 6.0, "policy_lag_max": 6.0}
     assert lag.stats() == {"batches": 2, "fragments": 4, "mean": 2.25, "max": 6}
-
-
-async def test_actor_credits_round_robin_and_validated():
-    credits = ActorCredits(3)
-    credits.add(0, {"n": 1})
-    credits.add(2, {"n": 2})
-    assert [await credits.acquire() for _ in range(3)] == [0, 2, 2]
-    waiter = asyncio.ensure_future(credits.acquire())
-    await asyncio.sleep(0)
-    assert not waiter.done()
-    credits.add(1, {"n": 1})
-    assert await asyncio.wait_for(waiter, 5) == 1
-    for bad in ({"n": 0}, {"n": True}, {"n": 10 ** 6}, {}):
-        with pytest.raises(ValueError, match="'n'"):
-            credits.add(0, bad)
 
 
 @pytest.mark.parametrize("full, compression", [("throttle", "none"), ("drop_oldest", "lz4")])

@@ -57,9 +57,9 @@ def test_read_only_owner_file_is_fine(tmp_path):
 def test_environment_wins_over_the_file(tmp_path, monkeypatch):
     path = tmp_path / "token"
     write_token_file(path, generate_token())
-    monkeypatch.setenv(TOKEN_ENV, "  from-the-environment-0123456789\n")
-    assert load_token(path) == b"from-the-environment-0123456789"
-    assert load_token() == b"from-the-environment-0123456789"
+    monkeypatch.setenv(TOKEN_ENV, "  from-the-environment-0123456789abcdef\n")
+    assert load_token(path) == b"from-the-environment-0123456789abcdef"
+    assert load_token() == b"from-the-environment-0123456789abcdef"
 
 
 def test_missing_short_or_absent_tokens_are_clear_errors(tmp_path):
@@ -70,7 +70,7 @@ def test_missing_short_or_absent_tokens_are_clear_errors(tmp_path):
     short = tmp_path / "short"
     short.write_bytes(b"abc\n")
     os.chmod(short, 0o600)
-    with pytest.raises(TokenError, match="3 bytes, shorter than 16"):
+    with pytest.raises(TokenError, match="is 3 characters; a cluster token needs at least 32"):
         load_token(short)
     with pytest.raises(TokenError, match="not a regular file"):
         load_token(tmp_path)
@@ -101,3 +101,32 @@ def test_mac_binds_direction_nonces_names_and_version():
         mac(generate_token(), b"client", 1, cn, sn, "actor-0", "memory-0"),
     ]
     assert base not in variants and len(set(variants)) == len(variants)
+
+
+def test_tokens_shorter_than_32_characters_are_refused_with_the_requirement(tmp_path, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, "x" * 31)
+    with pytest.raises(TokenError) as info:
+        load_token()
+    message = str(info.value)
+    assert "31 characters" in message and "at least 32" in message and "\n" not in message
+    monkeypatch.setenv(TOKEN_ENV, "x" * 32)
+    assert load_token() == b"x" * 32
+    with pytest.raises(TokenError, match="at least 32"):
+        write_token_file(tmp_path / "token", b"y" * 31)
+
+
+def test_write_token_file_never_writes_through_a_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "token"
+    link.symlink_to(victim)
+    with pytest.raises(TokenError, match="symbolic link"):
+        write_token_file(link, generate_token())
+    assert victim.read_text() == "precious\n" and link.is_symlink()
+    # A dangling link is refused too (O_CREAT would otherwise create its target).
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(TokenError, match="symbolic link"):
+        write_token_file(dangling, generate_token())
+    assert not (tmp_path / "nowhere").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

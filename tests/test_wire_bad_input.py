@@ -105,7 +105,13 @@ class Arena:
 
     async def authenticated(self, name: str = "attacker"):
         """A real client whose transport the test then writes raw bytes to."""
-        conn = await connect("127.0.0.1", self.port, token=TOKEN, name=name)
+        for attempt in range(5):
+            try:
+                conn = await connect("127.0.0.1", self.port, token=TOKEN, name=name)
+                break
+            except OSError:  # on a loaded machine a handshake can outlast HANDSHAKE_TIMEOUT_S: again
+                if attempt == 4:
+                    raise
         return conn, conn._proto.transport.get_extra_info("sockname")[1]
 
 
@@ -222,13 +228,16 @@ async def test_random_bytes_before_the_handshake(arena):
 
     await run_cases(cases, attack, concurrency=24)
     assert len(ports) == 2000
-    # Everything that carried bytes was closed with a reason naming the peer.
-    for port, data in random.Random(1).sample(ports, 100):
-        if data:
-            await arena.closed_with_reason(port, "")
     async with asyncio.timeout(HANG_S):
         while len(arena.server._protocols) > 1:  # only the good client is left
             await asyncio.sleep(0.002)
+    # Every case with a bad header failed its handshake; none was refused for the caps
+    # (24 at a time stays under max_handshakes_per_host)...
+    failures = arena.server.stats["handshake_failures"]
+    assert failures > 1000 and arena.server.stats["refused_busy"] == 0
+    # ...and the log got a bounded number of lines about them, not one per connection.
+    lines = [r.getMessage() for r in arena.caplog.records if "closing connection from" in r.getMessage()]
+    assert 0 < len(lines) < failures / 10
 
 
 MUTATIONS = ("flip", "field", "truncate", "schema", "meta", "garbage", "splice")
@@ -504,6 +513,18 @@ async def test_shape_that_does_not_match_the_byte_count(arena):
         await arena.closed_with_reason(port, "arrays need 16 payload bytes, frame declares 32")
     finally:
         conn.abort()
+
+
+async def test_empty_array_of_an_impossible_shape_is_a_protocol_error(arena):
+    """[0, 2**63] holds no bytes, so it passes the byte count, but numpy cannot make it."""
+    schema = msgpack.packb(["empty", [["x", "<f4", [0, 2**63], 0, 0]]])
+    conn, port = await arena.authenticated()
+    try:
+        conn._proto.transport.write(frame(schema=schema))
+        await arena.closed_with_reason(port, "even if empty")
+    finally:
+        conn.abort()
+    assert "attacker" not in arena.recorder.messages  # and the arena checks nothing was an internal error
 
 
 @pytest.mark.parametrize("cut", [5, 31, 40, -1])

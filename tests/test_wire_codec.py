@@ -175,6 +175,8 @@ GOOD = ["x", "<f4", [2, 3], 0, 24]
     ([["", "<f4", [1], 0, 4]], "bad array name"),
     ([["x" * 300, "<f4", [1], 0, 4]], "bad array name"),
     ([["x", "<f8", [2**30, 2**30], 0, 2**63]], "more than max_payload_bytes"),
+    ([["x", "<f4", [0, 2**63], 0, 0]], "even if empty"),  # numpy cannot even make it
+    ([["x", "|u1", [0, 2**31, 2**31], 0, 0]], "even if empty"),
     ([["x", "<f4", [2, 3], 0]], "not \\[name, dtype, shape, offset, nbytes\\]"),
     ([["x"] * 1000], "not \\[name"),
     ([GOOD] * 300, "more than max_arrays"),

@@ -17,7 +17,7 @@ from aiorl.buffer_pool import BufferPool
 
 cimport cython
 cimport numpy as cnp
-from libc.math cimport isfinite
+from libc.math cimport isfinite, pow
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 from numpy.random cimport bitgen_t
@@ -37,6 +37,11 @@ POOLED_BYTES = 1 << 20
 _power = np.power
 SNAPSHOT_FORMAT = "aiorl.replay"
 SNAPSHOT_VERSION = 1
+# Priorities above this are stored as this (a |TD| of 1e8 already says "sample me first"):
+# one absurd value (1e300) would otherwise pin the running max, which new rows get,
+# far above every real priority, and a few of them overflow the tree's total.
+MAX_PRIORITY = 1e8
+cdef double _MAX_PRIORITY = MAX_PRIORITY
 cdef enum:
     # Highest row rank a field may have (a batch adds one leading dimension).
     _MAX_ROW_NDIM = 8
@@ -478,9 +483,9 @@ cdef class PrioritizedReplayBuffer(_Ring):
     """Proportional prioritized replay: `PrioritizedReplayBuffer(capacity, spec, alpha, eps=1e-6, seed=None)`.
 
     Slot i is sampled with probability P(i) = q_i / sum_j q_j where
-    q_i = (p_i + eps) ** alpha for the priority p_i >= 0 last given for it;
-    rows added without priorities get the largest q ever stored (1.0 before
-    any). `sample` is stratified (one draw per equal slice of the total mass)
+    q_i = (min(p_i, MAX_PRIORITY) + eps) ** alpha for the priority p_i >= 0
+    last given for it (MAX_PRIORITY = 1e8); rows added without priorities get
+    the largest q ever stored (1.0 before any). `sample` is stratified (one draw per equal slice of the total mass)
     and returns importance weights w_i = (N P(i)) ** -beta / max_j w_j, the
     max taken over the stored rows through the min-tree: w_i = (q_i / q_min) ** -beta.
 
@@ -498,6 +503,10 @@ cdef class PrioritizedReplayBuffer(_Ring):
             raise ValueError(f"PrioritizedReplayBuffer: alpha must be finite and >= 0, got {alpha!r}")
         if not (isfinite(eps) and eps > 0.0):
             raise ValueError(f"PrioritizedReplayBuffer: eps must be finite and > 0, got {eps!r}")
+        if not isfinite(capacity * pow(_MAX_PRIORITY + eps, alpha)):
+            # Then no sequence of valid priorities can make the tree's total overflow.
+            raise ValueError(f"PrioritizedReplayBuffer: alpha {alpha!r} is too large: {capacity} priorities of "
+                             f"{MAX_PRIORITY:g} would sum past the largest float64")
         self.alpha = alpha
         self.eps = eps
         self._max_q = 1.0
@@ -551,26 +560,21 @@ cdef class PrioritizedReplayBuffer(_Ring):
     cdef object _values(self, str what, prio):
         """Tree values (p + eps) ** alpha of float64 priorities, in a new array.
 
-        Raises ValueError naming the first priority that is negative, not
-        finite, or whose value overflows. The power is numpy's vectorised
-        one: several times faster than a libm pow per element, which would
-        otherwise be the largest cost of an update.
+        Raises ValueError naming the first priority that is negative or not
+        finite; finite ones above MAX_PRIORITY count as MAX_PRIORITY. The
+        power is numpy's vectorised one: several times faster than a libm pow
+        per element, which would otherwise be the largest cost of an update.
         """
         cdef const double *p = <const double *> cnp.PyArray_DATA(prio)
         cdef Py_ssize_t j, n = prio.shape[0]
         q = empty_1d(n, cnp.NPY_FLOAT64)
         cdef double *v = <double *> cnp.PyArray_DATA(q)
         for j in range(n):
-            v[j] = p[j] + self.eps
-            if not (p[j] >= 0.0 and isfinite(v[j])):
+            if not (p[j] >= 0.0 and isfinite(p[j])):
                 _raise_priority(what, j, p[j])
+            v[j] = (p[j] if p[j] < _MAX_PRIORITY else _MAX_PRIORITY) + self.eps
         if self.alpha != 1.0:
-            _power(q, self.alpha, q)
-        if self.alpha > 1.0:
-            # Only a power above 1 can overflow a finite p + eps.
-            for j in range(n):
-                if not isfinite(v[j]):
-                    _raise_priority(what, j, p[j])
+            _power(q, self.alpha, q)  # finite: __init__ refused an alpha that could overflow
         return q
 
     def sample(self, Py_ssize_t batch_size, double beta):

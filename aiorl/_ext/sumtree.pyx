@@ -296,16 +296,27 @@ cdef class SumTree:
         return self._current_min()
 
     def update(self, indices, values):
-        """Set leaf `indices[j]` to `values[j]` (finite, >= 0); duplicates: the last one wins."""
+        """Set leaf `indices[j]` to `values[j]` (finite, >= 0); duplicates: the last one wins.
+
+        Refused (ValueError, the tree unchanged) if any index or value is bad,
+        or if the values are finite but would make the total overflow to inf
+        (after which every draw would land on the same leaf).
+        """
         slots = np.array(as_index_array(indices, "SumTree.update indices"), copy=True)
         cdef Py_ssize_t n = slots.shape[0]
         vals = as_float64_array(values, "SumTree.update values", n)
         if n == 0:
             return
+        # _write overwrites its slots (its cursor): keep a copy, and the old leaves, to undo it.
+        undo_slots = slots.copy()
+        undo_values = np.empty(n, dtype=np.float64)
         cdef int64_t[::1] s = slots
+        cdef int64_t[::1] us = undo_slots
+        cdef double[::1] uv = undo_values
         cdef const double[::1] v = vals
         cdef Py_ssize_t j, bad = -1
         cdef int what = 0
+        cdef double total = 0.0
         with nogil:
             for j in range(n):
                 if s[j] < 0 or s[j] >= self.capacity:
@@ -315,12 +326,21 @@ cdef class SumTree:
                     bad, what = j, 2
                     break
             if bad < 0:
+                for j in range(n):
+                    uv[j] = self._leaf(s[j])  # read before any write: a duplicate's is its original too
                 self._write(&s[0], &v[0], n)
+                if not isfinite(self._total_value):
+                    total = self._total_value
+                    self._write(&us[0], &uv[0], n)
+                    what = 3
         if what == 1:
             raise ValueError(
                 f"SumTree.update: indices[{bad}] = {s[bad]} is out of range [0, {self.capacity})")
         if what == 2:
             raise ValueError(f"SumTree.update: values[{bad}] = {v[bad]!r}; values must be finite and >= 0")
+        if what == 3:
+            raise ValueError(f"SumTree.update: these values would make the total {total!r} "
+                             f"(the largest value given is {float(vals.max())!r}); nothing was written")
 
     def get(self, indices):
         """Leaf values at `indices` (float64; unset leaves read 0)."""

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +17,8 @@ from torch import nn
 from aiorl.config import ConfigError
 from aiorl.replay import NStep
 from aiorl.runtime.algorithm import ActorPolicy, LearnerCore
+from aiorl.runtime.rendezvous import init_process_group
 
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\.pt$")
 POLICY_FILE = "policy.pt"
 POLICY_META = "policy.json"
 
@@ -43,8 +42,6 @@ def check_common(model, key: str = "model") -> None:
         raise ConfigError(f"{key}.loss: expected 'huber' or 'mse', got {model.loss!r}")
     if model.huber_delta <= 0:
         raise ConfigError(f"{key}.huber_delta: must be > 0, got {model.huber_delta}")
-    if model.keep_checkpoints < 1:
-        raise ConfigError(f"{key}.keep_checkpoints: must be at least 1, got {model.keep_checkpoints}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", model.device):
         raise ConfigError(f"{key}.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {model.device!r}")
 
@@ -88,6 +85,16 @@ def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype | None
 def state_to_numpy(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
     """Named raw arrays (what weights travel as), copied off the device."""
     return {f"{prefix}.{k}": v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def weights_spec_of(weights: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{name: (shape, dtype)}`` of a weights dict: what `Algorithm.weights_spec` returns."""
+    return {k: (tuple(v.shape), v.dtype.str) for k, v in weights.items()}
+
+
+def nstep_batch_rows(cfg, n_step: int) -> int:
+    """Most rows one n-step batch holds: a rollout's windows plus the n - 1 per env held back before it."""
+    return (cfg.agent.sample_batch_size + n_step - 1) * cfg.env.num_envs
 
 
 def load_numpy_state(module: nn.Module, weights: dict[str, np.ndarray], prefix: str) -> None:
@@ -195,8 +202,7 @@ class DataParallel:
             raise RuntimeError(f"{world} data-parallel learners need a rendezvous address")
         use_nccl = device.type == "cuda" and torch.cuda.device_count() >= world and dist.is_nccl_available()
         self.backend = "nccl" if use_nccl else "gloo"
-        dist.init_process_group(self.backend, init_method=rendezvous, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        init_process_group(self.backend, rendezvous, rank, world, timeout_s)
         # Every learner starts from learner 0's weights.
         for module in broadcast:
             for tensor in [*module.parameters(), *module.buffers()]:
@@ -361,25 +367,23 @@ class ApexLearner(LearnerCore):
     def close(self):
         self.dp.close()
 
-    def state(self, counters: dict[str, int]) -> dict:
-        return {"algo": self.algo.name,
-                **{key: getattr(self, attr).state_dict() for key, attr in self.checkpoint_items.items()},
-                "counters": {**counters, "core_learner_steps": self.learner_steps},
-                "config": self.algo.cfg.to_dict()}
+    def state_dict(self) -> dict:
+        state = {"algo": self.algo.name, "learner_steps": self.learner_steps,
+                 "torch_rng": torch.get_rng_state(),
+                 **{key: getattr(self, attr).state_dict() for key, attr in self.checkpoint_items.items()}}
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
 
-    def save_checkpoint(self, directory, counters):
-        steps = int(counters.get("learner_steps", self.learner_steps))
-        return write_checkpoint(directory, self.state(counters), steps, self.m.keep_checkpoints)
-
-    def load_checkpoint(self, path: str) -> dict:
-        """Restore every checkpoint item; return the saved counters."""
-        state = read_checkpoint(path, self.device)
+    def load_state_dict(self, state: dict) -> None:
         if state.get("algo") != self.algo.name:
-            raise ValueError(f"{path} is a {state.get('algo')!r} checkpoint, not {self.algo.name!r}")
+            raise ValueError(f"a {state.get('algo')!r} checkpoint cannot restore a {self.algo.name!r} learner")
         for key, attr in self.checkpoint_items.items():
             getattr(self, attr).load_state_dict(state[key])
-        self.learner_steps = int(state["counters"].get("core_learner_steps", 0))
-        return dict(state["counters"])
+        self.learner_steps = int(state["learner_steps"])
+        torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
 
 
 class ActorCriticLearner(ApexLearner):
@@ -402,16 +406,13 @@ class ActorCriticLearner(ApexLearner):
     def get_weights(self):
         return state_to_numpy(self.net, "net")
 
-    def save_checkpoint(self, directory, counters):
-        counters = {**counters, "env_steps_trained": self.env_steps_trained, "iterations": self.iterations}
-        return write_checkpoint(directory, self.state(counters), int(counters.get("learner_steps", 0)),
-                                self.m.keep_checkpoints)
+    def state_dict(self):
+        return {**super().state_dict(), "iterations": self.iterations, "env_steps_trained": self.env_steps_trained}
 
-    def load_checkpoint(self, path):
-        counters = super().load_checkpoint(path)
-        self.iterations = int(counters.get("iterations", 0))
-        self.env_steps_trained = int(counters.get("env_steps_trained", 0))
-        return counters
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.iterations = int(state["iterations"])
+        self.env_steps_trained = int(state["env_steps_trained"])
 
     def export_policy(self, directory):
         from aiorl.algos._actor_critic import DeterministicPolicy, policy_meta
@@ -424,33 +425,6 @@ class ActorCriticLearner(ApexLearner):
 
 # --------------------------------------------------------------------------
 # Checkpoints and exported policies
-
-
-def write_checkpoint(directory: str, state: dict, learner_steps: int, keep: int) -> str:
-    """Write ``checkpoint-<learner_steps>.pt`` atomically and keep the newest `keep`."""
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"checkpoint-{learner_steps:09d}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    for old in list_checkpoints(directory)[:-keep]:
-        old.unlink(missing_ok=True)
-    return str(path)
-
-
-def list_checkpoints(directory: str) -> list[Path]:
-    """Checkpoint files under `directory`, oldest first."""
-    root = Path(directory)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_RE.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def read_checkpoint(path: str, device: torch.device | str = "cpu") -> dict:
-    """Our own checkpoint file (never socket data), so full unpickling is acceptable."""
-    return torch.load(path, map_location=device, weights_only=False)
 
 
 def export_script(module: nn.Module, directory: str, meta: dict) -> str:

@@ -28,7 +28,8 @@ import torch
 
 from aiorl.algos._common import (
     ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, export_script, hard_update,
-    load_numpy_state, make_adam, setup_torch, soft_update, state_to_numpy, td_loss,
+    load_numpy_state, make_adam, nstep_batch_rows, setup_torch, soft_update, state_to_numpy, td_loss,
+    weights_spec_of,
 )
 from aiorl.algos._networks import (
     DEFAULT_MLP, Critic, DeterministicActor, check_observation_space, is_image, parse_network,
@@ -61,7 +62,6 @@ class ApexDDPGConfig:
     device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
                       default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
-    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
 
 
 # --------------------------------------------------------------------------
@@ -244,6 +244,12 @@ class ApexDDPG(Algorithm):
                               "(use apex_dqn for Discrete actions)")
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
             raise ConfigError(f"env.id: apex_ddpg needs bounded actions; {env_spec.id} has {action_space}")
+        fixed = np.flatnonzero((action_space.high - action_space.low).reshape(-1) <= 0)
+        if len(fixed):
+            # The rescaling to [-1, 1] divides by high - low: 0/0 gives NaN actions.
+            raise ConfigError(f"env.id: apex_ddpg needs low < high in every action dimension; {env_spec.id} has "
+                              f"low == high in dimension(s) {fixed.tolist()} of {action_space} (such a dimension "
+                              "is no choice: remove it with a gymnasium ActionWrapper)")
         default = ["nature_cnn"] if is_image(obs_space) else DEFAULT_MLP
         m = cfg.model
         self.actor_layers = parse_network(m.actor_network or default, "model.actor_network")
@@ -263,6 +269,13 @@ class ApexDDPG(Algorithm):
         action = (tuple(action_space.shape), np.dtype(action_space.dtype).str)
         return {"obs": obs, "action": action, "reward": ((), "<f4"), "next_obs": obs,
                 "done": ((), "|b1"), "discount": ((), "<f4")}
+
+    def max_batch_rows(self):
+        return nstep_batch_rows(self.cfg, self.cfg.model.n_step)
+
+    def weights_spec(self):
+        return weights_spec_of({**state_to_numpy(self.actor_network(), "actor"),
+                                **state_to_numpy(self.critic_network(), "critic")})
 
     def policy_meta(self, learner_steps: int) -> dict:
         obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space

@@ -13,9 +13,12 @@ when the episode terminated inside the window. A window cut by truncation
 (time limit) still bootstraps from the final observation with gamma^m.
 The loss is ``mean_i w_i * huber(y_i - Q_online(s_i, a_i))`` with the
 importance weights w_i of prioritized replay; |y_i - Q(s_i, a_i)| goes back
-as the new priorities. Actors use a fixed epsilon each,
-``eps_i = eps^(1 + alpha * i / (N - 1))``, and send the |TD| of their own
-network as initial priorities.
+as the new priorities. Every env slot (actor i's env e is slot
+``j = i * num_envs + e`` of ``S = actors * num_envs``) explores with its own
+fixed ``eps_j = eps^(1 + alpha * j / (S - 1))``, as R2D2 and SEED RL spread
+Ape-X's per-actor epsilons: one actor with 8 envs explores like 8 actors.
+Each row keeps its slot's epsilon (field ``epsilon``) for diagnostics.
+Actors send the |TD| of their own network as initial priorities.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ import torch
 
 from aiorl.algos._common import (
     ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, export_script, hard_update,
-    load_numpy_state, make_adam, setup_torch, soft_update, state_to_numpy, td_loss,
+    load_numpy_state, make_adam, nstep_batch_rows, setup_torch, soft_update, state_to_numpy, td_loss,
+    weights_spec_of,
 )
 from aiorl.algos._networks import (
     DEFAULT_MLP, GreedyPolicy, QNetwork, check_observation_space, is_image, parse_network,
@@ -57,13 +61,12 @@ class ApexDQNConfig:
                                      default=2500)
     tau: float | None = doc("Soft target update weight per step instead of periodic copies (null: off).",
                             default=None)
-    exploration_eps: float = doc("Base epsilon of the per-actor epsilon-greedy schedule.", default=0.4)
-    exploration_alpha: float = doc("Spread of the per-actor epsilons: eps^(1 + alpha * i / (N - 1)).",
-                                   default=7.0)
+    exploration_eps: float = doc("Base epsilon of the per-env-slot epsilon-greedy schedule.", default=0.4)
+    exploration_alpha: float = doc("Spread of the epsilons over the S = actors x num_envs env slots: "
+                                   "eps^(1 + alpha * j / (S - 1)) for slot j.", default=7.0)
     device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
                       default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
-    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
 
 
 # --------------------------------------------------------------------------
@@ -75,6 +78,14 @@ def actor_epsilon(actor_index: int, num_actors: int, eps: float, alpha: float) -
     if num_actors <= 1:
         return eps
     return eps ** (1 + alpha * actor_index / (num_actors - 1))
+
+
+def slot_epsilons(actor_index: int, num_actors: int, num_envs: int, eps: float, alpha: float) -> np.ndarray:
+    """The epsilons of actor `actor_index`'s envs: Ape-X's schedule over all S = actors x num_envs
+    slots, slot ``actor_index * num_envs + e`` for env e."""
+    slots = num_actors * num_envs
+    first = actor_index * num_envs
+    return np.array([actor_epsilon(first + e, slots, eps, alpha) for e in range(num_envs)])
 
 
 def n_step_q_target(reward: torch.Tensor, discount: torch.Tensor, q_next_target: torch.Tensor,
@@ -101,19 +112,42 @@ class DQNActor(NStepPolicy):
         setup_torch(m.torch_threads, seed)
         self.q = algo.q_network().eval()
         self.num_actions = algo.num_actions
-        self.epsilon = actor_epsilon(actor_index, num_actors, m.exploration_eps, m.exploration_alpha)
+        self.epsilons = slot_epsilons(actor_index, num_actors, algo.cfg.env.num_envs, m.exploration_eps,
+                                      m.exploration_alpha)
         self.rng = np.random.default_rng(seed)
         self.device = torch.device("cpu")
 
     def __repr__(self) -> str:
-        return f"<DQNActor epsilon={self.epsilon:.4g} weights_version={self.weights_version}>"
+        spread = f"{self.epsilons.max():.4g}..{self.epsilons.min():.4g}"
+        return f"<DQNActor epsilons={spread} weights_version={self.weights_version}>"
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:
+        """Epsilon-greedy per env slot (one epsilon broadcasts over any batch)."""
         greedy = self.q(as_tensor(obs, self.device)).argmax(dim=1).numpy()
-        explore = self.rng.random(len(obs)) < self.epsilon
+        explore = self.rng.random(len(obs)) < self.epsilons
         random = self.rng.integers(0, self.num_actions, size=len(obs))
         return np.where(explore, random, greedy).astype(np.int64)
+
+    def postprocess(self, rollout):
+        # The n-step kernel gives each row the action of its window's first step:
+        # riding beside the action, the env index comes out with the row, and so
+        # does the epsilon that chose it.
+        T, E = rollout["action"].shape
+        tagged = np.stack([rollout["action"], np.broadcast_to(np.arange(E), (T, E))], axis=-1)
+        batch = self.nstep.add(rollout["obs"], tagged, rollout["reward"], rollout["next_obs"],
+                               rollout["terminated"], rollout["truncated"])
+        return self._with_priorities(self._untag(batch))
+
+    def flush(self):
+        return self._with_priorities(self._untag(self.nstep.flush()))
+
+    def _untag(self, batch: dict) -> dict:
+        if batch:
+            tagged = batch["action"]
+            batch["action"] = np.ascontiguousarray(tagged[:, 0])
+            batch["epsilon"] = self.epsilons[tagged[:, 1]].astype(np.float32)
+        return batch
 
     @torch.no_grad()
     def priorities(self, batch):
@@ -173,6 +207,8 @@ class DQNLearner(ApexLearner):
         priorities = td.detach().abs().cpu().numpy().astype(np.float64)
         metrics = {"losses/td_loss": float(loss.detach()), "losses/grad_norm": norms["loss"],
                    "values/q_mean": float(q_t.detach().mean()), "values/td_abs_mean": float(priorities.mean())}
+        if "epsilon" in batch:  # which exploration the sampled rows came from
+            metrics["values/sampled_epsilon_mean"] = float(np.mean(batch["epsilon"]))
         return LearnerResult(metrics, priorities)
 
     def get_weights(self):
@@ -228,7 +264,13 @@ class ApexDQN(Algorithm):
         space = self.env_spec.observation_space
         obs = (tuple(space.shape), np.dtype(space.dtype).str)
         return {"obs": obs, "action": ((), "<i8"), "reward": ((), "<f4"), "next_obs": obs,
-                "done": ((), "|b1"), "discount": ((), "<f4")}
+                "done": ((), "|b1"), "discount": ((), "<f4"), "epsilon": ((), "<f4")}
+
+    def max_batch_rows(self):
+        return nstep_batch_rows(self.cfg, self.cfg.model.n_step)
+
+    def weights_spec(self):
+        return weights_spec_of(state_to_numpy(self.q_network(), "q"))
 
     def policy_meta(self, learner_steps: int) -> dict:
         space = self.env_spec.observation_space

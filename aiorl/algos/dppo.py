@@ -44,7 +44,8 @@ import torch
 
 from aiorl.algos._actor_critic import ActorCritic, GaussianHead, batch_moments, check_action_space, obs_norm_size
 from aiorl.algos._common import (
-    ActorCriticLearner, as_tensor, check_positive, load_numpy_state, make_adam, setup_torch,
+    ActorCriticLearner, as_tensor, check_positive, load_numpy_state, make_adam, setup_torch, state_to_numpy,
+    weights_spec_of,
 )
 from aiorl.algos._networks import check_observation_space, is_image, parse_network
 from aiorl.config import ConfigError, doc
@@ -86,7 +87,6 @@ class DPPOConfig:
     device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
                       default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
-    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
 
 
 # --------------------------------------------------------------------------
@@ -240,6 +240,13 @@ class PPOLearner(ActorCriticLearner):
             out["policy/log_std_mean"] = float(self.net.head.log_std.detach().mean())
         return LearnerResult(out)
 
+    def state_dict(self):
+        return {**super().state_dict(), "minibatch_rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.rng.bit_generator.state = state["minibatch_rng"]
+
 
 # --------------------------------------------------------------------------
 # Builder
@@ -276,8 +283,6 @@ class DPPO(Algorithm):
             raise ConfigError("model.lr_annealing anneals over agent.scheduled_timesteps, which is not set")
         if m.torch_threads < 1:
             raise ConfigError(f"model.torch_threads: must be at least 1, got {m.torch_threads}")
-        if m.keep_checkpoints < 1:
-            raise ConfigError(f"model.keep_checkpoints: must be at least 1, got {m.keep_checkpoints}")
         rows = a.sample_batch_size * cfg.env.num_envs
         if rows < cfg.cluster.learners:
             raise ConfigError(f"agent.sample_batch_size x env.num_envs ({rows} rows per actor) must be at least "
@@ -300,6 +305,9 @@ class DPPO(Algorithm):
         return ActorCritic(self.env_spec.observation_space, self.env_spec.action_space, self.layers,
                            shared=m.shared_torso, obs_norm=self.obs_norm, obs_norm_clip=m.obs_norm_clip,
                            log_std_init=m.log_std_init)
+
+    def weights_spec(self):
+        return weights_spec_of(state_to_numpy(self.network(), "net"))
 
     def transition_spec(self):
         obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space

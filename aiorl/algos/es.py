@@ -41,7 +41,7 @@ from torch import nn
 from aiorl.algos._actor_critic import (
     ActorCritic, DeterministicPolicy, check_action_space, obs_norm_size, policy_meta,
 )
-from aiorl.algos._common import export_script, read_checkpoint, setup_torch, write_checkpoint
+from aiorl.algos._common import export_script, setup_torch
 from aiorl.algos._networks import OneHot, check_observation_space, parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.envs import make_env
@@ -74,7 +74,6 @@ class ESConfig:
                          "every actor sends with its results.", default=False)
     obs_norm_clip: float = doc("Clip normalized observations to +-this.", default=5.0)
     torch_threads: int = doc("torch intra-op threads of the learner.", default=1)
-    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
 
 
 # --------------------------------------------------------------------------
@@ -332,27 +331,19 @@ class ESLearner(LearnerCore):
         return {"theta": self.theta.astype(np.float32), "normalizer.shift": norm.shift.numpy().copy(),
                 "normalizer.scale": norm.scale.numpy().copy()}
 
-    def state(self, counters: dict) -> dict:
+    def state_dict(self):
         return {"algo": self.algo.name, "theta": torch.from_numpy(self.theta.copy()), "adam": self.adam.state_dict(),
-                "normalizer": self.net.normalizer.state_dict(),
-                "counters": {**counters, "iterations": self.iterations,
-                             "env_steps_trained": self.env_steps_trained},
-                "config": self.algo.cfg.to_dict()}
+                "normalizer": self.net.normalizer.state_dict(), "iterations": self.iterations,
+                "env_steps_trained": self.env_steps_trained}
 
-    def save_checkpoint(self, directory, counters):
-        return write_checkpoint(directory, self.state(counters), int(counters.get("learner_steps", 0)),
-                                self.m.keep_checkpoints)
-
-    def load_checkpoint(self, path: str) -> dict:
-        state = read_checkpoint(path)
+    def load_state_dict(self, state):
         if state.get("algo") != self.algo.name:
-            raise ValueError(f"{path} is a {state.get('algo')!r} checkpoint, not {self.algo.name!r}")
+            raise ValueError(f"a {state.get('algo')!r} checkpoint cannot restore a {self.algo.name!r} learner")
         self.theta = np.asarray(state["theta"], np.float64)
         self.adam.load_state_dict(state["adam"])
         self.net.normalizer.load_state_dict(state["normalizer"])
-        self.iterations = int(state["counters"].get("iterations", 0))
-        self.env_steps_trained = int(state["counters"].get("env_steps_trained", 0))
-        return dict(state["counters"])
+        self.iterations = int(state["iterations"])
+        self.env_steps_trained = int(state["env_steps_trained"])
 
     def export_policy(self, directory):
         policy = DeterministicPolicy(copy.deepcopy(self._synced_net()))
@@ -395,8 +386,8 @@ class ES(Algorithm):
         if cfg.env.num_envs != 1:
             raise ConfigError(f"env.num_envs: es evaluates each perturbation on one env per actor, got "
                               f"{cfg.env.num_envs} (use more actors or a larger model.population)")
-        if m.torch_threads < 1 or m.keep_checkpoints < 1:
-            raise ConfigError("model.torch_threads and model.keep_checkpoints must be at least 1")
+        if m.torch_threads < 1:
+            raise ConfigError(f"model.torch_threads: must be at least 1, got {m.torch_threads}")
         for i, layer in enumerate(parse_network(layers_of(m), "model.network")):
             if layer.kind != "linear" and layer.kind not in NUMPY_ACTIVATIONS:
                 raise ConfigError(f"model.network[{i}]: es actors run the policy in numpy and support "
@@ -425,6 +416,15 @@ class ES(Algorithm):
 
     def noise_table(self) -> NoiseTable:
         return NoiseTable(self.cfg.model.noise_seed, self.cfg.model.noise_table_size)
+
+    def max_batch_rows(self):
+        return 1  # one row per work item
+
+    def weights_spec(self):
+        dim = len(get_flat(self.network()))
+        norm = max(self.obs_norm, 1)
+        return {"theta": ((dim,), "<f4"), "normalizer.shift": ((norm,), "<f4"),
+                "normalizer.scale": ((norm,), "<f4")}
 
     def transition_spec(self):
         d = self.stats_dim

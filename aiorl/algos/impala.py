@@ -39,7 +39,8 @@ import torch
 
 from aiorl.algos._actor_critic import ActorCritic, GaussianHead, check_action_space
 from aiorl.algos._common import (
-    ActorCriticLearner, as_tensor, check_positive, load_numpy_state, make_adam, setup_torch,
+    ActorCriticLearner, as_tensor, check_positive, load_numpy_state, make_adam, setup_torch, state_to_numpy,
+    weights_spec_of,
 )
 from aiorl.algos._networks import check_observation_space, is_image, parse_network
 from aiorl.config import ConfigError, doc
@@ -90,7 +91,6 @@ class ImpalaConfig:
     device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
                       default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
-    keep_checkpoints: int = doc("Checkpoint files kept (newest).", default=3)
 
 
 # --------------------------------------------------------------------------
@@ -282,8 +282,6 @@ class Impala(Algorithm):
             raise ConfigError(f"model.epochs: must be at least 1, got {m.epochs}")
         if m.torch_threads < 1:
             raise ConfigError(f"model.torch_threads: must be at least 1, got {m.torch_threads}")
-        if m.keep_checkpoints < 1:
-            raise ConfigError(f"model.keep_checkpoints: must be at least 1, got {m.keep_checkpoints}")
         if a.batch_size % a.sample_batch_size:
             raise ConfigError(f"agent.batch_size ({a.batch_size} transitions per learner batch) must be a multiple "
                               f"of agent.sample_batch_size ({a.sample_batch_size}, the fragment length): "
@@ -299,8 +297,8 @@ class Impala(Algorithm):
                               f"{envs} (env.num_envs)" + (", so a throttled queue short of a batch must still "
                                                           "have room for a message" if m.queue_full == "throttle"
                                                           else ""))
-        if a.max_samples_per_insert is not None:
-            raise ConfigError("agent.max_samples_per_insert: impala trains on each fragment once; the trajectory "
+        if a.samples_per_insert is not None:
+            raise ConfigError("agent.samples_per_insert: impala trains on each fragment once; the trajectory "
                               "queue is governed by model.queue_full and model.max_policy_lag")
         parse_network(m.network, "model.network")
 
@@ -316,6 +314,9 @@ class Impala(Algorithm):
         m = self.cfg.model
         return ActorCritic(self.env_spec.observation_space, self.env_spec.action_space, self.layers,
                            shared=m.shared_torso, log_std_init=m.log_std_init)
+
+    def weights_spec(self):
+        return weights_spec_of(state_to_numpy(self.network(), "net"))
 
     def transition_spec(self):
         """One step of a fragment; memories store fragments of agent.sample_batch_size steps."""

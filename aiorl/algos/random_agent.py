@@ -84,12 +84,19 @@ class MeanLearner(LearnerCore):
     def get_weights(self):
         return {"mean_obs": self.mean_obs.copy(), "steps": np.array([self.steps], np.int64)}
 
-    def save_checkpoint(self, directory, counters):
-        import os
+    def state_dict(self):
+        import torch
 
-        path = os.path.join(directory, "checkpoint.npz")
-        np.savez(path, **self.get_weights())
-        return path
+        return {"algo": "random_agent", "mean_obs": torch.from_numpy(self.mean_obs.copy()), "steps": self.steps}
+
+    def load_state_dict(self, state):
+        if state.get("algo") != "random_agent":
+            raise ValueError(f"a {state.get('algo')!r} checkpoint cannot restore a random_agent learner")
+        mean_obs = state["mean_obs"].numpy()
+        if mean_obs.shape != self.mean_obs.shape:
+            raise ValueError(f"checkpoint mean_obs has shape {mean_obs.shape}, this env needs {self.mean_obs.shape}")
+        self.mean_obs[:] = mean_obs
+        self.steps = int(state["steps"])
 
 
 class RandomAgent(Algorithm):
@@ -116,6 +123,16 @@ class RandomAgent(Algorithm):
                     "terminated": ((), "|b1"), "truncated": ((), "|b1")}
         return {"obs": obs, "action": action, "reward": ((), "<f4"), "next_obs": obs,
                 "done": ((), "|b1"), "discount": ((), "<f4")}
+
+    def max_batch_rows(self):
+        rows = self.cfg.agent.sample_batch_size * self.cfg.env.num_envs
+        if self.is_synchronous(self.cfg):
+            return rows
+        return rows + (self.cfg.model.n_step - 1) * self.cfg.env.num_envs  # open n-step windows
+
+    def weights_spec(self):
+        obs_shape = self.env_spec.observation_space.shape
+        return {"mean_obs": ((int(np.prod(obs_shape)),), "<f8"), "steps": ((1,), "<i8")}
 
     def make_actor(self, actor_index, num_actors, seed):
         return RandomPolicy(self, seed)

@@ -26,14 +26,14 @@ arrays, no pickled objects, written by `save` with `numpy.savez` and read by
 - "field.<name>": the stored rows [0, size) of each field, in slot order
   (ring buffers), or "part.<producer>.<name>" (aggregate buffer).
 - "priorities": float64 [size], the sum-tree values (p + eps) ** alpha
-  (prioritized buffer only).
+  (prioritized buffer only; p is clipped to MAX_PRIORITY = 1e8).
 
 Loading checks the kind, capacity and spec against the receiving buffer and
 every array's shape and dtype, and raises ValueError naming any mismatch.
 """
 
 try:
-    from aiorl._ext.buffers import AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer
+    from aiorl._ext.buffers import MAX_PRIORITY, AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer
     from aiorl._ext.framestore import FramePool, FrameStream
     from aiorl._ext.gae import gae
     from aiorl._ext.nstep import NStep, NStepCarry, n_step_adjustment, n_step_flush
@@ -51,6 +51,7 @@ BACKEND = "cython"
 
 __all__ = [
     "BACKEND",
+    "MAX_PRIORITY",
     "AggregateBuffer",
     "FramePool",
     "FrameStream",

@@ -115,6 +115,11 @@ class FrameSender:
                 out[name] = self.frames_of(np.asarray(out[name]))
         return out
 
+    def forget(self, memory: int) -> None:
+        """`memory` holds none of our frames any more (a new connection: a new frame stream)."""
+        self._held[memory].fill(-1)
+        self._keep_from[memory] = 0
+
     def message(self, memory: int, batch: dict) -> tuple[dict, int]:
         """(arrays, keep_from) of a batch message to `memory`: the rows, plus ``frames`` (or
         ``frames_lz4``) and ``frame_ids`` for every id the rows reference that `memory` does

@@ -157,6 +157,10 @@ class ReplayBuffer:
         return out
 
 
+#: Priorities are clipped to this (the compiled buffer's MAX_PRIORITY).
+MAX_PRIORITY = 1e8
+
+
 class PrioritizedReplayBuffer(ReplayBuffer):
     """Proportional prioritized replay with the compiled buffer's formulas and rng use."""
 
@@ -168,7 +172,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.tree = SumTree(capacity)
 
     def _values(self, priorities):
-        q = np.asarray(priorities, dtype=np.float64) + self.eps
+        q = np.minimum(np.asarray(priorities, dtype=np.float64), MAX_PRIORITY) + self.eps
         return q if self.alpha == 1.0 else np.power(q, self.alpha)
 
     def add(self, batch, priorities=None):

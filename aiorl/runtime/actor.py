@@ -9,6 +9,15 @@ or duplicated. Weights are pulled when the coordinator reports a newer
 version, at most one request in flight, and applied between rollouts (never
 while the policy is acting in the worker thread).
 
+With a rate limit (``agent.samples_per_insert``) an actor sends a batch only
+against a memory's credit and takes the next rollout only once it holds one
+(the time spent waiting is ``blocked_s``). A memory host that goes away is
+skipped until the coordinator announces its new address; the batches it
+would have had go to the others, none is dropped. A restarted actor (or a
+resumed run) seeds its policy and envs afresh from the run seed, its index,
+the attempt and its restart count, so that it does not replay the episodes
+of its predecessor.
+
 Synchronous algorithms run in lockstep instead: one rollout per iteration,
 then the barrier and the weights of the next version (`_sync_loop`); or work
 items taken from the coordinator one at a time (`_work_loop`, ES). IMPALA's
@@ -28,11 +37,11 @@ import numpy as np
 from aiorl.envs import EnvRunner
 from aiorl.replay.frame_sender import FrameSender
 from aiorl.replay.frames import frame_layout
-from aiorl.runtime.algorithm import build_algorithm
-from aiorl.runtime.fragments import ActorCredits
+from aiorl.rundir import Identity
+from aiorl.runtime import messages
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role
-from aiorl.wire import Connection, connect
+from aiorl.wire import Connection, ConnectionClosed
 
 # Waits whose liveness comes from heartbeats and connection loss, not a timer.
 UNBOUNDED_S = 365 * 24 * 3600.0
@@ -79,8 +88,13 @@ class ActorRole(Role):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.memories: list[Connection] = []
-        self.sent = []  # per memory: batches, transitions
+        self.memories: list[Connection | None] = []  # None while that memory host is away
+        self.sent = []  # per memory: batches, transitions (of the current connection)
+        self.earlier_sent: list[dict] = []  # accounts of connections to memory hosts that went away
+        self.credits: list[int] | None = None  # per memory, with a rate limit
+        self.memories_changed = asyncio.Event()
+        self.blocked_s = 0.0
+        self._links: set[asyncio.Task] = set()
         self.batches = 0
         self.episode_returns: list[float] = []
         self.episode_lengths: list[int] = []
@@ -92,6 +106,7 @@ class ActorRole(Role):
         self.frames: FrameSender | None = None
         self.payload_bytes = 0  # array bytes of the batches sent (frame layout: frames once)
         self.idle = IdleClock()
+        self.fragment_flow = False  # IMPALA: fragment messages, each against a credit
 
     def heartbeat_extra(self) -> dict:
         returns, self.episode_returns = self.episode_returns, []
@@ -101,18 +116,119 @@ class ActorRole(Role):
     def metrics(self) -> dict:
         version = self.policy.weights_version if hasattr(self, "policy") else -1
         return {"weights_version": version, "weights_lag": max(0, self.weights_version_seen - version),
-                "idle_fraction": self.idle.fraction()}
+                "blocked_s": round(self.blocked_s, 3), "idle_fraction": self.idle.fraction()}
 
     async def cleanup(self) -> None:
         if self._pull is not None:
             self._pull.cancel()
+        for task in self._links:
+            task.cancel()
         for conn in self.memories:
+            if conn is not None:
+                conn.abort()
+
+    def seed(self) -> int:
+        """The run's seed for this actor; a restart or a resume gets fresh ones."""
+        base = self.cfg.run.seed + 10_000 * (self.index + 1)
+        attempt, restarts = Identity.from_env().attempt, int(self.registration.get("restarts", 0))
+        if attempt == 1 and restarts == 0:
+            return base
+        return int(np.random.SeedSequence([base, attempt, restarts]).generate_state(1)[0])
+
+    # ------------------------------------------------------------------ memory hosts
+
+    async def _connect_memory(self, m: int, address) -> None:
+        conn = await self.attach_memory(address[0], address[1])
+        if self.memories[m] is not None:
+            self.memories[m].abort()
+        if self.frames is not None:
+            self.frames.forget(m)  # a new connection is a new frame stream: it holds nothing yet
+        if self.sent[m]["batches"]:
+            self.earlier_sent.append({"memory": m, **self.sent[m]})
+        self.memories[m] = conn
+        self.sent[m] = {"batches": 0, "transitions": 0}
+        if self.credits is not None:
+            self.credits[m] = 0
+        if not self.synchronous and not self.fragment_flow:  # a fragment message goes at once
+            conn.flush_delay_s = self.cfg.cluster.actor_flush_delay_s
+        task = self.spawn(self._read_memory(m, conn), f"reader of memory-{m}")
+        self._links.add(task)
+        task.add_done_callback(self._links.discard)
+        self.memories_changed.set()
+
+    async def _read_memory(self, m: int, conn: Connection) -> None:
+        """Credits from memory `m`; its connection closing marks it away."""
+        try:
+            async for msg in conn:
+                fields = messages.check(msg.kind, msg.meta, {"credit"})
+                if self.credits is not None:
+                    self.credits[m] += fields.get("n", 1)
+                    self.memories_changed.set()
+        except ConnectionClosed:
+            pass
+        except messages.BadMessage as exc:
+            self.log.error("closing connection to memory-%d: bad message: %s", m, exc)
             conn.abort()
+        self._memory_away(m, conn)
+
+    def _memory_away(self, m: int, conn: Connection) -> None:
+        if self.memories[m] is conn:
+            if self.phase <= Phase.RUNNING:  # later, memories closing is the normal end
+                self.log.warning("memory-%d went away; its share goes to the other memory hosts", m)
+            self.memories[m] = None
+            self.memories_changed.set()
+
+    def _set_phase(self, phase: Phase) -> None:
+        super()._set_phase(phase)
+        self.memories_changed.set()  # an actor waiting for a credit stops waiting when the run stops
+
+    def on_control(self, msg) -> None:
+        if msg.kind != "memories":
+            return super().on_control(msg)
+        for m, address in enumerate(msg.meta.get("memories", [])):
+            if address and m < len(self.memories) and self.memories[m] is None:
+                self.log.info("memory-%d is back at %s:%s; reconnecting", m, *address)
+                task = asyncio.create_task(self._reconnect_memory(m, address))
+                self._links.add(task)
+                task.add_done_callback(self._links.discard)
+
+    async def _reconnect_memory(self, m: int, address) -> None:
+        try:
+            await self._connect_memory(m, address)
+        except (OSError, TimeoutError) as exc:
+            self.log.error("cannot reconnect to memory-%d at %s:%s: %s", m, *address, exc)
+
+    def _usable(self, m: int, need_credit: bool) -> bool:
+        return self.memories[m] is not None and (not need_credit or self.credits is None or self.credits[m] > 0)
+
+    async def _acquire(self, need_credit: bool = True, or_stop: bool = False) -> int | None:
+        """The memory the next batch goes to: round-robin over the reachable ones; with a rate limit,
+        one that granted a credit (waiting, without stepping, until one does). `or_stop`: once the
+        run stops, None rather than a memory without a credit (fragments go only against one)."""
+        n = len(self.memories)
+        t0 = None
+        while True:
+            for k in range(n):
+                m = (self.batches + k) % n
+                if self._usable(m, need_credit):
+                    if t0 is not None:
+                        self.blocked_s += time.perf_counter() - t0
+                    if need_credit and self.credits is not None:
+                        self.credits[m] -= 1
+                    return m
+            if need_credit and self.phase != Phase.RUNNING:
+                if or_stop:
+                    return None
+                need_credit = False  # stopping: the last batches go without credit
+                continue
+            t0 = t0 or time.perf_counter()
+            self.memories_changed.clear()
+            await self.memories_changed.wait()
 
     async def main(self) -> dict:
         cfg = self.cfg
-        algo = build_algorithm(cfg)
-        seed = cfg.run.seed + 10_000 * (self.index + 1)
+        algo = self.algorithm()
+        seed = self.seed()
         self.policy = algo.make_actor(self.index, cfg.cluster.actors, seed)
         layout = frame_layout(cfg, algo)
         if layout is not None:
@@ -123,32 +239,42 @@ class ActorRole(Role):
         work = algo.is_synchronous(cfg) and algo.work_items(cfg) is not None
         # work items: the policy steps its own envs
         self.runner = None if work else EnvRunner(cfg.env, cfg.env.num_envs, seed, frames=self.frames)
-        for host, port in self.start_info["memories"]:
-            self.memories.append(await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client))
-        self.sent = [{"batches": 0, "transitions": 0} for _ in self.memories]
+        # A steady stream of batches nobody waits on lets a few share each write;
+        # a synchronous rollout is waited on, so it goes at once.
+        self.synchronous = algo.is_synchronous(cfg)
+        self.fragment_flow = algo.fragment_queue(cfg) is not None
+        addresses = self.start_info["memories"]
+        self.memories = [None] * len(addresses)
+        self.sent = [{"batches": 0, "transitions": 0} for _ in addresses]
+        if (cfg.agent.samples_per_insert is not None or self.fragment_flow) and not self.synchronous:
+            self.credits = [0] * len(addresses)
+        for m, address in enumerate(addresses):
+            if address:
+                try:
+                    await self._connect_memory(m, address)
+                except (OSError, TimeoutError) as exc:  # gone since: it comes back with a new address
+                    self.log.warning("memory-%d at %s:%s unreachable (%s); going on without it", m, *address, exc)
         try:
             if work:
                 await self._work_loop()
-            elif algo.is_synchronous(cfg):
+            elif self.synchronous:
                 await self._sync_loop()
-            elif algo.fragment_queue(cfg) is not None:
+            elif self.fragment_flow:
                 await self._fragment_loop()
             else:
-                # A steady stream of batches nobody waits on: let a few share each write.
-                # (A synchronous rollout is waited on, so it goes at once.)
-                for conn in self.memories:
-                    conn.flush_delay_s = cfg.cluster.actor_flush_delay_s
                 await self._async_loop()
             batch, priorities = self.policy.flush()
             if batch:
-                await self._send(batch, priorities)
+                await self._send(batch, priorities, need_credit=False)
             self.idle.stop()
             for i, conn in enumerate(self.memories):
-                await conn.send("actor_done", {"actor": self.index, **self.sent[i]})
+                if conn is not None:
+                    await conn.send("actor_done", {"actor": self.index, **self.sent[i]})
         finally:
             if self.runner is not None:
                 self.runner.close()
         return {"env_steps": self.counters["env_steps"], "memories": self.sent, "batches": self.batches,
+                "earlier_connections": self.earlier_sent, "blocked_s": round(self.blocked_s, 3),
                 "payload_bytes": self.payload_bytes,
                 "frames_sent": self.frames.frames_sent if self.frames is not None else None,
                 "weights_version": self.policy.weights_version,
@@ -164,19 +290,29 @@ class ActorRole(Role):
         self.counters["env_steps"] = self.runner.env_steps
         return rollout
 
-    async def _send(self, batch: dict, priorities) -> None:
-        m = self.batches % len(self.memories)
-        meta = {"actor": self.index, "seq": self.sent[m]["batches"]}
-        if self.frames is not None:
-            arrays, meta["keep_from"] = self.frames.message(m, batch)
-        else:
-            arrays = dict(batch)
-        if priorities is not None:
-            arrays["priorities"] = np.asarray(priorities, np.float64)
-        self.payload_bytes += sum(a.nbytes for a in arrays.values())
-        with self.idle:
-            await self.memories[m].send("batch", meta, arrays)
-        self._count_sent(m, batch)
+    async def _send(self, batch: dict, priorities, m: int | None = None, need_credit: bool = True) -> None:
+        """Send to memory `m` (its credit already taken), or to the next one that can take it."""
+        while True:
+            if m is None:
+                m = await self._acquire(need_credit)
+            conn = self.memories[m]
+            if conn is not None:
+                meta = {"actor": self.index, "seq": self.sent[m]["batches"]}
+                if self.frames is not None:  # the frames memory `m` lacks travel with the rows
+                    arrays, meta["keep_from"] = self.frames.message(m, batch)
+                else:
+                    arrays = dict(batch)
+                if priorities is not None:
+                    arrays["priorities"] = np.asarray(priorities, np.float64)
+                try:
+                    with self.idle:
+                        await conn.send("batch", meta, arrays)
+                    self.payload_bytes += sum(a.nbytes for a in arrays.values())
+                    self._count_sent(m, batch)
+                    return
+                except ConnectionClosed:
+                    self._memory_away(m, conn)  # gone since: the batch goes elsewhere
+            m, need_credit = None, False
 
     def _count_sent(self, m: int, batch: dict, transitions: int | None = None) -> None:
         """The actor's own account of what memory `m` got, checked against the memory's at the end."""
@@ -185,19 +321,26 @@ class ActorRole(Role):
         self.batches += 1
 
     async def _async_loop(self) -> None:
+        # The start reply can come before the RUNNING broadcast: a quick set-up must not find
+        # the run "not running" and stop at once.
+        await self.wait_phase(Phase.RUNNING)
         self.idle.start()
         while self.phase == Phase.RUNNING:
             if self._pending_weights is not None:
                 self.policy.set_weights(*self._pending_weights)
                 self._pending_weights = None
+            with self.idle:
+                m = await self._acquire()  # with a rate limit: no stepping without a credit
             rollout = await self._rollout()
             batch, priorities = self.policy.postprocess(rollout)
             if batch:
-                await self._send(batch, priorities)
+                await self._send(batch, priorities, m)
+            elif self.credits is not None:
+                self.credits[m] += 1  # nothing to send (n-step windows still open): keep it
             if (self.batches % self.cfg.agent.sync_interval == 0
                     and self.weights_version_seen > self.policy.weights_version
                     and (self._pull is None or self._pull.done())):
-                self._pull = asyncio.create_task(self._pull_weights())
+                self._pull = self.spawn(self._pull_weights(), "weights pull")
 
     async def _pull_weights(self) -> None:
         reply = await self._request_or_lost("get_weights", {"have": self.policy.weights_version})
@@ -207,40 +350,51 @@ class ActorRole(Role):
     async def _fragment_loop(self) -> None:
         """Roll out, then send one fragment per env to a memory that gave a credit; weights are
         pulled every `sync_interval` messages (one pull in flight) and applied between rollouts,
-        so each message is acted with one version."""
+        so each message is acted with one version. Once the run stops, a rollout still waiting
+        for a credit is not sent."""
         # Acting with the learner's weights from the first fragment on (version 0).
         reply = await self.coordinator.request("get_weights", {"have": -1, "min_version": 0},
                                                timeout_s=UNBOUNDED_S)
         if reply.meta.get("stop"):
             return
         self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
-        credits = ActorCredits(len(self.memories))
+        await self.wait_phase(Phase.RUNNING)
+        self.idle.start()
+        while self.phase == Phase.RUNNING:
+            if self._pending_weights is not None:
+                self.policy.set_weights(*self._pending_weights)
+                self._pending_weights = None
+            fragments, _ = self.policy.postprocess(await self._rollout())
+            if not await self._send_fragments(fragments):
+                break
+            # Not only when a heartbeat said there is a newer version: that lags by a heartbeat.
+            if self.batches % self.cfg.agent.sync_interval == 0 and (self._pull is None or self._pull.done()):
+                self._pull = self.spawn(self._pull_weights(), "weights pull")
+
+    async def _send_fragments(self, fragments: dict) -> bool:
+        """One fragment message, against a credit of whichever memory host gives one first; a
+        host that goes away mid-send costs its credit, and the message goes to another. False:
+        the run stopped first."""
         steps = self.cfg.agent.sample_batch_size * self.cfg.env.num_envs
-        async with asyncio.TaskGroup() as tg:
-            readers = [tg.create_task(credits.read(m, conn)) for m, conn in enumerate(self.memories)]
-            self.idle.start()
+        while True:
+            with self.idle:
+                m = await self._acquire(or_stop=True)
+            if m is None:
+                return False
+            conn = self.memories[m]
+            meta = {"seq": self.sent[m]["batches"], "weights_version": self.policy.weights_version}
+            arrays = fragments
+            if self.frames is not None:  # the frames memory `m` lacks travel with the fragments
+                arrays, meta["keep_from"] = self.frames.message(m, fragments)
             try:
-                while self.phase == Phase.RUNNING:
-                    if self._pending_weights is not None:
-                        self.policy.set_weights(*self._pending_weights)
-                        self._pending_weights = None
-                    fragments, _ = self.policy.postprocess(await self._rollout())
-                    with self.idle:
-                        m = await credits.acquire()
-                    meta = {"seq": self.sent[m]["batches"], "weights_version": self.policy.weights_version}
-                    arrays = fragments
-                    if self.frames is not None:
-                        arrays, meta["keep_from"] = self.frames.message(m, fragments)
-                    self.payload_bytes += sum(a.nbytes for a in arrays.values())
-                    with self.idle:
-                        await self.memories[m].send("fragment", meta, arrays)
-                    self._count_sent(m, fragments, steps)
-                    if (self.batches % self.cfg.agent.sync_interval == 0
-                            and (self._pull is None or self._pull.done())):
-                        self._pull = asyncio.create_task(self._pull_weights())
-            finally:
-                for reader in readers:
-                    reader.cancel()
+                with self.idle:
+                    await conn.send("fragment", meta, arrays)
+            except ConnectionClosed:
+                self._memory_away(m, conn)
+                continue
+            self.payload_bytes += sum(a.nbytes for a in arrays.values())
+            self._count_sent(m, fragments, steps)
+            return True
 
     async def _sync_loop(self) -> None:
         """One rollout per iteration; no iteration starts before its weights are published."""
@@ -307,8 +461,8 @@ class ActorRole(Role):
             self.episode_lengths.extend(result.episode_lengths)
             m = item % len(self.memories)
             with self.idle:
-                await self.memories[m].send("rollout", {"actor": self.index, "iteration": iteration, "item": item,
-                                                        "weights_version": self.policy.weights_version},
+                await self.memories[m].send("rollout", {"actor": self.index, "iteration": iteration,
+                                                        "item": item, "weights_version": self.policy.weights_version},
                                             result.batch)
             self._count_sent(m, result.batch)
             self.iterations.append({"iteration": iteration, "item": item,

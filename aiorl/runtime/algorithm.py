@@ -109,9 +109,34 @@ class LearnerCore:
     def get_weights(self) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def save_checkpoint(self, directory: str, counters: dict[str, int]) -> str | None:
-        """Write a checkpoint under `directory`; return its path."""
+    def state_dict(self) -> dict | None:
+        """Everything a resumed learner needs: models, target nets, optimizers, step counts, RNG
+        states. Tensors, numbers, strings, lists and dicts only (checkpoints are read with
+        ``torch.load(weights_only=True)``). None: this core keeps nothing worth a checkpoint."""
         return None
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore a checkpoint")
+
+    def save_checkpoint(self, directory: str, counters: dict, keep: int = 3) -> str | None:
+        """Write `state_dict` as an aiorl checkpoint under `directory` (see `aiorl.checkpoint`);
+        ``counters["learner_steps"]`` names the file. Returns its path (None: nothing to save)."""
+        from aiorl import checkpoint
+
+        state = self.state_dict()
+        if state is None:
+            return None
+        steps = int(counters.get("learner_steps", 0))
+        return str(checkpoint.save(directory, steps, state, {"counters": dict(counters)}, keep))
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Restore a checkpoint file (checked whole first); return its meta (``learner_steps``, ...)."""
+        from aiorl import checkpoint
+
+        meta, state = checkpoint.load(path)
+        self.load_state_dict(state)
+        return meta
 
     def export_policy(self, directory: str) -> str | None:
         """Write the acting policy for `aiorl eval`; return its path."""
@@ -191,6 +216,22 @@ class Algorithm:
 
     def transition_spec(self) -> Spec:
         raise NotImplementedError
+
+    def max_batch_rows(self) -> int:
+        """Most rows one actor batch (or synchronous rollout) can hold; bounds an actor's frames.
+
+        The default is one rollout, ``sample_batch_size x num_envs`` rows. A
+        postprocess that holds rows back across rollouts (open n-step windows)
+        must add what it may release at once.
+        """
+        return self.cfg.agent.sample_batch_size * self.cfg.env.num_envs
+
+    def weights_spec(self) -> Spec | None:
+        """The arrays learner 0 publishes (``{name: (shape, dtype)}``); bounds weights frames.
+
+        None when the algorithm cannot say: weights frames then get the wire's default cap.
+        """
+        return None
 
     def make_actor(self, actor_index: int, num_actors: int, seed: int) -> ActorPolicy:
         raise NotImplementedError

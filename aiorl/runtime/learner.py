@@ -7,21 +7,49 @@ incoming batches keep flowing while a step computes. A learner holds at most
 ``cluster.learner_credits`` batches requested-but-unconsumed per memory: no
 learner starves whatever the learner/memory counts, and memories never sample
 ahead of demand.
+
+Weights are copied between two steps (never while a step runs in the worker
+thread, which would tear them across two parameter versions) and published
+from that copy. A memory connection that ends before the memory's ``end``
+message fails a synchronous learner (it would otherwise wait for its rounds
+forever); an asynchronous one goes on with the other memories (below).
+
+Checkpoints (learner 0; `aiorl.checkpoint`): every ``run.checkpoint_interval_s``
+seconds and/or ``run.checkpoint_every`` learner steps, at shutdown, and when
+the role ends abnormally (coordinator lost, told to exit early, a second
+signal, its step failed because a data-parallel peer died) if it still can;
+weights holding NaN or infinities are never checkpointed. Each records the
+run's counters and return window from the coordinator, so that ``--resume``
+continues them. The state is serialized between two steps (training waits
+that long); the file is written in the background. A resumed run's learners
+all load the checkpoint it continues from.
+
+A memory host that goes away (it may be restarted) is skipped; when the
+coordinator announces its new address the learner reconnects and grants its
+credits again.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 import time
 
 import numpy as np
 
-from aiorl.runtime.algorithm import build_algorithm
+from aiorl import checkpoint
+from aiorl.rundir import Identity
+from aiorl.runtime import rendezvous
+from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.fragments import LagMeter
+from aiorl.runtime.phase import Phase, last_checkpoint_budget_s
 from aiorl.runtime.role import Offload, Role
-from aiorl.wire import Connection, ConnectionClosed, connect
+from aiorl.wire import Connection, ConnectionClosed
+from aiorl.wire.names import safe_text
 
-_END = None
+_END = None  # a memory finished sending
+_AWAY = "away"  # a memory's connection closed before its end
+_WAKE = "wake"  # the phase changed
 
 
 def weights_digest(weights: dict[str, np.ndarray]) -> str:
@@ -38,6 +66,10 @@ class LearnerRole(Role):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # Checkpoints are written with torch. Importing it holds the GIL for seconds, so it
+        # happens now, before heartbeats start, and not in the middle of the run (an algorithm
+        # that never imports torch itself, like random_agent, would otherwise miss heartbeats).
+        import torch  # noqa: F401
         self.memories: list[Connection] = []
         self.queue: asyncio.Queue = asyncio.Queue()  # bounded by the credits granted
         self.per_memory: list[dict] = []
@@ -56,54 +88,137 @@ class LearnerRole(Role):
         self.iterations: list[dict] = []  # synchronous algorithms: one entry per iteration trained
         self.published_version = -1  # learner 0: the newest version it published
         self.lag = LagMeter()  # fragments (IMPALA): policy lag of each batch
+        self.last_beta: float | None = None
+        self.core = None
+        self.identity = Identity.from_env()
+        self.step_base = 0  # this learner's steps before this launch (a resumed run)
+        self.core_lock = threading.Lock()  # held by a step; a checkpoint never sees half a step
+        self.last_checkpoint_t = time.monotonic()
+        self._writing: asyncio.Task | None = None
+        self._links: set[asyncio.Task] = set()  # readers of memory hosts that came back
+        self.away: set[int] = set()
+        self.earlier_per_memory: list[dict] = []
+        self.synchronous = get_algorithm(self.cfg.algo).is_synchronous(self.cfg)
+
+    def register_extra(self) -> dict:
+        c = self.cfg.cluster
+        if self.index != 0 or c.learners < 2:
+            return {}
+        # Bound now and kept open for the TCPStore: see aiorl.runtime.rendezvous.
+        host = c.advertise_host or self.coordinator_address()[0]
+        return {"rendezvous": rendezvous.listen(host, c.rendezvous_port)}
 
     def metrics(self) -> dict:
         return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),
                 "queue_depth": self.queue.qsize()}
 
     async def cleanup(self) -> None:
+        if self._publish is not None and not self._publish.done():
+            self._publish.cancel()
+        if self._publish is not None:
+            await asyncio.gather(self._publish, return_exceptions=True)  # its error was the run's end
+        for task in self._links:
+            task.cancel()
         for conn in self.memories:
-            conn.abort()
+            if conn is not None:
+                conn.abort()
+
+    def _spawn(self, coro, name: str) -> None:
+        task = self.spawn(coro, name)  # one that raises fails the learner, loudly
+        self._links.add(task)
+        task.add_done_callback(self._links.discard)
+
+    @property
+    def total_steps(self) -> int:
+        """This learner's steps over the whole run, earlier launches included."""
+        return self.step_base + self.counters["learner_steps"]
 
     def beta(self) -> float:
+        """PER's beta, annealed linearly to ``prioritized_replay_beta_final`` over the run's schedule."""
         a = self.cfg.agent
-        if a.prioritized_replay_beta_final is None or not a.scheduled_global_steps:
+        if a.prioritized_replay_beta_final is None:
             return a.prioritized_replay_beta
-        frac = min(1.0, self.counters["learner_steps"] / a.scheduled_global_steps)
-        return a.prioritized_replay_beta + frac * (a.prioritized_replay_beta_final - a.prioritized_replay_beta)
+        frac = self.schedule_progress()
+        self.last_beta = a.prioritized_replay_beta + frac * (a.prioritized_replay_beta_final - a.prioritized_replay_beta)
+        return self.last_beta
+
+    def schedule_progress(self) -> float:
+        """How far the run is toward the stop criterion that ends it, in [0, 1].
+
+        The larger of the run's learner steps over ``scheduled_global_steps``
+        (the sum over every learner: what the coordinator stops on) and its env
+        steps over ``scheduled_timesteps``. The run's totals come with each
+        heartbeat reply; this learner's steps since then stand for every
+        learner's (data-parallel learners step together).
+        """
+        a = self.cfg.agent
+        totals = self.run_counters
+        frac = 0.0
+        if a.scheduled_global_steps:
+            since = self.counters["learner_steps"] - self.counters_at_heartbeat.get("learner_steps", 0)
+            run_steps = max(totals.get("learner_steps", 0) + since * self.cfg.cluster.learners, self.total_steps)
+            frac = run_steps / a.scheduled_global_steps
+        if a.scheduled_timesteps:
+            frac = max(frac, totals.get("env_steps", 0) / a.scheduled_timesteps)
+        return min(1.0, frac)
 
     async def main(self) -> dict:
         cfg = self.cfg
-        algo = build_algorithm(cfg)
-        self.core = await asyncio.to_thread(
+        algo = self.algorithm()
+        core = await asyncio.to_thread(
             algo.make_learner, self.index, cfg.cluster.learners, cfg.run.seed + 100 * (self.index + 1),
             self.start_info.get("rendezvous"))
-        for host, port in self.start_info["memories"]:
-            self.memories.append(await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client))
-        self.per_memory = [{"batches": 0, "priority_messages": 0, "priorities": 0} for _ in self.memories]
+        if self.identity.resume_from:
+            meta = await asyncio.to_thread(core.load_checkpoint, self.identity.resume_from)
+            self.step_base = int(meta["learner_steps"])
+            self.log.info("resumed from %s (%d learner steps)", self.identity.resume_from, self.step_base)
+        self.core = core
+        self.memories = [None] * len(self.start_info["memories"])
+        self.per_memory = [self._memory_account() for _ in self.memories]
+        for m, address in enumerate(self.start_info["memories"]):
+            if address is not None:
+                try:
+                    self.memories[m] = await self.attach_memory(address[0], address[1])
+                    continue
+                except (OSError, TimeoutError) as exc:
+                    self.log.warning("memory-%d at %s:%s unreachable (%s); going on without it", m, *address, exc)
+            self.away.add(m)  # it may be restarting: it is announced when back
         if self.index == 0:
-            await self._publish_weights()  # version 0: actors start from the learner's weights
+            await self._publish_weights()  # the first version: actors start from the learner's weights
         async with asyncio.TaskGroup() as tg:
             for m, conn in enumerate(self.memories):
-                tg.create_task(self._reader(m, conn))
-            if algo.is_synchronous(cfg):
+                if conn is not None:
+                    tg.create_task(self._reader(m, conn))
+            if self.synchronous:
                 await self._sync_loop()
             else:
                 await self._async_loop()
         await asyncio.to_thread(self.core.finish)
         for m, conn in enumerate(self.memories):
-            await conn.send("learner_done", {"learner": self.index, **self.per_memory[m]})
+            if conn is not None and m not in self.away:
+                try:
+                    await conn.send("learner_done", {"learner": self.index, **self.per_memory[m]})
+                except ConnectionClosed:
+                    pass
         if self.index == 0:
             await self._finish_outputs()
         digest = weights_digest(self.core.get_weights())  # data-parallel learners end equal
         await asyncio.to_thread(self.core.close)
-        return {"learner_steps": self.counters["learner_steps"], "memories": self.per_memory,
-                "weights_digest": digest,
+        return {"learner_steps": self.counters["learner_steps"], "total_learner_steps": self.total_steps,
+                "memories": self.per_memory, "earlier_connections": self.earlier_per_memory,
                 "published": self.published, "checkpoints": self.checkpoints,
                 "unused_batches": self.unused_batches, "iterations": self.iterations,
+                "prioritized_replay_beta_last": self.last_beta, "weights_digest": digest,
                 "policy_lag": self.lag.stats() if self.lag.batches else None}
 
+    @staticmethod
+    def _memory_account() -> dict:
+        return {"batches": 0, "priority_messages": 0, "priorities": 0}
+
     async def _reader(self, m: int, conn: Connection) -> None:
+        """Batches of memory `m` into the queue, then its end; a memory that goes away first
+        fails a synchronous learner, and is skipped by an asynchronous one (it may come back)."""
+        lost = None
         try:
             async for msg in conn:
                 if msg.kind == "samples":
@@ -111,10 +226,48 @@ class LearnerRole(Role):
                 elif msg.kind == "end":
                     break
                 else:
-                    self.log.warning("ignored %r from memory %d", msg.kind, m)
+                    raise RuntimeError(f"memory {m} sent an unexpected {safe_text(msg.kind, 40)!r} message")
+            else:
+                lost = "the connection closed before its end message"
         except ConnectionClosed as exc:
-            self.log.error("lost memory %d: %s", m, exc)
+            lost = str(exc)
+        if lost is not None:
+            if not self.synchronous and self.memories[m] is conn:
+                self.log.error("memory-%d went away (%s); going on with the others", m, lost)
+                self.queue.put_nowait((m, _AWAY))
+                return
+            raise RuntimeError(f"lost memory {m} before its end message: {lost}")
         self.queue.put_nowait((m, _END))
+
+    def _set_phase(self, phase: Phase) -> None:
+        super()._set_phase(phase)
+        if not self.synchronous:
+            self.queue.put_nowait((None, _WAKE))  # a loop waiting on memories that went away re-checks
+
+    def on_control(self, msg) -> None:
+        if msg.kind != "memories" or self.synchronous:
+            return super().on_control(msg)
+        for m, address in enumerate(msg.meta.get("memories", [])):
+            if address and m in self.away:
+                self.log.info("memory-%d is back at %s:%s; reconnecting", m, *address)
+                self._spawn(self._rejoin_memory(m, address), f"reconnect to memory-{m}")
+
+    async def _rejoin_memory(self, m: int, address) -> None:
+        try:
+            conn = await self.attach_memory(address[0], address[1])
+        except (OSError, TimeoutError) as exc:
+            self.log.error("cannot reconnect to memory-%d at %s:%s: %s", m, *address, exc)
+            return
+        self.earlier_per_memory.append({"memory": m, **self.per_memory[m]})
+        self.per_memory[m] = self._memory_account()
+        self.memories[m] = conn
+        self.away.discard(m)
+        self._spawn(self._reader(m, conn), f"reader of memory-{m}")
+        try:
+            await conn.send("credit", {"n": self.cfg.cluster.learner_credits, "beta": self.beta(),
+                                       "version": self.weights_version()})
+        except ConnectionClosed:
+            pass  # gone again: its reader reports it
 
     async def _train(self, m: int | None, batch: dict) -> bool:
         """One step on `batch`; True when the priorities sent also returned its credit."""
@@ -122,11 +275,11 @@ class LearnerRole(Role):
             self.unused_batches += 1
             return False
         t0 = time.perf_counter()
-        step = self.counters["learner_steps"] + 1
+        step = self.total_steps + 1
         if "weights_version" in batch:  # whole fragments, each acted with one version
             self.lag.add(self.weights_version(), batch["weights_version"])
         try:
-            result = await self.offload(self.core.step, batch)
+            result = await self.offload(self._locked_step, batch)
         except Exception as exc:
             source = f"memory-{m}" if m is not None else "every memory (synchronous aggregate)"
             raise RuntimeError(f"learner step {step} on a batch from {source}: {exc}") from exc
@@ -154,10 +307,19 @@ class LearnerRole(Role):
         await self._maybe_checkpoint()
         return credited
 
+    def _locked_step(self, batch):
+        with self.core_lock:
+            return self.core.step(batch)
+
     async def _maybe_checkpoint(self) -> None:
-        every = self.cfg.run.checkpoint_every
-        if self.index == 0 and every and self.counters["learner_steps"] % every == 0:
-            await self._checkpoint()
+        r = self.cfg.run
+        if self.index != 0:
+            return
+        by_steps = r.checkpoint_every and self.total_steps % r.checkpoint_every == 0
+        by_time = (r.checkpoint_interval_s is not None
+                   and time.monotonic() - self.last_checkpoint_t >= r.checkpoint_interval_s)
+        if by_steps or by_time:
+            await self._checkpoint("periodic")
 
     async def _next(self):
         t0 = time.perf_counter()
@@ -172,13 +334,23 @@ class LearnerRole(Role):
     async def _async_loop(self) -> None:
         credits = self.cfg.cluster.learner_credits
         for conn in self.memories:
-            await conn.send("credit", {"n": credits, "beta": self.beta(), "version": self.weights_version()})
-        ended = 0
-        while ended < len(self.memories):
+            if conn is not None:
+                await conn.send("credit", {"n": credits, "beta": self.beta(), "version": self.weights_version()})
+        ended: set[int] = set()
+        # Until every memory sent its end; one that went away counts once the run drains
+        # (it is not coming back to send one).
+        while len(ended | (self.away if self.phase >= Phase.DRAINING else set())) < len(self.memories):
             m, msg = await self._next()
-            if msg is _END:
-                ended += 1
+            if msg is _WAKE:
                 continue
+            if msg is _AWAY:
+                self.away.add(m)
+                continue
+            if msg is _END:
+                ended.add(m)
+                continue
+            if m in self.away:
+                continue  # a batch of a connection that closed since
             try:
                 if not await self._train(m, msg.arrays):
                     await self.memories[m].send("credit", {"n": 1, "beta": self.beta(),
@@ -187,7 +359,9 @@ class LearnerRole(Role):
                 pass  # that memory is gone; its reader reports it
             if (self.index == 0 and self.counters["learner_steps"] % self.cfg.agent.publish_interval == 0
                     and (self._publish is None or self._publish.done())):
-                self._publish = asyncio.create_task(self._publish_weights())
+                # Copied now, between two steps; the publish task must not read them later,
+                # while the next step changes them in a worker thread.
+                self._publish = self.spawn(self._publish_weights(self.core.get_weights()), "weights publish")
         if self._publish is not None:
             await self._publish
 
@@ -203,11 +377,7 @@ class LearnerRole(Role):
         iteration = 0
         open_memories = set(range(len(self.memories)))
         while True:
-            for m in open_memories:
-                try:
-                    await self.memories[m].send("credit", {"n": 1, "iteration": iteration})
-                except ConnectionClosed:
-                    pass  # its reader reports the loss and ends it
+            await self._ask_round(open_memories, iteration)
             parts, versions, ended = [], [], []
             waiting = set(open_memories)
             while waiting:
@@ -250,32 +420,110 @@ class LearnerRole(Role):
             del self.iterations[:-1000]
             self.log.info("iteration %d: %d rows, policy lag %s", iteration, rows, lag)
             iteration += 1
-        # Drain the ends of memories still open.
+        # Memories still open may hold later rounds (a final empty one, or a round that was
+        # incomplete elsewhere): ask on, an iteration at a time, until each answers its end, so
+        # that none waits forever for a credit this learner would never send.
         while open_memories:
-            m, msg = await self._next()
-            if msg is _END:
-                open_memories.discard(m)
-            else:
-                self.unused_batches += 1
+            iteration += 1
+            await self._ask_round(open_memories, iteration)
+            waiting = set(open_memories)
+            while waiting:
+                m, msg = await self._next()
+                waiting.discard(m)
+                if msg is _END:
+                    open_memories.discard(m)
+                elif not msg.meta.get("empty"):
+                    self.unused_batches += 1
 
-    async def _publish_weights(self) -> None:
-        weights = self.core.get_weights()
+    async def _ask_round(self, memories: set[int], iteration: int) -> None:
+        """Ask each of `memories` for this learner's share of round `iteration`."""
+        for m in memories:
+            try:
+                await self.memories[m].send("credit", {"n": 1, "iteration": iteration})
+            except ConnectionClosed:
+                pass  # its reader reports the loss and ends it
+
+    async def _publish_weights(self, weights: dict | None = None) -> None:
+        """Publish `weights` (taken between steps), or the current ones when no step is running."""
+        if weights is None:
+            weights = self.core.get_weights()
         reply = await self._request_or_lost("publish", {"learner_steps": self.counters["learner_steps"]},
                                             arrays=weights)
         self.published += 1
         self.published_version = int(reply.meta.get("version", self.published_version))
         self.log.debug("published weights version %s", reply.meta.get("version"))
 
-    async def _checkpoint(self) -> None:
-        directory = self.run_dir / "checkpoints"
-        directory.mkdir(parents=True, exist_ok=True)
-        path = await asyncio.to_thread(self.core.save_checkpoint, str(directory), dict(self.counters))
-        if path:
+    async def _run_state(self) -> dict:
+        """The run's counters and return window, to record in a checkpoint."""
+        try:
+            reply = await self.coordinator.request("run_state", {"counters": dict(self.counters)},
+                                                   timeout_s=self.cfg.cluster.coordinator_timeout_s)
+            return dict(reply.meta)
+        except Exception as exc:  # the coordinator is gone: the last counters a heartbeat brought
+            self.log.warning("checkpoint without the coordinator's run state (%r); using the last heartbeat's", exc)
+            return dict(self.run_counters)
+
+    async def _checkpoint(self, reason: str, coordinator: bool = True) -> None:
+        """Serialize the core between steps (training waits), write the file in the background."""
+        self.last_checkpoint_t = time.monotonic()
+        if self._writing is not None:
+            await self._writing  # one file at a time
+        run_state = await self._run_state() if coordinator else dict(self.run_counters)
+        lock_timeout_s = self.cfg.cluster.phase_timeout_s
+
+        def serialize():
+            # Bounded: a step stuck in a collective with a dead peer must not hold up the exit.
+            if not self.core_lock.acquire(timeout=lock_timeout_s):
+                raise TimeoutError(f"a learner step held the core for over {lock_timeout_s:g} s")
+            try:
+                state = self.core.state_dict()
+                return None if state is None else checkpoint.serialize(state)
+            finally:
+                self.core_lock.release()
+
+        try:
+            payload = await asyncio.to_thread(serialize)
+        except checkpoint.CheckpointError as exc:
+            self.log.error("checkpoint at learner step %d (%s): %s", self.total_steps, reason, exc)
+            return
+        if payload is None:
+            return
+        meta = self.identity.stamp({"reason": reason, "run": run_state, "algo": self.cfg.algo,
+                                    "config_hash": self.cfg.config_hash(), "time": time.time()})
+        steps, keep, directory = self.total_steps, self.cfg.run.keep_checkpoints, self.run_dir / "checkpoints"
+
+        async def write():
+            try:
+                path = await asyncio.to_thread(checkpoint.write_file, directory, steps, payload, meta, keep)
+            except OSError as exc:  # a full disk costs this checkpoint, not the run
+                self.log.error("checkpoint at learner step %d not written: %s", steps, exc)
+                return
             self.checkpoints.append(str(path))
+            self.log.info("checkpoint %s (%s)", path.name, reason)
+
+        self._writing = asyncio.create_task(write())
+
+    async def _checkpoint_written(self) -> None:
+        if self._writing is not None:
+            await self._writing
+
+    async def on_abnormal_end(self, why: str) -> None:
+        if self.index != 0 or self.core is None:
+            return
+        try:
+            # Bounded: once the coordinator is gone, a launcher gives roles this long beyond the
+            # coordinator timeout.
+            async with asyncio.timeout(last_checkpoint_budget_s(self.cfg.cluster)):
+                # A step still running in its thread holds the lock: the checkpoint waits for it.
+                await self._checkpoint(f"abnormal end: {why}", coordinator=False)
+                await self._checkpoint_written()
+        except Exception as exc:
+            self.log.error("could not write a checkpoint at the abnormal end (%r)", exc)
 
     async def _finish_outputs(self) -> None:
         await self._publish_weights()
-        await self._checkpoint()
+        await self._checkpoint("final")
+        await self._checkpoint_written()
         directory = self.run_dir / "policy"
         directory.mkdir(parents=True, exist_ok=True)
         path = await asyncio.to_thread(self.core.export_policy, str(directory))

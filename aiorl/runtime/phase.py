@@ -21,7 +21,28 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_FAILED = 2  # the role missed a deadline, the run failed, or its work raised
 EXIT_COORDINATOR_LOST = 3
+EXIT_REFUSED = 4  # the coordinator refused the registration (run past RUNNING, restart budget spent, ...)
 EXIT_INTERRUPTED = 130
+
+# How a run ended (summary.json "outcome"), and the exit code that tells a scheduler:
+# finished 0; interrupted 128 + the signal (130 SIGINT, 143 SIGTERM) after a clean shutdown, so
+# it can be requeued with --resume; failed 1 for `aiorl run` (2 for the coordinator's own process).
+FINISHED, INTERRUPTED, FAILED = "finished", "interrupted", "failed"
+
+
+def last_checkpoint_budget_s(cluster) -> float:
+    """How long learner 0 may take for its checkpoint when it ends abnormally (and so how much
+    longer than the coordinator timeout a launcher waits for roles once the coordinator is gone)."""
+    return max(cluster.coordinator_timeout_s, 10.0)
+
+
+def interrupted_exit_code(signal_name: str | None) -> int:
+    import signal
+
+    try:
+        return 128 + int(signal.Signals[signal_name])
+    except (KeyError, TypeError):
+        return EXIT_INTERRUPTED
 
 
 def role_name(kind: str, index: int) -> str:

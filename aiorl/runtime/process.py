@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from aiorl.config import Config
-from aiorl.rundir import write_json_atomic
-from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, role_name
+from aiorl.rundir import Identity, write_json_atomic
+from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, INTERRUPTED, interrupted_exit_code, role_name
+from aiorl.runtime.resources import raise_open_file_limit
 from aiorl.wire import load_token
 
 def setup_logging(run_dir: Path, name: str, level: str) -> None:
@@ -60,11 +61,12 @@ async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl
     from aiorl.runtime.coordinator import Coordinator
     from aiorl.runtime.memory import MemoryRole
 
-    coordinator = Coordinator(cfg, run_dir, token, ssl=ssl_server)
+    identity = Identity.from_env()
+    coordinator = Coordinator(cfg, run_dir, token, ssl=ssl_server, identity=identity)
     port = await coordinator.start(cfg.cluster.host, cfg.cluster.port)
     cfg.cluster.port = port
     address = {"host": cfg.cluster.advertise_host or cfg.cluster.host, "port": port, "pid": os.getpid()}
-    write_json_atomic(run_dir / "coordinator.json", address)
+    write_json_atomic(run_dir / "coordinator.json", identity.stamp(address))
     logging.getLogger("aiorl.coordinator").info("coordinator listening on %s:%s", cfg.cluster.host, port)
     memory = MemoryRole(cfg, 0, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server,
                         coordinator=coordinator)
@@ -76,6 +78,8 @@ async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl
     code = memory_code.result()
     if code == EXIT_OK and not run_ok.result():
         return EXIT_FAILED
+    if code == EXIT_OK and coordinator.outcome == INTERRUPTED:
+        return interrupted_exit_code(coordinator.interrupted_by)
     return code
 
 
@@ -101,7 +105,8 @@ def run_role(cfg: Config, kind: str, index: int, run_dir: str | Path) -> int:
     name = role_name(kind, index)
     setup_logging(run_dir, name, cfg.run.log_level)
     log = logging.getLogger(f"aiorl.{name}")
-    log.info("starting (pid %d)", os.getpid())
+    soft, _ = raise_open_file_limit()
+    log.info("starting (pid %d, open-file limit %d)", os.getpid(), soft)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             code = runner.run(_run_role(cfg, kind, index, run_dir))

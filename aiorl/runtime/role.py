@@ -3,15 +3,23 @@ registration, heartbeats, phase tracking, signals and exit codes.
 
 A role's life: connect and register, wait for the start (every role
 registered), do its work (`main`), report ``done``, then wait for the
-coordinator's ``exit``. Losing the coordinator (its connection closes, or it
-stops answering heartbeats for ``cluster.coordinator_timeout_s``) ends the
-role with `EXIT_COORDINATOR_LOST`.
+coordinator's ``exit``. A dropped control connection is reconnected and the
+role rejoins (`aiorl.runtime.control`); losing the coordinator (no way back
+within ``cluster.coordinator_timeout_s``, or no answer to a heartbeat for that
+long) ends the role with `EXIT_COORDINATOR_LOST`. A role that ends without
+finishing its phases gets `on_abnormal_end` (learner 0 checkpoints there).
+
+Registration hands the role a session id for this registration; memory
+hosts check it when the role attaches (see `aiorl.runtime.memory`). Tasks a
+role starts besides its work go through `spawn`: one that dies is logged
+and fails the role (and so the run), never silently.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import socket
 import time
@@ -20,15 +28,20 @@ from pathlib import Path
 import psutil
 
 from aiorl.config import Config, connect_host
+from aiorl.runtime import frame_limits, messages
+from aiorl.runtime.control import ControlChannel, CoordinatorLost, NotAdmitted, Refused
 from aiorl.runtime.phase import (
     EXIT_COORDINATOR_LOST,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_REFUSED,
+    INTERRUPTED,
     Phase,
+    interrupted_exit_code,
     role_name,
 )
-from aiorl.wire import Connection, ConnectionClosed, RemoteError, connect
+from aiorl.wire import Connection, ConnectionClosed, Limits, RemoteError, ServerBusy, connect
 
 
 class Offload:
@@ -65,10 +78,6 @@ class Offload:
         return result
 
 
-class CoordinatorLost(Exception):
-    """The coordinator is gone: its connection closed or it stopped answering."""
-
-
 class RoleFailed(Exception):
     """The role cannot go on (config refused, its work raised, ...)."""
 
@@ -88,8 +97,11 @@ class Role:
         self.log = logging.getLogger(f"aiorl.{self.name}")
         self.phase = Phase.STARTING
         self.counters: dict[str, int] = {}
-        self.coordinator: Connection | None = None
+        self.coordinator: ControlChannel | None = None
+        self.incarnation = secrets.token_hex(8)  # this process; a restart is a new incarnation
+        self.run_counters: dict[str, int] = {}  # the run's global counters, from heartbeat replies
         self.start_info: dict = {}
+        self.registration: dict = {}  # the coordinator's reply: admission, restarts
         self.weights_version_seen = -1  # newest version the coordinator told us about
         self._phase_events: dict[Phase, asyncio.Event] = {}
         self._exit_meta: dict | None = None
@@ -98,6 +110,14 @@ class Role:
         self._stop_task: asyncio.Task | None = None
         self._loop_lag_s = 0.0
         self._process = psutil.Process()
+        self._rss_bytes = 0
+        self.counters_at_heartbeat: dict[str, int] = {}  # ours, as the last run_counters include them
+        self._register_extra: dict = {}
+        self._fatal: asyncio.Future | None = None
+        self._work_done = False
+        self._late_failure: asyncio.Task | None = None
+        self._spawned: set[asyncio.Task] = set()
+        self._algorithm = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} phase={self.phase.name} counters={self.counters}>"
@@ -118,8 +138,44 @@ class Role:
     def advertised_address(self) -> tuple[str, int] | None:
         return None
 
+    def register_extra(self) -> dict:
+        """More fields for the registration (learner 0: its rendezvous address)."""
+        return {}
+
+    # ------------------------------------------------------------------ tasks
+
+    def spawn(self, coro, name: str) -> asyncio.Task:
+        """Run `coro` beside the role's work; if it raises, the role fails (logged, reported)."""
+        task = asyncio.get_running_loop().create_task(coro, name=f"{self.name} {name}")
+        self._spawned.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._spawned.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.fatal(task.exception(), task.get_name())
+
+    def fatal(self, exc: BaseException, what: str) -> None:
+        """Something the role cannot go on without failed: log it and fail the role."""
+        self.log.error("%s failed: %s: %s", what, type(exc).__name__, exc, exc_info=exc)
+        reason = f"{what}: {type(exc).__name__}: {exc}"
+        if self._work_done:  # too late to stop the work: still fail the run
+            self._late_failure = asyncio.get_running_loop().create_task(self._report_failure(reason))
+        elif self._fatal is not None and not self._fatal.done():
+            self._fatal.set_exception(RuntimeError(reason))
+            self._fatal.exception()  # retrieved here; `_main_or_fatal` raises it
+
     def on_role_lost(self, name: str) -> None:
         """The coordinator declared role `name` lost or failed."""
+
+    def on_control(self, msg) -> None:
+        """A message the coordinator pushed that the base class does not handle."""
+        self.log.warning("ignored control message %r from the coordinator", msg.kind)
+
+    async def on_abnormal_end(self, why: str) -> None:
+        """The role is ending without finishing its phases (coordinator lost, told to exit
+        early, a second signal, its work failed): save what can be saved."""
 
     # ------------------------------------------------------------------ phases
 
@@ -140,21 +196,52 @@ class Role:
     def coordinator_address(self) -> tuple[str, int]:
         return connect_host(self.cfg.cluster.host), self.cfg.cluster.port
 
-    async def _connect_coordinator(self) -> Connection:
-        host, port = self.coordinator_address()
-        if port == 0:
-            raise RoleFailed("cluster.port is 0: a role started on its own needs the coordinator's port")
+    def _register_meta(self) -> dict:
+        return {"role": self.name, "pid": os.getpid(), "host": socket.gethostname(),
+                "config_hash": self.cfg.config_hash(), "address": self.advertised_address(),
+                "incarnation": self.incarnation, **self._register_extra}
+
+    async def connect_to(self, host: str, port: int, limits: Limits | None = None) -> Connection:
+        """Connect to a server of the run, retrying (with backoff) while it is busy, for up to
+        ``cluster.start_timeout_s``. A server that refuses or cannot be reached fails at once:
+        it has gone away (the coordinator announces it when it is back, maybe elsewhere)."""
         deadline = asyncio.get_running_loop().time() + self.cfg.cluster.start_timeout_s
         delay = 0.05
         while True:
             try:
                 return await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client,
-                                     handshake_timeout_s=self.cfg.cluster.coordinator_timeout_s)
-            except OSError as exc:
+                                     limits=limits, handshake_timeout_s=self.cfg.cluster.coordinator_timeout_s)
+            except ServerBusy:  # its handshake slots are taken (a flood, or many peers at once)
                 if asyncio.get_running_loop().time() + delay > deadline:
-                    raise CoordinatorLost(f"cannot reach the coordinator at {host}:{port}: {exc}") from None
+                    raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    @property
+    def session(self) -> str | None:
+        """This registration's id, shown to memory hosts when attaching (a rejoin keeps it)."""
+        return self.coordinator.session if self.coordinator is not None else None
+
+    async def attach_memory(self, host: str, port: int) -> Connection:
+        """Connect to a memory host and attach with this registration's session id."""
+        # A learner receives sampled batches; an actor only the attach reply.
+        limits = (frame_limits.memory_to_learner(self.cfg, self.algorithm()) if self.kind == "learner"
+                  else frame_limits.UNKNOWN_PEER)
+        conn = await self.connect_to(host, port, limits)
+        try:
+            await conn.request("attach", {"session": self.session}, timeout_s=self.cfg.cluster.coordinator_timeout_s)
+        except RemoteError as exc:
+            conn.abort()
+            raise RoleFailed(f"memory host {host}:{port} refused to attach {self.name}: {exc}") from None
+        return conn
+
+    def algorithm(self):
+        """The configured algorithm, built once (roles need its specs for frame limits)."""
+        if self._algorithm is None:
+            from aiorl.runtime.algorithm import build_algorithm
+
+            self._algorithm = build_algorithm(self.cfg)
+        return self._algorithm
 
     async def run(self) -> int:
         """Run the role to its end; return the process exit code."""
@@ -165,15 +252,26 @@ class Role:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            return await self._run()
-        except (CoordinatorLost, RoleFailed, ExceptionGroup) as exc:
+            code = await self._run()
+            if code != EXIT_OK and not self._finished_phases():
+                await self.on_abnormal_end(f"exit code {code}")
+            return code
+        except (CoordinatorLost, RoleFailed, NotAdmitted, ExceptionGroup) as exc:
             lost = _leaves(exc, CoordinatorLost)
             failed = _leaves(exc, RoleFailed)
+            refused = _leaves(exc, NotAdmitted)
             if lost:
                 self.log.error("lost the coordinator at %s:%s: %s; exiting", *self.coordinator_address(), lost[0])
+                await self.on_abnormal_end(f"lost the coordinator: {lost[0]}")
                 return EXIT_COORDINATOR_LOST
+            if refused:
+                self.log.error("not admitted by the coordinator: %s", refused[0])
+                return EXIT_REFUSED
             if failed:
                 self.log.error("failed: %s", failed[0])
+                # Its own work failed, maybe for a cause outside it (a data-parallel peer died);
+                # learner 0 still saves what it can (weights that blew up are not saved).
+                await self.on_abnormal_end(f"failed: {failed[0]}")
                 return EXIT_FAILED
             raise
         finally:
@@ -186,18 +284,27 @@ class Role:
     async def cleanup(self) -> None:
         """Close what the role opened (servers, peer connections)."""
 
+    def _finished_phases(self) -> bool:
+        meta = self._exit_meta or {}
+        return bool(meta.get("role_ok")) and self._signals <= 1
+
     async def _run(self) -> int:
-        self.coordinator = await self._connect_coordinator()
+        self._fatal = asyncio.get_running_loop().create_future()
+        host, port = self.coordinator_address()
+        if port == 0:
+            raise RoleFailed("cluster.port is 0: a role started on its own needs the coordinator's port")
+        c = self.cfg.cluster
+        self._register_extra = self.register_extra()  # once: it may bind (learner 0's rendezvous)
+        self.coordinator = ControlChannel(self.name, (host, port), self.token, self.ssl_client, self._register_meta,
+                                          c.coordinator_timeout_s, c.start_timeout_s, self.log,
+                                          limits=frame_limits.from_coordinator(self.algorithm()))
         try:
-            await self.coordinator.request("register", {
-                "role": self.name, "pid": os.getpid(), "host": socket.gethostname(),
-                "config_hash": self.cfg.config_hash(), "address": self.advertised_address(),
-            }, timeout_s=self.cfg.cluster.coordinator_timeout_s)
-        except RemoteError as exc:
-            raise RoleFailed(f"the coordinator refused registration: {exc}") from None
-        except (ConnectionClosed, TimeoutError) as exc:
-            raise CoordinatorLost(f"registration got no answer: {exc!r}") from None
-        self.log.info("registered with the coordinator at %s:%s", *self.coordinator_address())
+            reply = await self.coordinator.open()
+        except Refused as exc:
+            raise RoleFailed(str(exc)) from None
+        self.registration = reply
+        self._set_phase(Phase(int(reply.get("phase", Phase.STARTING))))  # a restart joins a running run
+        self.log.info("registered with the coordinator at %s:%s (%s)", host, port, reply.get("admission"))
         async with asyncio.TaskGroup() as tg:
             control = tg.create_task(self._control_loop())
             heartbeat = tg.create_task(self._heartbeat_loop())
@@ -212,7 +319,9 @@ class Role:
         if work.cancelled() or not meta.get("role_ok", False):
             self.log.error("exiting without finishing: %s", meta.get("reason") or "told to exit early")
             return EXIT_FAILED
-        self.log.info("exit (run %s)", "ok" if meta.get("ok") else "not ok")
+        self.log.info("exit (run %s)", meta.get("outcome") or ("ok" if meta.get("ok") else "not ok"))
+        if meta.get("outcome") == INTERRUPTED:
+            return interrupted_exit_code(meta.get("signal"))
         return EXIT_OK
 
     async def _work(self) -> None:
@@ -220,11 +329,10 @@ class Role:
             reply = await self.coordinator.request("wait_start", timeout_s=self.cfg.cluster.start_timeout_s)
         except TimeoutError:
             raise CoordinatorLost("the run did not start within cluster.start_timeout_s") from None
-        except ConnectionClosed as exc:
-            raise CoordinatorLost(f"connection closed while waiting for the start: {exc}") from None
         self.start_info = reply.meta
+        self._set_phase(Phase(int(reply.meta.get("phase", Phase.STARTING))))
         try:
-            stats = await self.main()
+            stats = await self._main_or_fatal()
         except (CoordinatorLost, asyncio.CancelledError):
             raise
         except Exception as exc:
@@ -238,11 +346,26 @@ class Role:
         await self._request_or_lost("done", {**self._heartbeat_meta(), "stats": stats})
         self.log.info("reported done")
 
+    async def _main_or_fatal(self) -> dict:
+        """`main`, unless a spawned task fails first (then main is cancelled and that error raised)."""
+        main = asyncio.ensure_future(self.main())
+        try:
+            await asyncio.wait({main, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            main.cancel()
+            raise
+        if not main.done():
+            main.cancel()
+            await asyncio.gather(main, return_exceptions=True)
+            raise self._fatal.exception()
+        self._work_done = True
+        return main.result()
+
     async def _report_failure(self, reason: str) -> None:
         try:
             await self.coordinator.request("fail", {"reason": reason},
                                            timeout_s=self.cfg.cluster.coordinator_timeout_s)
-        except (ConnectionClosed, TimeoutError, RemoteError):
+        except (ConnectionClosed, TimeoutError, RemoteError, CoordinatorLost):
             pass
 
     async def _request_or_lost(self, kind: str, meta: dict | None = None, **kwargs):
@@ -252,35 +375,37 @@ class Role:
         except TimeoutError:
             raise CoordinatorLost(f"no answer to {kind!r} within cluster.coordinator_timeout_s "
                                   f"({self.cfg.cluster.coordinator_timeout_s:g} s)") from None
-        except ConnectionClosed as exc:
-            raise CoordinatorLost(f"connection closed: {exc}") from None
 
     async def _control_loop(self) -> None:
         try:
-            async for msg in self.coordinator:
+            async for msg in self.coordinator.messages():
+                fields = messages.check(msg.kind, msg.meta, {"phase", "role_lost", "memories", "exit"})
                 if msg.kind == "phase":
-                    self._set_phase(Phase(int(msg.meta["phase"])))
-                elif msg.kind == "role_lost" and isinstance(msg.meta.get("role"), str):
-                    self.on_role_lost(msg.meta["role"])
+                    self._set_phase(Phase(fields["phase"]))
+                elif msg.kind == "role_lost":
+                    self.on_role_lost(fields["role"])
                 elif msg.kind == "exit":
-                    self._exit_meta = msg.meta
+                    self._exit_meta = fields
                     self._exited.set()
                     return
                 else:
-                    self.log.warning("ignored control message %r from the coordinator", msg.kind)
-        except ConnectionClosed as exc:
-            raise CoordinatorLost(f"connection closed: {exc}") from None
-        raise CoordinatorLost("connection closed before the exit message")
+                    self.on_control(msg)
+        except messages.BadMessage as exc:
+            raise CoordinatorLost(f"the coordinator sent a bad message: {exc}") from None
 
     def _heartbeat_meta(self) -> dict:
         if not self.cfg.run.metrics:
             return {"counters": dict(self.counters), **self.heartbeat_extra()}
+        try:
+            self._rss_bytes = self._process.memory_info().rss
+        except (OSError, psutil.Error):
+            pass  # housekeeping never kills a role (EMFILE under a connection flood): keep the last value
         meta = {
             "counters": dict(self.counters),
             "metrics": {
                 **self.metrics(),
                 "loop_lag_s": round(self._loop_lag_s, 6),
-                "rss_bytes": self._process.memory_info().rss,
+                "rss_bytes": self._rss_bytes,
             },
         }
         meta.update(self.heartbeat_extra())
@@ -294,9 +419,13 @@ class Role:
             await asyncio.sleep(interval)
             # How late the timer fired: the loop's responsiveness while work runs.
             self._loop_lag_s = max(0.0, loop.time() - expected)
-            reply = await self._request_or_lost("heartbeat", self._heartbeat_meta())
+            meta = self._heartbeat_meta()
+            reply = await self._request_or_lost("heartbeat", meta)
             self._set_phase(Phase(int(reply.meta["phase"])))
             self.weights_version_seen = int(reply.meta.get("weights_version", -1))
+            self.run_counters = {k: int(reply.meta[k]) for k in ("env_steps", "learner_steps", "episodes")
+                                 if k in reply.meta}
+            self.counters_at_heartbeat = meta["counters"]  # what those totals include of ours
 
     def _on_signal(self, sig: int) -> None:
         self._signals += 1
@@ -313,7 +442,7 @@ class Role:
         try:
             await self.coordinator.request("stop", {"reason": reason},
                                            timeout_s=self.cfg.cluster.coordinator_timeout_s)
-        except (ConnectionClosed, TimeoutError, RemoteError) as exc:
+        except (ConnectionClosed, TimeoutError, RemoteError, CoordinatorLost) as exc:
             self.log.warning("could not ask the coordinator to stop: %r", exc)
 
 

@@ -1,6 +1,7 @@
 """aiorl.wire: the only code that touches sockets.
 
-Authenticated (mutual HMAC-SHA256 over a cluster token), pickle-free framing of
+Authenticated (mutual HMAC-SHA256 over a cluster token, the connecting side
+proving first), pickle-free framing of
 named numpy arrays plus small msgpack metadata, over asyncio (uvloop by
 default) TCP, optionally TLS. See :mod:`aiorl.wire.codec` for the frame format,
 :mod:`aiorl.wire.auth` for the handshake, :mod:`aiorl.wire.connection` for the
@@ -10,7 +11,8 @@ buffer contract and flow control.
 from .auth import generate_token, load_token, write_token_file
 from .codec import ALLOWED_DTYPES, PROTOCOL_VERSION, Limits
 from .connection import Connection, Server, connect, serve
-from .errors import AuthError, ConnectionClosed, ProtocolError, RemoteError, TokenError, WireError
+from .errors import (AuthError, ConnectionClosed, ProtocolError, RemoteError, ServerBusy, TokenError,
+                     WireError)
 from .message import Message
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "Server",
+    "ServerBusy",
     "TokenError",
     "WireError",
     "connect",

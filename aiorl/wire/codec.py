@@ -50,8 +50,9 @@ __all__ = [
     "ALLOWED_DTYPES",
 ]
 
-#: Bumped on any incompatible change of the frame format or the handshake.
-PROTOCOL_VERSION = 1
+#: Bumped on any incompatible change of the frame format or the handshake
+#: (2: the connecting side proves first, see aiorl.wire.auth).
+PROTOCOL_VERSION = 2
 
 MAGIC = b"aiRL"
 
@@ -80,16 +81,17 @@ _CACHE_MAX = 512
 class FrameType:
     """Values of the fixed header's frame type byte."""
 
-    HELLO = 1  # handshake: name, nonce (and the server's MAC)
+    HELLO = 1  # handshake: the client's name and nonce
     AUTH = 2  # handshake: the client's MAC
-    WELCOME = 3  # handshake: the server accepted the client
+    WELCOME = 3  # handshake: the server accepted the client, with the server's MAC
     REJECT = 4  # handshake: refused, with a reason
+    CHALLENGE = 5  # handshake: the server's name and nonce
     DATA = 16  # a streamed data message
     REQUEST = 17  # a message that expects a reply (request_id != 0)
     RESPONSE = 18  # the reply to request_id
     ERROR = 19  # an error reply to request_id (meta: reason)
 
-    HANDSHAKE = frozenset({HELLO, AUTH, WELCOME, REJECT})
+    HANDSHAKE = frozenset({HELLO, AUTH, WELCOME, REJECT, CHALLENGE})
     MESSAGES = frozenset({DATA, REQUEST, RESPONSE, ERROR})
 
 
@@ -112,8 +114,10 @@ _WIRE_NAME: dict[np.dtype, str] = {dt: name for name, dt in ALLOWED_DTYPES.items
 class Limits:
     """Caps a receiver enforces before it allocates, and the sender's write buffer.
 
-    Both ends of a connection should use the same limits; a frame over the
-    receiver's limits closes the connection with a logged reason.
+    A connection's limits are what that side accepts (``Connection.set_limits``
+    can change them once the peer is known); a frame over them closes the
+    connection with a logged reason. Senders are held only to the defaults
+    and to the shared ``max_header_bytes``.
     """
 
     max_header_bytes: int = 64 * 1024
@@ -393,10 +397,15 @@ class Decoder:
             if type(shape) is not list or len(shape) > limits.max_ndim:
                 raise ProtocolError(f"array {name!r}: shape must be a list of at most {limits.max_ndim} dims")
             count = 1
+            extent = 1  # product of the non-zero dims: numpy refuses shapes whose extent overflows
             for dim in shape:
                 if type(dim) is not int or dim < 0:
                     raise ProtocolError(f"array {name!r}: bad dimension {dim!r} in shape {shape!r}")
                 count *= dim  # Python ints: no overflow
+                extent *= dim or 1
+            if extent * dtype.itemsize > limits.max_payload_bytes:
+                raise ProtocolError(f"array {name!r}: shape {shape!r:.80} of {dtype.name} spans more than "
+                                    f"max_payload_bytes={limits.max_payload_bytes}, even if empty")
             if type(nbytes) is not int or nbytes != count * dtype.itemsize:
                 raise ProtocolError(
                     f"array {name!r}: shape {shape} of {dtype.name} is {count * dtype.itemsize} bytes, "

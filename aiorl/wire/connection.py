@@ -30,15 +30,20 @@ receives data; otherwise a full queue also holds back the replies.
 from __future__ import annotations
 
 import asyncio
+import collections
+import ipaddress
 import logging
 import ssl as ssl_module
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import numpy as np
 
-from .codec import FrameType, Limits
+from aiorl.ratelog import RateLimitedLog
+
+from .codec import Decoder, FrameType, Limits
 from .errors import ConnectionClosed
 from .message import Message
+from .names import MAX_PEER_NAME, PEER_NAME_CHARS, is_peer_name, safe_text
 
 __all__ = ["Connection", "Server", "connect", "serve"]
 
@@ -62,6 +67,28 @@ class Connection:
     def peer_name(self) -> str | None:
         """The name the peer gave in the handshake, e.g. ``"actor-3"``."""
         return self._proto.peer_name
+
+    @property
+    def limits(self) -> Limits:
+        """What this side accepts from the peer (checked before anything is allocated)."""
+        return self._proto._limits
+
+    def set_limits(self, limits: Limits) -> None:
+        """Accept frames up to `limits` from now on, e.g. once the peer's role is known.
+
+        A server accepts little from a peer it does not know yet and widens the
+        limits to what that peer may legitimately send.
+        """
+        if not isinstance(limits, Limits):
+            raise TypeError(f"limits must be a Limits, got {type(limits).__name__}")
+        proto = self._proto
+        if limits.max_header_bytes > proto._limits.max_header_bytes:
+            # The staging buffer was sized for the old maximum header.
+            raise ValueError(f"set_limits cannot raise max_header_bytes ({proto._limits.max_header_bytes} -> "
+                             f"{limits.max_header_bytes}) on a live connection")
+        proto._limits = limits
+        proto._decoder = Decoder(limits)
+        proto._last_schema, proto._last_layout = b"", ("", ((), 0))  # re-check layouts against the new limits
 
     @property
     def flush_delay_s(self) -> float:
@@ -248,6 +275,9 @@ def _check_common(token: bytes, name: str, recv_queue_size: int, handshake_timeo
         raise TypeError("token must be non-empty bytes (see aiorl.wire.load_token)")
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not is_peer_name(name):
+        raise ValueError(f"name {safe_text(name, 80)!r} is not a valid peer name "
+                         f"(1-{MAX_PEER_NAME} characters of {PEER_NAME_CHARS})")
     if type(recv_queue_size) is not int or recv_queue_size < 1:
         raise ValueError(f"recv_queue_size must be an int >= 1, got {recv_queue_size!r}")
     if not handshake_timeout_s > 0:
@@ -297,32 +327,90 @@ async def connect(
 
 
 class Server:
-    """A listening aiorl endpoint. ``port`` is the bound port (so ``port=0`` works)."""
+    """A listening aiorl endpoint. ``port`` is the bound port (so ``port=0`` works).
+
+    Connections that have not finished the handshake are capped globally
+    (``max_handshakes``) and per source address (``max_handshakes_per_host``);
+    authenticated ones at ``max_connections``. A connection over a cap is
+    refused at once: a REJECT frame with code "busy" (the client raises
+    :class:`ServerBusy`), then the socket is closed, so a flood of bare
+    connections holds at most the caps' worth of file descriptors.
+    ``stats`` counts refusals and failed handshakes.
+    """
 
     def __init__(self, on_connection: Callable[[Connection], Awaitable[None]], name: str,
-                 protocol_options: dict[str, Any]) -> None:
+                 protocol_options: dict[str, Any], *, max_handshakes: int, max_handshakes_per_host: int,
+                 max_connections: int | None) -> None:
         self.host = ""
         self.port = 0
         self.connections: set[Connection] = set()
+        self.max_handshakes = max_handshakes
+        self.max_handshakes_per_host = max_handshakes_per_host
+        self.max_connections = max_connections
+        self.stats = {"refused_busy": 0, "handshake_failures": 0}
         self._on_connection = on_connection
         self._name = name
         self._protocol_options = protocol_options
         self._server: asyncio.base_events.Server | None = None
         self._protocols: set[WireProtocol] = set()  # every live one, handshaking too
+        self._handshaking: set[WireProtocol] = set()
+        self._handshaking_per_host: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
+        # A peer without the token decides how often these happen: log them at a bounded rate.
+        self._log_refusal = RateLimitedLog(logger, logging.WARNING, burst=10, per_s=0.2)
+        self._log_handshake = RateLimitedLog(logger, logging.WARNING, burst=20, per_s=1.0)
 
     def __repr__(self) -> str:
         state = "closing" if self._closing else "serving"
         return (f"<Server {self._name!r} {self.host}:{self.port} {state} connections={len(self.connections)} "
-                f"handshaking={len(self._protocols) - len(self.connections)}>")
+                f"handshaking={len(self._handshaking)} refused={self.stats['refused_busy']}>")
 
     def _make_protocol(self) -> WireProtocol:
-        proto = WireProtocol(server=True, on_ready=self._on_ready, on_lost=self._on_lost, **self._protocol_options)
+        proto = WireProtocol(server=True, on_ready=self._on_ready, on_lost=self._on_lost, admit=self._admit,
+                             admit_proved=self._admit_proved, log_failure=self._handshake_failed,
+                             **self._protocol_options)
         self._protocols.add(proto)
         return proto
 
+    def _admit(self, proto: WireProtocol) -> str | None:
+        """A new connection: None to start its handshake, else why it is refused."""
+        host = proto.peer_host
+        if len(self._handshaking) >= self.max_handshakes:
+            reason = f"{len(self._handshaking)} handshakes in progress, the limit (max_handshakes)"
+        elif self._handshaking_per_host[host] >= self.max_handshakes_per_host:
+            reason = (f"{self._handshaking_per_host[host]} handshakes in progress from {host}, the limit "
+                      "(max_handshakes_per_host)")
+        else:
+            self._handshaking.add(proto)
+            self._handshaking_per_host[host] += 1
+            return None
+        self.stats["refused_busy"] += 1
+        self._log_refusal("%r: refusing a connection from %s: %s", self, proto.peer, reason)
+        return f"server busy: {reason}"
+
+    def _admit_proved(self, proto: WireProtocol) -> str | None:
+        if self.max_connections is not None and len(self.connections) >= self.max_connections:
+            self.stats["refused_busy"] += 1
+            reason = f"{len(self.connections)} connections open, the limit (max_connections)"
+            self._log_refusal("%r: refusing %s (%s): %s", self, proto.peer, proto.peer_name, reason)
+            return f"server busy: {reason}"
+        return None
+
+    def _handshake_failed(self, msg: str, *args) -> None:
+        self.stats["handshake_failures"] += 1
+        self._log_handshake(msg, *args)
+
+    def _end_handshake(self, proto: WireProtocol) -> None:
+        if proto in self._handshaking:
+            self._handshaking.discard(proto)
+            host = proto.peer_host
+            self._handshaking_per_host[host] -= 1
+            if self._handshaking_per_host[host] <= 0:
+                del self._handshaking_per_host[host]
+
     def _on_ready(self, proto: WireProtocol) -> None:
+        self._end_handshake(proto)
         conn = proto.connection
         self.connections.add(conn)
         task = asyncio.get_running_loop().create_task(self._handle(conn), name=f"aiorl.wire handler {conn.peer}")
@@ -330,6 +418,7 @@ class Server:
         task.add_done_callback(self._tasks.discard)
 
     def _on_lost(self, proto: WireProtocol) -> None:
+        self._end_handshake(proto)
         self._protocols.discard(proto)
         self.connections.discard(proto.connection)
 
@@ -383,18 +472,35 @@ async def serve(
     handshake_timeout_s: float = 10.0,
     recv_queue_size: int = 64,
     backlog: int = 128,
+    max_handshakes: int = 128,
+    max_handshakes_per_host: int = 32,
+    max_connections: int | None = None,
 ) -> Server:
     """Listen on ``host:port`` (default 127.0.0.1, an ephemeral port).
 
     ``on_connection(conn)`` runs as its own task for each authenticated
     connection; when it returns or raises (the exception is logged with the
     peer), the connection is closed. Failed handshakes never reach it.
+    ``limits`` apply to every connection until its handler widens them
+    (``Connection.set_limits``); see :class:`Server` for the connection caps.
+    Listening on an address other than loopback without ``ssl`` logs a
+    warning: the handshake still needs the token, but frames after it are
+    neither encrypted nor authenticated.
     """
     _check_common(token, name, recv_queue_size, handshake_timeout_s)
+    for key, value in (("max_handshakes", max_handshakes), ("max_handshakes_per_host", max_handshakes_per_host),
+                       ("max_connections", 1 if max_connections is None else max_connections)):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{key} must be an int >= 1, got {value!r}")
     server = Server(on_connection, name, {
         "token": token, "name": name, "limits": limits or Limits(),
         "handshake_timeout_s": handshake_timeout_s, "recv_queue_size": recv_queue_size,
-    })
+    }, max_handshakes=max_handshakes, max_handshakes_per_host=max_handshakes_per_host,
+        max_connections=max_connections)
+    if ssl is None and not is_loopback(host):
+        logger.warning("%s listens on %s without TLS: frames after the handshake are neither encrypted nor "
+                       "authenticated, so anyone on that network path can read or alter them (use TLS: "
+                       "cluster.tls_cert and cluster.tls_key)", name, host or "every interface")
     extra: dict[str, Any] = {}
     if ssl is not None:
         extra = {"ssl": ssl, "ssl_handshake_timeout": handshake_timeout_s}
@@ -403,3 +509,13 @@ async def serve(
     server.host, server.port = server._server.sockets[0].getsockname()[:2]
     logger.debug("%r listening", server)
     return server
+
+
+def is_loopback(host: str) -> bool:
+    """True when `host` only reaches this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -11,6 +11,7 @@ __all__ = [
     "ProtocolError",
     "AuthError",
     "TokenError",
+    "ServerBusy",
     "ConnectionClosed",
     "RemoteError",
 ]
@@ -32,7 +33,15 @@ class AuthError(WireError):
 
 
 class TokenError(WireError):
-    """The cluster token could not be loaded (missing, empty, or unsafe file mode)."""
+    """The cluster token could not be loaded (missing, too short, or an unsafe file)."""
+
+
+class ServerBusy(WireError, ConnectionRefusedError):
+    """The server is at its connection limit and refused this one; try again later.
+
+    An ``OSError`` (``ConnectionRefusedError``), so code that retries a refused
+    connect retries this too.
+    """
 
 
 class ConnectionClosed(WireError, ConnectionError):

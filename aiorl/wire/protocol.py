@@ -1,7 +1,9 @@
 """The asyncio protocol under every :class:`~aiorl.wire.Connection`.
 
-It owns the bytes: framing, the handshake, and flow control in both
-directions. :mod:`aiorl.wire.connection` puts the message API on top.
+It owns the bytes: framing and flow control in both directions; the
+handshake's states live in :class:`aiorl.wire.auth.Handshake`, which this
+protocol only feeds and whose bytes it writes. :mod:`aiorl.wire.connection`
+puts the message API on top.
 
 Receiving (``BufferedProtocol``, so the loop reads straight into our memory):
 
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hmac
 import logging
 import socket
 from dataclasses import dataclass, field
@@ -194,6 +195,9 @@ class WireProtocol(asyncio.BufferedProtocol):
         handshake_timeout_s: float,
         on_ready: Callable[[WireProtocol], None] | None = None,
         on_lost: Callable[[WireProtocol], None] | None = None,
+        admit: Callable[[WireProtocol], str | None] | None = None,
+        admit_proved: Callable[[WireProtocol], str | None] | None = None,
+        log_failure: Callable[..., Any] | None = None,
         version: int = PROTOCOL_VERSION,
     ) -> None:
         from .connection import Connection  # the façade; imported late to avoid a cycle
@@ -207,10 +211,19 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._handshake_timeout_s = handshake_timeout_s
         self._on_ready = on_ready
         self._on_lost = on_lost
-        self._encoder = Encoder(limits, version)
+        # Server side: `admit` may refuse a new connection and `admit_proved` one whose
+        # client just proved itself (a reason string: refused as busy); failures
+        # before authentication are logged through `log_failure` (rate-limited).
+        self._admit = admit
+        self._admit_proved = admit_proved
+        self._log_failure = log_failure
+        # `limits` are what this side accepts; what it sends only has to fit the wire's own
+        # maxima (the peer enforces its limits), with the header cap both sides share.
+        self._encoder = Encoder(Limits(max_header_bytes=limits.max_header_bytes), version)
         self._decoder = Decoder(limits)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.peer_host = "?"
         self.peer_name: str | None = None
 
         # receiving
@@ -244,9 +257,7 @@ class WireProtocol(asyncio.BufferedProtocol):
 
         # handshake
         self._authenticated = False
-        self._nonce = auth.new_nonce()
-        self._peer_nonce = b""
-        self._handshake_step = 0
+        self._handshake = auth.Handshake(client=not server, token=token, name=name, version=version)
         self._handshake_timer: asyncio.TimerHandle | None = None
         self.handshake_done: asyncio.Future | None = None if server else self._loop.create_future()
 
@@ -269,7 +280,17 @@ class WireProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.peer = _format_address(transport.get_extra_info("peername"))
+        address = transport.get_extra_info("peername")
+        self.peer = _format_address(address)
+        self.peer_host = str(address[0]) if isinstance(address, tuple) and address else self.peer
+        if self._admit is not None:
+            refusal = self._admit(self)
+            if refusal is not None:  # at a connection limit: say so and hang up, before any work
+                self._failed = True
+                self._cause = ConnectionRefusedError(refusal)
+                transport.write(auth.reject_frame("busy", refusal, self._version))
+                transport.close()
+                return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:  # frames are coalesced by us; never wait for Nagle
@@ -287,7 +308,7 @@ class WireProtocol(asyncio.BufferedProtocol):
             )
         self._handshake_timer = self._loop.call_later(self._handshake_timeout_s, self._handshake_timed_out)
         if not self._server:
-            self._write_handshake(FrameType.HELLO, {"name": self._name, "nonce": self._nonce})
+            transport.write(self._handshake.start())
 
     def eof_received(self) -> bool:
         return False  # let the transport close; connection_lost sorts out clean vs mid-frame
@@ -300,7 +321,7 @@ class WireProtocol(asyncio.BufferedProtocol):
                 handle.cancel()
         self._out.clear()
         self._out_bytes = 0
-        if not self._failed:
+        if not self._failed and self._authenticated:
             # Frames that arrived while reading was paused are still in staging:
             # deliver them (the queue overflows into the bounded staging-sized
             # backlog) before telling anyone the connection is gone.
@@ -358,23 +379,28 @@ class WireProtocol(asyncio.BufferedProtocol):
         name = f" ({self.peer_name})" if self.peer_name else ""
         return f"{'from' if self._server else 'to'} {self.peer}{name}"
 
-    def fail(self, exc: BaseException, *, reject: bool = True) -> None:
-        """Bad input or a failed handshake: log why, and drop this connection only."""
+    def fail(self, exc: BaseException, reply: bytes = b"") -> None:
+        """Bad input or a failed handshake: log why, and drop this connection only.
+
+        ``reply`` (a REJECT frame from the handshake) is written before hanging up.
+        """
         if self._failed or self._lost:
             return
         self._failed = True
         self._cause = exc
         self._direct = None
-        logger.warning("closing connection %s: %s", self._who(), exc)
+        if self._log_failure is not None and not self._authenticated:
+            self._log_failure("closing connection %s: %s", self._who(), exc)
+        else:
+            logger.warning("closing connection %s: %s", self._who(), exc)
         if self.handshake_done is not None and not self.handshake_done.done():
             self.handshake_done.set_exception(exc)
         transport = self.transport
         if transport is None:
             return
-        if reject and not self._authenticated and not transport.is_closing():
+        if reply and not transport.is_closing():
             # Tell the peer why before hanging up (tiny, fits the socket buffer).
-            code = "auth" if isinstance(exc, AuthError) else "protocol"
-            self._write_handshake(FrameType.REJECT, {"code": code, "reason": _reject_reason(exc)})
+            transport.write(reply)
             transport.close()
         else:
             transport.abort()
@@ -417,6 +443,13 @@ class WireProtocol(asyncio.BufferedProtocol):
         if self._failed:
             return
         try:
+            if not self._authenticated:
+                self._end += nbytes
+                data = bytes(self._stage_view[self._start:self._end])
+                self._start = self._end = 0
+                if not (self._lost or self._closing):  # after a reset or abort() the handshake has ended
+                    self._handshake_events(self._handshake.receive(data))
+                return
             direct = self._direct
             if direct is not None:
                 direct.pos += nbytes
@@ -443,7 +476,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         if self._lost:
             self._cause = self._cause or exc
         else:
-            self.fail(exc, reject=False)
+            self.fail(exc)
 
     def _parse(self) -> None:
         """Handle every complete frame in staging, until the queue is full or input is bad.
@@ -466,8 +499,8 @@ class WireProtocol(asyncio.BufferedProtocol):
                 return
             magic, version, ftype, flags, schema_len, meta_len, payload_len, request_id = _unpack_fixed(stage, start)
             header_len = schema_len + meta_len
-            if magic != MAGIC or version != self._version or flags or not self._authenticated:
-                self._check_early_header(magic, version, flags, ftype, schema_len, header_len, payload_len)
+            if magic != MAGIC or version != self._version or flags:
+                self._check_early_header(magic, version, flags)
             elif (ftype not in _MESSAGE_TYPES or not schema_len or header_len > max_header
                   or payload_len > max_payload):
                 self._bad_message_header(ftype, schema_len, header_len, payload_len)
@@ -513,7 +546,6 @@ class WireProtocol(asyncio.BufferedProtocol):
                 else:
                     self._frame(ftype, request_id, kind, layout, meta,
                                 stage[header_end:frame_end] if payload_len else None)
-                    stage, view = self._stage, self._stage_view  # the handshake swaps staging
             elif payload_len <= SMALL_PAYLOAD or self._lost:
                 return
             else:
@@ -527,20 +559,13 @@ class WireProtocol(asyncio.BufferedProtocol):
                 self._window = READ_WINDOW_AFTER_LARGE
                 return
 
-    def _check_early_header(self, magic: bytes, version: int, flags: int, ftype: int,
-                            schema_len: int, header_len: int, payload_len: int) -> None:
-        """Checks that only fail on garbage or during the handshake (off the hot path)."""
+    def _check_early_header(self, magic: bytes, version: int, flags: int) -> None:
+        """Checks that only fail on garbage (off the hot path)."""
         if magic != MAGIC:
             raise ProtocolError(f"bad magic {magic!r}: not an aiorl peer")
         if version != self._version:
             raise ProtocolError(f"peer speaks protocol {version}, this is {self._version}")
-        if flags:
-            raise ProtocolError(f"unknown frame flags 0x{flags:04x}")
-        if ftype not in FrameType.HANDSHAKE or schema_len or payload_len or header_len > HANDSHAKE_MAX_HEADER_BYTES:
-            raise ProtocolError(
-                f"expected a handshake frame, got type {ftype} with {header_len} header and "
-                f"{payload_len} payload bytes"
-            )
+        raise ProtocolError(f"unknown frame flags 0x{flags:04x}")
 
     def _bad_message_header(self, ftype: int, schema_len: int, header_len: int, payload_len: int) -> None:
         limits = self._limits
@@ -553,10 +578,6 @@ class WireProtocol(asyncio.BufferedProtocol):
         raise ProtocolError(f"payload of {payload_len} bytes exceeds max_payload_bytes={limits.max_payload_bytes}")
 
     def _frame(self, ftype: int, request_id: int, kind: str, layout, meta: dict, payload) -> None:
-        if not self._authenticated:
-            if not self._lost:
-                self._handshake_frame(ftype, meta)
-            return
         arrays = self._decoder.arrays(layout, payload) if layout[0] else {}
         if ftype == FrameType.DATA:
             if request_id:
@@ -613,77 +634,44 @@ class WireProtocol(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ handshake
 
-    def _write_handshake(self, ftype: int, meta: dict) -> None:
-        self.transport.write(self._encoder.handshake(ftype, meta))
-
     def _handshake_timed_out(self) -> None:
         self._handshake_timer = None
         if not self._authenticated:
-            self.fail(
-                TimeoutError(f"no completed handshake within {self._handshake_timeout_s:g}s"), reject=False
-            )
+            self.fail(TimeoutError(f"no completed handshake within {self._handshake_timeout_s:g}s"))
 
-    def _handshake_frame(self, ftype: int, meta: dict) -> None:
-        if ftype == FrameType.REJECT:
-            reason = meta.get("reason")
-            reason = reason if isinstance(reason, str) else "no reason given"
-            error = AuthError if meta.get("code") == "auth" else ProtocolError
-            self.fail(error(f"peer refused the connection: {reason[:200]}"), reject=False)
-            return
-        step = (ftype, self._server, self._handshake_step)
-        if step == (FrameType.HELLO, True, 0):  # server: the client's hello
-            self.peer_name = _checked(meta, "name", str, self._limits.max_name_bytes)
-            self._peer_nonce = _checked(meta, "nonce", bytes, auth.NONCE_BYTES, exact=True)
-            self._handshake_step = 1
-            self._write_handshake(FrameType.HELLO, {
-                "name": self._name,
-                "nonce": self._nonce,
-                "mac": self._mac(b"server"),
-            })
-        elif step == (FrameType.HELLO, False, 0):  # client: the server's hello + proof
-            self.peer_name = _checked(meta, "name", str, self._limits.max_name_bytes)
-            self._peer_nonce = _checked(meta, "nonce", bytes, auth.NONCE_BYTES, exact=True)
-            proof = _checked(meta, "mac", bytes, 32, exact=True)
-            if not hmac.compare_digest(proof, self._mac(b"server")):
-                raise AuthError(f"server {self.peer} could not prove it holds the cluster token (wrong token?)")
-            self._handshake_step = 1
-            self._write_handshake(FrameType.AUTH, {"mac": self._mac(b"client")})
-        elif step == (FrameType.AUTH, True, 1):  # server: the client's proof
-            proof = _checked(meta, "mac", bytes, 32, exact=True)
-            if not hmac.compare_digest(proof, self._mac(b"client")):
-                raise AuthError("authentication failed: the peer does not hold the cluster token (wrong token?)")
-            self._write_handshake(FrameType.WELCOME, {})
-            self._authenticated_now()
-            if self._on_ready is not None:
-                self._on_ready(self)
-        elif step == (FrameType.WELCOME, False, 1):
-            self._authenticated_now()
-            self.handshake_done.set_result(None)
-        else:
-            raise ProtocolError(f"unexpected handshake frame type {ftype} at step {self._handshake_step}")
+    def _handshake_events(self, events: list) -> None:
+        """Carry out what the handshake state machine asks for."""
+        self.peer_name = self._handshake.peer_name  # only ever a validated name
+        for event in events:
+            if isinstance(event, auth.Send):
+                self.transport.write(event.data)
+            elif isinstance(event, auth.ClientProved):
+                refusal = self._admit_proved(self) if self._admit_proved is not None else None
+                self._handshake_events(self._handshake.accept() if refusal is None
+                                       else self._handshake.refuse("busy", refusal))
+            elif isinstance(event, auth.Established):
+                self._authenticated_now(event.rest)
+                if self._server:
+                    if self._on_ready is not None:
+                        self._on_ready(self)
+                elif not self.handshake_done.done():  # (connect() may have given up on it)
+                    self.handshake_done.set_result(None)
+                if event.rest:
+                    self._parse()  # frames the peer sent right behind its last handshake frame
+            elif isinstance(event, auth.Failed):
+                self.fail(event.error, event.reply)
 
-    def _authenticated_now(self) -> None:
+    def _authenticated_now(self, rest: bytes = b"") -> None:
         self._authenticated = True
         size = 2 * (FIXED_SIZE + self._limits.max_header_bytes + SMALL_PAYLOAD) + READ_WINDOW
         stage = bytearray(size)
-        kept = self._end - self._start  # anything the peer pipelined after its last handshake frame
-        stage[:kept] = self._stage_view[self._start:self._end]
+        stage[:len(rest)] = rest
         self._stage, self._stage_view = stage, memoryview(stage)
-        self._start, self._end = 0, kept
-        self._handshake_step = 2
+        self._start, self._end = 0, len(rest)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
         logger.debug("%s: authenticated", self._who())
-
-    def _mac(self, direction: bytes) -> bytes:
-        if self._server:
-            client_nonce, server_nonce = self._peer_nonce, self._nonce
-            client_name, server_name = self.peer_name, self._name
-        else:
-            client_nonce, server_nonce = self._nonce, self._peer_nonce
-            client_name, server_name = self._name, self.peer_name
-        return auth.mac(self._token, direction, self._version, client_nonce, server_nonce, client_name, server_name)
 
     # ------------------------------------------------------------------ sending
 
@@ -772,18 +760,3 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._next_request_id += 1
         return request_id
 
-
-def _checked(meta: dict, key: str, kind: type, size: int, *, exact: bool = False) -> Any:
-    value = meta.get(key)
-    if type(value) is not kind:
-        raise ProtocolError(f"handshake field {key!r} must be {kind.__name__}")
-    length = len(value.encode() if kind is str else value)
-    if (exact and length != size) or not 0 < length <= size:
-        raise ProtocolError(f"handshake field {key!r} has a bad length {length}")
-    return value
-
-
-def _reject_reason(exc: BaseException) -> str:
-    if isinstance(exc, AuthError):
-        return "authentication failed"
-    return str(exc)[:200]

@@ -1,0 +1,74 @@
+"""Restarting role processes: which roles, which exits, how often, after how long.
+
+``cluster.max_restarts`` is a per-role budget for the whole run: a role that
+exits abnormally is started again with the same kind and index, up to that
+many times, each after a backoff (``cluster.restart_backoff_s``, doubled after
+each quick failure up to ``cluster.restart_backoff_max_s``; a process that ran
+for ``HEALTHY_AFTER_S`` resets it). The restarted process registers again; the
+coordinator (`aiorl.runtime.coordinator`) accepts the new incarnation of a
+lost role under the same budget and rule (`restartable`), so a launcher only
+has to start processes: `RestartPolicy` is all the bookkeeping it needs (the
+local launcher uses it; a Ray launcher reuses it unchanged).
+
+What is restarted: actors, and memory hosts other than 0 (memory 0 runs the
+coordinator). A memory host rejoins empty, or from its last replay snapshot
+when ``run.snapshot_replay`` is on. Learners are not restarted: data-parallel
+learners cannot rejoin a ``torch.distributed`` group mid-run, so losing one
+ends the run (failed; learner 0 writes a checkpoint if it still can) and
+``aiorl run --resume`` continues it. Synchronous algorithms (DPPO, ES, ...)
+are not restarted either: their barrier counts every actor each iteration.
+Exits that are never restarted: 0 (finished), 3 (lost the coordinator: the
+run is ending) and 4 (refused by the coordinator).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiorl.runtime.phase import EXIT_COORDINATOR_LOST, EXIT_OK, EXIT_REFUSED, parse_role_name
+
+HEALTHY_AFTER_S = 60.0
+NOT_RESTARTED = frozenset({EXIT_OK, EXIT_COORDINATOR_LOST, EXIT_REFUSED})
+
+
+def restartable(kind: str, index: int) -> bool:
+    """Whether a role of this kind and index may be restarted at all (the budget aside)."""
+    return kind == "actor" or (kind == "memory" and index > 0)
+
+
+@dataclass
+class RestartPolicy:
+    max_restarts: int
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    healthy_after_s: float = HEALTHY_AFTER_S
+    restarts: dict[str, int] = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+    _quick: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg) -> RestartPolicy:
+        c = cfg.cluster
+        return cls(c.max_restarts, c.restart_backoff_s, c.restart_backoff_max_s)
+
+    def __repr__(self) -> str:
+        return f"<RestartPolicy max={self.max_restarts} restarts={self.restarts}>"
+
+    def decide(self, name: str, exit_code: int, ran_s: float) -> float | None:
+        """Seconds to wait before starting `name` again after it exited with `exit_code` having
+        run `ran_s` seconds; None when it is not to be restarted. Counts the restart."""
+        kind, index = parse_role_name(name)
+        if exit_code in NOT_RESTARTED or not restartable(kind, index):
+            return None
+        done = self.restarts.get(name, 0)
+        if done >= self.max_restarts:
+            return None
+        quick = 0 if ran_s >= self.healthy_after_s else self._quick.get(name, 0) + 1
+        self._quick[name] = quick
+        delay = min(self.backoff_max_s, self.backoff_s * 2 ** max(0, quick - 1))
+        self.restarts[name] = done + 1
+        self.history.append({"role": name, "exit": exit_code, "ran_s": round(ran_s, 3), "restart": done + 1,
+                             "delay_s": round(delay, 3)})
+        return delay
+
+    def left(self, name: str) -> int:
+        return self.max_restarts - self.restarts.get(name, 0)

@@ -1,0 +1,237 @@
+"""The runtime's messages and what each field may hold, checked where they arrive.
+
+Every control field a role acts on is checked here for type and range
+before it is used: a credit with ``beta: -1`` or ``n: 2**62``, a heartbeat
+whose counters are strings, a batch whose arrays do not match the replay
+spec. A message that fails is the sender's protocol error: `BadMessage`,
+which closes that one connection with a logged reason (the sender, if it is
+a role of the run, then fails loudly on its side). Fields a receiver does
+not use are ignored, so a newer sender may add some.
+
+Schemas are plain dicts ``{field: (checker, required)}``; checkers return
+the value to use (ints as int, numbers as float) or raise `BadMessage`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from aiorl.wire.names import is_peer_name, safe_text
+
+__all__ = ["BadMessage", "check", "RowSpec", "PRIORITY_UPDATE", "SCHEMAS", "MAX_COUNT"]
+
+#: Upper bound of counters, indices and sizes carried in metadata (msgpack ints reach 2**64).
+MAX_COUNT = 2 ** 53
+MAX_LIST = 1 << 16  # items in a list field (episode returns of one heartbeat, ...)
+MAX_TEXT = 1 << 16  # characters of a free-text field (reasons; a frame header holds 64 KiB anyway)
+
+
+class BadMessage(ValueError):
+    """A peer's message that breaks the runtime's protocol (closes that connection)."""
+
+
+Checker = Callable[[Any, str], Any]
+
+
+def integer(lo: int = 0, hi: int = MAX_COUNT) -> Checker:
+    def check_int(value, path):
+        if type(value) is not int or not lo <= value <= hi:
+            raise BadMessage(f"{path} must be an integer in [{lo}, {hi}], got {_show(value)}")
+        return value
+    return check_int
+
+
+def number(lo: float = -math.inf, hi: float = math.inf) -> Checker:
+    def check_number(value, path):
+        if type(value) not in (int, float) or not (math.isfinite(value) and lo <= value <= hi):
+            raise BadMessage(f"{path} must be a finite number in [{lo:g}, {hi:g}], got {_show(value)}")
+        return float(value)
+    return check_number
+
+
+def boolean(value, path):
+    if type(value) is not bool:
+        raise BadMessage(f"{path} must be true or false, got {_show(value)}")
+    return value
+
+
+def text(max_len: int = MAX_TEXT) -> Checker:
+    def check_text(value, path):
+        if type(value) is not str or len(value) > max_len:
+            raise BadMessage(f"{path} must be a string of at most {max_len} characters, got {_show(value)}")
+        return value
+    return check_text
+
+
+def name(value, path):
+    if not is_peer_name(value):
+        raise BadMessage(f"{path} must be a name of A-Z a-z 0-9 . _ - characters, got {_show(value)}")
+    return value
+
+
+def nullable(checker: Checker) -> Checker:
+    def check_nullable(value, path):
+        return None if value is None else checker(value, path)
+    return check_nullable
+
+
+def list_of(checker: Checker, max_len: int = MAX_LIST) -> Checker:
+    def check_list(value, path):
+        if type(value) is not list or len(value) > max_len:
+            raise BadMessage(f"{path} must be a list of at most {max_len} items, got {_show(value)}")
+        return [checker(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    return check_list
+
+
+def mapping(key: Checker, value: Checker, max_len: int = 1024) -> Checker:
+    def check_map(obj, path):
+        if type(obj) is not dict or len(obj) > max_len:
+            raise BadMessage(f"{path} must be a map of at most {max_len} entries, got {_show(obj)}")
+        return {key(k, f"{path} key"): value(v, f"{path}[{safe_text(k, 40)}]") for k, v in obj.items()}
+    return check_map
+
+
+def address(value, path):
+    if type(value) is not list or len(value) != 2:
+        raise BadMessage(f"{path} must be [host, port], got {_show(value)}")
+    return [text(255)(value[0], f"{path}[0]"), integer(1, 65535)(value[1], f"{path}[1]")]
+
+
+def int_pair(value, path):
+    """``[a, b]``, two counts (a work item: iteration, item)."""
+    if type(value) is not list or len(value) != 2 or any(type(v) is not int or not 0 <= v <= MAX_COUNT
+                                                         for v in value):
+        raise BadMessage(f"{path} must be [iteration, item], two counts, got {_show(value)}")
+    return value
+
+
+def gauge(value, path):
+    """A metrics value: a number, a flag, None or a short string (never a nested structure)."""
+    if value is None or type(value) in (bool, int, float) or (type(value) is str and len(value) <= 256):
+        return value
+    raise BadMessage(f"{path} must be a number, a flag or a short string, got {_show(value)}")
+
+
+def any_map(value, path):
+    """A free-form map of stats (a role's final account): only its shape is checked."""
+    if type(value) is not dict:
+        raise BadMessage(f"{path} must be a map, got {_show(value)}")
+    return value
+
+
+_count = integer()
+_HEARTBEAT = {
+    "counters": (mapping(text(64), _count), False),
+    "metrics": (mapping(text(64), gauge), False),
+    "episode_returns": (list_of(number()), False),
+    "episode_lengths": (list_of(_count), False),
+}
+
+#: Messages by kind, as the receiver checks them. Requests and data alike.
+SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
+    # role -> coordinator
+    "register": {"role": (name, True), "pid": (nullable(integer(0, 1 << 31)), False),
+                 "host": (nullable(text(255)), False), "config_hash": (text(64), True),
+                 "address": (nullable(address), False), "rendezvous": (nullable(text(300)), False),
+                 "incarnation": (text(64), False), "rejoin": (boolean, False)},
+    "heartbeat": _HEARTBEAT,
+    "done": {**_HEARTBEAT, "stats": (any_map, False)},
+    "wait_start": {},
+    "publish": {"learner_steps": (_count, False)},
+    "get_weights": {"have": (integer(-1), False), "min_version": (nullable(integer(0)), False)},
+    "barrier": {"name": (text(64), False), "generation": (_count, True)},
+    "fail": {"reason": (text(), False)},
+    "stop": {"reason": (text(), False)},
+    "status": {},
+    "run_state": {"counters": (mapping(text(64), _count), False)},
+    "work": {"done": (nullable(int_pair), False)},
+    "check_session": {"role": (name, True), "session": (text(64), True)},
+    # actor -> memory
+    "attach": {"session": (text(64), True)},
+    "batch": {"actor": (_count, False), "seq": (_count, True), "keep_from": (_count, False)},
+    "rollout": {"actor": (_count, False), "iteration": (_count, True), "item": (_count, False),
+                "weights_version": (integer(-1), False)},
+    "fragment": {"seq": (_count, True), "weights_version": (_count, True), "keep_from": (_count, False)},
+    "actor_done": {"actor": (_count, False), "batches": (_count, False), "transitions": (_count, False)},
+    # learner -> memory
+    "credit": {"n": (integer(1, 1 << 20), False), "beta": (number(0.0, 1.0), False),
+               "iteration": (_count, False), "version": (integer(-1), False)},
+    "priorities": {"credit": (integer(0, 1 << 20), False), "beta": (number(0.0, 1.0), False)},
+    "learner_done": {"learner": (_count, False), "batches": (_count, False),
+                     "priority_messages": (_count, False), "priorities": (_count, False)},
+    # coordinator -> role
+    "phase": {"phase": (integer(0, 5), True), "reason": (nullable(text()), False)},
+    "role_lost": {"role": (name, True)},
+    "memories": {"memories": (list_of(nullable(address), 1 << 12), True)},
+    "exit": {"ok": (boolean, False), "role_ok": (boolean, False), "reason": (nullable(text()), False),
+             "outcome": (nullable(text(32)), False), "signal": (nullable(text(32)), False)},
+}
+
+
+def check(kind: str, meta: Mapping[str, Any], allowed: frozenset[str] | set[str] | None = None) -> dict:
+    """The checked fields of a `kind` message (missing optional fields left out).
+
+    `allowed`: the kinds this receiver takes here; any other is a BadMessage.
+    """
+    if (allowed is not None and kind not in allowed) or kind not in SCHEMAS:
+        expected = f" (expected {', '.join(sorted(allowed))})" if allowed else ""
+        raise BadMessage(f"unexpected message {safe_text(kind, 40)!r}{expected}")
+    out = {}
+    for field, (checker, required) in SCHEMAS[kind].items():
+        if field in meta:
+            out[field] = checker(meta[field], f"{kind}.{field}")
+        elif required:
+            raise BadMessage(f"{kind} without its {field!r} field")
+    return out
+
+
+class RowSpec:
+    """Checks that a batch holds exactly a spec's fields (plus optional 1-d `extra` ones),
+    each ``[n, *row_shape]`` in the spec's dtype, with one n. Built once per spec: the
+    check runs for every batch a memory host receives."""
+
+    def __init__(self, spec: Mapping[str, tuple[tuple, str]], extra: Mapping[str, str] = {}):
+        self.fields = {name: (np.dtype(dtype), tuple(shape)) for name, (shape, dtype) in spec.items()}
+        self.fields.update({name: (np.dtype(dtype), ()) for name, dtype in extra.items()})
+        self.required = len(spec)
+        self.optional = frozenset(extra)
+
+    def rows(self, kind: str, arrays: Mapping[str, np.ndarray]) -> int:
+        """The batch's row count n; BadMessage if it does not match."""
+        fields = self.fields
+        n = -1
+        present = 0
+        for field, array in arrays.items():
+            expected = fields.get(field)
+            if expected is None:
+                self._mismatch(kind, arrays)
+            dtype, tail = expected
+            shape = array.shape
+            if array.dtype != dtype or shape[1:] != tail or len(shape) != len(tail) + 1:
+                raise BadMessage(f"{kind}.{field} is {array.dtype}{list(shape)}, the spec says "
+                                 f"{dtype}[n, {', '.join(map(str, tail))}]")
+            if n < 0:
+                n = shape[0]
+            elif shape[0] != n:
+                raise BadMessage(f"{kind}.{field} has {shape[0]} rows, other fields have {n}")
+            if field not in self.optional:
+                present += 1
+        if present != self.required:
+            self._mismatch(kind, arrays)
+        return max(n, 0)
+
+    def _mismatch(self, kind: str, arrays) -> None:
+        names = set(arrays)
+        required = set(self.fields) - self.optional
+        raise BadMessage(f"{kind} fields do not match the replay spec: missing {sorted(required - names)}, "
+                         f"unexpected {sorted(safe_text(n, 40) for n in names - set(self.fields))}")
+
+
+#: A learner's priority update: int64 indices, float64 priorities, optional uint64 generations.
+PRIORITY_UPDATE = RowSpec({"indices": ((), "<i8"), "priorities": ((), "<f8")}, extra={"generations": "<u8"})
+
+
+def _show(value: Any) -> str:
+    return safe_text(repr(value), 80)
