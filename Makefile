@@ -7,13 +7,34 @@ CONFIG ?= examples/apex_dqn_cartpole.yaml
 
 .PHONY: setup build test run bench clean
 
-# torch is installed first, pinned to the CPU wheel, so that the project's
-# `torch>=2.2` requirement is already satisfied and pip never fetches a CUDA build.
+# torch is installed first, so that the project's `torch>=2.2` requirement is already
+# satisfied and the editable install never picks a torch of its own. Which build
+# `pip install torch==2.13.0` gets depends on the index pip uses: PyPI serves the CUDA
+# build on Linux x86_64 (several GB with its nvidia-* wheels), the PyTorch index
+# https://download.pytorch.org/whl/cpu the CPU one. Pick with:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu     # CPU build
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cu126   # a CUDA build (see pytorch.org)
+#   make setup TORCH_SPEC="torch==2.13.0+cpu"                       # or any pip requirement / wheel file
+# The default (both empty) is pip's configured index, as before.
+# The build requirements go in first too, and the editable install builds with them
+# (--no-build-isolation): against the venv's own numpy, so `build` below finds the
+# extension up to date instead of compiling it a second time.
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
 $(BIN)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68" wheel "Cython>=3.0"
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,atari]'
+	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68" wheel "Cython>=3.0" "numpy>=2.0"
+	@echo "installing $(TORCH_SPEC) from $(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configured index (pip config list))"
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	@$(BIN)/python -c "import torch; print('installed torch', torch.__version__, '| CUDA build:', torch.version.cuda or 'none (CPU)')"
+	$(BIN)/python -m pip install --quiet --no-build-isolation -e '.[test,tb,atari]'
+	touch $@
+
+# Bench-only comparison libraries (cpprb has no wheel for every Python we support):
+# never part of the test install; the benchmarks say which comparisons they skipped.
+$(BIN)/.bench-deps: $(BIN)/.deps
+	$(BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['bench']))" \
+		| xargs -d '\n' $(BIN)/python -m pip install --quiet
 	touch $@
 
 setup: $(BIN)/.deps build
@@ -28,7 +49,7 @@ test: setup
 run: setup
 	$(BIN)/aiorl run $(CONFIG)
 
-bench: setup
+bench: setup $(BIN)/.bench-deps
 	$(BIN)/python bench/replay.py --json bench-replay.json
 	$(BIN)/python bench/transport.py --json bench-transport.json
 

@@ -3,6 +3,7 @@
 The extensions are required: a failed Cython or C compile fails the install.
 There is no pure-Python fallback build.
 """
+import sys
 from pathlib import Path
 
 import numpy
@@ -23,9 +24,15 @@ extensions = [
     for src in sources
 ]
 
+# The generated C depends on the numpy (and Python) it was generated against, and one
+# checkout is built for several (.ci/run builds for the oldest and the newest Python):
+# each gets its own generated C, or a build would compile C made for another numpy.
+C_DIR = HERE / "build" / f"cython-py{sys.version_info[0]}{sys.version_info[1]}-numpy{numpy.__version__}"
+
 setup(
     ext_modules=cythonize(
         extensions,
+        build_dir=str(C_DIR.relative_to(HERE)),
         language_level=3,
         compiler_directives={
             "boundscheck": False,

@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from aiorl.config import ConfigError, load_config
 from aiorl.rundir import RunDirError, check_resumable
-from aiorl.runtime.process import cluster_token
-from aiorl.wire import TokenError, load_token
-from aiorl.wire.auth import TOKEN_ENV
+from aiorl.wire import TokenError
 
 
 def _config_source(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -29,40 +26,32 @@ def _config_source(args: argparse.Namespace) -> tuple[str, list[str]]:
     return str(run_dir / "config.yaml"), [*args.set, f"run.dir={run_dir.resolve()}"]
 
 
+def _run_role(cfg, kind: str, index: int) -> int:
+    """One role in this process: started by the local launcher, or by hand (aiorl/by_hand.py)."""
+    from aiorl import by_hand
+    from aiorl.runtime.process import run_role
+
+    if by_hand.started_by_hand():
+        run_dir = by_hand.run_dir_path(cfg, kind, index)
+        by_hand.check_role(cfg, kind, index, run_dir)
+        by_hand.make_role_run_dir(cfg, run_dir, kind, index)
+        return run_role(cfg, kind, index, run_dir, console=True)
+    from aiorl.rundir import role_run_dir
+
+    run_dir = role_run_dir(cfg.run.dir, cfg.algo, cfg.env.id)
+    by_hand.check_role(cfg, kind, index, run_dir)
+    return run_role(cfg, kind, index, run_dir)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         config_path, overrides = _config_source(args)
         cfg = load_config(config_path, overrides)
         if args.role is not None:
-            from aiorl.rundir import role_run_dir
-            from aiorl.runtime.process import run_role
+            return _run_role(cfg, args.role, args.index)
+        from aiorl.preflight import prepare_local_run
 
-            limit = {"actor": cfg.cluster.actors, "memory": cfg.cluster.memories,
-                     "learner": cfg.cluster.learners}[args.role]
-            if not 0 <= args.index < limit:
-                raise ConfigError(f"--index {args.index}: this cluster has {limit} {args.role} role(s) "
-                                  f"(indices 0..{limit - 1})")
-            if args.role == "learner":
-                from aiorl.runtime.algorithm import get_algorithm
-
-                get_algorithm(cfg.algo).check_learner_host(cfg)
-            run_dir = role_run_dir(cfg.run.dir, cfg.algo, cfg.env.id)
-            cluster_token(cfg, run_dir)  # a bad token is the user's to fix: one line, before the role starts
-            return run_role(cfg, args.role, args.index, run_dir)
-        from aiorl.replay.frames import frame_layout
-        from aiorl.rundir import claim
-        from aiorl.runtime.algorithm import build_algorithm
-
-        # Fail on an unknown env, unsupported spaces, a missing learner device or a bad
-        # token before any process starts.
-        algo = build_algorithm(cfg)
-        algo.transition_spec()
-        frame_layout(cfg, algo)
-        algo.check_learner_host(cfg)
-        if cfg.run.token_file is not None or os.environ.get(TOKEN_ENV):
-            load_token(cfg.run.token_file)  # else the launcher makes one
-
-        run_dir = claim(cfg, args.resume, args.set)
+        run_dir = prepare_local_run(cfg, args.resume, args.set)
     except ConfigError as exc:
         print(f"aiorl: config error: {exc}", file=sys.stderr)
         return 2
@@ -83,7 +72,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from aiorl import __version__
+
     parser = argparse.ArgumentParser(prog="aiorl", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"aiorl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a config: every role locally, or one role with --role/--index")
     run.add_argument("config", nargs="?", help="run config (YAML or JSON)")
@@ -103,9 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     from aiorl import evaluate
 
     evaluate.add_parser(sub)
+    from aiorl import config_reference
+
+    config_reference.add_parser(sub)
+    from aiorl.cli_help import add_examples
+
+    add_examples(parser, sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except KeyboardInterrupt:
+        # Ctrl-C before a launcher took over the signal (torch's import takes seconds): not a crash.
+        print("\naiorl: interrupted", file=sys.stderr)
+        return 130

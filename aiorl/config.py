@@ -12,6 +12,7 @@ own dataclass (``Algorithm.model_config``), validated the same way.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -30,7 +31,8 @@ class ConfigError(ValueError):
 
 
 def doc(text: str, **kwargs):
-    """A dataclass field with its documentation attached (shown by `aiorl config --help-keys`)."""
+    """A dataclass field with its documentation attached (shown by `aiorl config ALGO` and
+    `aiorl config keys`: aiorl/config_reference.py)."""
     return field(metadata={"doc": text}, **kwargs)
 
 
@@ -194,7 +196,7 @@ class RunSection:
 
 @dataclass
 class Config:
-    algo: str = doc("Algorithm name (a module in aiorl.algos).", default="random")
+    algo: str | None = doc("Algorithm name (a module in aiorl.algos); required.", default=None)
     env: EnvConfig = doc("Environment.", default_factory=EnvConfig)
     cluster: ClusterConfig = doc("Processes and addresses.", default_factory=ClusterConfig)
     agent: AgentConfig = doc("Data flow, replay and stop criteria.", default_factory=AgentConfig)
@@ -309,6 +311,10 @@ def field_docs(cls) -> dict[str, str]:
 
 def read_config_file(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        hint = (f"; to continue the run in it: aiorl run --resume {path}" if (path / "config.yaml").is_file()
+                else "")
+        raise ConfigError(f"config file {str(path)!r} is a directory, not a YAML or JSON file{hint}")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     text = path.read_text()
@@ -379,6 +385,8 @@ def validate(cfg: Config) -> None:
            "cluster.tls_cert and cluster.tls_key must be given together")
     _check(e.num_envs >= 1, f"env.num_envs: must be at least 1, got {e.num_envs}")
     _check(bool(e.id), "env.id: must name a Gymnasium environment")
+    _check(e.max_episode_steps is None or e.max_episode_steps >= 1,
+           f"env.max_episode_steps: must be at least 1 (or null: the env's own limit), got {e.max_episode_steps}")
     from aiorl.env_wrappers import check_env_config
 
     check_env_config(e)
@@ -443,10 +451,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read, override, type-check and validate a run config; raise ConfigError on any problem."""
     from aiorl.runtime.algorithm import get_algorithm  # the algorithm owns the model section
 
-    raw = dict(data) if data is not None else read_config_file(path)
+    # A deep copy: overrides must not change the caller's nested mappings (aiorl.run(dict) twice).
+    raw = copy.deepcopy(dict(data)) if data is not None else read_config_file(path)
     raw = apply_overrides(raw, list(overrides or []))
     model_raw = raw.pop("model", None)
     cfg = build_dataclass(Config, raw, "")
+    if cfg.algo is None:
+        from aiorl.runtime.algorithm import available_algorithms
+
+        raise ConfigError(f"algo: required; set one of {', '.join(available_algorithms())} "
+                          "(e.g. `algo: apex_dqn`; `aiorl config ALGO` prints a full config)")
     algo = get_algorithm(cfg.algo)
     cfg.model = _coerce(model_raw, algo.model_config, "model")
     validate(cfg)

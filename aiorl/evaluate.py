@@ -85,7 +85,9 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 0, policy_
         raise EvalError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_config(config_path)
     path = Path(policy_path) if policy_path else run_dir / POLICY_PATH
-    policy = load_policy(path)
+    from aiorl.policy_check import load_checked
+
+    policy = load_checked(path, cfg.env)
     t0 = time.perf_counter()
     result = run_episodes(policy, cfg.env, episodes, seed, progress)
     return {"run_dir": str(run_dir), "policy": str(path), "algo": cfg.algo, "env": cfg.env.id, "seed": seed,

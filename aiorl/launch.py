@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,7 +153,10 @@ class LocalLauncher:
             counters = (self.rundir.resume_meta or {}).get("run", {})
             print(f"aiorl: resuming from {self.rundir.identity.resume_from} (env_steps {counters.get('env_steps')}, "
                   f"learner_steps {counters.get('learner_steps')})", flush=True)
-        old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # Signal handlers can only be set from the main thread; elsewhere (aiorl.run() in a thread)
+        # the run keeps Python's and is stopped through its stop criteria.
+        in_main = threading.current_thread() is threading.main_thread()
+        old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
         progress = Progress(self.cfg, self.run_dir, quiet=self.quiet)
         metrics = self.run_dir / "metrics.jsonl"
         progress.tail.offset = metrics.stat().st_size if metrics.exists() else 0  # a resume appends

@@ -27,7 +27,7 @@ learner_wait_fraction       share of learner time spent waiting for batches
 actor_blocked_s             seconds actors spent waiting for the rate limiter's credits (all actors)
 sample_blocked_s            seconds learners' requests waited on the rate limiter (all memories)
 restarts                    role restarts so far (cluster.max_restarts)
-learner/<name>              an algorithm metric (e.g. learner/loss), mean over learners
+learner/<name>              an algorithm metric (e.g. learner/losses/td_loss), mean over learners
 actor_idle_fraction         mean over actors of the share of their loop's wall time spent waiting
                             (credits, writes, barriers, weights), as each actor measures it
 queue/<name>                trajectory queues of the memories (IMPALA), summed: fragments, capacity,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from aiorl.argtypes import non_negative
+
 # Axis labels with units for the metrics users plot most.
 LABELS = {
     "return_mean_100": "mean episode return (last 100 episodes)",
@@ -126,6 +128,6 @@ def add_parser(sub) -> None:
     p.add_argument("--x", choices=sorted(X_AXES), default="steps", help="x axis: env steps or wall time")
     p.add_argument("--metric", default="return_mean_100", help="metrics.jsonl key to plot")
     p.add_argument("--size", type=_size, default=(1000, 600), help="WIDTHxHEIGHT in pixels")
-    p.add_argument("--smooth", type=int, default=10, help="rolling window (rows) of the smoothed line")
+    p.add_argument("--smooth", type=non_negative(int), default=10, help="rolling window (rows) of the smoothed line")
     p.add_argument("--title", default=None)
     p.set_defaults(func=cmd_plot)

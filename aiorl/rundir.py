@@ -155,7 +155,8 @@ def default_path(algo: str, env_id: str) -> Path:
 
 
 def role_run_dir(path: str | Path | None, algo: str, env_id: str) -> Path:
-    """The directory a role started by hand writes its logs into (made if needed)."""
+    """The directory a role started by the launcher writes into (made if needed); a role started
+    by hand gets its own complete one (`aiorl.by_hand`)."""
     return make_run_dir(Path(path) if path else default_path(algo, env_id))
 
 

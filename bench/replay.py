@@ -20,7 +20,8 @@ Rows: add (transitions/s), prioritized sample(512) (samples/s), update(512)
 1024-step trajectory with n=3 (transitions/s), GAE of a 1024 x 8 rollout
 (steps/s). Each aiorl figure is shown beside:
   - numpy: `aiorl.replay.reference`, the numpy implementation of the same algorithm;
-  - cpprb: cpprb's PrioritizedReplayBuffer (when installed; default options);
+  - cpprb: cpprb's PrioritizedReplayBuffer (when installed, `make bench` or
+    `pip install 'aiorl[bench]'`; default options; the run says when it skipped it);
   - floor: a plain uniform-index gather of the same fields
     (rng.integers + np.take per field, from the same storage): the memory
     floor for this layout, which a learner step cannot beat.
@@ -480,6 +481,10 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     use_cpprb = cpprb is not None and not args.no_cpprb
     impls = [("aiorl", AiorlPER), ("numpy", NumpyPER)] + ([("cpprb", CpprbPER)] if use_cpprb else [])
+    skipped = {}  # comparison -> why it was left out
+    if not use_cpprb:
+        skipped["cpprb"] = ("--no-cpprb" if args.no_cpprb else
+                            "cpprb is not installed (make bench, or pip install 'aiorl[bench]')")
     small_cap, large_cap = (2 ** 12, 2 ** 10) if args.quick else (2 ** 20, 2 ** 17)
     cases = [(f"cap 2^{small_cap.bit_length() - 1}, obs (4,) f32", small_cap, spec_for((4,), "float32"))]
     if not args.no_large:
@@ -504,6 +509,8 @@ def main(argv=None):
         print_table(rows, targets)
     if frames:
         print_frames(frames)
+    for name, why in skipped.items():
+        print(f"skipped: the {name} comparisons ({why})")
     if args.json:
         result = {
             "benchmark": "replay", "quick": args.quick, "batch": BATCH, "add_chunk": ADD_CHUNK,
@@ -511,7 +518,7 @@ def main(argv=None):
             "backend": replay.BACKEND, "numpy": np.__version__,
             "cpprb": getattr(cpprb, "__version__", "installed") if use_cpprb else None,
             "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "rows": rows, "targets": targets, "frames": frames,
+            "rows": rows, "targets": targets, "frames": frames, "skipped": skipped,
         }
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

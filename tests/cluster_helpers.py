@@ -9,6 +9,15 @@ from pathlib import Path
 
 import psutil
 
+# A cluster of the runtime's own test algorithm (random actions, a running-mean learner).
+ASYNC = {
+    "algo": "random_agent",
+    "env": {"id": "CartPole-v1", "num_envs": 2},
+    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200,
+              "publish_interval": 5},
+    "model": {"n_step": 3, "gamma": 0.99},
+}
+
 FAST_CLUSTER = {
     "heartbeat_interval_s": 0.2,
     "heartbeat_timeout_s": 5.0,
@@ -16,6 +25,14 @@ FAST_CLUSTER = {
     "start_timeout_s": 60.0,
     "phase_timeout_s": 20.0,
 }
+
+
+def cluster(actors: int, memories: int, learners: int, **agent) -> dict:
+    """A random_agent config with these role counts and `agent` overrides (a fresh dict)."""
+    config = json.loads(json.dumps(ASYNC))
+    config["cluster"] = {"actors": actors, "memories": memories, "learners": learners}
+    config["agent"].update(agent)
+    return config
 
 
 def write_config(tmp_path: Path, config: dict) -> tuple[Path, Path]:

@@ -41,6 +41,33 @@ def test_double_q_target_takes_online_argmax_valued_by_target():
     assert torch.allclose(plain, torch.tensor([1.0 + 0.5 * 30.0, 2.0 + 0.25 * 40.0]))
 
 
+def set_head(net, value: float, advantages) -> None:
+    """A dueling head answering Q(s, .) = value + advantages - mean(advantages) for every s."""
+    make_constant(net.head.value, value)
+    make_constant(net.head.advantage, 0.0)
+    with torch.no_grad():
+        net.head.advantage.bias.copy_(torch.tensor(advantages))
+
+
+def test_learner_step_is_double_q_when_online_and_target_disagree():
+    """The priorities of `learner.step` are |r + d * Q_target(s', argmax_a Q_online(s', a)) - Q_online(s, a)|."""
+    algo = make_algo("apex_dqn", "CartPole-v1", {"n_step": 1, "learning_rate": 1e-9})
+    learner = algo.make_learner(0, 1, seed=0)
+    set_head(learner.online, 1.0, [3.0, 0.0])  # Q_online = [2.5, -0.5]: prefers action 0
+    set_head(learner.target, 2.0, [0.0, 4.0])  # Q_target = [0.0, 4.0]: prefers action 1
+    q_online, q_target = np.array([2.5, -0.5]), np.array([0.0, 4.0])
+    reward = np.array([1.0, 0.5, 2.0], np.float32)
+    discount = np.array([0.5, 0.99, 0.0], np.float32)  # the last row terminated: no bootstrap
+    action = np.array([0, 1, 1], np.int64)
+    rows = {"obs": np.zeros((3, 4), np.float32), "action": action, "reward": reward,
+            "next_obs": np.ones((3, 4), np.float32), "done": discount == 0, "discount": discount}
+    result = learner.step(replay_batch(rows))
+    expected = np.abs(reward + discount * q_target[np.argmax(q_online)] - q_online[action])
+    assert np.allclose(result.priorities, expected, atol=1e-5)
+    # Plain DQN (the target's own max) would give different priorities here.
+    assert not np.allclose(expected, np.abs(reward + discount * q_target.max() - q_online[action]), atol=0.1)
+
+
 def test_zero_discount_means_no_bootstrap():
     y = n_step_q_target(torch.tensor([3.0]), torch.tensor([0.0]), torch.tensor([[1e6, 1e6]]),
                         torch.tensor([[0.0, 1.0]]))
@@ -205,6 +232,22 @@ def test_nan_loss_raises_saying_so():
         learner.step(replay_batch(rows))
 
 
+@pytest.mark.parametrize("clip", [0.01, None])
+def test_gradient_clipping_is_applied(clip):
+    """The optimizer steps on gradients clipped to model.grad_clip_norm (the metric is the norm before)."""
+    algo = make_algo("apex_dqn", "CartPole-v1", {"grad_clip_norm": clip, "learning_rate": 1e-9})
+    actor, learner = algo.make_actor(0, 1, seed=0), algo.make_learner(0, 1, seed=0)
+    rows, _ = actor.postprocess(episode_rollout([10.0] * 8, terminated_at=7))
+    result = learner.step(replay_batch(rows))
+    applied = float(torch.norm(torch.stack([p.grad.norm() for p in learner.online.parameters()])))
+    before = result.metrics["losses/grad_norm"]
+    assert before > 1.0  # a reward of 10 against Q near 0: large gradients
+    if clip is None:
+        assert applied == pytest.approx(before, rel=1e-4)
+    else:
+        assert applied == pytest.approx(clip, rel=1e-3)
+
+
 def test_checkpoint_contents_and_restore(tmp_path):
     algo = make_algo("apex_dqn", "CartPole-v1", {"sync_target_frequency": 1000})
     actor, learner = algo.make_actor(0, 1, seed=0), algo.make_learner(0, 1, seed=0)
@@ -292,6 +335,10 @@ def test_default_network_for_images_is_nature_cnn():
 def test_discrete_observations_are_one_hot():
     algo = make_algo("apex_dqn", DISCRETE_OBS_ENV, {"network": ["linear:16", "relu"]})
     assert algo.transition_spec()["obs"] == ((), "<i8")
+    # The encoding itself: the first module of the network turns state k into row k of eye(5).
+    encoder = algo.q_network().torso.net[0]
+    states = torch.tensor([0, 3, 4, 1, 3])
+    assert torch.equal(encoder(states), torch.eye(5)[states])
     actor, learner = algo.make_actor(0, 1, seed=0), algo.make_learner(0, 1, seed=0)
     rows, _ = actor.postprocess(EnvRunner(algo.cfg.env, 1, seed=0).rollout(actor.act, 16))
     assert np.all(np.isfinite(learner.step(replay_batch(rows)).priorities))

@@ -93,8 +93,17 @@ def test_truncation_needs_final_values():
     with pytest.raises(ValueError, match=r"truncated\[2, 1\] is set .* truncated_values was not given"):
         gae(**args, gamma=0.9, lam=0.9)
     args["terminated"][2, 1] = True            # terminated wins: nothing to bootstrap
-    adv, _ = gae(**args, gamma=0.9, lam=0.9)
-    assert adv.shape == (4, 2)
+    adv, targets = gae(**args, gamma=0.9, lam=0.9)
+    want_adv, want_targets = reference.gae(**args, gamma=0.9, lam=0.9)
+    np.testing.assert_array_equal(adv, want_adv)
+    np.testing.assert_array_equal(targets, want_targets)
+    zeros = np.zeros((4, 2), np.float32)
+    loop_adv, _ = loop_gae(args["rewards"], args["values"], args["bootstrap_value"], args["terminated"],
+                           args["truncated"], zeros, 0.9, 0.9)
+    np.testing.assert_allclose(adv, loop_adv, rtol=1e-5, atol=1e-5)
+    # Final values, when given, are not read where the episode terminated.
+    huge, _ = gae(**args, gamma=0.9, lam=0.9, truncated_values=np.full((4, 2), 1e6, np.float32))
+    np.testing.assert_array_equal(huge, adv)
 
 
 def test_mixed_dtypes_promote_and_bad_inputs():

@@ -128,18 +128,18 @@ async def test_beta_anneals_over_the_runs_learner_steps_not_this_learners(tmp_pa
     assert learner.beta() == pytest.approx(0.4)
     # The last heartbeat said the run is at 500 of 1000 learner steps; this learner sent 250 of them
     # and has made 10 more since, so the run is at about 520.
-    learner.global_counters = {"learner_steps": 500, "env_steps": 0}
+    learner.run_counters = {"learner_steps": 500, "env_steps": 0}
     learner.counters_at_heartbeat = {"learner_steps": 250}
     learner.counters["learner_steps"] = 260
     assert learner.schedule_progress() == pytest.approx(0.52)
     assert learner.beta() == pytest.approx(0.4 + 0.52 * 0.6)
-    learner.global_counters["learner_steps"] = 1000
+    learner.run_counters["learner_steps"] = 1000
     assert learner.beta() == pytest.approx(1.0)
 
 
 async def test_beta_anneals_over_env_steps_when_those_end_the_run(tmp_path):
     learner = make_learner(tmp_path, ["agent.scheduled_global_steps=null", "agent.scheduled_timesteps=2000"])
-    learner.global_counters = {"learner_steps": 5, "env_steps": 1500}
+    learner.run_counters = {"learner_steps": 5, "env_steps": 1500}
     assert learner.beta() == pytest.approx(0.4 + 0.75 * 0.6)
 
 

@@ -70,6 +70,8 @@ class RoleRecord:
     reason: str | None = None
     session: str | None = None  # id of its current registration
     last_heartbeat: float = 0.0
+    stall_at_heartbeat_s: float = 0.0  # the coordinator's own stalled time when that heartbeat came
+    done_phase: str | None = None  # the phase in which the role reported done
     counters: dict[str, int] = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
@@ -119,6 +121,7 @@ class Coordinator:
         self.phase_changed = asyncio.Event()
         self.phase_times: list[dict] = []
         self.started = asyncio.Event()
+        self.start_settled = asyncio.Event()  # the run started, or stopped before it could
         self.stop_reason: str | None = None
         self.stop_event = asyncio.Event()
         self.failures: list[str] = []  # run-level; lost and failed roles are added at the end
@@ -143,6 +146,7 @@ class Coordinator:
         self.server: Server | None = None
         self.rendezvous: str | None = None
         self.loop_lag_max_s = 0.0  # how late the coordinator's own timer fired, worst case
+        self.stalled_s = 0.0  # how long the coordinator's own loop was stalled, in total
         self.t_start = time.time()
         self.t_running: float | None = None
         self.base = {"env_steps": 0, "learner_steps": 0, "episodes": 0}  # from the checkpoint resumed
@@ -356,6 +360,7 @@ class Coordinator:
         if name == "learner-0" and meta.get("rendezvous"):
             self.rendezvous = meta["rendezvous"]  # learner 0 listens there (aiorl.runtime.rendezvous)
         record.last_heartbeat = asyncio.get_running_loop().time()
+        record.stall_at_heartbeat_s = self.stalled_s
         record.disconnected_at = None
         if admission == "restart":
             for key, value in record.counters.items():
@@ -392,15 +397,15 @@ class Coordinator:
     def _admission(self, record: RoleRecord, incarnation: str) -> tuple[str | None, str | None]:
         """("first" | "rejoin" | "restart", None), or (None, why the registration is refused)."""
         name, status, phase = record.name, record.status, self.phase
-        if status == "expected":
+        if status == "expected" or record.session is None:  # it never registered (lost at the start)
             if phase != Phase.STARTING:
                 return None, f"{name} registered too late: the run is in phase {phase.name}"
             return "first", None
         if incarnation and incarnation == record.incarnation:
             if status == "failed" or phase >= Phase.EXITED:
                 return None, f"{name} cannot rejoin: it is {status} and the run is in phase {phase.name}"
-            if status == "lost" and self.synchronous:  # the rounds went on without it
-                return None, f"{name} cannot rejoin: it is lost and its barrier went on without it"
+            if status == "lost":  # given up (silent too long): its work and rounds went on without it
+                return None, f"{name} cannot rejoin: it was declared lost ({record.reason})"
             return "rejoin", None
         if status in ("running", "done"):
             return None, f"{name} is already registered (status {status})"
@@ -553,7 +558,8 @@ class Coordinator:
             record.stats = dict(fields.get("stats", {}))
             if record.status == "running":
                 record.status = "done"
-                log.info("%s done", record.name)
+                record.done_phase = self.phase.name
+                log.info("%s done in phase %s", record.name, self.phase.name)
                 self.role_changed.set()
             await conn.reply(msg)
         elif kind == "fail":
@@ -569,6 +575,7 @@ class Coordinator:
 
     def _heartbeat(self, record: RoleRecord, fields: dict) -> None:
         record.last_heartbeat = asyncio.get_running_loop().time()
+        record.stall_at_heartbeat_s = self.stalled_s
         counters = fields.get("counters")
         if counters:
             record.counters = counters
@@ -584,7 +591,10 @@ class Coordinator:
 
     async def _answer_start(self, conn: Connection, msg: Message) -> None:
         try:
-            await self.started.wait()
+            await self.start_settled.wait()
+            if self.stop_event.is_set():  # it will never run: a role did not register, or Ctrl-C
+                await conn.reply(msg, meta={"stop": True, "reason": self.stop_reason, "phase": int(self.phase)})
+                return
             await conn.reply(msg, meta={"memories": self._memory_addresses(),
                                         "rendezvous": self.rendezvous, "phase": int(self.phase)})
         except ConnectionClosed:
@@ -745,6 +755,7 @@ class Coordinator:
                 for record in self.roles.values():
                     if record.status == "expected":
                         self._mark(record, "lost", "never registered")
+            self.start_settled.set()
             if not self.stop_event.is_set():
                 self.t_running = time.time()
                 await self._set_phase(Phase.RUNNING)
@@ -806,17 +817,34 @@ class Coordinator:
         if self.server is not None:
             await self.server.close()
 
+    def silence_s(self, record: RoleRecord, now: float) -> float:
+        """How long `record` has been silent while the coordinator itself was listening.
+
+        Time the coordinator's own loop spent stalled (a GC pause, SIGSTOP, an
+        overloaded machine) since that role's last heartbeat is not the role's
+        silence: its heartbeats were waiting, unread, in the socket.
+        """
+        return now - record.last_heartbeat - (self.stalled_s - record.stall_at_heartbeat_s)
+
     async def _heartbeat_monitor(self) -> None:
         c = self.cfg.cluster
         loop = asyncio.get_running_loop()
         while True:
             expected = loop.time() + c.heartbeat_interval_s
             await asyncio.sleep(c.heartbeat_interval_s)
+            lag = max(0.0, loop.time() - expected)
+            self.loop_lag_max_s = max(self.loop_lag_max_s, lag)
+            if lag > 0:
+                # The stall is granted as grace, and the heartbeats that queued up
+                # during it are read before anyone is judged: after a stall this
+                # timer can fire before the loop has run the readers of the sockets.
+                self.stalled_s += lag
+                await asyncio.sleep(0)
             now = loop.time()
-            self.loop_lag_max_s = max(self.loop_lag_max_s, now - expected)
             for record in self.roles.values():
-                if record.status == "running" and now - record.last_heartbeat > c.heartbeat_timeout_s:
-                    self._mark(record, "lost", f"no heartbeat for {now - record.last_heartbeat:.1f} s "
+                silence = self.silence_s(record, now)
+                if record.status == "running" and silence > c.heartbeat_timeout_s:
+                    self._mark(record, "lost", f"no heartbeat for {silence:.1f} s "
                                                f"(cluster.heartbeat_timeout_s {c.heartbeat_timeout_s:g})")
                     if record.conn is not None:
                         record.conn.abort()
@@ -897,7 +925,7 @@ class Coordinator:
             "rss_bytes": sum(r.metrics.get("rss_bytes", 0) for r in roles if r.live),
             "roles_alive": sum(r.status in ("running", "disconnected", "done") for r in roles),
             "roles_late": [r.name for r in roles if r.status == "disconnected"
-                           or (r.status == "running" and loop_now - r.last_heartbeat > late_after)],
+                           or (r.status == "running" and self.silence_s(r, loop_now) > late_after)],
             "roles_lost": [r.name for r in roles if r.status in ("lost", "failed")],
         }
         idle = [m["idle_fraction"] for m in actors if isinstance(m.get("idle_fraction"), (int, float))]
@@ -954,7 +982,8 @@ class Coordinator:
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
             "handshakes_failed": self.server.stats["handshake_failures"] if self.server else 0,
             "roles": {name: {"status": r.status, "reason": r.reason, "pid": r.pid, "restarts": r.restarts,
-                             "counters": r.counters, "retired_counters": r.retired, "stats": r.stats}
+                             "done_phase": r.done_phase, "counters": r.counters, "retired_counters": r.retired,
+                             "stats": r.stats}
                       for name, r in self.roles.items()},
         }
         write_json_atomic(self.run_dir / "summary.json", self.identity.stamp(summary), indent=1)

@@ -85,6 +85,8 @@ class LearnerRole(Role):
         # may wait on a slow peer for long, and the loop must keep heartbeating.
         self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
+        self.batches_queued = 0
+        self.queue_depth_max = 0  # batches received and not yet trained on, worst case
         self.iterations: list[dict] = []  # synchronous algorithms: one entry per iteration trained
         self.published_version = -1  # learner 0: the newest version it published
         self.lag = LagMeter()  # fragments (IMPALA): policy lag of each batch
@@ -208,8 +210,8 @@ class LearnerRole(Role):
                 "memories": self.per_memory, "earlier_connections": self.earlier_per_memory,
                 "published": self.published, "checkpoints": self.checkpoints,
                 "unused_batches": self.unused_batches, "iterations": self.iterations,
-                "prioritized_replay_beta_last": self.last_beta, "weights_digest": digest,
-                "policy_lag": self.lag.stats() if self.lag.batches else None}
+                "prioritized_replay_beta_last": self.last_beta, "queue_depth_max": self.queue_depth_max,
+                "weights_digest": digest, "policy_lag": self.lag.stats() if self.lag.batches else None}
 
     @staticmethod
     def _memory_account() -> dict:
@@ -223,6 +225,8 @@ class LearnerRole(Role):
             async for msg in conn:
                 if msg.kind == "samples":
                     self.queue.put_nowait((m, msg))
+                    self.batches_queued += 1  # the queue also carries phase wake-ups and ends
+                    self.queue_depth_max = max(self.queue_depth_max, self.batches_queued)
                 elif msg.kind == "end":
                     break
                 else:
@@ -325,6 +329,8 @@ class LearnerRole(Role):
         t0 = time.perf_counter()
         item = await self.queue.get()
         self.wait_s += time.perf_counter() - t0
+        if item[1] is not _END and item[1] is not _AWAY and item[1] is not _WAKE:  # a batch, not a marker
+            self.batches_queued -= 1
         return item
 
     def weights_version(self) -> int:

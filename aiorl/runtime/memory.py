@@ -729,7 +729,7 @@ class MemoryRole(Role):
             "actors": self._actor_stats(),
             "learners": {n: {"batches_sent": l.batches_sent, "priority_messages": l.priority_messages,
                              "priorities_applied": l.priorities_applied,
-                             "priorities_stale": l.priorities_stale,
+                             "priorities_stale": l.priorities_stale, "beta": l.beta,
                              "priorities_rejected": l.priorities_rejected,
                              "reported": l.done_meta}
                          for n, l in self.learners.items()},

@@ -11,14 +11,16 @@ import ssl
 import sys
 from pathlib import Path
 
+from aiorl.by_hand import CONSOLE
 from aiorl.config import Config
 from aiorl.rundir import Identity, write_json_atomic
 from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, INTERRUPTED, interrupted_exit_code, role_name
 from aiorl.runtime.resources import raise_open_file_limit
 from aiorl.wire import load_token
 
-def setup_logging(run_dir: Path, name: str, level: str) -> None:
-    """One log file per role, plus warnings on stderr, every line prefixed by the role."""
+def setup_logging(run_dir: Path, name: str, level: str, console: bool = False) -> None:
+    """One log file per role, plus warnings on stderr, every line prefixed by the role;
+    `console` (a role started by hand): its connect, phase and exit lines on stdout too."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter(f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
@@ -32,6 +34,10 @@ def setup_logging(run_dir: Path, name: str, level: str) -> None:
     err.setLevel(logging.WARNING)
     err.setFormatter(logging.Formatter(f"{name} %(levelname)s: %(message)s"))
     root.addHandler(err)
+    if console:
+        from aiorl.by_hand import console_handler
+
+        root.addHandler(console_handler(name))
 
 
 def tls_contexts(cfg: Config) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
@@ -67,7 +73,8 @@ async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl
     cfg.cluster.port = port
     address = {"host": cfg.cluster.advertise_host or cfg.cluster.host, "port": port, "pid": os.getpid()}
     write_json_atomic(run_dir / "coordinator.json", identity.stamp(address))
-    logging.getLogger("aiorl.coordinator").info("coordinator listening on %s:%s", cfg.cluster.host, port)
+    logging.getLogger("aiorl.coordinator").info("coordinator listening on %s:%s", cfg.cluster.host, port,
+                                                extra={CONSOLE: True})
     memory = MemoryRole(cfg, 0, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server,
                         coordinator=coordinator)
     async with asyncio.TaskGroup() as tg:
@@ -97,13 +104,13 @@ async def _run_role(cfg: Config, kind: str, index: int, run_dir: Path) -> int:
     return await cls(cfg, index, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server).run()
 
 
-def run_role(cfg: Config, kind: str, index: int, run_dir: str | Path) -> int:
-    """Run one role to its end in this process; return its exit code."""
+def run_role(cfg: Config, kind: str, index: int, run_dir: str | Path, console: bool = False) -> int:
+    """Run one role to its end in this process; return its exit code. `console`: see `setup_logging`."""
     import uvloop
 
     run_dir = Path(run_dir)
     name = role_name(kind, index)
-    setup_logging(run_dir, name, cfg.run.log_level)
+    setup_logging(run_dir, name, cfg.run.log_level, console)
     log = logging.getLogger(f"aiorl.{name}")
     soft, _ = raise_open_file_limit()
     log.info("starting (pid %d, open-file limit %d)", os.getpid(), soft)
@@ -113,6 +120,6 @@ def run_role(cfg: Config, kind: str, index: int, run_dir: str | Path) -> int:
     except Exception:
         log.exception("crashed")
         code = EXIT_FAILED
-    log.info("exit code %d", code)
+    log.info("exit code %d; run directory %s", code, run_dir.resolve(), extra={CONSOLE: True})
     logging.shutdown()
     return code

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from aiorl.by_hand import CONSOLE
 from aiorl.config import Config, connect_host
 from aiorl.runtime import frame_limits, messages
 from aiorl.runtime.control import ControlChannel, CoordinatorLost, NotAdmitted, Refused
@@ -189,7 +190,7 @@ class Role:
         for p, event in self._phase_events.items():
             if p <= phase:
                 event.set()
-        self.log.info("phase %s", phase.name)
+        self.log.info("phase %s", phase.name, extra={CONSOLE: True})
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -304,7 +305,8 @@ class Role:
             raise RoleFailed(str(exc)) from None
         self.registration = reply
         self._set_phase(Phase(int(reply.get("phase", Phase.STARTING))))  # a restart joins a running run
-        self.log.info("registered with the coordinator at %s:%s (%s)", host, port, reply.get("admission"))
+        self.log.info("registered with the coordinator at %s:%s (%s)", host, port, reply.get("admission"),
+                      extra={CONSOLE: True})
         async with asyncio.TaskGroup() as tg:
             control = tg.create_task(self._control_loop())
             heartbeat = tg.create_task(self._heartbeat_loop())
@@ -326,10 +328,17 @@ class Role:
 
     async def _work(self) -> None:
         try:
-            reply = await self.coordinator.request("wait_start", timeout_s=self.cfg.cluster.start_timeout_s)
+            # The coordinator answers by its own start deadline; allow it the usual time to answer.
+            c = self.cfg.cluster
+            reply = await self.coordinator.request("wait_start", timeout_s=c.start_timeout_s + c.coordinator_timeout_s)
         except TimeoutError:
             raise CoordinatorLost("the run did not start within cluster.start_timeout_s") from None
         self.start_info = reply.meta
+        if reply.meta.get("stop"):
+            # The run stopped before it started: nothing to do but report and wait for the exit.
+            self.log.warning("the run stopped before it started: %s", reply.meta.get("reason"))
+            await self._request_or_lost("done", {**self._heartbeat_meta(), "stats": {}})
+            return
         self._set_phase(Phase(int(reply.meta.get("phase", Phase.STARTING))))
         try:
             stats = await self._main_or_fatal()

@@ -70,8 +70,10 @@ MUTANTS = [
     dict(
         name='sampler-not-watched',
         path='aiorl/runtime/memory.py',
-        old='sampler = self.spawn(self._sampler(conn, link), f"sampler for {link.name}")',
-        new='sampler = asyncio.create_task(self._sampler(conn, link))',
+        old=('        sampler = self.spawn(self._sync_sampler(conn, link, index) if self.synchronous\n'
+             '                             else self._sampler(conn, link), f"sampler for {link.name}")'),
+        new=('        sampler = asyncio.ensure_future(self._sync_sampler(conn, link, index) if self.synchronous\n'
+             '                                        else self._sampler(conn, link))'),
         tests=[
             'tests/test_memory_hostile.py::test_a_dead_sampler_fails_the_memory_host_and_the_run_through_the_phases',
         ],
@@ -116,8 +118,8 @@ MUTANTS = [
     dict(
         name='beta-by-own-learner-steps',
         path='aiorl/runtime/learner.py',
-        old='            run_steps = max(totals.get("learner_steps", 0) + since * self.cfg.cluster.learners, own)',
-        new='            run_steps = own',
+        old='            run_steps = max(totals.get("learner_steps", 0) + since * self.cfg.cluster.learners, self.total_steps)',
+        new='            run_steps = self.total_steps',
         tests=[
             'tests/test_learner_runtime.py::test_beta_anneals_over_the_runs_learner_steps_not_this_learners',
             'tests/test_learner_runtime.py::test_two_learners_reach_the_final_beta_when_the_run_ends',

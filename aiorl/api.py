@@ -1,0 +1,119 @@
+"""The Python API: run a config, load a config, load a trained policy.
+
+    import aiorl
+    result = aiorl.run("examples/apex_dqn_cartpole.yaml", overrides={"agent.scheduled_global_steps": 2000})
+    policy = aiorl.load_policy(result.run_dir)
+    action = policy(observation)
+
+`run` is `aiorl run` without the shell: the same checks before anything
+starts (a bad config raises `aiorl.config.ConfigError`, a taken run directory
+`aiorl.rundir.RunDirError`), the same launcher, and it blocks until every role
+has exited. It works from any thread: the launcher takes over SIGINT/SIGTERM
+(Ctrl-C stops the run cleanly) only when called from the main thread.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from aiorl.config import Config, load_config
+
+
+@dataclass
+class RunResult:
+    """How a run ended: its directory, `aiorl run`'s exit code and ``summary.json``."""
+
+    run_dir: Path
+    exit_code: int
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def outcome(self) -> str:
+        """'finished', 'interrupted' or 'failed' (summary.json's ``outcome``)."""
+        return str(self.summary.get("outcome", "failed"))
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def _override_list(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    """``{"agent.batch_size": 64}`` or ``["agent.batch_size=64"]`` as `--set` strings."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        from aiorl.config_reference import _flow
+
+        return [f"{key}={_flow(value)}" for key, value in overrides.items()]
+    if isinstance(overrides, str):
+        raise TypeError("overrides: give a mapping or a list of 'key.path=value' strings, not one string")
+    return list(overrides)
+
+
+def _load(config: str | Path | Mapping | Config, overrides: list[str]) -> Config:
+    if isinstance(config, Config):
+        return load_config(data=config.to_dict(), overrides=overrides)
+    if isinstance(config, Mapping):
+        return load_config(data=dict(config), overrides=overrides)
+    return load_config(config, overrides)
+
+
+def run(config: str | Path | Mapping | Config, overrides: Mapping[str, Any] | Sequence[str] | None = None,
+        run_dir: str | Path | None = None, quiet: bool = True) -> RunResult:
+    """Run `config` (a file, a mapping or a `Config`) with every role as a local process; block until
+    it ends. `overrides` are `--set` values; `run_dir` is ``run.dir``; `quiet=False` shows the panel."""
+    from aiorl.launch import LocalLauncher
+    from aiorl.preflight import prepare_local_run
+    from aiorl.rundir import read_json
+
+    sets = _override_list(overrides)
+    cfg = _load(config, sets)
+    if run_dir is not None:
+        cfg.run.dir = str(run_dir)
+    claimed = prepare_local_run(cfg, None, sets)
+    code = LocalLauncher(cfg, claimed, quiet=quiet).run()
+    return RunResult(claimed.path, code, read_json(claimed.path / "summary.json") or {})
+
+
+class Policy:
+    """A trained policy as a function: one observation -> one action, or a batch -> a batch.
+
+    ``meta`` is the run's ``policy.json`` (observation shape, action space, learner steps).
+    """
+
+    def __init__(self, module, meta: dict | None, path: Path):
+        self.module = module
+        self.meta = meta or {}
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"<aiorl.Policy {self.meta.get('algo', '?')} on {self.meta.get('env_id', '?')} from {self.path}>"
+
+    def __call__(self, obs):
+        import numpy as np
+        import torch
+
+        obs = np.asarray(obs)
+        shape = self.meta.get("observation_shape")
+        single = shape is not None and tuple(obs.shape) == tuple(shape)
+        with torch.no_grad():
+            actions = self.module(torch.as_tensor(obs[None] if single else obs)).numpy()
+        if not single:
+            return actions
+        action = self.meta.get("action", {})
+        if action.get("kind") == "discrete":
+            return int(actions[0])
+        return actions[0].reshape(action["shape"]) if "shape" in action else actions[0]
+
+
+def load_policy(run_dir_or_file: str | Path) -> Policy:
+    """The exported policy of a run directory (or a policy file), loaded by
+    `aiorl.evaluate.load_policy`; raises `aiorl.evaluate.EvalError` when there is none or it is bad."""
+    from aiorl.evaluate import POLICY_PATH
+    from aiorl.policy_check import load_checked, read_meta
+
+    path = Path(run_dir_or_file)
+    if path.is_dir():
+        path = path / POLICY_PATH
+    return Policy(load_checked(path), read_meta(path), path)

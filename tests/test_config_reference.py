@@ -1,0 +1,86 @@
+"""`aiorl config`: the reference is generated from the dataclasses and loads back (issue 15)."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from aiorl import config_reference
+from aiorl.cli import main
+from aiorl.config import load_config
+from aiorl.runtime.algorithm import available_algorithms, get_algorithm
+
+
+@pytest.mark.parametrize("algo", available_algorithms())
+def test_config_algo_prints_every_key_with_its_doc_and_loads_back(algo, tmp_path, capsys):
+    assert main(["config", algo]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    cfg = load_config(path)  # what `aiorl run` loads
+    assert cfg.algo == algo
+    assert cfg.to_dict() == load_config(data={"algo": algo}).to_dict()  # the defaults, every one
+    data = yaml.safe_load(text)
+    for key in config_reference.keys(algo):
+        section, name = key.path.split(".", 1)
+        assert name in data[section], key.path
+        if key.doc:
+            assert f"# {key.doc}" in text, key.path
+    for f in dataclasses.fields(get_algorithm(algo).model_config):
+        assert f.name in data["model"]
+
+
+def test_config_algo_output_passes_the_checks_aiorl_run_makes(tmp_path, capsys):
+    from aiorl.preflight import check_local_run
+
+    assert main(["config", "apex_dqn"]) == 0
+    (tmp_path / "cfg.yaml").write_text(capsys.readouterr().out)
+    check_local_run(load_config(tmp_path / "cfg.yaml"))
+
+
+def test_config_show_prints_the_resolved_config_of_a_file(tmp_path, capsys):
+    (tmp_path / "cfg.yaml").write_text("algo: dppo\nagent: {batch_size: 64}\n")
+    assert main(["config", "show", str(tmp_path / "cfg.yaml"), "--set", "model.gamma=0.9"]) == 0
+    data = yaml.safe_load(capsys.readouterr().out)
+    assert data["agent"]["batch_size"] == 64 and data["model"]["gamma"] == 0.9
+    assert data["agent"]["buffer_size"] == 100_000  # defaults filled in
+
+
+def test_config_keys_lists_every_dotted_key_once_and_model_keys_by_algorithm(capsys):
+    assert main(["config", "keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    paths = [line.split()[0] for line in lines]
+    assert len(paths) == len(set(paths))
+    assert set(paths) == set(config_reference.all_keys())
+    assert "agent.prioritized_replay_eps" in paths and "model.n_step" in paths and "algo" in paths
+    assert main(["config", "keys", "es"]) == 0
+    es = capsys.readouterr().out
+    assert "model.population" in es and "model.n_step" not in es
+
+
+def test_every_algorithm_in_the_registry_is_listed_by_run_help_and_config():
+    out = subprocess.run([sys.executable, "-m", "aiorl", "run", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for name in available_algorithms():
+        assert name in out
+    assert "aiorl config ALGO" in out and "examples:" in out
+
+
+@pytest.mark.parametrize("command", ["run", "eval", "plot", "status", "config"])
+def test_each_help_shows_an_example_and_where_keys_are_documented(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "example" in out.lower() and "aiorl " in out, out
+
+
+def test_version(capsys):
+    import aiorl
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"aiorl {aiorl.__version__}"

@@ -1,0 +1,70 @@
+"""The coordinator in process, over real loopback TCP: who may register, and when."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aiorl.config import load_config
+from aiorl.runtime.coordinator import Coordinator
+from aiorl.runtime.phase import Phase
+from aiorl.wire import RemoteError, connect, generate_token
+
+TOKEN = generate_token()
+HANG_S = 30.0  # only bounds a hang
+
+
+class NotAdmitted(Exception):
+    """A registration the coordinator answered but did not admit (the right name at the wrong time)."""
+
+
+async def register(port: int, cfg, role: str, **meta):
+    conn = await connect("127.0.0.1", port, token=TOKEN, name=role)
+    meta = {"role": role, "pid": 1, "host": "test", "config_hash": cfg.config_hash(), "address": None, **meta}
+    try:
+        reply = await conn.request("register", meta, timeout_s=HANG_S)
+    except RemoteError:
+        await conn.close()
+        raise
+    if reply.meta.get("admitted") is False:
+        await conn.close()
+        raise NotAdmitted(reply.meta["reason"])
+    return conn
+
+
+async def test_registration_refuses_unknown_duplicate_mismatched_and_late_roles(tmp_path):
+    cfg = load_config(data={"algo": "random_agent", "cluster": {
+        "start_timeout_s": 1.0, "phase_timeout_s": 0.5, "heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 5.0}})
+    coordinator = Coordinator(cfg, tmp_path, TOKEN)
+    port = await coordinator.start("127.0.0.1", 0)
+    run = asyncio.create_task(coordinator.run())
+    conns = []
+    try:
+        with pytest.raises(RemoteError, match=r"unknown role 'actor-7': this cluster has 1 actors"):
+            await register(port, cfg, "actor-7")
+        with pytest.raises(RemoteError, match="config hash mismatch: actor-0 runs config 0000"):
+            await register(port, cfg, "actor-0", config_hash="0000")
+        conns.append(await register(port, cfg, "actor-0"))
+        with pytest.raises(NotAdmitted, match=r"actor-0 is already registered \(status running\)"):
+            await register(port, cfg, "actor-0")
+        assert coordinator.roles["actor-0"].status == "running"  # the duplicate took nothing over
+
+        # memory-0 and learner-0 never register: the start times out and the run stops.
+        async with asyncio.timeout(HANG_S):
+            while coordinator.phase == Phase.STARTING:
+                await asyncio.sleep(0.01)
+        with pytest.raises(NotAdmitted, match=r"learner-0 registered too late: the run is in phase (STOPPING|DRAINING|CLOSING)"):
+            await register(port, cfg, "learner-0")
+        async with asyncio.timeout(HANG_S):
+            ok = await run
+    finally:
+        run.cancel()
+        for conn in conns:
+            conn.abort()
+        await coordinator.close(timeout_s=1.0)
+    assert ok is False
+    assert "did not register within cluster.start_timeout_s (1 s): learner-0, memory-0" in coordinator.stop_reason
+    roles = coordinator.roles
+    assert roles["learner-0"].status == roles["memory-0"].status == "lost"
+    assert roles["learner-0"].reason == "never registered"
+    assert roles["actor-0"].status == "failed" and "missed the STOPPING deadline" in roles["actor-0"].reason
