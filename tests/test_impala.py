@@ -202,3 +202,11 @@ def test_a_fragment_message_a_batch_of_fragments_and_the_weights_fit_their_frame
     assert fits(batch, frame_limits.memory_to_learner(cfg, algo))
     assert fits(learner.get_weights(), frame_limits.to_coordinator("learner-0", algo))
     assert fits(learner.get_weights(), frame_limits.from_coordinator(algo))
+
+
+def test_agent_defaults_are_whole_fragments_and_a_users_values_win():
+    cfg = load_config(data={"algo": "impala"})
+    assert (cfg.agent.sample_batch_size, cfg.agent.batch_size) == (20, 640)  # 32 fragments of 20 steps
+    cfg = load_config(data={"algo": "impala", "agent": {"batch_size": 40}})
+    assert (cfg.agent.sample_batch_size, cfg.agent.batch_size) == (20, 40)
+    assert load_config(data={"algo": "dppo"}).agent.batch_size == 32  # the shared default elsewhere

@@ -242,6 +242,9 @@ class ImpalaLearner(ActorCriticLearner):
 class Impala(Algorithm):
     name = "impala"
     model_config = ImpalaConfig
+    # The paper's unroll length and batch (32 fragments of 20 steps): the shared defaults
+    # (batch 32, rollouts of 64) are not whole fragments.
+    agent_defaults = {"sample_batch_size": 20, "batch_size": 640}
 
     @classmethod
     def fragment_queue(cls, cfg):

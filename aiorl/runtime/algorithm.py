@@ -159,6 +159,9 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     model_config: ClassVar[type] = dict
+    #: Defaults of `agent` keys this algorithm needs different from the shared ones (a user's
+    #: value wins); `aiorl config ALGO` prints them.
+    agent_defaults: ClassVar[dict] = {}
     synchronous: ClassVar[bool] = False
     # Transition-spec fields that hold observations (the frame layout stores them as frames).
     observation_fields: ClassVar[tuple[str, ...]] = ("obs", "next_obs")
