@@ -110,10 +110,10 @@ class Policy:
 def load_policy(run_dir_or_file: str | Path) -> Policy:
     """The exported policy of a run directory (or a policy file), loaded by
     `aiorl.evaluate.load_policy`; raises `aiorl.evaluate.EvalError` when there is none or it is bad."""
-    from aiorl.evaluate import POLICY_PATH
+    from aiorl.evaluate import POLICY_DIR, policy_file
     from aiorl.policy_check import load_checked, read_meta
 
     path = Path(run_dir_or_file)
     if path.is_dir():
-        path = path / POLICY_PATH
+        path = policy_file(path / POLICY_DIR)
     return Policy(load_checked(path), read_meta(path), path)

@@ -173,8 +173,11 @@ class RunSection:
     metrics_interval_s: float = doc("Seconds between metrics.jsonl rows.", default=1.0)
     metrics: bool = doc("Roles report gauges (rates, losses, lag, memory) with their heartbeats.",
                         default=True)
-    tensorboard: bool = doc("Also write TensorBoard event files when TensorBoard is installed.",
-                            default=True)
+    tensorboard: bool = doc("Also write TensorBoard event files when TensorBoard is installed "
+                            "(false takes tensorboard out of run.loggers).", default=True)
+    loggers: list = doc("Where metrics rows go besides metrics.jsonl, each with the resolved config as "
+                        "hyper-parameters: tensorboard, wandb, mlflow (aiorl/loggers.py; each an extra).",
+                        default_factory=lambda: ["tensorboard"])
     checkpoint_interval_s: float | None = doc(
         "Learner 0 checkpoints every this many seconds (and at shutdown, and when the run ends "
         "abnormally while it still can); None: only by checkpoint_every.", default=60.0
@@ -444,6 +447,10 @@ def validate(cfg: Config) -> None:
     _check(r.snapshot_interval_s > 0, f"run.snapshot_interval_s: must be > 0, got {r.snapshot_interval_s}")
     _check(r.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
            f"run.log_level: expected DEBUG, INFO, WARNING or ERROR, got {r.log_level!r}")
+    from aiorl.loggers import check_names
+
+    bad_loggers = check_names(r.loggers)
+    _check(bad_loggers is None, bad_loggers or "")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

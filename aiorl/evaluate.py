@@ -1,10 +1,13 @@
 """`aiorl eval RUN_DIR`: run a run's exported policy greedily and report its returns.
 
-The policy is the TorchScript file learner 0 exports at shutdown
-(``RUN_DIR/policy/policy.pt``), mapping an observation batch to actions; the
-environment is the run's own (``RUN_DIR/config.yaml``). Episode k is reset
-with seed ``S + k``, so two evaluations with the same seed see the same
-episodes.
+The policy is the `torch.export` program learner 0 exports at shutdown
+(``RUN_DIR/policy/policy.pt2``, see `aiorl.export`; an older run's TorchScript
+``policy.pt`` still loads), mapping an observation batch to actions, or one
+rebuilt from a checkpoint with ``--checkpoint N``; the environment is the
+run's own (``RUN_DIR/config.yaml``). Episode k is reset with seed ``S + k``,
+so two evaluations with the same seed see the same episodes. ``--video DIR``
+records every episode with Gymnasium's RecordVideo (the encoder is the
+``video`` extra), ``--render`` shows them in a window.
 """
 from __future__ import annotations
 
@@ -12,14 +15,15 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from aiorl.config import ConfigError, EnvConfig, load_config
+from aiorl.eval_options import EvalOptionError
+from aiorl.export import PolicyFileError, load_policy_file, policy_file
 
-POLICY_PATH = Path("policy") / "policy.pt"
+POLICY_DIR = Path("policy")
 
 
 class EvalError(RuntimeError):
@@ -27,23 +31,23 @@ class EvalError(RuntimeError):
 
 
 def load_policy(path: str | Path):
-    import torch
-
-    path = Path(path)
-    if not path.is_file():
-        raise EvalError(f"no exported policy at {path}; learner 0 exports it when a run shuts down")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript: see aiorl/algos/_common.py
-        return torch.jit.load(str(path), map_location="cpu").eval()
+    """The one policy loader (policy.pt2, or an older run's policy.pt): a callable obs batch -> actions."""
+    try:
+        return load_policy_file(path)
+    except PolicyFileError as exc:
+        raise EvalError(str(exc)) from None
 
 
-def run_episodes(policy, env_cfg: EnvConfig, episodes: int, seed: int, progress=None) -> dict:
+def run_episodes(policy, env_cfg: EnvConfig, episodes: int, seed: int, progress=None,
+                 video_dir: str | None = None, render: bool = False) -> dict:
     """Run `episodes` greedy episodes of `policy` (obs batch -> action batch)."""
     import torch
 
     from aiorl.envs import make_env
+    from aiorl.eval_options import record_episodes, render_env_config
 
-    env = make_env(env_cfg, evaluation=True)  # the preset's evaluation variant: full games, raw rewards
+    # The preset's evaluation variant: full games, raw rewards.
+    env = record_episodes(make_env(render_env_config(env_cfg, video_dir, render), evaluation=True), video_dir)
     returns, lengths = [], []
     try:
         discrete = hasattr(env.action_space, "n")
@@ -75,7 +79,8 @@ def summarize(returns: list[float], lengths: list[int]) -> dict:
 
 
 def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 0, policy_path: str | Path | None = None,
-                 progress=None) -> dict:
+                 progress=None, checkpoint: str | None = None, video_dir: str | None = None,
+                 render: bool = False) -> dict:
     import torch
 
     torch.set_num_threads(1)  # one observation at a time: extra threads only cost
@@ -84,12 +89,20 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 0, policy_
     if not config_path.is_file():
         raise EvalError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_config(config_path)
-    path = Path(policy_path) if policy_path else run_dir / POLICY_PATH
-    from aiorl.policy_check import load_checked
+    if checkpoint is not None and policy_path is not None:
+        raise EvalError("give --policy or --checkpoint, not both")
+    if checkpoint is not None:
+        from aiorl.eval_options import checkpoint_path, checkpoint_policy
 
-    policy = load_checked(path, cfg.env)
+        path = checkpoint_path(run_dir, checkpoint)
+        policy = checkpoint_policy(cfg, path)
+    else:
+        from aiorl.policy_check import load_checked
+
+        path = Path(policy_path) if policy_path else policy_file(run_dir / POLICY_DIR)
+        policy = load_checked(path, cfg.env)
     t0 = time.perf_counter()
-    result = run_episodes(policy, cfg.env, episodes, seed, progress)
+    result = run_episodes(policy, cfg.env, episodes, seed, progress, video_dir, render)
     return {"run_dir": str(run_dir), "policy": str(path), "algo": cfg.algo, "env": cfg.env.id, "seed": seed,
             **result, "seconds": round(time.perf_counter() - t0, 3)}
 
@@ -101,6 +114,8 @@ def format_result(result: dict) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    import gymnasium as gym
+
     if args.episodes < 1:
         print(f"aiorl eval: --episodes must be at least 1, got {args.episodes}", file=sys.stderr)
         return 2
@@ -111,9 +126,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     try:
         result = evaluate_run(args.run_dir, args.episodes, args.seed, args.policy,
-                              progress if not args.json and sys.stderr.isatty() else None)
-    except (EvalError, ConfigError) as exc:
+                              progress if not args.json and sys.stderr.isatty() else None,
+                              args.checkpoint, args.video, args.render)
+    except (EvalError, EvalOptionError, ConfigError) as exc:
         print(f"aiorl eval: {exc}", file=sys.stderr)
+        return 2
+    except gym.error.DependencyNotInstalled as exc:  # the env's renderer (--video, --render)
+        print(f"aiorl eval: rendering needs a package: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result) if args.json else format_result(result))
     return 0
@@ -121,10 +140,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("eval", help="run a run's exported policy greedily and report returns")
-    parser.add_argument("run_dir", help="run directory (holds config.yaml and policy/policy.pt)")
+    parser.add_argument("run_dir", help="run directory (holds config.yaml and policy/policy.pt2)")
     parser.add_argument("--episodes", type=int, default=20, help="episodes to run (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="episode k is reset with seed SEED + k")
-    parser.add_argument("--policy", help="TorchScript policy to use instead of RUN_DIR/policy/policy.pt")
+    parser.add_argument("--policy", help="policy file (.pt2, or an older run's TorchScript .pt) to use instead of "
+                        "RUN_DIR/policy/policy.pt2")
+    parser.add_argument("--checkpoint", metavar="N",
+                        help="evaluate the checkpoint of learner step N (in RUN_DIR/checkpoints) or a checkpoint "
+                        "file, instead of the exported policy")
+    parser.add_argument("--video", metavar="DIR",
+                        help="record every episode as an mp4 in DIR (needs: pip install 'aiorl[video]')")
+    parser.add_argument("--render", action="store_true", help="show the episodes in a window (human rendering)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=cmd_eval)
     return parser

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiorl.config import Config
-from aiorl.progress import Progress
+from aiorl.progress import Progress, next_command, stopped_at_note
 from aiorl.restart import RestartPolicy
 from aiorl.rundir import RunDir, write_json_atomic
 from aiorl.runtime.phase import (
@@ -89,6 +89,7 @@ class LocalLauncher:
         self.stalled: str | None = None  # why the launcher killed the coordinator, if it did
         self.config_path = self.run_dir / "config.yaml"
         self.port: int | None = None
+        self.progress: Progress | None = None
 
     @property
     def coordinator(self) -> Child | None:
@@ -99,9 +100,16 @@ class LocalLauncher:
                "--index", str(index)]
         if self.port is not None:
             cmd += ["--set", f"cluster.port={self.port}"]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_die_with_parent, env={**os.environ, **self.rundir.identity.env()})
-        child = Child(role_name(kind, index), proc)
+        name = role_name(kind, index)
+        logs = self.run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        # The role's stdout and stderr (a stray print, a warning, a traceback) go into its log,
+        # not the terminal, where they would tear the live panel; the panel counts them.
+        with open(logs / f"{name}.log", "ab") as log_file:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                                    start_new_session=True, preexec_fn=_die_with_parent,
+                                    env={**os.environ, **self.rundir.identity.env()})
+        child = Child(name, proc)
         self.children[child.name] = child
         log.debug("started %s (pid %d)", child.name, proc.pid)
         return child
@@ -114,6 +122,8 @@ class LocalLauncher:
             print(f"\naiorl: {self.signal_name}: stopping the run cleanly "
                   "(press Ctrl-C again to kill it)", file=sys.stderr, flush=True)
             self.restart_at.clear()
+            if self.progress is not None:
+                self.progress.interrupted()
             coordinator.proc.send_signal(signum)  # the coordinator records which signal stopped the run
         else:
             print("\naiorl: killing every role", file=sys.stderr, flush=True)
@@ -157,9 +167,11 @@ class LocalLauncher:
         # the run keeps Python's and is stopped through its stop criteria.
         in_main = threading.current_thread() is threading.main_thread()
         old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
-        progress = Progress(self.cfg, self.run_dir, quiet=self.quiet)
+        progress = self.progress = Progress(self.cfg, self.run_dir, quiet=self.quiet)
         metrics = self.run_dir / "metrics.jsonl"
         progress.tail.offset = metrics.stat().st_size if metrics.exists() else 0  # a resume appends
+        progress.logs.skip_existing()
+        supervised = False
         try:
             coordinator = self._spawn("memory", 0)
             self.port = self._wait_coordinator_address(coordinator)
@@ -171,6 +183,7 @@ class LocalLauncher:
             self._write_pids()
             progress.start()
             self._supervise(progress)
+            supervised = True  # _report draws the last frame, with the summary
         except LaunchError as exc:
             progress.stop()
             self.kill_all()
@@ -178,7 +191,8 @@ class LocalLauncher:
             print(f"aiorl: {exc}", file=sys.stderr)
             return 1
         finally:
-            progress.stop()
+            if not supervised:
+                progress.stop()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
             self.kill_all()
@@ -309,6 +323,7 @@ class LocalLauncher:
         summary = self.rundir.read_owned("summary.json")
         if summary is None:
             summary = self._own_summary(progress)
+        progress.stop(summary, roles_alive=sum(c.proc.poll() is None for c in self.children.values()))
         outcome = summary.get("outcome", FAILED)
         ok_codes = {EXIT_OK}
         if outcome == INTERRUPTED:
@@ -327,8 +342,14 @@ class LocalLauncher:
         if summary.get("written_by") == "launcher":
             lines.append("aiorl: the coordinator wrote no summary (it did not finish)")
         lines.append(f"aiorl: run {outcome} ({summary.get('stop_detail') or summary.get('stop_reason')}): {counts}")
+        note = stopped_at_note(summary)
+        if note:
+            lines.append(f"aiorl: {note}")
         for failure in summary.get("failures", []):
             lines.append(f"aiorl: {failure}")
+        problems = progress.logs.summary()
+        if problems:
+            lines.append(f"aiorl: {problems}")
         for child in failed:
             lines.append(f"aiorl: {child.name} (pid {child.pid}) {describe_exit(child.proc.returncode)}; "
                          f"log: {self.run_dir}/logs/{child.name}.log")
@@ -342,5 +363,8 @@ class LocalLauncher:
             code = 1
         verdict = {EXIT_OK: "ok", 1: "FAILED"}.get(code, "interrupted")
         lines.append(f"aiorl: run directory {self.run_dir} ({verdict})")
+        hint = next_command(self.run_dir)
+        if hint:
+            lines.append(f"aiorl: {hint}")
         print("\n".join(lines), file=sys.stderr if code else sys.stdout, flush=True)
         return code

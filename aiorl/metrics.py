@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 
 log = logging.getLogger("aiorl.metrics")
@@ -59,35 +58,37 @@ ROW_KEYS = (
 
 
 class MetricsWriter:
-    """Appends rows to ``metrics.jsonl``; mirrors numbers to TensorBoard when it is installed."""
+    """Appends rows to ``metrics.jsonl``; mirrors their numbers to the loggers of ``run.loggers``."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, purge_step: int | None = None):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, purge_step: int | None = None,
+                 loggers: list[str] | None = None, config: dict | None = None):
+        from aiorl.loggers import make_loggers
+
         self.path = Path(run_dir) / "metrics.jsonl"
         self.file = open(self.path, "a", buffering=1)
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                # A resumed run: TensorBoard hides the earlier launch's events past the checkpoint.
-                self.tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"), purge_step=purge_step)
-            except ImportError:
-                log.info("TensorBoard is not installed (pip install 'aiorl[tb]'): metrics go to "
-                         "metrics.jsonl only")
+        names = ["tensorboard"] if loggers is None else list(loggers)
+        if not tensorboard:
+            names = [n for n in names if n != "tensorboard"]
+        self.loggers = make_loggers(names, Path(run_dir), config or {}, purge_step)
 
     def write(self, row: dict) -> None:
         self.file.write(json.dumps(row) + "\n")
-        if self.tb is not None:
-            step = int(row.get("env_steps", 0))
-            for key, value in row.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-                        and key not in ("env_steps", "time_s"):
-                    self.tb.add_scalar(key if "/" in key else f"charts/{key}", value, step)
+        step = int(row.get("env_steps", 0))
+        for logger in list(self.loggers):
+            try:
+                logger.log_row(row, step)
+            except Exception as exc:  # a logging service must not end the run: drop it, say so once
+                log.warning("%s failed (%s: %s); metrics go on without it", type(logger).__name__,
+                            type(exc).__name__, exc)
+                self.loggers.remove(logger)
 
     def close(self) -> None:
         self.file.close()
-        if self.tb is not None:
-            self.tb.close()
+        for logger in self.loggers:
+            try:
+                logger.close()
+            except Exception as exc:
+                log.warning("%s did not close cleanly (%s: %s)", type(logger).__name__, type(exc).__name__, exc)
 
 
 def mean_or_none(values) -> float | None:

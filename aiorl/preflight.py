@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from aiorl.config import Config
+from aiorl.config import Config, ConfigError
 from aiorl.rundir import RunDir, claim
 
 
@@ -23,6 +23,10 @@ def check_local_run(cfg: Config) -> None:
     algo.transition_spec()
     frame_layout(cfg, algo)
     algo.check_learner_host(cfg)
+    from aiorl.loggers import check_installed
+
+    if (missing := check_installed(cfg.run.loggers)) is not None:
+        raise ConfigError(missing)
     if cfg.run.token_file is not None or os.environ.get(TOKEN_ENV):
         load_token(cfg.run.token_file)  # else the launcher makes one
 

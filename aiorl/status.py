@@ -3,9 +3,10 @@
 TARGET is a run directory (the coordinator's address is recorded in its
 ``coordinator.json``) or ``host:port``. The cluster token comes from
 ``AIORL_TOKEN``, ``--token-file`` or the run directory's ``token``. A finished
-run's directory gives its final summary instead, but only a summary its
-latest launch wrote (``run.json`` names it): an earlier launch's is never
-shown as this one's result.
+run's directory gives its final summary instead, read from ``summary.json``
+without a token or a coordinator, but only a summary its latest launch wrote
+(``run.json`` names it): an earlier launch's is never shown as this one's
+result.
 """
 from __future__ import annotations
 
@@ -69,7 +70,35 @@ def render(status: dict) -> str:
     return "\n".join(lines)
 
 
+def finished_summary(run_dir: Path) -> dict | None:
+    """The summary of a run directory's latest launch, when that launch finished; else None.
+
+    A finished run needs no coordinator and no token: its summary is a file. A
+    directory without a launch record (run.json) has nothing to contradict it.
+    """
+    final = read_json(run_dir / "summary.json")
+    latest = latest_launch_id(run_dir)
+    if final is None or (latest is not None and final.get("launch_id") != latest):
+        return None
+    return final
+
+
+def render_final(final: dict) -> str:
+    lines = [f"run {final.get('outcome', 'finished')} ({'ok' if final['ok'] else 'FAILED'}): "
+             f"{final.get('stop_detail') or final.get('stop_reason')}",
+             f"env_steps {final['env_steps']}  learner_steps {final['learner_steps']}  "
+             f"episodes {final['episodes']}  return_mean_100 {final.get('return_mean_100')}"]
+    for name, role in final["roles"].items():
+        lines.append(f"{name:<12} {role['status']:<9}" + (f"  ({role['reason']})" if role.get("reason") else ""))
+    lines.extend(f"failure: {failure}" for failure in final.get("failures", []))
+    return "\n".join(lines)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    final = finished_summary(Path(args.target)) if Path(args.target).is_dir() else None
+    if final is not None:
+        print(json.dumps({"live": False, **final}) if args.json else render_final(final))
+        return 0
     try:
         host, port, token, run_dir = resolve_target(args.target, args.token_file)
     except (StatusError, WireError, OSError, ValueError) as exc:
@@ -80,27 +109,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         status["live"] = True
     except (OSError, TimeoutError, ConnectionClosed, WireError) as exc:
         final = read_json(run_dir / "summary.json") if run_dir is not None else None
-        latest = latest_launch_id(run_dir) if run_dir is not None else None
-        if final is not None and latest is not None and final.get("launch_id") != latest:
+        if final is not None:
             print(f"aiorl status: cannot reach the coordinator at {host}:{port} ({exc}), and the latest launch "
                   f"of {run_dir} wrote no summary: it did not finish (the summary there is an earlier "
                   f"launch's, attempt {final.get('attempt')})", file=sys.stderr)
             return 1
-        if final is None:
-            print(f"aiorl status: cannot reach the coordinator at {host}:{port}: {exc}", file=sys.stderr)
-            return 1
-        if args.json:
-            print(json.dumps({"live": False, **final}))
-        else:
-            print(f"run {final.get('outcome', 'finished')} ({'ok' if final['ok'] else 'FAILED'}): "
-                  f"{final.get('stop_detail') or final.get('stop_reason')}")
-            print(f"env_steps {final['env_steps']}  learner_steps {final['learner_steps']}  "
-                  f"episodes {final['episodes']}  return_mean_100 {final.get('return_mean_100')}")
-            for name, role in final["roles"].items():
-                print(f"{name:<12} {role['status']:<9}" + (f"  ({role['reason']})" if role.get("reason") else ""))
-            for failure in final.get("failures", []):
-                print(f"failure: {failure}")
-        return 0
+        print(f"aiorl status: cannot reach the coordinator at {host}:{port}: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(status) if args.json else render(status))
     return 0
 

@@ -64,6 +64,7 @@ from aiorl.config import Config, load_config  # noqa: E402
 from aiorl.envs import EnvRunner  # noqa: E402
 from aiorl.evaluate import load_policy, run_episodes  # noqa: E402
 from aiorl.runtime.algorithm import build_algorithm, get_algorithm  # noqa: E402
+from aiorl.runtime.learner import weights_digest  # noqa: E402
 
 EVAL_SEED = 1_000_000  # evaluation episodes are not the training seeds
 
@@ -77,7 +78,7 @@ def log(line: str) -> None:
 
 
 def evaluate_core(algo, core, episodes: int, seed: int = EVAL_SEED) -> dict:
-    """Export `core`'s policy (TorchScript, as `aiorl eval` loads it) and run it greedily."""
+    """Export `core`'s policy (torch.export, as `aiorl eval` loads it) and run it greedily."""
     with tempfile.TemporaryDirectory() as tmp:
         path = core.export_policy(tmp)
         return run_episodes(load_policy(path), algo.cfg.env, episodes, seed)
@@ -190,7 +191,9 @@ def harness(cfg: Config, args) -> dict:
         runner.close()
     return {"mode": "harness", "config": args.config, "algo": cfg.algo, "env": cfg.env.id, "actors": n_actors,
             "updates_per_step": args.updates_per_step, "threshold": args.threshold, "reached": reached,
-            "rows": rows, "seconds": round(time.perf_counter() - t0, 2)}
+            "rows": rows, "seconds": round(time.perf_counter() - t0, 2),
+            # Evaluations of a barely trained net often tie; its weights do not.
+            "weights_digest": weights_digest(learner.get_weights())}
 
 
 # --------------------------------------------------------------------------
@@ -322,7 +325,7 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     idle = [x for x in idle if x is not None]
     phases = summary.get("phases") or [{}]
     running_at = round(phases[0]["time"] - launched, 2) if phases[0].get("phase") == "RUNNING" else None
-    if (run_dir / "policy" / "policy.pt").exists():
+    if (run_dir / "policy" / "policy.pt2").exists():
         out = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes",
                               str(args.final_episodes), "--json"], cwd=ROOT, capture_output=True, text=True)
         if out.returncode == 0:

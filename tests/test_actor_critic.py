@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from aiorl.algos._actor_critic import (
     ActorCritic, CategoricalHead, DeterministicPolicy, GaussianHead, ObsNormalizer, batch_moments,
 )
-from aiorl.algos._common import export_script
+from aiorl.export import save_policy
 from aiorl.algos._networks import parse_network
 from aiorl.evaluate import load_policy
 
@@ -97,7 +97,8 @@ def test_exported_policy_is_greedy_or_the_clipped_mean_and_loads_with_plain_torc
         for p in net.parameters():
             p.normal_(0, 3.0)  # large outputs: the clip must matter
     net.normalizer.update(*batch_moments(np.random.default_rng(0).normal(size=(10, 3))))
-    path = export_script(DeterministicPolicy(net), str(tmp_path), {"algo": "test"})
+    path = save_policy(DeterministicPolicy(net), str(tmp_path),
+                       {"algo": "test", "observation_shape": [3], "observation_dtype": "<f4"})
     loaded = load_policy(path)
     obs = torch.randn(64, 3)
     out = loaded(obs)

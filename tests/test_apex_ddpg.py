@@ -12,8 +12,6 @@ from aiorl.config import ConfigError
 from aiorl.envs import EnvRunner
 from apex_helpers import make_algo, make_config, make_constant, replay_batch
 
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
-
 
 def pendulum_rollout(rewards, terminated_at=None, truncated_at=None):
     T = len(rewards)
@@ -143,7 +141,7 @@ def test_weights_carry_actor_and_critic():
 def test_exported_policy_round_trip(tmp_path):
     algo = make_algo("apex_ddpg", "Pendulum-v1")
     learner = algo.make_learner(0, 1, seed=3)
-    policy = torch.jit.load(learner.export_policy(str(tmp_path)))
+    policy = torch.export.load(learner.export_policy(str(tmp_path))).module()
     obs = torch.randn(8, 3) * 5
     actions = policy(obs)
     assert actions.shape == (8, 1) and actions.dtype == torch.float32

@@ -14,8 +14,6 @@ from apex_helpers import (
     DISCRETE_OBS_ENV, IMAGE_ENV, episode_rollout, make_algo, make_config, make_constant, replay_batch,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
-
 
 def constant_q_learner(algo, value: float):
     """A learner whose online and target nets both answer `value` for every (s, a)."""
@@ -302,7 +300,7 @@ def test_exported_policy_round_trip(tmp_path):
     algo = make_algo("apex_dqn", "CartPole-v1")
     learner = algo.make_learner(0, 1, seed=3)
     path = learner.export_policy(str(tmp_path))
-    policy = torch.jit.load(path)
+    policy = torch.export.load(path).module()
     obs = torch.randn(16, 4)
     actions = policy(obs)
     assert actions.dtype == torch.int64 and actions.shape == (16,)
@@ -321,7 +319,7 @@ def test_image_observations_stay_uint8_until_the_network(tmp_path):
     assert rows["obs"].dtype == np.uint8 and len(priorities) == len(rows["obs"])
     result = learner.step(replay_batch(rows))
     assert np.all(np.isfinite(result.priorities))
-    policy = torch.jit.load(learner.export_policy(str(tmp_path)))
+    policy = torch.export.load(learner.export_policy(str(tmp_path))).module()
     frames = torch.from_numpy(rows["obs"][:3].copy())
     assert torch.equal(policy(frames), learner.online(frames).argmax(dim=1))
 

@@ -113,6 +113,7 @@ def test_learning_bench_harness_runs_a_config(tmp_path, config):
 @pytest.mark.slow
 def test_the_harness_is_deterministic_for_a_seed(tmp_path):
     """What the exact CartPole bar above relies on: the same run again, to the last digit."""
-    runs = [harness(tmp_path, "apex_dqn_cartpole.yaml", *HARNESS_SMOKE)[1]["rows"] for _ in range(2)]
-    first, again = ([{k: v for k, v in row.items() if k != "seconds"} for row in rows] for rows in runs)
+    results = [harness(tmp_path, "apex_dqn_cartpole.yaml", *HARNESS_SMOKE)[1] for _ in range(2)]
+    first, again = ([{k: v for k, v in row.items() if k != "seconds"} for row in r["rows"]] for r in results)
     assert first == again and first[-1]["learner_steps"] == 64
+    assert results[0]["weights_digest"] == results[1]["weights_digest"]

@@ -10,8 +10,7 @@ from aiorl.cli import main
 from cluster_helpers import read_json, run
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")]
+pytestmark = [pytest.mark.cluster]
 
 
 def test_pong_example_trains_checkpoints_and_evaluates(tmp_path, capsys):

@@ -68,7 +68,7 @@ def test_each_role_by_hand_writes_a_complete_run_directory_of_its_kind(tmp_path,
         assert f"aiorl {name}: exit code 0; run directory {dirs[name].resolve()}" in out, out
         assert "Traceback" not in out, out
     learner, memory = dirs["learner-0"], dirs["memory-0"]
-    assert (learner / "policy" / "policy.pt").is_file() and list((learner / "checkpoints").iterdir())
+    assert (learner / "policy" / "policy.pt2").is_file() and list((learner / "checkpoints").iterdir())
     assert json.loads((memory / "summary.json").read_text())["ok"]
     assert (memory / "metrics.jsonl").stat().st_size > 0
     monkeypatch.setenv("AIORL_TOKEN", "k" * 64)
@@ -84,7 +84,7 @@ def test_roles_by_hand_share_one_run_dir_without_clobbering_and_refuse_another_c
     procs, first = start_cluster(tmp_path, "--set", f"run.dir={shared}")
     finish_all(procs, first)
     assert sorted(p.name for p in (shared / "logs").iterdir()) == ["actor-0.log", "learner-0.log", "memory-0.log"]
-    assert (shared / "policy" / "policy.pt").is_file() and (shared / "summary.json").is_file()
+    assert (shared / "policy" / "policy.pt2").is_file() and (shared / "summary.json").is_file()
     assert not list(shared.glob(".config.yaml.*"))
     capsys.readouterr()
     assert main(["eval", str(shared), "--episodes", "1"]) == 0

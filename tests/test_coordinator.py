@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -68,3 +69,38 @@ async def test_registration_refuses_unknown_duplicate_mismatched_and_late_roles(
     assert roles["learner-0"].status == roles["memory-0"].status == "lost"
     assert roles["learner-0"].reason == "never registered"
     assert roles["actor-0"].status == "failed" and "missed the STOPPING deadline" in roles["actor-0"].reason
+
+
+async def test_a_stall_of_the_coordinators_own_loop_is_granted_to_silent_roles_then_they_are_lost(tmp_path):
+    """Roles that never heartbeat, and a coordinator whose loop blocks for 1.5 s (a GC pause, an
+    overloaded host) with heartbeat_timeout_s 1.0: right after the stall nobody is lost (the
+    stall was the coordinator's, not the roles' silence); a second later they are."""
+    cfg = load_config(data={"algo": "random_agent", "cluster": {
+        "start_timeout_s": 30.0, "heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 1.0,
+        "coordinator_timeout_s": 30.0}})
+    coordinator = Coordinator(cfg, tmp_path, TOKEN)
+    port = await coordinator.start("127.0.0.1", 0)
+    run = asyncio.create_task(coordinator.run())
+    conns = []
+    try:
+        for role in ("memory-0", "learner-0", "actor-0"):
+            conns.append(await register(port, cfg, role))
+        async with asyncio.timeout(HANG_S):
+            while coordinator.phase != Phase.RUNNING:
+                await asyncio.sleep(0.01)
+        for record in coordinator.roles.values():  # their silence starts now
+            record.last_heartbeat = asyncio.get_running_loop().time()
+        time.sleep(1.5)  # the stall itself: the loop (and its heartbeat monitor) cannot run
+        await asyncio.sleep(0.3)  # the monitor fires (late), judges, and fires again
+        assert coordinator.stalled_s >= 1.4
+        assert {r.status for r in coordinator.roles.values()} == {"running"}
+        async with asyncio.timeout(HANG_S):  # silent on past the grace: lost
+            while any(r.status == "running" for r in coordinator.roles.values()):
+                await asyncio.sleep(0.05)
+        assert all(r.status == "lost" and r.reason.startswith("no heartbeat for ")
+                   for r in coordinator.roles.values())
+    finally:
+        run.cancel()
+        for conn in conns:
+            conn.abort()
+        await coordinator.close(timeout_s=1.0)

@@ -156,4 +156,4 @@ def test_checkpoint_round_trip_restores_theta_adam_and_normalizer(tmp_path):
     for key, value in learner.get_weights().items():
         np.testing.assert_array_equal(other.get_weights()[key], value)
     assert other.adam.t == 1 and np.array_equal(other.adam.m, learner.adam.m)
-    assert other.export_policy(str(tmp_path / "policy")).endswith("policy.pt")
+    assert other.export_policy(str(tmp_path / "policy")).endswith("policy.pt2")

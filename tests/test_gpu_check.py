@@ -23,7 +23,6 @@ def test_without_cuda_it_fails_loudly(monkeypatch, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 def test_cpu_dry_run_trains_and_checks_the_loss(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     code = load_check().main(["--device", "cpu", "--steps", "10", "--batch", "8", "--transitions", "300",

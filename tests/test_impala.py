@@ -129,7 +129,7 @@ def test_learner_step_checkpoint_and_export(tmp_path):
     other.step(batch)
     for k, v in learner.get_weights().items():
         np.testing.assert_allclose(other.get_weights()[k], v, rtol=1e-6, atol=1e-7)
-    exported = torch.jit.load(learner.export_policy(str(tmp_path / "policy")))
+    exported = torch.export.load(learner.export_policy(str(tmp_path / "policy"))).module()
     obs = torch.as_tensor(fragments["obs"].reshape(E * T, -1))
     with torch.no_grad():
         greedy = learner.net.policy_params(obs).argmax(dim=1)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -69,6 +70,17 @@ def test_metrics_jsonl_has_documented_keys_and_monotonic_counters(finished_run):
     assert (run_dir / "tb").is_dir()  # TensorBoard is installed in the test environment
 
 
+def test_summary_json_stays_compact(finished_run):
+    run_dir, _ = finished_run
+    summary = read_json(run_dir / "summary.json")
+    # The weights publications of a long run are a debugging list: only the first 32 are kept
+    # (the barrier tests read those), not one per publication.
+    assert summary["weights_version"] > 32
+    published = summary["weights_published_monotonic"]
+    assert [version for version, _ in published] == list(range(32))  # version 0 (the initial weights) on
+    assert summary["stopped_at"]["env_steps"] >= 40_000 and summary["stopped_at"]["env_steps"] <= summary["env_steps"]
+
+
 def test_plain_progress_output_is_line_oriented(tmp_path):
     path = tmp_path / "c.json"
     config = {**CONFIG, "agent": {**CONFIG["agent"], "scheduled_timesteps": 20_000},
@@ -97,7 +109,7 @@ def test_plot_writes_a_png_of_the_requested_size(finished_run, tmp_path):
     assert pixels.std() > 5  # not blank
     proc = subprocess.run([sys.executable, "-m", "aiorl", "plot", str(run_dir), "-o", str(out),
                            "--metric", "no_such_metric"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "no run has values of 'no_such_metric'" in proc.stderr
+    assert proc.returncode == 2 and "--metric 'no_such_metric': no run has values of it" in proc.stderr
 
 
 def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
@@ -124,8 +136,9 @@ def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
     finally:
         proc.kill()
     assert code == 130, out  # interrupted by SIGINT, cleanly
+    (run_dir / "token").unlink()  # a finished run's summary is a file: no token, no coordinator needed
     final = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "AIORL_TOKEN": ""})
     summary = json.loads(final.stdout)
     assert summary["live"] is False and summary["ok"] and set(summary["roles"]) == set(started)
     assert read_json(run_dir / "summary.json")["ok"]
@@ -137,11 +150,11 @@ def test_missing_tensorboard_is_a_one_line_notice(tmp_path, monkeypatch, caplog)
     from aiorl.metrics import MetricsWriter
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
-    with caplog.at_level(logging.INFO, logger="aiorl.metrics"):
+    with caplog.at_level(logging.INFO, logger="aiorl.loggers"):
         writer = MetricsWriter(tmp_path)
     writer.write({"time_s": 0.0, "env_steps": 1})
     writer.close()
-    assert writer.tb is None and not (tmp_path / "tb").exists()
+    assert writer.loggers == [] and not (tmp_path / "tb").exists()
     notices = [r.getMessage() for r in caplog.records]
     assert len(notices) == 1 and "TensorBoard is not installed" in notices[0] and "\n" not in notices[0]
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"time_s": 0.0, "env_steps": 1}

@@ -43,8 +43,9 @@ def test_live_panel_renders_the_latest_row(tmp_path, monkeypatch):
         progress.stop()
     frame = ANSI.sub("", screen.getvalue())
     assert "aiorl random_agent on CartPole-v1" in frame
-    assert "6271/15000" in frame  # the bar counts learner steps toward scheduled_global_steps
-    for text in ("RUNNING", "2,040", "112", "186.60", "25,000 (50%)", "1,900", "634",
+    assert "6,271/15,000" in frame  # the bar counts learner steps toward scheduled_global_steps
+    # Totals, and rates over the rows' window (here the two rows: 39 s apart), not the last row's spike.
+    for text in ("RUNNING", "81,234 (2,083/s)", "6,271 (161/s)", "186.60", "25,000 (50%)", "1,900", "634",
                  "actor-1 is late (no heartbeat for 2 intervals)", "memory-1 is lost"):
         assert text in frame, text
 
@@ -75,4 +76,6 @@ def test_plot_overlays_several_runs_against_wall_time(tmp_path, monkeypatch, cap
     for k, (times, returns) in enumerate(runs.values()):
         (sx, sy), (rx, ry) = drawn["lines"][2 * k:2 * k + 2]
         assert sx == rx == times and ry == returns
-        assert np.allclose(sy, [returns[0]] + [(a + b) / 2 for a, b in zip(returns, returns[1:])])
+    # Centred window of 2 (no lag): each value with the next, the last alone.
+    assert np.allclose(drawn["lines"][0][1], [30.0, 70.0, 95.0, 100.0])
+    assert np.allclose(drawn["lines"][2][1], [6.0, 18.5, 30.0])

@@ -16,8 +16,8 @@ lists as Ape-X (see `aiorl/algos/_networks.py`).
   policy head and a scalar value head. ``critic=False`` drops the value side
   (ES).
 - `DeterministicPolicy`: the exported acting policy, greedy (argmax) for
-  Categorical, the mean clipped to the bounds for Gaussian. TorchScript, so
-  it loads with plain `torch.jit.load`.
+  Categorical, the mean clipped to the bounds for Gaussian. Exported with
+  `torch.export`, so it loads with plain `torch.export.load`.
 
 Initialization follows the PPO implementations that work out of the box
 (CleanRL, SB3): orthogonal weights, gain sqrt(2) in the torsos, 0.01 for the
@@ -258,7 +258,7 @@ class DeterministicPolicy(nn.Module):
 
 
 def policy_meta(algo_name: str, env_spec, learner_steps: int, **extra) -> dict:
-    """The JSON description exported beside ``policy.pt``."""
+    """The JSON description exported beside ``policy.pt2``."""
     obs_space, action_space = env_spec.observation_space, env_spec.action_space
     if isinstance(action_space, gym.spaces.Discrete):
         action = {"kind": "discrete", "n": int(action_space.n)}

@@ -3,11 +3,7 @@ data-parallel gradient averaging, target updates, checkpoints and export."""
 from __future__ import annotations
 
 import copy
-import json
-import os
 import re
-import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -15,12 +11,11 @@ import torch.distributed as dist
 from torch import nn
 
 from aiorl.config import ConfigError
+from aiorl.export import save_policy
 from aiorl.replay import NStep
 from aiorl.runtime.algorithm import ActorPolicy, LearnerCore
 from aiorl.runtime.rendezvous import init_process_group
 
-POLICY_FILE = "policy.pt"
-POLICY_META = "policy.json"
 
 
 # --------------------------------------------------------------------------
@@ -420,25 +415,13 @@ class ActorCriticLearner(ApexLearner):
         policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
         meta = policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
                            env_steps_trained=self.env_steps_trained)
-        return export_script(policy, directory, meta)
+        return save_policy(policy, directory, meta)
 
 
 # --------------------------------------------------------------------------
 # Checkpoints and exported policies
 
 
-def export_script(module: nn.Module, directory: str, meta: dict) -> str:
-    """Save `module` as TorchScript (``policy.pt``) with a JSON description beside it."""
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        # torch 2.9+ marks TorchScript deprecated; it is still the format that loads
-        # with plain `torch.jit.load`, without the Python class definitions.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        scripted = torch.jit.script(module.eval())
-    path = root / POLICY_FILE
-    tmp = root / (POLICY_FILE + ".tmp")
-    scripted.save(str(tmp))
-    os.replace(tmp, path)
-    (root / POLICY_META).write_text(json.dumps(meta, indent=1) + "\n")
-    return str(path)
+# Every algorithm exports through aiorl.export.save_policy; the old name stays for
+# code written against it (it no longer writes TorchScript).
+export_script = save_policy

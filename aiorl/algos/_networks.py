@@ -20,8 +20,8 @@ device, and inside the exported policy):
   first dim > 4 -> HWC, permuted to CHW;
 - Discrete(n) -> one-hot of size n.
 
-Every module here is TorchScript-compatible, so exported policies load with
-plain `torch.jit.load`.
+Every module here traces with `torch.export` (no data-dependent Python control
+flow), so exported policies load with plain `torch.export.load` (aiorl.export).
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from aiorl.algos._common import (
-    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, export_script, hard_update,
+    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, save_policy, hard_update,
     load_numpy_state, make_adam, nstep_batch_rows, setup_torch, soft_update, state_to_numpy, td_loss,
     weights_spec_of,
 )
@@ -206,7 +206,7 @@ class DDPGLearner(ApexLearner):
         return {**state_to_numpy(self.actor, "actor"), **state_to_numpy(self.critic, "critic")}
 
     def export_policy(self, directory):
-        return export_script(copy.deepcopy(self.actor).cpu(), directory, self.algo.policy_meta(self.learner_steps))
+        return save_policy(copy.deepcopy(self.actor).cpu(), directory, self.algo.policy_meta(self.learner_steps))
 
 
 # --------------------------------------------------------------------------
@@ -216,6 +216,8 @@ class DDPGLearner(ApexLearner):
 class ApexDDPG(Algorithm):
     name = "apex_ddpg"
     model_config = ApexDDPGConfig
+    panel_metrics = (("critic loss", "learner/losses/critic_loss"), ("actor loss", "learner/losses/actor_loss"),
+                     ("weights lag", "weights_lag_max"))
 
     @classmethod
     def validate(cls, cfg):

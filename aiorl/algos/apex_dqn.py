@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from aiorl.algos._common import (
-    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, export_script, hard_update,
+    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, save_policy, hard_update,
     load_numpy_state, make_adam, nstep_batch_rows, setup_torch, soft_update, state_to_numpy, td_loss,
     weights_spec_of,
 )
@@ -216,7 +216,7 @@ class DQNLearner(ApexLearner):
 
     def export_policy(self, directory):
         policy = GreedyPolicy(copy.deepcopy(self.online).cpu())
-        return export_script(policy, directory, self.algo.policy_meta(self.learner_steps))
+        return save_policy(policy, directory, self.algo.policy_meta(self.learner_steps))
 
 
 # --------------------------------------------------------------------------
@@ -226,6 +226,9 @@ class DQNLearner(ApexLearner):
 class ApexDQN(Algorithm):
     name = "apex_dqn"
     model_config = ApexDQNConfig
+    panel_metrics = (("td loss", "learner/losses/td_loss"),
+                     ("epsilon (sampled)", "learner/values/sampled_epsilon_mean"),
+                     ("weights lag", "weights_lag_max"))
 
     @classmethod
     def validate(cls, cfg):

@@ -255,6 +255,8 @@ class PPOLearner(ActorCriticLearner):
 class DPPO(Algorithm):
     name = "dppo"
     model_config = DPPOConfig
+    panel_metrics = (("policy loss", "learner/losses/policy_loss"), ("entropy", "learner/losses/entropy"),
+                     ("value loss", "learner/losses/value_loss"), ("policy lag", "learner/policy_lag"))
     synchronous = True
 
     @classmethod

@@ -41,7 +41,7 @@ from torch import nn
 from aiorl.algos._actor_critic import (
     ActorCritic, DeterministicPolicy, check_action_space, obs_norm_size, policy_meta,
 )
-from aiorl.algos._common import export_script, setup_torch
+from aiorl.algos._common import save_policy, setup_torch
 from aiorl.algos._networks import OneHot, check_observation_space, parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.envs import make_env
@@ -349,7 +349,7 @@ class ESLearner(LearnerCore):
         policy = DeterministicPolicy(copy.deepcopy(self._synced_net()))
         meta = policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
                            env_steps_trained=self.env_steps_trained)
-        return export_script(policy, directory, meta)
+        return save_policy(policy, directory, meta)
 
 
 # --------------------------------------------------------------------------
@@ -363,6 +363,8 @@ def layers_of(m: ESConfig) -> list:
 class ES(Algorithm):
     name = "es"
     model_config = ESConfig
+    panel_metrics = (("es return", "learner/es/return_mean"), ("update ratio", "learner/es/update_ratio"),
+                     ("policy lag", "learner/policy_lag"))
     synchronous = True
 
     @classmethod

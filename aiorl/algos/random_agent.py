@@ -101,6 +101,7 @@ class MeanLearner(LearnerCore):
 
 class RandomAgent(Algorithm):
     name = "random_agent"
+    panel_metrics = (("loss", "learner/loss"),)
     model_config = RandomAgentConfig
 
     @classmethod

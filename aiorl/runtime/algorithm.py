@@ -165,6 +165,10 @@ class Algorithm:
     synchronous: ClassVar[bool] = False
     # Transition-spec fields that hold observations (the frame layout stores them as frames).
     observation_fields: ClassVar[tuple[str, ...]] = ("obs", "next_obs")
+    # What the live panel shows beside the counters, as (label, metrics.jsonl key): the
+    # learner's loss, the exploration as this algorithm defines it (epsilon, entropy) and
+    # policy lag where it applies. Keys absent from a row show as "-".
+    panel_metrics: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init__(self, cfg: Config, env_spec: EnvSpec):
         self.cfg = cfg

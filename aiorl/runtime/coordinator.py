@@ -55,6 +55,7 @@ log = logging.getLogger("aiorl.coordinator")
 # Learner gauges the runtime itself reports; the rest are the algorithm's (learner/<name>).
 LEARNER_RUNTIME_KEYS = {"wait_s", "train_s", "loop_lag_s", "rss_bytes", "queue_depth"}
 COUNTERS = ("env_steps", "learner_steps")
+WEIGHTS_PUBLISHED_KEPT = 32  # summary.json: weights_published_monotonic holds the first 32 only
 
 
 @dataclass
@@ -123,6 +124,9 @@ class Coordinator:
         self.started = asyncio.Event()
         self.start_settled = asyncio.Event()  # the run started, or stopped before it could
         self.stop_reason: str | None = None
+        # The counters the stop was decided on; the final ones are larger by the work in flight
+        # then (a learner trains the batches it holds credits for).
+        self.stopped_at: dict | None = None
         self.stop_event = asyncio.Event()
         self.failures: list[str] = []  # run-level; lost and failed roles are added at the end
         self.stopped_by_failure = False
@@ -133,7 +137,9 @@ class Coordinator:
         self.weights: dict[str, np.ndarray] = {}
         self.weights_version = -1
         self.weights_changed = asyncio.Condition()
-        self.weights_published: list[tuple[int, float]] = []  # (version, time.monotonic()), bounded
+        # (version, time.monotonic()) of the first publications: what a test needs to check that
+        # iteration k started after version k, without a long run's list bloating summary.json.
+        self.weights_published: list[tuple[int, float]] = []
         self.barriers: dict[str, Barrier] = {}
         algo = get_algorithm(cfg.algo)
         items = algo.work_items(cfg) if algo.is_synchronous(cfg) else None
@@ -155,7 +161,8 @@ class Coordinator:
             self._resume(self.identity.resume_from)
         # Made now, before serving: importing TensorBoard's writer takes a while.
         self._metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard,
-                                      purge_step=self.base["env_steps"] if self.resumed_from else None)
+                                      purge_step=self.base["env_steps"] if self.resumed_from else None,
+                                      loggers=cfg.run.loggers, config=cfg.to_dict())
         self.last_row: dict = {}
         self._last_metrics: tuple | None = None
         self.registrations_refused = 0
@@ -228,6 +235,7 @@ class Coordinator:
             return
         log.info("stopping: %s", reason)
         self.stop_reason = reason
+        self.stopped_at = {"env_steps": self.env_steps, "learner_steps": self.learner_steps}
         self.stop_event.set()
 
     def interrupt(self, signal_name: str, who: str) -> None:
@@ -610,8 +618,8 @@ class Coordinator:
             # The arrays are views over the received frame: keeping them is free.
             self.weights = dict(msg.arrays)
             self.weights_version += 1
-            self.weights_published.append((self.weights_version, time.monotonic()))
-            del self.weights_published[:-1000]
+            if len(self.weights_published) < WEIGHTS_PUBLISHED_KEPT:
+                self.weights_published.append((self.weights_version, time.monotonic()))
             self.weights_changed.notify_all()
         if self.work is not None:
             self.work.start(self.weights_version)  # iteration k's items act with version k
@@ -971,6 +979,7 @@ class Coordinator:
             "lost_with_restarts_left": self.lost_restartable,
             "failures": self.failures,
             "phases": self.phase_times,
+            "stopped_at": self.stopped_at,
             "env_steps": self.env_steps,
             "learner_steps": self.learner_steps,
             "episodes": self.episodes,

@@ -20,24 +20,39 @@ from aiorl.wire import load_token
 
 def setup_logging(run_dir: Path, name: str, level: str, console: bool = False) -> None:
     """One log file per role, plus warnings on stderr, every line prefixed by the role;
-    `console` (a role started by hand): its connect, phase and exit lines on stdout too."""
+    `console` (a role started by hand): its connect, phase and exit lines on stdout too.
+
+    Under the local launcher stderr already is that log file (aiorl.launch): then
+    nothing more goes to it, or every warning would be in the log twice.
+    """
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter(f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(level.upper())
-    file_handler = logging.FileHandler(logs / f"{name}.log")
+    log_path = logs / f"{name}.log"
+    file_handler = logging.FileHandler(log_path)
     file_handler.setFormatter(fmt)
     root.addHandler(file_handler)
-    err = logging.StreamHandler(sys.stderr)
-    err.setLevel(logging.WARNING)
-    err.setFormatter(logging.Formatter(f"{name} %(levelname)s: %(message)s"))
-    root.addHandler(err)
+    logging.captureWarnings(True)  # warnings.warn lines become records: one format to read back
+    if not _is_same_file(sys.stderr, log_path):
+        err = logging.StreamHandler(sys.stderr)
+        err.setLevel(logging.WARNING)
+        err.setFormatter(logging.Formatter(f"{name} %(levelname)s: %(message)s"))
+        root.addHandler(err)
     if console:
         from aiorl.by_hand import console_handler
 
         root.addHandler(console_handler(name))
+
+
+def _is_same_file(stream, path: Path) -> bool:
+    try:
+        a, b = os.fstat(stream.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def tls_contexts(cfg: Config) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:

@@ -1,0 +1,86 @@
+"""The exported policy: torch.export (.pt2), loadable with plain torch and no aiorl, for every algorithm;
+older runs' TorchScript policy.pt still evaluates."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from aiorl.cli import main
+from aiorl.evaluate import EvalError, load_policy
+from apex_helpers import make_algo
+
+EXPORTING = [("apex_dqn", "CartPole-v1"), ("apex_ddpg", "Pendulum-v1"), ("dppo", "CartPole-v1"),
+             ("dppo", "Pendulum-v1"), ("es", "CartPole-v1")]
+
+# Runs in `python -I` (no PYTHONPATH, no cwd on sys.path) with aiorl made unimportable even
+# through the editable install's path hook: only torch reads the files.
+PLAIN_TORCH = """
+import json, sys
+sys.modules["aiorl"] = None
+try:
+    import aiorl
+except ImportError:
+    pass
+else:
+    raise SystemExit("aiorl is importable")
+import torch
+out = []
+for path, batches in json.loads(sys.stdin.read()):
+    policy = torch.export.load(path).module()
+    out.append([policy(torch.tensor(obs, dtype=torch.float32)).tolist() for obs in batches])
+print(json.dumps(out))
+"""
+
+
+def test_every_algorithms_exported_policy_loads_with_plain_torch_and_no_aiorl(tmp_path):
+    rng = np.random.default_rng(0)
+    jobs = []
+    for algo_name, env_id in EXPORTING:
+        learner = make_algo(algo_name, env_id).make_learner(0, 1, seed=1)
+        root = tmp_path / f"{algo_name}-{env_id}"
+        path = learner.export_policy(str(root))
+        assert path.endswith("policy.pt2") and not (root / "policy.pt").exists()
+        meta = json.loads((root / "policy.json").read_text())
+        assert meta["format"] == "torch.export" and meta["file"] == "policy.pt2" and meta["env_id"] == env_id
+        # The batch dimension stays dynamic, size 1 included.
+        jobs.append((path, [rng.normal(size=(b, *meta["observation_shape"])).astype(np.float32) for b in (1, 3)]))
+    out = subprocess.run([sys.executable, "-I", "-c", PLAIN_TORCH], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, input=json.dumps([(p, [o.tolist() for o in obs]) for p, obs in jobs]))
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout)
+    for (path, batches), actions_by_batch in zip(jobs, results, strict=True):
+        policy = load_policy(path)
+        for obs, actions in zip(batches, actions_by_batch, strict=True):
+            expected = policy(torch.from_numpy(obs)).numpy()
+            assert len(expected) == len(obs)
+            np.testing.assert_allclose(np.asarray(actions), expected, rtol=1e-5, atol=1e-6, err_msg=path)
+
+
+def test_a_re_export_replaces_an_older_torchscript_policy(tmp_path):
+    (tmp_path / "policy.pt").write_bytes(b"old")
+    make_algo("apex_dqn", "CartPole-v1").make_learner(0, 1, seed=0).export_policy(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.json", "policy.pt2"]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_an_older_run_with_a_torchscript_policy_still_evaluates(tmp_path, capsys):
+    class Left(torch.nn.Module):
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(obs.shape[0], dtype=torch.int64)
+
+    make_algo("apex_dqn", "CartPole-v1").cfg.dump(tmp_path / "config.yaml")
+    (tmp_path / "policy").mkdir()
+    torch.jit.script(Left()).save(str(tmp_path / "policy" / "policy.pt"))
+    assert main(["eval", str(tmp_path), "--episodes", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["policy"].endswith("policy.pt") and result["episodes"] == 2
+    assert max(result["lengths"]) < 30  # always pushing left topples the pole fast
+
+
+def test_a_garbage_pt2_is_named_not_a_traceback(tmp_path):
+    (tmp_path / "policy.pt2").write_bytes(b"not a zip archive")
+    with pytest.raises(EvalError, match=r"policy.pt2 is not a torch.export policy"):
+        load_policy(tmp_path / "policy.pt2")
