@@ -461,6 +461,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     # A deep copy: overrides must not change the caller's nested mappings (aiorl.run(dict) twice).
     raw = copy.deepcopy(dict(data)) if data is not None else read_config_file(path)
     raw = apply_overrides(raw, list(overrides or []))
+    _agent_defaults(raw)
     model_raw = raw.pop("model", None)
     cfg = build_dataclass(Config, raw, "")
     if cfg.algo is None:
@@ -475,6 +476,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if algo.is_synchronous(cfg):
         check_synchronous(cfg)
     return cfg
+
+
+def _agent_defaults(raw: dict) -> None:
+    """Fill in the algorithm's own `agent` defaults (`Algorithm.agent_defaults`) the config leaves out."""
+    from aiorl.runtime.algorithm import available_algorithms, get_algorithm
+
+    name, agent = raw.get("algo"), raw.get("agent") or {}
+    if not isinstance(name, str) or name not in available_algorithms() or not isinstance(agent, dict):
+        return  # the checks that follow name what is wrong
+    defaults = get_algorithm(name).agent_defaults
+    if defaults:
+        raw["agent"] = {**defaults, **agent}
 
 
 def check_synchronous(cfg: Config) -> None:

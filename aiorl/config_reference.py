@@ -120,7 +120,10 @@ def _algorithms() -> list[str]:
 
 
 def default_yaml(algo: str) -> str:
-    return render({}, algo, f"aiorl run config for {algo}: every key with its default, type and "
+    from aiorl.config import load_config
+
+    # The agent section as the algorithm has it (`Algorithm.agent_defaults`).
+    return render({"agent": load_config(data={"algo": algo}).agent}, algo, f"aiorl run config for {algo}: every key with its default, type and "
                             f"documentation.\nSave it, edit it, then: aiorl run FILE.yaml")
 
 

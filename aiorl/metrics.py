@@ -28,6 +28,11 @@ actor_blocked_s             seconds actors spent waiting for the rate limiter's 
 sample_blocked_s            seconds learners' requests waited on the rate limiter (all memories)
 restarts                    role restarts so far (cluster.max_restarts)
 learner/<name>              an algorithm metric (e.g. learner/losses/td_loss), mean over learners
+actor_idle_fraction         mean over actors of the share of their loop's wall time spent waiting
+                            (credits, writes, barriers, weights), as each actor measures it
+queue/<name>                trajectory queues of the memories (IMPALA), summed: fragments, capacity,
+                            pushed, taken, dropped_full, dropped_lag, throttled (credit grants that
+                            waited for room)
 loop_lag_max_s              worst event-loop lag of any role (timer lateness)
 rss_bytes                   resident memory of all role processes together
 roles_alive                 roles registered and not lost or failed
@@ -47,7 +52,7 @@ ROW_KEYS = (
     "time_s", "attempt", "phase", "env_steps", "learner_steps", "episodes", "env_steps_per_s", "learner_steps_per_s",
     "return_mean_100", "episode_length_mean_100", "weights_version", "weights_lag_max", "replay_size",
     "replay_fill", "insert_per_s", "sample_per_s", "samples_per_insert", "learner_wait_fraction",
-    "actor_blocked_s", "sample_blocked_s", "restarts",
+    "actor_blocked_s", "sample_blocked_s", "restarts", "actor_idle_fraction",
     "loop_lag_max_s", "rss_bytes", "roles_alive", "roles_late", "roles_lost",
 )
 

@@ -14,6 +14,13 @@ Two ways to run a config:
   after each multiple of ``--eval-every-env-steps`` env steps trained on
   (a fixed grid, as other libraries' evaluation callbacks), and a row's
   ``eval_done_s`` (since launch) includes that evaluation's own wall time.
+  IMPALA goes on the same grid, checkpointing about every fifth of a grid
+  step's learner steps. Each run also reports its actors' idle fraction
+  (the time they waited, over their loop's wall time, measured by the
+  actors themselves: ``summary.json``).
+- ``compare`` (several configs, several seeds): ``run`` on each, then a
+  table of the time to the threshold and the actors' idle fraction per
+  config, the median over seeds beside each.
 - ``harness``: actors, one prioritized replay and one learner in a single
   process and loop (round-robin rollouts, ``--updates-per-step`` learner
   steps per env step). Deterministic for a seed; the tool for tuning
@@ -24,6 +31,8 @@ Both print a table (one row per evaluation), a summary line and, with
 invocation is the first evaluation (the untrained policy).
 
     python bench/learning.py run examples/apex_dqn_cartpole.yaml --threshold 475
+    python bench/learning.py compare examples/impala_cartpole.yaml examples/dppo_cartpole.yaml --seeds 0 1 2 \
+        --threshold 475 --eval-episodes 20 --stop-at-threshold
     python bench/learning.py harness examples/apex_ddpg_pendulum.yaml --threshold -200 --max-env-steps 40000
 
 ``run --versus KEY=VALUE`` (repeatable) runs the config a second time with
@@ -210,9 +219,14 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     sets = [*overrides, f"run.dir={run_dir}", f"run.checkpoint_every={args.checkpoint_every}"]
     grid = None
     base = load_config(cfg_path, overrides)
-    if get_algorithm(base.algo).is_synchronous(base):
+    algo_cls = get_algorithm(base.algo)
+    if algo_cls.is_synchronous(base):
         grid = args.eval_every_env_steps
         sets += ["run.checkpoint_every=1", "run.keep_checkpoints=1000000"]
+    elif algo_cls.fragment_queue(base) is not None:
+        grid = args.eval_every_env_steps
+        per_step = base.agent.batch_size * base.cluster.learners  # env steps trained on per learner step
+        sets += [f"run.checkpoint_every={max(1, grid // (5 * per_step))}", "run.keep_checkpoints=1000000"]
     cfg = load_config(cfg_path, sets)
     command = [sys.executable, "-m", "aiorl", "run", cfg_path, "--quiet", *sum((["--set", s] for s in sets), [])]
     log(f"$ {' '.join(command)}")
@@ -306,6 +320,9 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     summary = {}
     if (run_dir / "summary.json").exists():
         summary = json.loads((run_dir / "summary.json").read_text())
+    idle = [r["stats"].get("idle_fraction") for name, r in summary.get("roles", {}).items()
+            if name.startswith("actor") and r.get("stats")]
+    idle = [x for x in idle if x is not None]
     phases = summary.get("phases") or [{}]
     running_at = round(phases[0]["time"] - launched, 2) if phases[0].get("phase") == "RUNNING" else None
     if (run_dir / "policy" / "policy.pt2").exists():
@@ -318,10 +335,59 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     return {"mode": "run", "config": cfg_path, "overrides": overrides, "run_dir": str(run_dir), "exit_code": code,
             "algo": cfg.algo, "env": cfg.env.id, "actors": cfg.cluster.actors, "learners": cfg.cluster.learners,
             "threshold": args.threshold, "reached": reached, "rows": rows, "seconds": round(seconds, 2),
-            "running_at_s": running_at,
+            "running_at_s": running_at, "actor_idle_fraction": float(np.mean(idle)) if idle else None,
             "final_env_steps": summary.get("env_steps"), "final_learner_steps": summary.get("learner_steps"),
             "stop_reason": summary.get("stop_reason"),
             "final_eval": None if final is None else {k: final[k] for k in ("episodes", "mean", "std", "min", "max")}}
+
+
+def time_to_threshold(result: dict) -> tuple[float | None, float | None]:
+    """(seconds since launch, seconds since the RUNNING phase) of the evaluation that met the threshold."""
+    reached = result.get("reached")
+    if not reached:
+        return None, None
+    done = reached.get("eval_done_s", reached["seconds"])
+    running = result.get("running_at_s")
+    return done, (round(done - running, 2) if running is not None else None)
+
+
+def compare(args) -> dict:
+    """`run` on every config for every seed; a table per config and the medians."""
+    runs = []
+    for cfg_path in args.configs:
+        for seed in args.seeds:
+            log(f"\n=== {cfg_path}, seed {seed}")
+            args.run_dir = None
+            result = through_runtime(cfg_path, [*args.set, f"run.seed={seed}"], args)
+            report(result)
+            runs.append({"seed": seed, **result})
+    log(f"\n{'config':<34} {'seed':>4} {'env steps':>10} {'s (launch)':>10} {'s (running)':>11} "
+        f"{'final eval':>10} {'actor idle':>10}")
+    summary = []
+    for cfg_path in args.configs:
+        mine = [r for r in runs if r["config"] == cfg_path]
+        for r in mine:
+            done, since = time_to_threshold(r)
+            steps = r["reached"]["env_steps"] if r["reached"] else None
+            final = r["final_eval"]["mean"] if r.get("final_eval") else None
+            idle = r.get("actor_idle_fraction")
+            log(f"{cfg_path:<34} {r['seed']:>4} {steps if steps is not None else '-':>10} "
+                f"{done if done is not None else '-':>10} {since if since is not None else '-':>11} "
+                f"{'-' if final is None else format(final, '.1f'):>10} {'-' if idle is None else format(idle, '.3f'):>10}")
+        reached = [time_to_threshold(r) for r in mine if r["reached"]]
+        idle = [r["actor_idle_fraction"] for r in mine if r.get("actor_idle_fraction") is not None]
+        row = {"config": cfg_path, "algo": mine[0]["algo"], "seeds": len(mine), "reached": len(reached),
+               "median_s_launch": float(np.median([d for d, _ in reached])) if reached else None,
+               "median_s_running": float(np.median([s for _, s in reached if s is not None])) if reached else None,
+               "median_env_steps": float(np.median([r["reached"]["env_steps"] for r in mine if r["reached"]]))
+               if reached else None,
+               "median_actor_idle_fraction": float(np.median(idle)) if idle else None}
+        summary.append(row)
+    for row in summary:
+        log(f"{row['config']}: threshold {args.threshold} reached in {row['reached']}/{row['seeds']} seeds; median "
+            f"{row['median_env_steps']} env steps, {row['median_s_running']} s after RUNNING "
+            f"({row['median_s_launch']} s from launch); median actor idle fraction {row['median_actor_idle_fraction']}")
+    return {"mode": "compare", "threshold": args.threshold, "runs": runs, "summary": summary}
 
 
 # --------------------------------------------------------------------------
@@ -339,6 +405,9 @@ def report(result: dict) -> None:
                 f"{reached['learner_steps']} learner steps, {reached['seconds']} s{done}{since}")
         else:
             log(f"threshold {result['threshold']} NOT reached in {result['seconds']} s")
+    if result.get("actor_idle_fraction") is not None:
+        log(f"actor idle fraction (waiting over wall time, as the actors measured it): "
+            f"{result['actor_idle_fraction']:.3f}")
     if result.get("final_eval"):
         f = result["final_eval"]
         log(f"final policy (aiorl eval, {f['episodes']} episodes): mean {f['mean']:.1f} std {f['std']:.1f} "
@@ -347,8 +416,8 @@ def report(result: dict) -> None:
             f" ({result['stop_reason']})")
 
 
-def compare(args) -> int:
-    """Reference and variant runs, alternating; median seconds (and env steps) to the threshold."""
+def versus(args) -> int:
+    """``run --versus``: reference and variant runs, alternating; median seconds (and env steps) to the threshold."""
     if args.threshold is None or args.run_dir:
         raise SystemExit("--versus needs --threshold (and no --run-dir: each run gets its own)")
     runs = {"reference": [], "variant": []}
@@ -381,9 +450,13 @@ def compare(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
-    for mode in ("run", "harness"):
+    for mode in ("run", "harness", "compare"):
         p = sub.add_parser(mode)
-        p.add_argument("config")
+        if mode == "compare":
+            p.add_argument("configs", nargs="+")
+            p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        else:
+            p.add_argument("config")
         p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
         p.add_argument("--threshold", type=float, default=None, help="evaluation mean return to reach")
         p.add_argument("--eval-episodes", type=int, default=10, help="episodes per evaluation")
@@ -394,21 +467,28 @@ def main(argv=None) -> int:
     h.add_argument("--max-seconds", type=float, default=1800.0)
     h.add_argument("--eval-every", type=int, default=5000, help="env steps between evaluations")
     h.add_argument("--updates-per-step", type=float, default=0.25, help="learner steps per env step")
+    for mode in ("run", "compare"):
+        r = sub.choices[mode]
+        r.add_argument("--checkpoint-every", type=int, default=1000, help="learner steps between checkpoints")
+        r.add_argument("--eval-every-env-steps", type=int, default=5000,
+                       help="evaluation grid of synchronous algorithms and IMPALA, in env steps trained on")
+        r.add_argument("--budget-s", type=float, default=1800.0, help="interrupt the run after this many seconds")
+        r.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
+        r.add_argument("--run-dir", help="run directory (default: a fresh temporary one)")
     r = sub.choices["run"]
-    r.add_argument("--checkpoint-every", type=int, default=1000, help="learner steps between checkpoints")
-    r.add_argument("--eval-every-env-steps", type=int, default=5000,
-                   help="evaluation grid of synchronous algorithms, in env steps trained on")
-    r.add_argument("--budget-s", type=float, default=1800.0, help="interrupt the run after this many seconds")
-    r.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
-    r.add_argument("--run-dir", help="run directory (default: a fresh temporary one)")
     r.add_argument("--versus", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="also run with these overrides and compare times to threshold; repeatable")
     r.add_argument("--pairs", type=int, default=1, help="with --versus: alternating (reference, variant) pairs")
     args = parser.parse_args(argv)
+    if args.mode == "compare":
+        result = compare(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        return 0 if all(row["reached"] == row["seeds"] for row in result["summary"]) else 1
     if args.mode == "harness":
         result = harness(load_config(args.config, args.set), args)
     elif args.versus:
-        return compare(args)
+        return versus(args)
     else:
         result = through_runtime(args.config, args.set, args)
     report(result)

@@ -11,6 +11,11 @@ share of a core. The target (0.8) is checked at the Ape-X learner batch (512);
 a second set of rows at a small learner batch (--stress-batch) shows the
 per-message costs.
 
+IMPALA rows (`--impala-only` for just these): the IMPALA CartPole example end to end, 1 and 2
+actors, its learner training on what it gets, beside the same actors (envs, acting policy,
+fragments built) with no transport, paired the same way; for each queue policy, with the share
+of fragments trained on and the actors' idle fraction.
+
 Pixel rows (with the atari extra installed; `--pixels-only` for just these): the same
 paired comparison on ALE/Pong-v5 with the atari preset (4 envs per actor, random actions,
 frames sent and stored once), reporting env frames/s (4 per env step) and the bytes each
@@ -74,10 +79,15 @@ def _reference_actor(seconds: float, seed: int, out: mp.Queue, sample_batch: int
 
 
 def reference_rate(actors: int, seconds: float, env: dict = ENV, sample_batch: int | None = None) -> float:
+    batch = SAMPLE_BATCH if sample_batch is None else sample_batch
+    return spawn_rates(_reference_actor, actors, seconds, batch, env)
+
+
+def spawn_rates(target, actors: int, seconds: float, *args) -> float:
+    """Env steps/s summed over `actors` processes each running ``target(seconds, index, out, *args)``."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    batch = SAMPLE_BATCH if sample_batch is None else sample_batch
-    procs = [ctx.Process(target=_reference_actor, args=(seconds, i, out, batch, env)) for i in range(actors)]
+    procs = [ctx.Process(target=target, args=(seconds, i, out, *args)) for i in range(actors)]
     for p in procs:
         p.start()
     results = [out.get(timeout=seconds + 120) for _ in procs]
@@ -126,8 +136,14 @@ def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = Tr
         "run": {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.5, "metrics": metrics,
                 "tensorboard": metrics},
     }
+    return measure_run(config, workdir / f"pipeline-{actors}.json", seconds)
+
+
+def measure_run(config: dict, path: Path, seconds: float) -> dict:
+    """Run `config` (its run.dir fresh, stopped by run.max_seconds = `seconds`) and measure it:
+    env steps/s over its RUNNING rows but the first, each role's share of a core meanwhile."""
+    run_dir = Path(config["run"]["dir"])
     shutil.rmtree(run_dir, ignore_errors=True)
-    path = workdir / f"pipeline-{actors}.json"
     path.write_text(json.dumps(config))
     proc = subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -164,31 +180,37 @@ def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = Tr
     actor_stats = [r["stats"] for name, r in summary["roles"].items() if name.startswith("actor")]
     sent = sum(sum(m["transitions"] for m in st["memories"]) for st in actor_stats)
     payload = sum(st.get("payload_bytes") or 0 for st in actor_stats)
+    idle = [st["idle_fraction"] for st in actor_stats if st.get("idle_fraction") is not None]
     return {"env_steps_per_s": rate, "learner_steps": summary["learner_steps"], "env_steps": summary["env_steps"],
-            "cpu_cores": by_kind, "wire_bytes_per_transition": payload / sent if sent else None}
+            "cpu_cores": by_kind, "wire_bytes_per_transition": payload / sent if sent else None,
+            "actor_idle_fraction": statistics.mean(idle) if idle else None}
+
+
+def paired(pipeline, reference, repeats: int) -> dict:
+    """Pipeline runs each between two no-transport runs: ratio_i = pipeline_i / mean(reference
+    before, reference after). This machine's speed drifts by tens of percent over minutes
+    (shared host), so only references measured right beside a pipeline run are comparable;
+    the median ratio is reported, with its run and reference."""
+    refs = [reference()]
+    pipes = []
+    for _ in range(repeats):
+        pipes.append(pipeline())
+        refs.append(reference())
+    ratios = [p["env_steps_per_s"] / ((refs[i] + refs[i + 1]) / 2) for i, p in enumerate(pipes)]
+    mid = sorted(range(repeats), key=lambda i: ratios[i])[repeats // 2]
+    return {"reference_env_steps_per_s": (refs[mid] + refs[mid + 1]) / 2, **pipes[mid], "ratio": ratios[mid],
+            "ratios": ratios, "references": refs}
 
 
 def paired_ratio(actors: int, seconds: float, workdir: Path, repeats: int, batch_size: int, env: dict = ENV,
                  sample_batch: int | None = None, buffer_size: int = 100_000, compression: str = "none") -> dict:
-    """Pipeline runs each between two no-transport runs: ratio_i = pipeline_i / mean(reference
-    before, reference after). This machine's speed drifts by tens of percent over minutes
-    (shared host), so only references measured right beside a pipeline run are comparable;
-    the median ratio is reported."""
-    refs = [reference_rate(actors, seconds, env, sample_batch)]
-    pipes = []
-    for _ in range(repeats):
-        pipes.append(pipeline_rate(actors, seconds, workdir, batch_size=batch_size, env=env,
-                                   sample_batch=sample_batch, buffer_size=buffer_size, compression=compression))
-        refs.append(reference_rate(actors, seconds, env, sample_batch))
-    ratios = [p["env_steps_per_s"] / ((refs[i] + refs[i + 1]) / 2) for i, p in enumerate(pipes)]
-    mid = sorted(range(repeats), key=lambda i: ratios[i])[repeats // 2]
-    pipe, ref = pipes[mid], (refs[mid] + refs[mid + 1]) / 2
-    per_actor_ref, per_actor_pipe = ref / actors, pipe["env_steps_per_s"] / actors
-    return {
-        "actors": actors, "learner_batch": batch_size, "reference_env_steps_per_s": ref, **pipe,
-        "ratio": ratios[mid], "ratios": ratios, "references": refs,
-        "overhead_us_per_transition": 1e6 * (1 / per_actor_pipe - 1 / per_actor_ref),
-    }
+    """`paired` runs of the Ape-X pipeline (random actors, a learner of `batch_size`) and its actors alone."""
+    row = paired(lambda: pipeline_rate(actors, seconds, workdir, batch_size=batch_size, env=env,
+                                       sample_batch=sample_batch, buffer_size=buffer_size, compression=compression),
+                 lambda: reference_rate(actors, seconds, env, sample_batch), repeats)
+    per_actor_ref, per_actor_pipe = row["reference_env_steps_per_s"] / actors, row["env_steps_per_s"] / actors
+    return {"actors": actors, "learner_batch": batch_size, **row,
+            "overhead_us_per_transition": 1e6 * (1 / per_actor_pipe - 1 / per_actor_ref)}
 
 
 # --------------------------------------------------------------------------- pixels
@@ -269,6 +291,75 @@ def print_pixels(p: dict) -> None:
     print("Nature CNN learner on CPU (1 torch thread), Ape-X DQN step on frame-layout batches:")
     for r in p["nature_cnn"]:
         print(f"  batch {r['batch']:>4}: {r['steps_per_s']:7.2f} learner steps/s, {r['samples_per_s']:7.0f} samples/s")
+
+
+# --------------------------------------------------------------------------- IMPALA fragments
+
+
+IMPALA_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "impala_cartpole.yaml"
+# The example run for as long as the bench says: no step budget, so a constant step size.
+IMPALA_OVERRIDES = ["agent.scheduled_timesteps=null", "model.lr_annealing=false"]
+
+
+def _reference_impala_actor(seconds: float, seed: int, out: mp.Queue) -> None:
+    """An IMPALA actor's loop without transport: the example's envs and acting policy, each
+    rollout turned into its fragments, never sent."""
+    import torch
+
+    from aiorl.config import load_config
+    from aiorl.envs import EnvRunner
+    from aiorl.runtime.algorithm import build_algorithm
+
+    cfg = load_config(IMPALA_EXAMPLE, IMPALA_OVERRIDES)
+    torch.set_num_threads(cfg.model.torch_threads)
+    policy = build_algorithm(cfg).make_actor(0, 1, seed)
+    runner = EnvRunner(cfg.env, cfg.env.num_envs, seed)
+    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+    while time.perf_counter() < deadline:
+        policy.postprocess(runner.rollout(policy.act, cfg.agent.sample_batch_size))
+    out.put((runner.env_steps, time.perf_counter() - start))
+
+
+def impala_pipeline_rate(actors: int, seconds: float, workdir: Path, full: str) -> dict:
+    """`aiorl run` of the IMPALA example with `actors` actors for `seconds`: env steps/s end to end
+    (the learner training on every fragment it gets), the queue's account, the actors' idle fraction."""
+    import yaml
+
+    from aiorl.config import apply_overrides
+
+    config = apply_overrides(yaml.safe_load(IMPALA_EXAMPLE.read_text()), IMPALA_OVERRIDES)
+    run_dir = workdir / f"impala-{actors}-{full}"
+    config["cluster"]["actors"] = actors
+    config["model"]["queue_full"] = full
+    config["run"] = {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.5}
+    row = measure_run(config, workdir / f"impala-{actors}.json", seconds)
+    queue = json.loads((run_dir / "summary.json").read_text())["roles"]["memory-0"]["stats"]["queue"]
+    return {**row, "queue": queue, "trained_fraction": queue["taken"] / queue["pushed"] if queue["pushed"] else None}
+
+
+def impala_rows(args, workdir: Path) -> list[dict]:
+    rows = []
+    for full in args.impala_full:
+        for actors in args.actors:
+            print(f"measuring IMPALA fragments, {actors} actor(s), queue_full {full} ...", file=sys.stderr, flush=True)
+            row = paired(lambda: impala_pipeline_rate(actors, args.seconds, workdir, full),
+                         lambda: spawn_rates(_reference_impala_actor, actors, args.seconds), args.repeats)
+            rows.append({"actors": actors, "queue_full": full, **row})
+    return rows
+
+
+def print_impala(rows: list[dict]) -> None:
+    print(f"\nIMPALA fragments ({IMPALA_EXAMPLE.name}: CartPole-v1, 8 envs x 20 steps per actor message, learner "
+          "batch 8 fragments, training as it goes):")
+    print(f"{'actors':>6} {'queue_full':>11} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} {'ratio':>6} "
+          f"{'ratios':>16} {'trained':>8} {'actor idle':>10}  cores used")
+    for r in rows:
+        cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cpu_cores"].items()))
+        idle = r["actor_idle_fraction"]
+        print(f"{r['actors']:>6} {r['queue_full']:>11} {r['reference_env_steps_per_s']:>23,.0f} "
+              f"{r['env_steps_per_s']:>19,.0f} {r['ratio']:>6.2f} {' '.join(f'{x:.2f}' for x in r['ratios']):>16} "
+              f"{r['trained_fraction']:>8.2f} {'-' if idle is None else format(idle, '.3f'):>10}  {cores}")
 
 
 # --------------------------------------------------------------------------- metrics cost
@@ -430,10 +521,21 @@ def main() -> int:
     parser.add_argument("--pixels-only", action="store_true", help="only the pixel rows")
     parser.add_argument("--pixel-compression", default="none", choices=("none", "lz4"),
                         help="cluster.frame_compression of the pixel pipeline (wire bytes are counted as sent)")
+    parser.add_argument("--no-impala", dest="impala", action="store_false", help="skip the IMPALA fragment rows")
+    parser.add_argument("--impala-only", action="store_true", help="only the IMPALA fragment rows")
+    parser.add_argument("--impala-full", nargs="+", default=["throttle", "drop_oldest"],
+                        choices=("throttle", "drop_oldest"), help="IMPALA queue policies to measure")
     args = parser.parse_args()
     SAMPLE_BATCH = args.sample_batch  # (passed on explicitly to the spawned reference actors)
 
-    results = {"pipeline": [], "sample_batch": SAMPLE_BATCH, "control": None, "pixels": None}
+    results = {"pipeline": [], "sample_batch": SAMPLE_BATCH, "control": None, "pixels": None, "impala": None}
+    if args.impala_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            results["impala"] = impala_rows(args, Path(tmp))
+        print_impala(results["impala"])
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return 0
     if args.pixels_only:
         with tempfile.TemporaryDirectory() as tmp:
             results["pixels"] = pixel_rows(args, Path(tmp))
@@ -445,6 +547,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.pixels:
             results["pixels"] = pixel_rows(args, Path(tmp))
+        if args.impala:
+            results["impala"] = impala_rows(args, Path(tmp))
         for batch_size in [LEARNER_BATCH] + ([args.stress_batch] if args.stress_batch else []):
             for actors in args.actors:
                 print(f"measuring {actors} actor(s), learner batch {batch_size} ...", file=sys.stderr, flush=True)
@@ -483,6 +587,8 @@ def main() -> int:
           f"row {m['metrics_row_us']:.0f} us per row = {100 * m['cpu_cost_fraction']:.3f}% of the pipeline's CPU")
     if results["pixels"]:
         print_pixels(results["pixels"])
+    if results["impala"]:
+        print_impala(results["impala"])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     c = results["control"]

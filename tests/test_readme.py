@@ -92,7 +92,8 @@ def table_keys_row(section: str) -> str:
 
 def learner_metric_names() -> set[str]:
     """Names learners report (`learner/<name>`): string literals of the algorithms and the learner runtime."""
-    sources = [*(ROOT / "aiorl" / "algos").glob("*.py"), ROOT / "aiorl" / "runtime" / "learner.py"]
+    sources = [*(ROOT / "aiorl" / "algos").glob("*.py"), ROOT / "aiorl" / "runtime" / "learner.py",
+               ROOT / "aiorl" / "runtime" / "fragments.py"]  # the policy lag learners report (IMPALA)
     return {m for path in sources for m in re.findall(r"[\"']([\w/]+)[\"']", path.read_text())}
 
 

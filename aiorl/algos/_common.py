@@ -2,6 +2,7 @@
 data-parallel gradient averaging, target updates, checkpoints and export."""
 from __future__ import annotations
 
+import copy
 import re
 
 import numpy as np
@@ -378,6 +379,43 @@ class ApexLearner(LearnerCore):
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and "cuda_rng" in state:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+
+
+class ActorCriticLearner(ApexLearner):
+    """What the on-policy learners (DPPO, IMPALA) add: one `ActorCritic` in ``self.net``
+    trained by ``self.optimizer`` (subclasses build both), its weights, the step size
+    annealed over the env steps trained on, checkpoints that count them, the greedy
+    exported policy."""
+
+    checkpoint_items = {"net": "net", "optimizer": "optimizer"}
+    iterations = 0  # steps taken (one per `step` call)
+    env_steps_trained = 0  # rows trained on by every learner, summed
+    schedule: int | None = None  # env steps over which the step size anneals to 0 (None: constant)
+
+    def anneal_lr(self) -> None:
+        if self.schedule:
+            frac = max(0.0, 1.0 - self.env_steps_trained / self.schedule)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.m.learning_rate * frac
+
+    def get_weights(self):
+        return state_to_numpy(self.net, "net")
+
+    def state_dict(self):
+        return {**super().state_dict(), "iterations": self.iterations, "env_steps_trained": self.env_steps_trained}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.iterations = int(state["iterations"])
+        self.env_steps_trained = int(state["env_steps_trained"])
+
+    def export_policy(self, directory):
+        from aiorl.algos._actor_critic import DeterministicPolicy, policy_meta
+
+        policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
+        meta = policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
+                           env_steps_trained=self.env_steps_trained)
+        return save_policy(policy, directory, meta)
 
 
 # --------------------------------------------------------------------------

@@ -36,20 +36,16 @@ the log-probability of the unclipped sample.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from aiorl.algos._actor_critic import (
-    ActorCritic, DeterministicPolicy, GaussianHead, batch_moments, check_action_space, obs_norm_size,
-    policy_meta,
-)
+from aiorl.algos._actor_critic import ActorCritic, GaussianHead, batch_moments, check_action_space, obs_norm_size
 from aiorl.algos._common import (
-    ApexLearner, as_tensor, check_positive, save_policy, load_numpy_state, make_adam, setup_torch,
-    state_to_numpy, weights_spec_of,
+    ActorCriticLearner, as_tensor, check_positive, load_numpy_state, make_adam, setup_torch, state_to_numpy,
+    weights_spec_of,
 )
 from aiorl.algos._networks import check_observation_space, is_image, parse_network
 from aiorl.config import ConfigError, doc
@@ -186,11 +182,9 @@ class PPOActor(ActorPolicy):
 # Learning
 
 
-class PPOLearner(ApexLearner):
+class PPOLearner(ActorCriticLearner):
     """Epochs of minibatch SGD per iteration; several learners average every
     minibatch gradient (each trains on its share of the iteration's rows)."""
-
-    checkpoint_items = {"net": "net", "optimizer": "optimizer"}
 
     def __init__(self, algo: "DPPO", learner_index: int, num_learners: int, seed: int, rendezvous: str | None):
         super().__init__(algo, learner_index, num_learners, seed)
@@ -202,8 +196,6 @@ class PPOLearner(ApexLearner):
         self.rng = np.random.default_rng(seed)
         self.minibatch = algo.cfg.agent.batch_size
         self.schedule = algo.cfg.agent.scheduled_timesteps if m.lr_annealing else None
-        self.iterations = 0
-        self.env_steps_trained = 0  # rows of every learner, summed
 
     def step(self, batch):
         if self.dp.stopped:
@@ -216,10 +208,7 @@ class PPOLearner(ApexLearner):
         totals = self.dp.all_sum(np.concatenate([[rows], *moments]))
         total_rows = int(totals[0])
         num_minibatches = max(1, total_rows // (self.minibatch * self.dp.world))
-        if self.schedule:
-            frac = max(0.0, 1.0 - self.env_steps_trained / self.schedule)
-            for group in self.optimizer.param_groups:
-                group["lr"] = m.learning_rate * frac
+        self.anneal_lr()
         obs = as_tensor(batch["obs"], dev)
         action = as_tensor(batch["action"], dev)
         old_logp, old_value = as_tensor(batch["logp"], dev), as_tensor(batch["value"], dev)
@@ -251,24 +240,12 @@ class PPOLearner(ApexLearner):
             out["policy/log_std_mean"] = float(self.net.head.log_std.detach().mean())
         return LearnerResult(out)
 
-    def get_weights(self):
-        return state_to_numpy(self.net, "net")
-
     def state_dict(self):
-        return {**super().state_dict(), "iterations": self.iterations, "env_steps_trained": self.env_steps_trained,
-                "minibatch_rng": self.rng.bit_generator.state}
+        return {**super().state_dict(), "minibatch_rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.iterations = int(state["iterations"])
-        self.env_steps_trained = int(state["env_steps_trained"])
         self.rng.bit_generator.state = state["minibatch_rng"]
-
-    def export_policy(self, directory):
-        policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
-        meta = policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
-                           env_steps_trained=self.env_steps_trained)
-        return save_policy(policy, directory, meta)
 
 
 # --------------------------------------------------------------------------

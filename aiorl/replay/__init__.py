@@ -1,7 +1,7 @@
-"""Replay for aiorl: sum-tree, replay buffers, n-step and GAE, backed by the compiled `aiorl._ext`.
+"""Replay for aiorl: sum-tree, replay buffers, n-step, GAE and V-trace, backed by the compiled `aiorl._ext`.
 
     from aiorl.replay import (SumTree, ReplayBuffer, PrioritizedReplayBuffer, AggregateBuffer,
-                              FramePool, FrameStream, n_step_adjustment, n_step_flush, NStep, gae, BACKEND)
+                              FramePool, FrameStream, n_step_adjustment, n_step_flush, NStep, gae, vtrace, BACKEND)
     from aiorl.replay.frames import FrameReplayBuffer    # frames stored once (see that module)
 
 The compiled extension is required: if it is missing this import fails with
@@ -38,6 +38,7 @@ try:
     from aiorl._ext.gae import gae
     from aiorl._ext.nstep import NStep, NStepCarry, n_step_adjustment, n_step_flush
     from aiorl._ext.sumtree import SumTree
+    from aiorl._ext.vtrace import vtrace
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     raise ImportError(
         f"aiorl.replay needs the compiled extension aiorl._ext, which did not import ({exc}). "
@@ -62,4 +63,5 @@ __all__ = [
     "gae",
     "n_step_adjustment",
     "n_step_flush",
+    "vtrace",
 ]

@@ -166,6 +166,26 @@ def frame_layout(cfg, algo) -> FrameLayout | None:
     return layout
 
 
+def unpack_frames(layout: FrameLayout, packed, frame_ids, rows: int, who: str) -> np.ndarray:
+    """The frames of the ``frames_lz4`` block of a message of `rows` rows, its size checked
+    before anything is allocated."""
+    what = f"{who}: frames_lz4"
+    count = frame_ids.shape[0] if frame_ids.ndim == 1 else -1
+    if not 0 <= count <= layout.max_frames(rows):
+        raise ValueError(f"{what}: {count} frame ids for {rows} rows (at most {layout.max_frames(rows)})")
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8 or packed.ndim != 1:
+        raise ValueError(f"{what}: expected a 1-d uint8 array, got {packed.shape} {packed.dtype}")
+    expected = count * layout.frame_bytes
+    try:
+        raw = lz4_block().decompress(packed, uncompressed_size=expected) if expected else b""
+    except Exception as exc:  # lz4.block.LZ4BlockError: corrupt, or not `expected` bytes
+        raise ValueError(f"{what}: not an lz4 block of {count} frames ({exc})") from None
+    if len(raw) != expected:
+        raise ValueError(f"{what}: decompressed to {len(raw)} bytes, expected {expected}")
+    return np.frombuffer(raw, layout.dtype).reshape((count,) + layout.frame_shape)
+
+
 class FrameReplayBuffer:
     """Uniform or prioritized replay whose observation fields are stored as frames.
 
@@ -235,7 +255,7 @@ class FrameReplayBuffer:
                              "'frames' (or 'frames_lz4') and 'frame_ids')") from None
         n = len(next(iter(rows.values()))) if rows else 0
         if packed is not None:
-            frames = self._unpack(packed, frame_ids, n)
+            frames = unpack_frames(self.layout, packed, frame_ids, n, what)
         for f, ref in zip(self.layout.fields, refs):
             if ref.shape != (n, self.layout.stack) or ref.dtype.kind not in "iu":
                 raise ValueError(f"{what}: field {f!r}: expected ({n}, {self.layout.stack}) int64 frame ids, "
@@ -258,24 +278,6 @@ class FrameReplayBuffer:
         for table_rows in old:
             self.pool.decref(table_rows)
         return slots
-
-    def _unpack(self, packed, frame_ids, rows: int) -> np.ndarray:
-        """The frames of a ``frames_lz4`` block, its size checked before anything is allocated."""
-        what = "FrameReplayBuffer.add: frames_lz4"
-        count = frame_ids.shape[0] if frame_ids.ndim == 1 else -1
-        if not 0 <= count <= self.layout.max_frames(rows):
-            raise ValueError(f"{what}: {count} frame ids for {rows} rows (at most {self.layout.max_frames(rows)})")
-        packed = np.asarray(packed)
-        if packed.dtype != np.uint8 or packed.ndim != 1:
-            raise ValueError(f"{what}: expected a 1-d uint8 array, got {packed.shape} {packed.dtype}")
-        expected = count * self.layout.frame_bytes
-        try:
-            raw = lz4_block().decompress(packed, uncompressed_size=expected) if expected else b""
-        except Exception as exc:  # lz4.block.LZ4BlockError: corrupt, or not `expected` bytes
-            raise ValueError(f"{what}: not an lz4 block of {count} frames ({exc})") from None
-        if len(raw) != expected:
-            raise ValueError(f"{what}: decompressed to {len(raw)} bytes, expected {expected}")
-        return np.frombuffer(raw, self.layout.dtype).reshape((count,) + self.layout.frame_shape)
 
     def sample(self, batch_size: int, beta: float | None = None) -> dict:
         """The ring's sample (indices, weights, generations as usual) with each frame field

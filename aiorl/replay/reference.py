@@ -12,7 +12,11 @@ kernel so that tests can compare results bitwise:
 - n_step_adjustment / n_step_flush: windows accumulated one offset k < n at a
   time over the whole [time, env] grid.
 - gae: the backward recursion, one numpy step per time step.
+- vtrace: the backward recursion over fragments [B, T], one numpy step per
+  time step (exp from libm, as the kernel's).
 """
+import math
+
 import numpy as np
 
 RESERVED_NAMES = ("indices", "weights", "generations")
@@ -295,6 +299,43 @@ def gae(rewards, values, bootstrap_value, terminated, truncated, gamma, lam, tru
         adv[t] = next_adv
     return adv.astype(dtype), (adv + v).astype(dtype)
 
+
+
+def vtrace(log_rhos, rewards, values, bootstrap_value, terminated, truncated, gamma, rho_bar=1.0, c_bar=1.0,
+           pg_rho_bar=None, truncated_values=None, lam=1.0):
+    """Same contract as `aiorl.replay.vtrace`: the backward recursion, vectorised over fragments."""
+    log_rhos, rewards, values = np.asarray(log_rhos), np.asarray(rewards), np.asarray(values)
+    single = log_rhos.dtype == rewards.dtype == values.dtype == np.float32
+    dtype = np.float32 if single else np.float64
+    lr = log_rhos.astype(dtype).astype(np.float64)
+    r = rewards.astype(dtype).astype(np.float64)
+    v = values.astype(dtype).astype(np.float64)
+    boot = np.asarray(bootstrap_value, dtype=dtype).astype(np.float64)
+    term = np.asarray(terminated, dtype=bool)
+    trunc = np.asarray(truncated, dtype=bool)
+    if truncated_values is None:
+        if (trunc & ~term).any():
+            raise ValueError("truncated steps need truncated_values")
+        tv = np.zeros_like(v)
+    else:
+        tv = np.asarray(truncated_values, dtype=dtype).astype(np.float64)
+    pg_rho_bar = rho_bar if pg_rho_bar is None else pg_rho_bar
+    # math.exp is the C library's exp, which the kernel calls; numpy's own exp may round differently.
+    rho = np.vectorize(math.exp, otypes=[np.float64])(lr) if lr.size else lr
+    B, T = v.shape
+    vs = np.zeros_like(v)
+    pg = np.zeros_like(v)
+    acc = np.zeros(B)
+    for t in range(T - 1, -1, -1):
+        ended = term[:, t] | trunc[:, t]
+        next_value = v[:, t + 1] if t + 1 < T else boot
+        next_value = np.where(term[:, t], 0.0, np.where(trunc[:, t], tv[:, t], next_value))
+        next_acc = np.where(ended | (t + 1 == T), 0.0, acc)
+        acc = (np.minimum(rho_bar, rho[:, t]) * (r[:, t] + gamma * next_value - v[:, t])
+               + gamma * lam * np.minimum(c_bar, rho[:, t]) * next_acc)
+        vs[:, t] = v[:, t] + acc
+        pg[:, t] = np.minimum(pg_rho_bar, rho[:, t]) * (r[:, t] + gamma * (next_value + next_acc) - v[:, t])
+    return vs.astype(dtype), pg.astype(dtype)
 
 class FramePool:
     """Same contract as `aiorl._ext.framestore.FramePool`: counted slots in runs, a frame

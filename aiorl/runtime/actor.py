@@ -20,7 +20,12 @@ of its predecessor.
 
 Synchronous algorithms run in lockstep instead: one rollout per iteration,
 then the barrier and the weights of the next version (`_sync_loop`); or work
-items taken from the coordinator one at a time (`_work_loop`, ES).
+items taken from the coordinator one at a time (`_work_loop`, ES). IMPALA's
+actors send one fragment per env against a memory's credit and never wait
+for the learner (`_fragment_loop`, `aiorl.runtime.fragments`).
+
+Every loop measures its actor's idle time: the seconds spent waiting
+(credits, writes, barriers, weights) over the loop's wall time.
 """
 from __future__ import annotations
 
@@ -40,6 +45,42 @@ from aiorl.wire import Connection, ConnectionClosed
 
 # Waits whose liveness comes from heartbeats and connection loss, not a timer.
 UNBOUNDED_S = 365 * 24 * 3600.0
+
+
+class IdleClock:
+    """Seconds an actor waits (``with clock:`` around each wait) over its loop's wall time."""
+
+    def __init__(self):
+        self.idle_s = 0.0
+        self.started: float | None = None
+        self.ended: float | None = None
+        self._t0: float | None = None  # start of the wait in progress
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+
+    def stop(self) -> None:
+        if self.started is not None and self.ended is None:
+            self.ended = time.monotonic()
+
+    def __enter__(self):
+        self._t0 = time.monotonic()
+
+    def __exit__(self, *exc) -> None:
+        self.idle_s += time.monotonic() - self._t0
+        self._t0 = None
+
+    @property
+    def wall_s(self) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.ended or time.monotonic()) - self.started
+
+    def fraction(self) -> float | None:
+        """Counting the wait in progress: an actor held back for minutes reports it while it waits."""
+        wall = self.wall_s
+        waiting = time.monotonic() - self._t0 if self._t0 is not None and self.ended is None else 0.0
+        return round(min(1.0, (self.idle_s + waiting) / wall), 6) if wall > 0 else None
 
 
 class ActorRole(Role):
@@ -64,6 +105,8 @@ class ActorRole(Role):
         self.counters = {"env_steps": 0}
         self.frames: FrameSender | None = None
         self.payload_bytes = 0  # array bytes of the batches sent (frame layout: frames once)
+        self.idle = IdleClock()
+        self.fragment_flow = False  # IMPALA: fragment messages, each against a credit
 
     def heartbeat_extra(self) -> dict:
         returns, self.episode_returns = self.episode_returns, []
@@ -73,7 +116,7 @@ class ActorRole(Role):
     def metrics(self) -> dict:
         version = self.policy.weights_version if hasattr(self, "policy") else -1
         return {"weights_version": version, "weights_lag": max(0, self.weights_version_seen - version),
-                "blocked_s": round(self.blocked_s, 3)}
+                "blocked_s": round(self.blocked_s, 3), "idle_fraction": self.idle.fraction()}
 
     async def cleanup(self) -> None:
         if self._pull is not None:
@@ -106,7 +149,7 @@ class ActorRole(Role):
         self.sent[m] = {"batches": 0, "transitions": 0}
         if self.credits is not None:
             self.credits[m] = 0
-        if not self.synchronous:
+        if not self.synchronous and not self.fragment_flow:  # a fragment message goes at once
             conn.flush_delay_s = self.cfg.cluster.actor_flush_delay_s
         task = self.spawn(self._read_memory(m, conn), f"reader of memory-{m}")
         self._links.add(task)
@@ -158,9 +201,10 @@ class ActorRole(Role):
     def _usable(self, m: int, need_credit: bool) -> bool:
         return self.memories[m] is not None and (not need_credit or self.credits is None or self.credits[m] > 0)
 
-    async def _acquire(self, need_credit: bool = True) -> int:
+    async def _acquire(self, need_credit: bool = True, or_stop: bool = False) -> int | None:
         """The memory the next batch goes to: round-robin over the reachable ones; with a rate limit,
-        one that granted a credit (waiting, without stepping, until one does)."""
+        one that granted a credit (waiting, without stepping, until one does). `or_stop`: once the
+        run stops, None rather than a memory without a credit (fragments go only against one)."""
         n = len(self.memories)
         t0 = None
         while True:
@@ -173,6 +217,8 @@ class ActorRole(Role):
                         self.credits[m] -= 1
                     return m
             if need_credit and self.phase != Phase.RUNNING:
+                if or_stop:
+                    return None
                 need_credit = False  # stopping: the last batches go without credit
                 continue
             t0 = t0 or time.perf_counter()
@@ -196,10 +242,11 @@ class ActorRole(Role):
         # A steady stream of batches nobody waits on lets a few share each write;
         # a synchronous rollout is waited on, so it goes at once.
         self.synchronous = algo.is_synchronous(cfg)
+        self.fragment_flow = algo.fragment_queue(cfg) is not None
         addresses = self.start_info["memories"]
         self.memories = [None] * len(addresses)
         self.sent = [{"batches": 0, "transitions": 0} for _ in addresses]
-        if cfg.agent.samples_per_insert is not None and not self.synchronous:
+        if (cfg.agent.samples_per_insert is not None or self.fragment_flow) and not self.synchronous:
             self.credits = [0] * len(addresses)
         for m, address in enumerate(addresses):
             if address:
@@ -212,11 +259,14 @@ class ActorRole(Role):
                 await self._work_loop()
             elif self.synchronous:
                 await self._sync_loop()
+            elif self.fragment_flow:
+                await self._fragment_loop()
             else:
                 await self._async_loop()
             batch, priorities = self.policy.flush()
             if batch:
                 await self._send(batch, priorities, need_credit=False)
+            self.idle.stop()
             for i, conn in enumerate(self.memories):
                 if conn is not None:
                     await conn.send("actor_done", {"actor": self.index, **self.sent[i]})
@@ -228,6 +278,8 @@ class ActorRole(Role):
                 "payload_bytes": self.payload_bytes,
                 "frames_sent": self.frames.frames_sent if self.frames is not None else None,
                 "weights_version": self.policy.weights_version,
+                "idle_s": round(self.idle.idle_s, 3), "loop_s": round(self.idle.wall_s, 3),
+                "idle_fraction": self.idle.fraction(),
                 "iterations": self.iterations[-1000:]}
 
     async def _rollout(self):
@@ -253,7 +305,8 @@ class ActorRole(Role):
                 if priorities is not None:
                     arrays["priorities"] = np.asarray(priorities, np.float64)
                 try:
-                    await conn.send("batch", meta, arrays)
+                    with self.idle:
+                        await conn.send("batch", meta, arrays)
                     self.payload_bytes += sum(a.nbytes for a in arrays.values())
                     self._count_sent(m, batch)
                     return
@@ -261,21 +314,23 @@ class ActorRole(Role):
                     self._memory_away(m, conn)  # gone since: the batch goes elsewhere
             m, need_credit = None, False
 
-    def _count_sent(self, m: int, batch: dict) -> None:
+    def _count_sent(self, m: int, batch: dict, transitions: int | None = None) -> None:
         """The actor's own account of what memory `m` got, checked against the memory's at the end."""
         self.sent[m]["batches"] += 1
-        self.sent[m]["transitions"] += len(next(iter(batch.values())))
+        self.sent[m]["transitions"] += len(next(iter(batch.values()))) if transitions is None else transitions
         self.batches += 1
 
     async def _async_loop(self) -> None:
         # The start reply can come before the RUNNING broadcast: a quick set-up must not find
         # the run "not running" and stop at once.
         await self.wait_phase(Phase.RUNNING)
+        self.idle.start()
         while self.phase == Phase.RUNNING:
             if self._pending_weights is not None:
                 self.policy.set_weights(*self._pending_weights)
                 self._pending_weights = None
-            m = await self._acquire()  # with a rate limit: no stepping without a credit
+            with self.idle:
+                m = await self._acquire()  # with a rate limit: no stepping without a credit
             rollout = await self._rollout()
             batch, priorities = self.policy.postprocess(rollout)
             if batch:
@@ -292,6 +347,55 @@ class ActorRole(Role):
         if reply.arrays:
             self._pending_weights = (dict(reply.arrays), int(reply.meta["version"]))
 
+    async def _fragment_loop(self) -> None:
+        """Roll out, then send one fragment per env to a memory that gave a credit; weights are
+        pulled every `sync_interval` messages (one pull in flight) and applied between rollouts,
+        so each message is acted with one version. Once the run stops, a rollout still waiting
+        for a credit is not sent."""
+        # Acting with the learner's weights from the first fragment on (version 0).
+        reply = await self.coordinator.request("get_weights", {"have": -1, "min_version": 0},
+                                               timeout_s=UNBOUNDED_S)
+        if reply.meta.get("stop"):
+            return
+        self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
+        await self.wait_phase(Phase.RUNNING)
+        self.idle.start()
+        while self.phase == Phase.RUNNING:
+            if self._pending_weights is not None:
+                self.policy.set_weights(*self._pending_weights)
+                self._pending_weights = None
+            fragments, _ = self.policy.postprocess(await self._rollout())
+            if not await self._send_fragments(fragments):
+                break
+            # Not only when a heartbeat said there is a newer version: that lags by a heartbeat.
+            if self.batches % self.cfg.agent.sync_interval == 0 and (self._pull is None or self._pull.done()):
+                self._pull = self.spawn(self._pull_weights(), "weights pull")
+
+    async def _send_fragments(self, fragments: dict) -> bool:
+        """One fragment message, against a credit of whichever memory host gives one first; a
+        host that goes away mid-send costs its credit, and the message goes to another. False:
+        the run stopped first."""
+        steps = self.cfg.agent.sample_batch_size * self.cfg.env.num_envs
+        while True:
+            with self.idle:
+                m = await self._acquire(or_stop=True)
+            if m is None:
+                return False
+            conn = self.memories[m]
+            meta = {"seq": self.sent[m]["batches"], "weights_version": self.policy.weights_version}
+            arrays = fragments
+            if self.frames is not None:  # the frames memory `m` lacks travel with the fragments
+                arrays, meta["keep_from"] = self.frames.message(m, fragments)
+            try:
+                with self.idle:
+                    await conn.send("fragment", meta, arrays)
+            except ConnectionClosed:
+                self._memory_away(m, conn)
+                continue
+            self.payload_bytes += sum(a.nbytes for a in arrays.values())
+            self._count_sent(m, fragments, steps)
+            return True
+
     async def _sync_loop(self) -> None:
         """One rollout per iteration; no iteration starts before its weights are published."""
         m = self.index % len(self.memories)
@@ -303,22 +407,26 @@ class ActorRole(Role):
             return
         self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
         iteration = 0
+        self.idle.start()
         while self.phase == Phase.RUNNING:
             started = time.monotonic()
             rollout = await self._rollout()
             batch, _ = self.policy.postprocess(rollout)
-            await memory.send("rollout", {"actor": self.index, "iteration": iteration,
-                                          "weights_version": self.policy.weights_version}, batch)
+            with self.idle:
+                await memory.send("rollout", {"actor": self.index, "iteration": iteration,
+                                              "weights_version": self.policy.weights_version}, batch)
             self._count_sent(m, batch)
             self.iterations.append({"iteration": iteration, "weights_version": self.policy.weights_version,
                                     "started_monotonic": started})
-            reply = await self.coordinator.request(
-                "barrier", {"name": "iteration", "generation": iteration}, timeout_s=UNBOUNDED_S)
+            with self.idle:
+                reply = await self.coordinator.request(
+                    "barrier", {"name": "iteration", "generation": iteration}, timeout_s=UNBOUNDED_S)
             if reply.meta.get("stop"):
                 break  # the run stopped while this actor waited for the others
-            reply = await self.coordinator.request(
-                "get_weights", {"have": self.policy.weights_version, "min_version": iteration + 1},
-                timeout_s=UNBOUNDED_S)
+            with self.idle:
+                reply = await self.coordinator.request(
+                    "get_weights", {"have": self.policy.weights_version, "min_version": iteration + 1},
+                    timeout_s=UNBOUNDED_S)
             if reply.meta.get("stop"):
                 break
             self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
@@ -328,16 +436,19 @@ class ActorRole(Role):
         """Take work items from the coordinator until the run stops; the result of item i
         goes to memory i % memories. Each request reports the previous item done."""
         done = None
+        self.idle.start()
         while self.phase == Phase.RUNNING:
-            reply = await self.coordinator.request("work", {"done": done}, timeout_s=UNBOUNDED_S)
+            with self.idle:
+                reply = await self.coordinator.request("work", {"done": done}, timeout_s=UNBOUNDED_S)
             if reply.meta.get("stop"):
                 break
             iteration, item = int(reply.meta["iteration"]), int(reply.meta["item"])
             done = [iteration, item]
             if self.policy.weights_version < iteration:
-                reply = await self.coordinator.request(
-                    "get_weights", {"have": self.policy.weights_version, "min_version": iteration},
-                    timeout_s=UNBOUNDED_S)
+                with self.idle:
+                    reply = await self.coordinator.request(
+                        "get_weights", {"have": self.policy.weights_version, "min_version": iteration},
+                        timeout_s=UNBOUNDED_S)
                 if reply.meta.get("stop"):
                     break
                 self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
@@ -349,9 +460,10 @@ class ActorRole(Role):
             self.episode_returns.extend(result.episode_returns)
             self.episode_lengths.extend(result.episode_lengths)
             m = item % len(self.memories)
-            await self.memories[m].send("rollout", {"actor": self.index, "iteration": iteration, "item": item,
-                                                    "weights_version": self.policy.weights_version},
-                                        result.batch)
+            with self.idle:
+                await self.memories[m].send("rollout", {"actor": self.index, "iteration": iteration,
+                                                        "item": item, "weights_version": self.policy.weights_version},
+                                            result.batch)
             self._count_sent(m, result.batch)
             self.iterations.append({"iteration": iteration, "item": item,
                                     "weights_version": self.policy.weights_version,

@@ -14,10 +14,12 @@ objects the algorithm builds:
 - the replay ``transition_spec()`` memories preallocate.
 
 Asynchronous algorithms (Ape-X) stream batches through prioritized or
-uniform replay; synchronous ones (``synchronous = True``: PPO, ES) send one
-rollout per actor per iteration (or, when `Algorithm.work_items` says so, one
-result per work item the coordinator hands out: ES), aggregated by the
-memories, and actors wait for the weights of the next iteration.
+uniform replay, or, when `Algorithm.fragment_queue` says so (IMPALA), whole
+trajectory fragments through the memories' bounded queues; synchronous ones
+(``synchronous = True``: PPO, ES) send one rollout per actor per iteration
+(or, when `Algorithm.work_items` says so, one result per work item the
+coordinator hands out: ES), aggregated by the memories, and actors wait for
+the weights of the next iteration.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import numpy as np
 if TYPE_CHECKING:
     from aiorl.config import Config
     from aiorl.envs import EnvSpec
+    from aiorl.replay.trajectory_queue import QueueSpec
 
 Batch = dict[str, np.ndarray]
 Spec = dict[str, tuple[tuple[int, ...], str]]
@@ -156,6 +159,9 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     model_config: ClassVar[type] = dict
+    #: Defaults of `agent` keys this algorithm needs different from the shared ones (a user's
+    #: value wins); `aiorl config ALGO` prints them.
+    agent_defaults: ClassVar[dict] = {}
     synchronous: ClassVar[bool] = False
     # Transition-spec fields that hold observations (the frame layout stores them as frames).
     observation_fields: ClassVar[tuple[str, ...]] = ("obs", "next_obs")
@@ -177,6 +183,12 @@ class Algorithm:
         """Work items per iteration, handed out by the coordinator, for a synchronous
         algorithm whose iteration is a set of independent items (ES); None: one
         rollout per live actor per iteration (DPPO)."""
+        return None
+
+    @classmethod
+    def fragment_queue(cls, cfg: Config) -> QueueSpec | None:
+        """For an asynchronous on-policy algorithm (IMPALA): the trajectory queue its memories
+        keep, and actors send whole fragments (`aiorl.runtime.fragments`); None: replay."""
         return None
 
     @classmethod

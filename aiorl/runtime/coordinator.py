@@ -632,11 +632,14 @@ class Coordinator:
         min_version = fields.get("min_version")
         try:
             if min_version is not None:
+                # Weights held, not only a version: a resumed run's version comes from its
+                # checkpoint before learner 0 has published anything.
                 async with self.weights_changed:
                     await self.weights_changed.wait_for(
-                        lambda: self.weights_version >= int(min_version) or self.phase > Phase.RUNNING
+                        lambda: (self.weights and self.weights_version >= int(min_version))
+                        or self.phase > Phase.RUNNING
                     )
-                if self.weights_version < int(min_version):
+                if not self.weights or self.weights_version < int(min_version):
                     await conn.reply(msg, meta={"version": self.weights_version, "stop": True})
                     return
             if self.weights_version > have:
@@ -933,6 +936,10 @@ class Coordinator:
                            or (r.status == "running" and self.silence_s(r, loop_now) > late_after)],
             "roles_lost": [r.name for r in roles if r.status in ("lost", "failed")],
         }
+        idle = [m["idle_fraction"] for m in actors if isinstance(m.get("idle_fraction"), (int, float))]
+        row["actor_idle_fraction"] = mean_or_none(idle)
+        for key in sorted({k for m in memories for k in m if k.startswith("queue/")}):
+            row[key] = sum(m.get(key, 0) for m in memories)
         algo_keys = sorted({k for m in learners for k in m} - LEARNER_RUNTIME_KEYS)
         for key in algo_keys:
             row[f"learner/{key}"] = mean_or_none(m[key] for m in learners if isinstance(m.get(key), (int, float)))

@@ -5,7 +5,8 @@ the wire refuses any frame over the connection's `Limits`. Rather than one
 generous cap (1 GiB) for every peer, each connection gets what its peer's
 role can send: an actor one batch of its rollouts' rows in the replay spec,
 a learner one priority update, a memory host one sampled batch (or, for
-synchronous algorithms, one aggregate of the rollouts of its actors),
+synchronous algorithms, one aggregate of the rollouts of its actors; for
+IMPALA, one batch of whole fragments),
 learner 0 one set of weights. A peer whose role is not known yet (before
 `attach` or `register`) gets `UNKNOWN_PEER`.
 
@@ -17,6 +18,7 @@ import math
 
 import numpy as np
 
+from aiorl.replay.trajectory_queue import ORIGIN_FIELDS
 from aiorl.wire import Limits
 
 __all__ = ["UNKNOWN_PEER", "row_bytes", "actor_to_memory", "learner_to_memory", "memory_to_learner",
@@ -73,6 +75,11 @@ def memory_to_learner(cfg, algo) -> Limits:
         items = algo.work_items(cfg)  # a round holds every producer's part: actors or work items
         producers_per_memory = math.ceil((c.actors if items is None else items) / c.memories)
         return _limits(_payload(producers_per_memory * algo.max_batch_rows(), spec, 0, 0), len(spec))
+    queue = algo.fragment_queue(cfg)
+    if queue is not None:  # whole fragments, each with its origin (weights version, actor, env: int64)
+        payload = _payload(cfg.agent.batch_size, spec, 0, len(ORIGIN_FIELDS)) + 8 * len(ORIGIN_FIELDS) * \
+            queue.fragments_per_batch
+        return _limits(payload, len(spec) + len(ORIGIN_FIELDS))
     return _limits(_payload(cfg.agent.batch_size, spec, 8 + 4 + 8, 3), len(spec) + 3)
 
 

@@ -41,6 +41,7 @@ from aiorl import checkpoint
 from aiorl.rundir import Identity
 from aiorl.runtime import rendezvous
 from aiorl.runtime.algorithm import get_algorithm
+from aiorl.runtime.fragments import LagMeter
 from aiorl.runtime.phase import Phase, last_checkpoint_budget_s
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed
@@ -87,6 +88,8 @@ class LearnerRole(Role):
         self.batches_queued = 0
         self.queue_depth_max = 0  # batches received and not yet trained on, worst case
         self.iterations: list[dict] = []  # synchronous algorithms: one entry per iteration trained
+        self.published_version = -1  # learner 0: the newest version it published
+        self.lag = LagMeter()  # fragments (IMPALA): policy lag of each batch
         self.last_beta: float | None = None
         self.core = None
         self.identity = Identity.from_env()
@@ -201,12 +204,14 @@ class LearnerRole(Role):
                     pass
         if self.index == 0:
             await self._finish_outputs()
+        digest = weights_digest(self.core.get_weights())  # data-parallel learners end equal
         await asyncio.to_thread(self.core.close)
         return {"learner_steps": self.counters["learner_steps"], "total_learner_steps": self.total_steps,
                 "memories": self.per_memory, "earlier_connections": self.earlier_per_memory,
                 "published": self.published, "checkpoints": self.checkpoints,
                 "unused_batches": self.unused_batches, "iterations": self.iterations,
-                "prioritized_replay_beta_last": self.last_beta, "queue_depth_max": self.queue_depth_max}
+                "prioritized_replay_beta_last": self.last_beta, "queue_depth_max": self.queue_depth_max,
+                "weights_digest": digest, "policy_lag": self.lag.stats() if self.lag.batches else None}
 
     @staticmethod
     def _memory_account() -> dict:
@@ -263,7 +268,8 @@ class LearnerRole(Role):
         self.away.discard(m)
         self._spawn(self._reader(m, conn), f"reader of memory-{m}")
         try:
-            await conn.send("credit", {"n": self.cfg.cluster.learner_credits, "beta": self.beta()})
+            await conn.send("credit", {"n": self.cfg.cluster.learner_credits, "beta": self.beta(),
+                                       "version": self.weights_version()})
         except ConnectionClosed:
             pass  # gone again: its reader reports it
 
@@ -274,6 +280,8 @@ class LearnerRole(Role):
             return False
         t0 = time.perf_counter()
         step = self.total_steps + 1
+        if "weights_version" in batch:  # whole fragments, each acted with one version
+            self.lag.add(self.weights_version(), batch["weights_version"])
         try:
             result = await self.offload(self._locked_step, batch)
         except Exception as exc:
@@ -287,6 +295,8 @@ class LearnerRole(Role):
             return False
         self.counters["learner_steps"] += 1
         self.last_metrics = {k: float(v) for k, v in result.metrics.items()}
+        if self.lag.batches:
+            self.last_metrics.update(self.lag.metrics())
         credited = False
         if m is not None:
             self.per_memory[m]["batches"] += 1
@@ -323,11 +333,15 @@ class LearnerRole(Role):
             self.batches_queued -= 1
         return item
 
+    def weights_version(self) -> int:
+        """The newest weights version this learner's weights are at least as new as."""
+        return max(self.published_version, self.weights_version_seen)
+
     async def _async_loop(self) -> None:
         credits = self.cfg.cluster.learner_credits
         for conn in self.memories:
             if conn is not None:
-                await conn.send("credit", {"n": credits, "beta": self.beta()})
+                await conn.send("credit", {"n": credits, "beta": self.beta(), "version": self.weights_version()})
         ended: set[int] = set()
         # Until every memory sent its end; one that went away counts once the run drains
         # (it is not coming back to send one).
@@ -345,7 +359,8 @@ class LearnerRole(Role):
                 continue  # a batch of a connection that closed since
             try:
                 if not await self._train(m, msg.arrays):
-                    await self.memories[m].send("credit", {"n": 1, "beta": self.beta()})
+                    await self.memories[m].send("credit", {"n": 1, "beta": self.beta(),
+                                                           "version": self.weights_version()})
             except ConnectionClosed:
                 pass  # that memory is gone; its reader reports it
             if (self.index == 0 and self.counters["learner_steps"] % self.cfg.agent.publish_interval == 0
@@ -441,6 +456,7 @@ class LearnerRole(Role):
         reply = await self._request_or_lost("publish", {"learner_steps": self.counters["learner_steps"]},
                                             arrays=weights)
         self.published += 1
+        self.published_version = int(reply.meta.get("version", self.published_version))
         self.log.debug("published weights version %s", reply.meta.get("version"))
 
     async def _run_state(self) -> dict:

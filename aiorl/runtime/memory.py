@@ -13,6 +13,10 @@ Each actor connection is accounted on its own (batches, transitions, a
 sequence number from 0): a restarted actor's new connection starts again at
 0, and every transition accepted is counted in exactly one of them.
 
+IMPALA's memories keep a bounded FIFO of whole fragments instead
+(`aiorl.runtime.fragments.FragmentHub`): actors send against credits this
+memory gives them, learners get the oldest fragments on their credits.
+
 For synchronous algorithms the memory gathers rounds (`aiorl.runtime.rounds`):
 exactly one rollout per iteration from each live actor assigned to it (actor
 i goes to memory i % memories), or every work item assigned to it, and hands
@@ -49,6 +53,7 @@ from aiorl.replay.frames import FrameReplayBuffer, frame_layout
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.messages import PRIORITY_UPDATE, BadMessage, RowSpec, check
+from aiorl.runtime.fragments import FragmentHub
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.ratelimit import ACTOR_CREDITS, SampleToInsertRatio
 from aiorl.runtime.role import Role
@@ -154,6 +159,7 @@ class MemoryRole(Role):
         self.inserted = 0
         self.sampled = 0
         self.rounds: Rounds | None = None  # sync mode
+        self.fragments: FragmentHub | None = None  # trajectory queue (IMPALA)
         self.finished_actors: set[int] = set()  # sync mode: actors that can send nothing more here
         self.attached: dict[str, tuple[Connection, str]] = {}  # name -> (connection, session)
         self.peers_refused: collections.Counter[str] = collections.Counter()  # by reason
@@ -167,7 +173,8 @@ class MemoryRole(Role):
     def metrics(self) -> dict:
         server = self.server.stats if self.server is not None else {}
         frames = {"replay_frames": len(self.replay.pool)} if isinstance(self.replay, FrameReplayBuffer) else {}
-        return {**frames, "replay_size": len(self.replay) if self.replay is not None else 0,
+        queue = self.fragments.metrics() if self.fragments is not None else {}
+        return {**frames, **queue, "replay_size": len(self.replay) if self.replay is not None else 0,
                 "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
                 "inserted": self.inserted, "sampled": self.sampled,
                 "actor_connections": sum(not link.closed for link in self.actor_links),
@@ -185,9 +192,13 @@ class MemoryRole(Role):
         # Frame layout: a batch's rows carry frame ids; its frames travel beside them.
         self.rows = RowSpec(layout.wire_spec(spec) if layout is not None else spec)
         a, c = self.cfg.agent, self.cfg.cluster
+        queue = algo.fragment_queue(self.cfg)
         if self.synchronous:
             self.rounds = Rounds(spec, self.index, c.memories, c.actors, c.learners, algo.work_items(self.cfg),
                                  self.log)
+        elif queue is not None:
+            self.fragments = FragmentHub(spec, a.sample_batch_size, self.cfg.env.num_envs, queue, layout, c.actors)
+            self.limiter = self.fragments.room  # actor credits as the queue's room allows
         elif layout is not None:
             self.replay = FrameReplayBuffer(
                 self.capacity, spec, layout, alpha=a.prioritized_replay_alpha if a.prioritized_replay else None,
@@ -209,7 +220,11 @@ class MemoryRole(Role):
                                   name=self.name, ssl=self.ssl_server, limits=frame_limits.UNKNOWN_PEER,
                                   max_connections=2 * (c.actors + c.learners) + 4,
                                   max_handshakes=c.max_handshakes, max_handshakes_per_host=c.max_handshakes_per_host)
-        self.log.info("serving replay on %s:%s (capacity %d)", bind, self.server.port, self.capacity)
+        if self.fragments is not None:
+            self.log.info("serving a trajectory queue on %s:%s (%d fragments of %d steps, when full: %s)", bind,
+                          self.server.port, queue.capacity, a.sample_batch_size, queue.full)
+        else:
+            self.log.info("serving replay on %s:%s (capacity %d)", bind, self.server.port, self.capacity)
         return await super()._run()
 
     def _set_phase(self, phase: Phase) -> None:
@@ -321,14 +336,18 @@ class MemoryRole(Role):
         self.actor_links.append(link)
         if isinstance(self.replay, FrameReplayBuffer):
             link.frames = self.replay.stream()  # frame ids start over with every connection
+        elif self.fragments is not None:
+            link.frames = self.fragments.stream()
 
         def handle(msg, fields) -> None:
             if msg.kind == "batch":
                 self._ingest(link, msg, fields)
+            elif msg.kind == "fragment":
+                self._ingest_fragment(link, index, msg, fields)
             else:
                 self._ingest_rollout(link, index, msg, fields)
 
-        allowed = {"rollout"} if self.synchronous else {"batch"}
+        allowed = {"rollout"} if self.synchronous else {"fragment"} if self.fragments is not None else {"batch"}
         sender = self.spawn(self._send_credits(link), f"credits for {link.name}") if self.limiter else None
         self._grant_actor_credits()
         try:
@@ -344,6 +363,7 @@ class MemoryRole(Role):
             if self.limiter is not None and link.credits:
                 self.limiter.release(link.credits)
                 link.credits = 0
+                self._grant_actor_credits()  # what it held back may go to the others
             if link.done_meta is None:
                 self.log.warning("%s went away without finishing (%d batches received)", link.name, link.batches)
             if self.synchronous:
@@ -380,6 +400,53 @@ class MemoryRole(Role):
             self.limiter.inserted_rows(n, with_credit)
             self._grant_actor_credits()
         self.changed.fire()
+
+    # ------------------------------------------------------------------ trajectory queue
+
+    def _ingest_fragment(self, link: ActorLink, actor_index: int, msg, fields: dict) -> None:
+        """One fragment per env, sent against a credit (the queue's room is counted in credits)."""
+        if link.credits < 1:
+            raise BadMessage(f"{link.name} sent a fragment message without a credit")
+        seq = fields["seq"]
+        if seq != link.next_seq:
+            link.seq_errors += 1
+            self.log.error("%s fragment message seq %d, expected %d", link.name, seq, link.next_seq)
+        link.next_seq = seq + 1
+        try:
+            self.fragments.ingest(actor_index, fields["weights_version"], dict(msg.arrays), stream=link.frames,
+                                  keep_from=fields.get("keep_from"))
+        except ValueError as exc:
+            raise BadMessage(f"{link.name}: {exc}") from None
+        n = self.fragments.num_envs * self.fragments.queue.steps
+        link.batches += 1
+        link.transitions += n
+        self.inserted += n
+        link.credits -= 1
+        self.limiter.inserted_rows(n, with_credit=True)
+        self._grant_actor_credits()
+        self.changed.fire()
+
+    async def _fragment_sampler(self, conn: Connection, link: LearnerLink) -> None:
+        """One batch of the oldest fragments per credit while RUNNING or STOPPING, then ``end``."""
+        hub = self.fragments
+        draining = lambda: self.phase >= Phase.DRAINING  # noqa: E731
+        while True:
+            await self.changed.wait_for(lambda: draining() or (link.credits > 0 and hub.ready()))
+            if draining():
+                break
+            link.credits -= 1
+            batch, meta = hub.take()
+            rows = hub.qspec.fragments_per_batch * hub.queue.steps
+            self.sampled += rows
+            self.limiter.sampled_rows(rows)
+            link.batches_sent += 1
+            self._grant_actor_credits()  # room in the queue: actors' credits may go out
+            self.changed.fire()
+            try:
+                await conn.send("samples", {"memory": self.index, **meta}, batch)
+            except ConnectionClosed:
+                return  # the learner went away; its connection handler reports it
+        await self._send_end(conn, link)
 
     def _grant_actor_credits(self) -> None:
         """Top every open actor connection up to ACTOR_CREDITS batches, while the ratio allows;
@@ -519,6 +586,9 @@ class MemoryRole(Role):
         link.beta = fields.get("beta", link.beta)
         if "iteration" in fields:
             link.iteration = fields["iteration"]
+        if self.fragments is not None and "version" in fields:
+            self.fragments.saw_version(fields["version"])
+            self._grant_actor_credits()  # fragments dropped for their lag leave room
         self.changed.fire()
 
     def _apply_priorities(self, link: LearnerLink, msg) -> None:
@@ -548,6 +618,8 @@ class MemoryRole(Role):
 
     async def _sampler(self, conn: Connection, link: LearnerLink) -> None:
         """Send one batch per credit while RUNNING or STOPPING, then ``end``."""
+        if self.fragments is not None:
+            return await self._fragment_sampler(conn, link)
         batch_size = self.cfg.agent.batch_size
         draining = lambda: self.phase >= Phase.DRAINING  # noqa: E731
         while True:
@@ -650,6 +722,7 @@ class MemoryRole(Role):
             "replay_added": self.replay.added if self.replay is not None else 0,
             "sample_blocked_s": round(self.sample_blocked_s, 3),
             **self.snapshots.stats(),
+            "queue": None if self.fragments is None else self.fragments.stats(),
             "rounds": None if self.rounds is None else {
                 "completed": self.rounds.iteration, "duplicates": self.rounds.duplicates,
                 "stale": self.rounds.stale, "discarded_rows": self.rounds.discarded_rows},

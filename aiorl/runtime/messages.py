@@ -153,10 +153,11 @@ SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     "batch": {"actor": (_count, False), "seq": (_count, True), "keep_from": (_count, False)},
     "rollout": {"actor": (_count, False), "iteration": (_count, True), "item": (_count, False),
                 "weights_version": (integer(-1), False)},
+    "fragment": {"seq": (_count, True), "weights_version": (_count, True), "keep_from": (_count, False)},
     "actor_done": {"actor": (_count, False), "batches": (_count, False), "transitions": (_count, False)},
     # learner -> memory
     "credit": {"n": (integer(1, 1 << 20), False), "beta": (number(0.0, 1.0), False),
-               "iteration": (_count, False)},
+               "iteration": (_count, False), "version": (integer(-1), False)},
     "priorities": {"credit": (integer(0, 1 << 20), False), "beta": (number(0.0, 1.0), False)},
     "learner_done": {"learner": (_count, False), "batches": (_count, False),
                      "priority_messages": (_count, False), "priorities": (_count, False)},

@@ -27,7 +27,7 @@ MUTANTS = [
          new="value_error = torch.min(value_error, (clipped - value_target).pow(2))",
          tests=["tests/test_dppo.py::test_value_clipping_takes_the_larger_error"]),
     dict(name="learning_rate_never_anneals",
-         path="aiorl/algos/dppo.py",
+         path="aiorl/algos/_common.py",  # ActorCriticLearner.anneal_lr, DPPO's and IMPALA's
          old="frac = max(0.0, 1.0 - self.env_steps_trained / self.schedule)",
          new="frac = 1.0",
          tests=["tests/test_dppo.py::test_learner_step_takes_epochs_times_minibatches_and_anneals_the_step_size_to_zero"]),

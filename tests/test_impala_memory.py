@@ -1,0 +1,65 @@
+"""An IMPALA memory host against a hand-played actor, in the test's loop over real TCP: credits
+go out as the trajectory queue has room (throttle) or always (drop_oldest), and a fragment
+message without a credit closes that connection."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from hostile_helpers import HANG_S, Memory0
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+T, CAPACITY = 4, 4
+IMPALA = ["algo=impala", f"agent.sample_batch_size={T}", f"agent.batch_size={2 * T}",
+          f"model.queue_capacity={CAPACITY}", "model.network=[linear:8]"]
+
+
+def fragment(seed: int) -> dict[str, np.ndarray]:
+    """One env's fragment of T CartPole steps in IMPALA's spec ([1, T, ...])."""
+    rng = np.random.default_rng(seed)
+    obs = rng.standard_normal((1, T, 4)).astype(np.float32)
+    return {"obs": obs, "next_obs": obs + 1, "action": rng.integers(0, 2, (1, T)),
+            "reward": np.ones((1, T), np.float32), "terminated": np.zeros((1, T), np.bool_),
+            "truncated": np.zeros((1, T), np.bool_),
+            "behaviour_logits": rng.standard_normal((1, T, 2)).astype(np.float32)}
+
+
+async def actor_attached(m: Memory0):
+    _, session = await m.register("actor-0")
+    await m.register("learner-0")  # registered, never attached: nothing takes from the queue
+    await m.running()
+    return await m.attach("actor-0", session)
+
+
+async def test_throttle_grants_credits_as_the_queue_has_room_and_refuses_a_message_without_one(tmp_path, caplog):
+    async with Memory0(tmp_path, IMPALA) as m:
+        conn = await actor_attached(m)
+        hub = m.memory.fragments
+        for seq in range(CAPACITY + 1):  # the last one: the queue is full and no credit is out
+            await conn.send("fragment", {"seq": seq, "weights_version": 0}, fragment(seq))
+        async with asyncio.timeout(HANG_S):
+            await conn.wait_closed()
+    assert "actor-0 sent a fragment message without a credit" in caplog.text
+    assert m.memory.bad_messages == 1
+    assert len(hub.queue) == CAPACITY and hub.queue.dropped_full == 0
+    link, = m.memory.actor_links
+    assert link.granted == CAPACITY and hub.room.throttled == 0 and hub.room.reserved == 0
+
+
+async def test_drop_oldest_grants_credits_and_drops_the_oldest_fragments(tmp_path):
+    async with Memory0(tmp_path, [*IMPALA, "model.queue_full=drop_oldest"]) as m:
+        conn = await actor_attached(m)
+        hub = m.memory.fragments
+        credits = 0
+        for seq in range(CAPACITY + 3):
+            while credits == 0:  # an actor sends only against a credit
+                msg = await asyncio.wait_for(conn.recv(), HANG_S)
+                credits += msg.meta["n"]
+            credits -= 1
+            await conn.send("fragment", {"seq": seq, "weights_version": 0}, fragment(seq))
+        await m.until(lambda: hub.queue.pushed == CAPACITY + 3, "every fragment queued")
+        assert len(hub.queue) == CAPACITY and hub.queue.dropped_full == 3 and m.memory.bad_messages == 0
+        np.testing.assert_array_equal(hub.queue.take(1)["obs"], fragment(3)["obs"])  # the oldest left
