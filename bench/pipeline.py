@@ -41,7 +41,8 @@ from pathlib import Path
 ENV = {"id": "CartPole-v1", "num_envs": 1}
 SAMPLE_BATCH = 64  # env steps per actor batch (the config default)
 # Transitions per learner batch: 512 as in the Ape-X paper (Horgan et al. 2018). With
-# max_samples_per_insert 1 the learner takes one step per 8 actor batches. `--stress-batch`
+# samples_per_insert 1 the learner takes one step per 8 actor batches (the limiter would hold
+# the actors back too if the learner fell behind; the rows' actor idle shows whether it did). `--stress-batch`
 # adds rows at a small learner batch: 8x the learner <-> memory messages per transition.
 LEARNER_BATCH = 512
 
@@ -131,7 +132,7 @@ def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = Tr
         "cluster": {"actors": actors, "memories": 1, "learners": 1, "frame_compression": compression},
         "agent": {"sample_batch_size": SAMPLE_BATCH if sample_batch is None else sample_batch,
                   "batch_size": batch_size, "buffer_size": buffer_size,
-                  "learning_starts": 1000, "max_samples_per_insert": 1.0},
+                  "learning_starts": 1000, "samples_per_insert": 1.0},
         "model": {"n_step": 3},
         "run": {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.5, "metrics": metrics,
                 "tensorboard": metrics},
