@@ -111,8 +111,8 @@ class LearnerCore:
 
     def state_dict(self) -> dict | None:
         """Everything a resumed learner needs: models, target nets, optimizers, step counts, RNG
-        states. Tensors, numbers, strings, lists and dicts only (checkpoints are read with
-        ``torch.load(weights_only=True)``). None: this core keeps nothing worth a checkpoint."""
+        states. Tensors, numbers, strings, lists and dicts only (aiorl/checkpoint.py reads files
+        back in torch's weights-only mode). None: this core keeps nothing worth a checkpoint."""
         return None
 
     def load_state_dict(self, state: dict) -> None:
