@@ -44,7 +44,8 @@ from aiorl.rundir import Identity, write_json_atomic
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.barrier import Barrier, BarrierAborted
-from aiorl.runtime.messages import BadMessage, RowSpec, check
+from aiorl.runtime.looplag import LoopLagProbe
+from aiorl.runtime.messages import BadMessage, RowSpec, check, pack_table
 from aiorl.runtime.phase import FAILED, FINISHED, INTERRUPTED, PHASE_OWNER, Phase, role_name
 from aiorl.runtime.work import WorkQueue
 from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
@@ -153,6 +154,7 @@ class Coordinator:
         self.rendezvous: str | None = None
         self.loop_lag_max_s = 0.0  # how late the coordinator's own timer fired, worst case
         self.stalled_s = 0.0  # how long the coordinator's own loop was stalled, in total
+        self.lag_probe = LoopLagProbe()  # its loop's lateness, finer than the heartbeat monitor's
         self.t_start = time.time()
         self.t_running: float | None = None
         self.base = {"env_steps": 0, "learner_steps": 0, "episodes": 0}  # from the checkpoint resumed
@@ -277,7 +279,9 @@ class Coordinator:
                         return
                     continue
                 if msg.kind == "status":
-                    await conn.reply(msg, meta=self.status())
+                    status = self.status()
+                    roles = pack_table(status.pop("roles"))  # over 64 KiB of header from ~400 roles on
+                    await conn.reply(msg, meta=status, arrays={"roles": roles})
                     continue
                 if record is None:
                     await self._reply_error(conn, msg, f"{msg.kind!r} before register")
@@ -752,6 +756,7 @@ class Coordinator:
         c = self.cfg.cluster
         metrics_task = asyncio.create_task(self._metrics_loop())
         monitor_task = asyncio.create_task(self._heartbeat_monitor())
+        lag_task = asyncio.create_task(self.lag_probe.run())
         try:
             try:
                 async with asyncio.timeout(c.start_timeout_s):
@@ -787,7 +792,8 @@ class Coordinator:
         finally:
             metrics_task.cancel()
             monitor_task.cancel()
-            await asyncio.gather(metrics_task, monitor_task, *self._pushes, return_exceptions=True)
+            lag_task.cancel()
+            await asyncio.gather(metrics_task, monitor_task, lag_task, *self._pushes, return_exceptions=True)
             self._write_metrics_row()
             self._metrics.close()
 
@@ -882,6 +888,7 @@ class Coordinator:
             "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
             "weights_version": self.weights_version,
             "loop_lag_max_s": round(self.loop_lag_max_s, 6),
+            "loop_lag": self.lag_probe.snapshot(),
             "work": None if self.work is None else {
                 "iteration": self.work.iteration, "pending": list(self.work.pending),
                 "leases": {str(item): worker for item, worker in self.work.leases.items()},
