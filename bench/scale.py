@@ -305,10 +305,12 @@ def measure(n: int, args, tmp: Path) -> dict:
                                            "--output", str(tmp / f"n{n}-memory-0.stacks")],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         (run_dir / "window_start").touch()
+        cpu_before = psutil.Process(memory0.pid).cpu_times()
         t_start, before = time.monotonic(), _status(port, token)
         time.sleep(args.duration_s)
         (run_dir / "window_end").touch()
         t_end, after = time.monotonic(), _status(port, token)
+        cpu_after = psutil.Process(memory0.pid).cpu_times()
         usage = [_proc_usage(p.pid) for p in memories]
         for p in procs:
             p.wait(timeout=120)
@@ -348,6 +350,7 @@ def measure(n: int, args, tmp: Path) -> dict:
         "registration_s": round(max(registered) - min(connect), 3) if registered and connect else None,
         "refused_busy": summary.get("connections_refused_busy"),
         "ingest_per_s": round((inserted(after) - inserted(before)) / dt, 1),
+        "memory0_cpu": round((cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / dt, 3),
         "memory0_rss_mb": round(usage[0]["rss_bytes"] / 2**20, 1),
         "memory0_connections": usage[0]["connections"],
         "rss_kb_per_connection": round((usage[0]["rss_bytes"] - base[0]["rss_bytes"]) / 1024 / conns, 1) if conns > 0 else None,
@@ -367,7 +370,7 @@ COLUMNS = [("actors", "N", 5), ("heartbeat_p50_ms", "hb p50", 7), ("heartbeat_p9
            ("heartbeat_max_ms", "hb max", 7), ("coordinator_lag_p50_ms", "lag p50", 7),
            ("coordinator_lag_p99_ms", "lag p99", 7), ("coordinator_lag_max_ms", "lag max", 7),
            ("sim_lag_p99_ms", "sim p99", 7), ("registration_s", "reg s", 6), ("refused_busy", "busy", 5),
-           ("ingest_per_s", "ingest/s", 9), ("ingest_ratio", "ratio", 6), ("memory0_rss_mb", "rss MB", 7),
+           ("ingest_per_s", "ingest/s", 9), ("ingest_ratio", "ratio", 6), ("memory0_cpu", "m0 cpu", 6), ("memory0_rss_mb", "rss MB", 7),
            ("rss_kb_per_connection", "KB/conn", 7), ("fds_per_connection", "fd/conn", 7),
            ("lost_count", "lost", 4), ("heartbeats_failed", "hbfail", 6), ("load_avg_1m", "load", 5)]
 
@@ -421,17 +424,25 @@ def main(argv=None) -> int:
             tmp.mkdir(parents=True, exist_ok=True)
         for n in counts:
             print(f"N={n} ...", file=sys.stderr, flush=True)
-            rows.append(measure(n, args, Path(tmp)))
+            try:
+                rows.append(measure(n, args, Path(tmp)))
+            except Exception as exc:  # the run itself broke (a role crashed): say so, go on with the next N
+                print(f"N={n}: the run broke: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                rows.append({"actors": n, "error": f"{type(exc).__name__}: {exc}", "ingest_per_s": 0,
+                             "lost_count": None, "heartbeats_failed": None, "exit_codes_nonzero": None})
     one = next((r["ingest_per_s"] for r in rows if r["actors"] == 1), None)
     for row in rows:
-        row["ingest_ratio"] = round(row["ingest_per_s"] / (one * row["actors"]), 3) if one else None
+        row["ingest_ratio"] = round(row["ingest_per_s"] / (one * row["actors"]), 3) if one and not row.get("error") else None
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
-    bad = [r for r in rows if r["lost_count"] or r["heartbeats_failed"] or r["exit_codes_nonzero"]]
+    bad = [r for r in rows if r.get("error") or r["lost_count"] or r["heartbeats_failed"] or r["exit_codes_nonzero"]]
     for r in bad:
-        print(f"N={r['actors']}: lost {r['lost']}, heartbeats failed {r['heartbeats_failed']}, "
-              f"non-zero exits {r['exit_codes_nonzero']}", file=sys.stderr)
+        if r.get("error"):
+            print(f"N={r['actors']}: {r['error']}", file=sys.stderr)
+            continue
+        print(f"N={r['actors']}: lost {len(r['lost'])} ({', '.join(r['lost'][:5])}...), heartbeats failed "
+              f"{r['heartbeats_failed']}, non-zero exits {len(r['exit_codes_nonzero'])}", file=sys.stderr)
     return 1 if bad else 0
 
 
