@@ -45,7 +45,7 @@ from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.barrier import Barrier, BarrierAborted
 from aiorl.runtime.looplag import LoopLagProbe
-from aiorl.runtime.messages import BadMessage, RowSpec, check, pack_table
+from aiorl.runtime.messages import BadMessage, RowSpec, any_map, check, pack_table, unpack_table
 from aiorl.runtime.phase import FAILED, FINISHED, INTERRUPTED, PHASE_OWNER, Phase, role_name
 from aiorl.runtime.resources import listen_backlog
 from aiorl.runtime.work import WorkQueue
@@ -583,7 +583,8 @@ class Coordinator:
                 await conn.reply(msg, meta={"ok": reason is None, "reason": reason})
         elif kind == "done":
             self._heartbeat(record, fields)
-            record.stats = dict(fields.get("stats", {}))
+            stats = unpack_table(msg.arrays["stats"]) if "stats" in msg.arrays else fields.get("stats", {})
+            record.stats = any_map(stats, "done.stats")
             if record.status == "running":
                 record.status = "done"
                 record.done_phase = self.phase.name
