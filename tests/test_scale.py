@@ -80,6 +80,32 @@ async def test_run_totals_follow_each_roles_counters_through_a_restart(tmp_path)
         await coordinator.close(timeout_s=1.0)
 
 
+async def test_a_broadcast_survives_a_connection_closing_while_its_sends_are_scheduled(tmp_path):
+    """`broadcast` gathers one send per role; they start a loop turn later. A role whose
+    connection closes in that turn (record.conn None) must not crash the coordinator."""
+    cfg = load_config(data={"algo": "random_agent", "cluster": {"actors": 2, "start_timeout_s": 30.0}})
+    coordinator = Coordinator(cfg, tmp_path, TOKEN)
+    port = await coordinator.start("127.0.0.1", 0)
+    run = asyncio.create_task(coordinator.run())
+    conns = {}
+    try:
+        for role in ("memory-0", "learner-0", "actor-0", "actor-1"):
+            conns[role] = await register(port, cfg, role, "first")
+        await until(lambda: coordinator.phase == Phase.RUNNING)
+        broadcast = asyncio.create_task(coordinator.broadcast("phase", {"phase": int(Phase.RUNNING)}))
+        await asyncio.sleep(0)  # the broadcast has picked its targets; their sends start next turn
+        coordinator._connection_lost(coordinator.roles["actor-1"])  # as its connection handler does
+        await broadcast
+        msg = await asyncio.wait_for(conns["actor-0"].recv(), HANG_S)
+        assert msg.kind == "phase"
+    finally:
+        run.cancel()
+        for conn in conns.values():
+            conn.abort()
+        await asyncio.gather(run, return_exceptions=True)
+        await coordinator.close(timeout_s=1.0)
+
+
 async def test_status_of_a_cluster_too_big_for_one_frame_header(tmp_path):
     """600 roles' status is well over the 64 KiB a frame header holds: the roles table travels
     packed and `fetch_status` (what `aiorl status` uses) unpacks it; the loop-lag probe rides along."""
