@@ -107,9 +107,10 @@ async def test_a_broadcast_survives_a_connection_closing_while_its_sends_are_sch
 
 
 async def test_status_of_a_cluster_too_big_for_one_frame_header(tmp_path):
-    """600 roles' status is well over the 64 KiB a frame header holds: the roles table travels
-    packed and `fetch_status` (what `aiorl status` uses) unpacks it; the loop-lag probe rides along."""
-    cfg = load_config(data={"algo": "random_agent", "cluster": {"actors": 600, "start_timeout_s": 30.0}})
+    """2,000 roles' status is well over the 64 KiB a frame header holds (about 110 bytes a role
+    before any has reported): the roles table travels packed and `fetch_status` (what `aiorl status`
+    uses) unpacks it; the loop-lag probe rides along."""
+    cfg = load_config(data={"algo": "random_agent", "cluster": {"actors": 2000, "start_timeout_s": 30.0}})
     coordinator = Coordinator(cfg, tmp_path, TOKEN)
     port = await coordinator.start("127.0.0.1", 0)
     run = asyncio.create_task(coordinator.run())
@@ -120,8 +121,8 @@ async def test_status_of_a_cluster_too_big_for_one_frame_header(tmp_path):
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
         await coordinator.close(timeout_s=1.0)
-    assert len(status["roles"]) == 602
-    assert status["roles"]["actor-599"]["status"] == "expected"
+    assert len(status["roles"]) == 2002
+    assert status["roles"]["actor-1999"]["status"] == "expected"
     assert status["loop_lag"]["samples"] >= 1 and sum(status["loop_lag"]["counts"]) == status["loop_lag"]["samples"]
 
 
