@@ -106,6 +106,32 @@ async def test_a_broadcast_survives_a_connection_closing_while_its_sends_are_sch
         await coordinator.close(timeout_s=1.0)
 
 
+async def test_attaching_retries_a_handshake_that_timed_out_and_fails_at_once_on_a_refusal(tmp_path, monkeypatch):
+    """A memory host too busy to finish a handshake in time is busy, not gone: the attach tries
+    again (within cluster.start_timeout_s); a refused connection still fails at once."""
+    from aiorl.runtime import role as role_module
+    from aiorl.runtime.role import Role
+
+    calls = []
+
+    async def flaky_connect(host, port, **kwargs):
+        calls.append(port)
+        if port == 1:
+            raise ConnectionRefusedError("refused")
+        if len(calls) < 3:
+            raise TimeoutError("connecting: no completed handshake within 10s")
+        return "connection"
+
+    monkeypatch.setattr(role_module, "connect", flaky_connect)
+    cfg = load_config(data={"algo": "random_agent", "cluster": {"start_timeout_s": HANG_S}})
+    role = Role(cfg, 0, tmp_path, TOKEN)
+    assert await role.connect_to("127.0.0.1", 2) == "connection"
+    assert calls == [2, 2, 2]
+    with pytest.raises(ConnectionRefusedError):
+        await role.connect_to("127.0.0.1", 1)
+    assert calls == [2, 2, 2, 1]
+
+
 async def test_status_of_a_cluster_too_big_for_one_frame_header(tmp_path):
     """2,000 roles' status is well over the 64 KiB a frame header holds (about 110 bytes a role
     before any has reported): the roles table travels packed and `fetch_status` (what `aiorl status`

@@ -38,4 +38,8 @@ MUTANTS = [
          new='',
          tests=["tests/test_scale.py::test_status_of_a_cluster_too_big_for_one_frame_header",
                 "tests/test_scale.py::test_bench_scale_64_actors_no_false_lost_verdict_every_heartbeat_answered"]),
+    dict(name="attach-gives-up-on-a-slow-handshake", path="aiorl/runtime/role.py",
+         old="            except (ServerBusy, TimeoutError):",
+         new="            except ServerBusy:",
+         tests=["tests/test_scale.py::test_attaching_retries_a_handshake_that_timed_out_and_fails_at_once_on_a_refusal"]),
 ]
