@@ -34,9 +34,51 @@ role did not exit 0.
     python bench/scale.py --actors 1,8,64,256,512 --memories 2 --json scale.json
     python bench/scale.py --actors 512 --batch-every-s 0  # heartbeats only
 
+Hard limits met on the way (fixed)
+----------------------------------
+- The status reply passed the 64 KiB frame header at ~400 roles (``aiorl status``
+  failed): its roles table now travels packed in an array.
+- Memory host 0's ``done`` stats (an account per actor) passed it at 256 actors
+  per memory host and memory 0 crashed at the end of the run: final stats
+  travel packed too (``frame_limits.STATS_BYTES``).
+- Heartbeat replies summed every role's counters: O(N) per heartbeat, a third
+  of the coordinator's time at 512 actors. Totals are now kept as counters change.
+- A phase broadcast read ``record.conn`` a loop turn after choosing its targets
+  and crashed the coordinator when a connection closed in between (512 actors).
+- Listen backlog 128 with 512 actors attaching at once: handshakes past the
+  10 s timeout, actors failed. Servers listen with a backlog for every role,
+  and a timed-out handshake is retried like a busy refusal.
+- RLIMIT_NOFILE: role processes already raise the soft limit to the hard one
+  (`aiorl.runtime.resources`); 512 actors need ~800 descriptors in memory host 0.
+
 What 4,096 actors would need
 ----------------------------
-(Filled in from the measured numbers: see docs/scaling.md.)
+Grounded in this bench on the 2-core machine (shared, load 12-22; numbers in
+the closing note of issue 14):
+- Heartbeats relayed and batched by memory hosts. With heartbeats only, memory
+  host 0's process used 0.015 of a core at 64 actors and 0.074 at 512: about
+  66 us of CPU per extra heartbeat (wire, check, reply), so 4,096 actors at two
+  heartbeats a second cost some 0.55 of a core before memory 0 ingests
+  anything, and a stall of the loop delays all 8,192 heartbeats a second; with the coordinator sharing memory 0's loop, ingest delays
+  heartbeats (loop lag p99 36 ms at 64 actors with data, 389 ms at 256). Actors
+  would heartbeat to a memory host they already hold a connection to, each
+  memory host would send the coordinator one batched heartbeat per interval
+  (counter deltas, returns, its actors' liveness), and the coordinator would
+  handle M messages per interval instead of N. Or: the coordinator in its own
+  process, off memory 0's loop.
+- Less memory per connection. An authenticated connection holds a 512 KiB
+  staging buffer (``aiorl.wire.protocol``): measured 540-580 KB of RSS per
+  connection in memory host 0; 4,096 control connections plus 4,096/M data
+  connections would be 3-4 GB there. Control connections need a staging buffer
+  sized to what they carry (a few KiB, grown on demand).
+- Sharded, staggered registration. 512 actors from one host met the per-host
+  handshake cap (32) 1,665 times and took 15.6 s to register (load 18): actors
+  should register with jitter, or through their host's memory host, and hosts
+  with many actors need a higher ``cluster.max_handshakes_per_host``.
+- Weight fan-out. Every actor pulls weights from the coordinator; 4,096 actors
+  pulling a 6.5 MB Atari network is 27 GB per publication through one
+  process. Memory hosts (or a tree of them) should cache each version and
+  serve their actors.
 """
 from __future__ import annotations
 
