@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiorl.config import connect_host
 from aiorl.rundir import latest_launch_id, read_json
-from aiorl.wire import ConnectionClosed, WireError, connect, load_token
+from aiorl.wire import ConnectionClosed, ProtocolError, WireError, connect, load_token
 
 
 class StatusError(RuntimeError):
@@ -41,12 +41,25 @@ def resolve_target(target: str, token_file: str | None) -> tuple[str, int, bytes
     return host, int(port), load_token(token_file), None
 
 
+def status_of(reply) -> dict:
+    """The coordinator's status reply as one dict (its roles table travels packed, as an array)."""
+    from aiorl.runtime.messages import BadMessage, unpack_table
+
+    status = dict(reply.meta)
+    if "roles" in reply.arrays:
+        try:
+            status["roles"] = unpack_table(reply.arrays["roles"])
+        except BadMessage as exc:
+            raise ProtocolError(f"the coordinator's status reply: {exc}") from None
+    return status
+
+
 async def fetch_status(host: str, port: int, token: bytes, timeout_s: float = 5.0) -> dict:
     conn = await asyncio.wait_for(connect(host, port, token=token, name="status", handshake_timeout_s=timeout_s),
                                   timeout_s)
     try:
         reply = await conn.request("status", timeout_s=timeout_s)
-        return reply.meta
+        return status_of(reply)
     finally:
         await conn.close()
 

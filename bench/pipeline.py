@@ -439,6 +439,7 @@ def _coordinator_process(port_out: mp.Queue, actors: int, token: bytes, run_dir:
 
 async def _control_plane(port: int, token: bytes, actors: int, seconds: float, interval_s: float,
                          config_hash: str) -> dict:
+    from aiorl.status import status_of
     from aiorl.wire import connect
 
     conns = []
@@ -464,7 +465,7 @@ async def _control_plane(port: int, token: bytes, actors: int, seconds: float, i
     t0 = time.perf_counter()
     await asyncio.gather(*(beat(i, c) for i, c in enumerate(conns)))
     elapsed = time.perf_counter() - t0
-    status = (await conns[0].request("status", timeout_s=10)).meta
+    status = status_of(await conns[0].request("status", timeout_s=10))
     for conn in conns:
         conn.abort()
     lost = [n for n, r in status["roles"].items() if n.startswith("actor") and r["status"] != "running"]

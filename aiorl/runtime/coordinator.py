@@ -44,8 +44,10 @@ from aiorl.rundir import Identity, write_json_atomic
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.barrier import Barrier, BarrierAborted
-from aiorl.runtime.messages import BadMessage, RowSpec, check
+from aiorl.runtime.looplag import LoopLagProbe
+from aiorl.runtime.messages import BadMessage, RowSpec, any_map, check, pack_table, unpack_table
 from aiorl.runtime.phase import FAILED, FINISHED, INTERRUPTED, PHASE_OWNER, Phase, role_name
+from aiorl.runtime.resources import listen_backlog
 from aiorl.runtime.work import WorkQueue
 from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
 from aiorl.wire.names import safe_text
@@ -153,9 +155,11 @@ class Coordinator:
         self.rendezvous: str | None = None
         self.loop_lag_max_s = 0.0  # how late the coordinator's own timer fired, worst case
         self.stalled_s = 0.0  # how long the coordinator's own loop was stalled, in total
+        self.lag_probe = LoopLagProbe()  # its loop's lateness, finer than the heartbeat monitor's
         self.t_start = time.time()
         self.t_running: float | None = None
         self.base = {"env_steps": 0, "learner_steps": 0, "episodes": 0}  # from the checkpoint resumed
+        self._totals = dict.fromkeys(COUNTERS, 0)  # over every role's counters, retired ones too
         self.resumed_from: dict | None = None
         if self.identity.resume_from:
             self._resume(self.identity.resume_from)
@@ -193,11 +197,24 @@ class Coordinator:
 
     @property
     def env_steps(self) -> int:
-        return self.base["env_steps"] + sum(r.total("env_steps") for r in self.roles.values())
+        return self.base["env_steps"] + self._totals["env_steps"]
 
     @property
     def learner_steps(self) -> int:
-        return self.base["learner_steps"] + sum(r.total("learner_steps") for r in self.roles.values())
+        return self.base["learner_steps"] + self._totals["learner_steps"]
+
+    def _set_counters(self, record: RoleRecord, counters: dict) -> None:
+        """A role's new counters, and the run's totals moved by the difference.
+
+        Every heartbeat reply carries the totals: summing every role's counters
+        for each one made a heartbeat cost O(roles), a round of them O(roles^2)
+        (a third of the coordinator's time at 512 actors, bench/scale.py).
+        A restart moves counters to ``retired``, which leaves the totals as they are.
+        """
+        totals, old = self._totals, record.counters
+        for key in COUNTERS:
+            totals[key] += counters.get(key, 0) - old.get(key, 0)
+        record.counters = counters
 
     @property
     def restarts(self) -> int:
@@ -257,7 +274,8 @@ class Coordinator:
         # Every role, room for restarted ones whose old connection lingers, and `aiorl status`.
         self.server = await serve(self._on_connection, host=host, port=port, token=self.token,
                                   name="coordinator", ssl=self.ssl, limits=frame_limits.UNKNOWN_PEER,
-                                  max_connections=2 * len(self.roles) + 16, max_handshakes=c.max_handshakes,
+                                  max_connections=2 * len(self.roles) + 16, backlog=listen_backlog(len(self.roles)),
+                                  max_handshakes=c.max_handshakes,
                                   max_handshakes_per_host=c.max_handshakes_per_host)
         return self.server.port
 
@@ -277,7 +295,9 @@ class Coordinator:
                         return
                     continue
                 if msg.kind == "status":
-                    await conn.reply(msg, meta=self.status())
+                    status = self.status()
+                    roles = pack_table(status.pop("roles"))  # over 64 KiB of header from ~400 roles on
+                    await conn.reply(msg, meta=status, arrays={"roles": roles})
                     continue
                 if record is None:
                     await self._reply_error(conn, msg, f"{msg.kind!r} before register")
@@ -563,7 +583,8 @@ class Coordinator:
                 await conn.reply(msg, meta={"ok": reason is None, "reason": reason})
         elif kind == "done":
             self._heartbeat(record, fields)
-            record.stats = dict(fields.get("stats", {}))
+            stats = unpack_table(msg.arrays["stats"]) if "stats" in msg.arrays else fields.get("stats", {})
+            record.stats = any_map(stats, "done.stats")
             if record.status == "running":
                 record.status = "done"
                 record.done_phase = self.phase.name
@@ -586,7 +607,7 @@ class Coordinator:
         record.stall_at_heartbeat_s = self.stalled_s
         counters = fields.get("counters")
         if counters:
-            record.counters = counters
+            self._set_counters(record, counters)
         metrics = fields.get("metrics")
         if metrics:
             record.metrics = metrics
@@ -698,14 +719,17 @@ class Coordinator:
     # ------------------------------------------------------------------ phases
 
     async def broadcast(self, kind: str, meta: dict) -> None:
-        async def send(record: RoleRecord) -> None:
+        async def send(conn: Connection) -> None:
             try:
-                await record.conn.send(kind, meta)
+                await conn.send(kind, meta)
             except ConnectionClosed:
                 pass
 
-        targets = [r for r in self.roles.values() if r.conn is not None]
-        await asyncio.gather(*(send(r) for r in targets))
+        # The connections as they are now: gather starts each send a loop turn later, by when a
+        # role's connection may have closed (record.conn None: at 512 actors that crashed the
+        # coordinator in the phase change to STOPPING, bench/scale.py).
+        targets = [r.conn for r in self.roles.values() if r.conn is not None]
+        await asyncio.gather(*(send(conn) for conn in targets))
 
     async def _set_phase(self, phase: Phase) -> None:
         self.phase = phase
@@ -752,6 +776,7 @@ class Coordinator:
         c = self.cfg.cluster
         metrics_task = asyncio.create_task(self._metrics_loop())
         monitor_task = asyncio.create_task(self._heartbeat_monitor())
+        lag_task = asyncio.create_task(self.lag_probe.run())
         try:
             try:
                 async with asyncio.timeout(c.start_timeout_s):
@@ -787,7 +812,8 @@ class Coordinator:
         finally:
             metrics_task.cancel()
             monitor_task.cancel()
-            await asyncio.gather(metrics_task, monitor_task, *self._pushes, return_exceptions=True)
+            lag_task.cancel()
+            await asyncio.gather(metrics_task, monitor_task, lag_task, *self._pushes, return_exceptions=True)
             self._write_metrics_row()
             self._metrics.close()
 
@@ -882,6 +908,7 @@ class Coordinator:
             "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
             "weights_version": self.weights_version,
             "loop_lag_max_s": round(self.loop_lag_max_s, 6),
+            "loop_lag": self.lag_probe.snapshot(),
             "work": None if self.work is None else {
                 "iteration": self.work.iteration, "pending": list(self.work.pending),
                 "leases": {str(item): worker for item, worker in self.work.leases.items()},

@@ -90,9 +90,19 @@ def _weights(algo) -> Limits:
     return _limits(_payload(1, spec, 0, 0), len(spec) + _CONTROL_ARRAYS)
 
 
+#: A role's final stats travel as one packed table (`messages.pack_table`): a memory host's
+#: account of each actor grows with the cluster (80 KiB, past a frame header's 64 KiB, at 256
+#: actors per memory host); 4 MiB holds some 12,000 actors' accounts.
+STATS_BYTES = 4 << 20
+
+
 def to_coordinator(role_name: str, algo) -> Limits:
-    """What the coordinator accepts from a registered role: weights from learner 0 (it publishes)."""
-    return _weights(algo) if role_name == "learner-0" else UNKNOWN_PEER
+    """What the coordinator accepts from a registered role: its final stats, and weights from
+    learner 0 (it publishes)."""
+    if role_name == "learner-0":
+        weights = _weights(algo)
+        return _limits(max(weights.max_payload_bytes, STATS_BYTES), weights.max_arrays)
+    return Limits(max_payload_bytes=STATS_BYTES, max_arrays=1)
 
 
 def from_coordinator(algo) -> Limits:

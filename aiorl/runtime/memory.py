@@ -56,6 +56,7 @@ from aiorl.runtime.messages import PRIORITY_UPDATE, BadMessage, RowSpec, check
 from aiorl.runtime.fragments import FragmentHub
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.ratelimit import ACTOR_CREDITS, SampleToInsertRatio
+from aiorl.runtime.resources import listen_backlog
 from aiorl.runtime.role import Role
 from aiorl.runtime.rounds import Rounds
 from aiorl.runtime.snapshot import ReplaySnapshots, snapshot_path
@@ -219,6 +220,7 @@ class MemoryRole(Role):
         self.server = await serve(self._on_connection, host=bind, port=0, token=self.token,
                                   name=self.name, ssl=self.ssl_server, limits=frame_limits.UNKNOWN_PEER,
                                   max_connections=2 * (c.actors + c.learners) + 4,
+                                  backlog=listen_backlog(c.actors + c.learners),
                                   max_handshakes=c.max_handshakes, max_handshakes_per_host=c.max_handshakes_per_host)
         if self.fragments is not None:
             self.log.info("serving a trajectory queue on %s:%s (%d fragments of %d steps, when full: %s)", bind,

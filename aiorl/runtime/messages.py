@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
+import msgpack
 import numpy as np
 
 from aiorl.wire.names import is_peer_name, safe_text
 
-__all__ = ["BadMessage", "check", "RowSpec", "PRIORITY_UPDATE", "SCHEMAS", "MAX_COUNT"]
+__all__ = ["BadMessage", "check", "RowSpec", "PRIORITY_UPDATE", "SCHEMAS", "MAX_COUNT", "pack_table", "unpack_table"]
 
 #: Upper bound of counters, indices and sizes carried in metadata (msgpack ints reach 2**64).
 MAX_COUNT = 2 ** 53
@@ -235,3 +236,19 @@ PRIORITY_UPDATE = RowSpec({"indices": ((), "<i8"), "priorities": ((), "<f8")}, e
 
 def _show(value: Any) -> str:
     return safe_text(repr(value), 80)
+
+
+def pack_table(obj: Any) -> np.ndarray:
+    """`obj` as msgpack bytes in a uint8 array: metadata that grows with the cluster (the status
+    reply's roles table) travels as a payload, since a frame header holds 64 KiB at most."""
+    return np.frombuffer(msgpack.packb(obj, use_bin_type=True), np.uint8)
+
+
+def unpack_table(array: np.ndarray) -> Any:
+    """What `pack_table` packed; BadMessage for anything else (plain msgpack only, no extensions)."""
+    if not isinstance(array, np.ndarray) or array.dtype != np.uint8 or array.ndim != 1:
+        raise BadMessage(f"a packed table must be uint8[n], got {_show(getattr(array, 'dtype', array))}")
+    try:
+        return msgpack.unpackb(array.tobytes(), raw=False, strict_map_key=True, max_ext_len=0)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise BadMessage(f"a packed table is not msgpack: {_show(exc)}") from None

@@ -24,3 +24,15 @@ def raise_open_file_limit() -> tuple[int, int]:
         except (ValueError, OSError) as exc:  # e.g. macOS caps it below an "unlimited" hard limit
             log.info("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
     return soft, hard
+
+
+def listen_backlog(peers: int) -> int:
+    """The listen queue of a server that `peers` roles may all connect to at once.
+
+    Every actor attaches to every memory host the moment the run starts; past
+    a full queue Linux drops the connection's last ACK and the client waits
+    for SYN-ACK retransmits (1 s, 3 s, 7 s...), which at 512 actors ran past
+    the 10 s handshake timeout (bench/scale.py). The kernel caps it at
+    net.core.somaxconn.
+    """
+    return max(128, peers)
