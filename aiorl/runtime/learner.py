@@ -52,6 +52,13 @@ _AWAY = "away"  # a memory's connection closed before its end
 _WAKE = "wake"  # the phase changed
 
 
+def _import_optimizer_dependencies() -> None:
+    # The first torch.optim optimizer imports torch._dynamo: seconds of CPU on a shared
+    # machine. Taken while the learner registers and waits for the others, not after RUNNING
+    # when the actors wait for version 0 (make_learner then finds the module imported).
+    import torch._dynamo  # noqa: F401
+
+
 def weights_digest(weights: dict[str, np.ndarray]) -> str:
     """A short hash of named arrays: equal digests, equal weights (bit for bit)."""
     h = hashlib.sha256()
@@ -101,6 +108,9 @@ class LearnerRole(Role):
         self.away: set[int] = set()
         self.earlier_per_memory: list[dict] = []
         self.synchronous = get_algorithm(self.cfg.algo).is_synchronous(self.cfg)
+        self._warm = threading.Thread(target=_import_optimizer_dependencies, name="import torch._dynamo",
+                                      daemon=True)
+        self._warm.start()
 
     def register_extra(self) -> dict:
         c = self.cfg.cluster
@@ -273,8 +283,9 @@ class LearnerRole(Role):
         except ConnectionClosed:
             pass  # gone again: its reader reports it
 
-    async def _train(self, m: int | None, batch: dict) -> bool:
-        """One step on `batch`; True when the priorities sent also returned its credit."""
+    async def _train(self, m: int | None, batch: dict, checkpoint_now: bool = True) -> bool:
+        """One step on `batch`; True when the priorities sent also returned its credit.
+        `checkpoint_now=False`: the caller checkpoints (after publishing)."""
         if self.stopped:
             self.unused_batches += 1
             return False
@@ -308,7 +319,8 @@ class LearnerRole(Role):
                 self.per_memory[m]["priority_messages"] += 1
                 self.per_memory[m]["priorities"] += len(batch["indices"])
                 credited = True
-        await self._maybe_checkpoint()
+        if checkpoint_now:
+            await self._maybe_checkpoint()
         return credited
 
     def _locked_step(self, batch):
@@ -413,11 +425,14 @@ class LearnerRole(Role):
             batch = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             rows = len(next(iter(batch.values())))
             lag = iteration - min(versions) if versions else None
-            await self._train(None, batch)
+            await self._train(None, batch, checkpoint_now=False)
             if self.stopped:
                 break
             if self.index == 0:
+                # Publish first: the actors wait for this version, not for the checkpoint
+                # (the coordinator's run state and the serialization then overlap their rollouts).
                 await self._publish_weights()
+            await self._maybe_checkpoint()
             self.last_metrics["policy_lag"] = float(lag) if lag is not None else -1.0
             self.iterations.append({"iteration": iteration, "rows": rows,
                                     "versions": [min(versions), max(versions)] if versions else None,
