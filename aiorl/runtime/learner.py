@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import threading
 import time
 
@@ -52,11 +53,12 @@ _AWAY = "away"  # a memory's connection closed before its end
 _WAKE = "wake"  # the phase changed
 
 
-def _import_optimizer_dependencies() -> None:
-    # The first torch.optim optimizer imports torch._dynamo: seconds of CPU on a shared
-    # machine. Taken while the learner registers and waits for the others, not after RUNNING
-    # when the actors wait for version 0 (make_learner then finds the module imported).
-    import torch._dynamo  # noqa: F401
+def _warm_imports(modules: tuple[str, ...]) -> None:
+    """Import what the learner core will (`Algorithm.learner_warm_imports`) while the role
+    registers and waits for the others, not after RUNNING while the actors wait for version 0;
+    the core then finds the modules imported."""
+    for module in modules:
+        importlib.import_module(module)
 
 
 def weights_digest(weights: dict[str, np.ndarray]) -> str:
@@ -107,10 +109,11 @@ class LearnerRole(Role):
         self._links: set[asyncio.Task] = set()  # readers of memory hosts that came back
         self.away: set[int] = set()
         self.earlier_per_memory: list[dict] = []
-        self.synchronous = get_algorithm(self.cfg.algo).is_synchronous(self.cfg)
-        self._warm = threading.Thread(target=_import_optimizer_dependencies, name="import torch._dynamo",
-                                      daemon=True)
-        self._warm.start()
+        algo_cls = get_algorithm(self.cfg.algo)
+        self.synchronous = algo_cls.is_synchronous(self.cfg)
+        if algo_cls.learner_warm_imports:
+            threading.Thread(target=_warm_imports, args=(algo_cls.learner_warm_imports,),
+                             name="warm imports", daemon=True).start()
 
     def register_extra(self) -> dict:
         c = self.cfg.cluster
