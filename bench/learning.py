@@ -306,6 +306,8 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
                         reached = row
                         if args.stop_at_threshold and running:
                             proc.send_signal(signal.SIGINT)
+                    if reached is not None and args.stop_at_threshold:
+                        break  # the rest of the grid is not wanted (`finally` waits for the run's end)
                     continue
                 if not running:
                     break
