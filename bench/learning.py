@@ -307,7 +307,10 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
                         if args.stop_at_threshold and running:
                             proc.send_signal(signal.SIGINT)
                     if reached is not None and args.stop_at_threshold:
-                        break  # the rest of the grid is not wanted (`finally` waits for the run's end)
+                        # The rest of the grid is not wanted. Wait here for the clean end that SIGINT
+                        # began: `finally` would send a second one, which kills every role.
+                        proc.wait(timeout=cfg.cluster.phase_timeout_s * 4)
+                        break
                     continue
                 if not running:
                     break
