@@ -61,8 +61,8 @@ sys.path.insert(0, str(ROOT))
 
 from aiorl.checkpoint import CheckpointError  # noqa: E402
 from aiorl.config import Config, load_config  # noqa: E402
-from aiorl.envs import EnvRunner  # noqa: E402
-from aiorl.evaluate import load_policy, run_episodes  # noqa: E402
+from aiorl.envs import EnvRunner, make_env  # noqa: E402
+from aiorl.evaluate import load_policy, summarize  # noqa: E402
 from aiorl.runtime.algorithm import build_algorithm, get_algorithm  # noqa: E402
 from aiorl.runtime.learner import weights_digest  # noqa: E402
 
@@ -81,7 +81,39 @@ def evaluate_core(algo, core, episodes: int, seed: int = EVAL_SEED) -> dict:
     """Export `core`'s policy (torch.export, as `aiorl eval` loads it) and run it greedily."""
     with tempfile.TemporaryDirectory() as tmp:
         path = core.export_policy(tmp)
-        return run_episodes(load_policy(path), algo.cfg.env, episodes, seed)
+        return run_episodes_lockstep(load_policy(path), algo.cfg.env, episodes, seed)
+
+
+def run_episodes_lockstep(policy, env_cfg, episodes: int, seed: int) -> dict:
+    """`aiorl.evaluate.run_episodes`'s episodes (episode k from seed + k, the same greedy policy)
+    stepped side by side: one policy call per step for every episode still going, instead of
+    one per episode step (a grid evaluation of 20 CartPole episodes: 500 calls, not 10,000).
+    Returns equal the one-at-a-time ones up to float rounding of a batched forward."""
+    import torch
+
+    envs = [make_env(env_cfg, evaluation=True) for _ in range(episodes)]
+    try:
+        discrete = hasattr(envs[0].action_space, "n")
+        obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]
+        returns, lengths = [0.0] * episodes, [0] * episodes
+        going = list(range(episodes))
+        while going:
+            with torch.no_grad():
+                actions = policy(torch.as_tensor(np.stack([obs[k] for k in going]))).numpy()
+            still = []
+            for k, action in zip(going, actions):
+                action = int(action) if discrete else action.reshape(envs[k].action_space.shape)
+                next_obs, reward, terminated, truncated, _ = envs[k].step(action)
+                obs[k] = np.asarray(next_obs)
+                returns[k] += float(reward)
+                lengths[k] += 1
+                if not (terminated or truncated):
+                    still.append(k)
+            going = still
+    finally:
+        for env in envs:
+            env.close()
+    return summarize(returns, lengths)
 
 
 class CheckpointEvaluator:
@@ -274,6 +306,11 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
                         reached = row
                         if args.stop_at_threshold and running:
                             proc.send_signal(signal.SIGINT)
+                    if reached is not None and args.stop_at_threshold:
+                        # The rest of the grid is not wanted. Wait here for the clean end that SIGINT
+                        # began: `finally` would send a second one, which kills every role.
+                        proc.wait(timeout=cfg.cluster.phase_timeout_s * 4)
+                        break
                     continue
                 if not running:
                     break

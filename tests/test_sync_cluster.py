@@ -54,6 +54,7 @@ def test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learner
     iterations = 6
     config = dppo(3, 2, 2, scheduled_timesteps=3 * ROLLOUT * iterations)
     config["model"]["obs_norm"] = True  # the normalizers, merged over both learners' shares, must agree too
+    config["run"] = {"checkpoint_every": 1, "keep_checkpoints": 1000}  # as bench/learning.py's grid does
     code, out, run_dir = run(tmp_path, config)
     assert code == 0, out
     summary = read_json(run_dir / "summary.json")
@@ -78,6 +79,8 @@ def test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learner
         total = a["rows"] + b["rows"]
         assert total == 3 * ROLLOUT if k < len(first) - 1 else total in (ROLLOUT, 2 * ROLLOUT, 3 * ROLLOUT)
     assert (run_dir / "policy" / "policy.pt2").exists()
+    # Learner 0 checkpoints every iteration (after publishing it): the grid evaluation needs each one.
+    assert len(list((run_dir / "checkpoints").glob("checkpoint-*.pt"))) >= iterations
 
 
 def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(tmp_path):

@@ -366,6 +366,7 @@ class ES(Algorithm):
     panel_metrics = (("es return", "learner/es/return_mean"), ("update ratio", "learner/es/update_ratio"),
                      ("policy lag", "learner/policy_lag"))
     synchronous = True
+    learner_warm_imports = ()  # numpy Adam: no torch.optim in the learner
 
     @classmethod
     def work_items(cls, cfg):

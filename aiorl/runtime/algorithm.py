@@ -169,6 +169,10 @@ class Algorithm:
     # learner's loss, the exploration as this algorithm defines it (epsilon, entropy) and
     # policy lag where it applies. Keys absent from a row show as "-".
     panel_metrics: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # Modules a learner process imports in a thread while it registers and waits for the
+    # others, because its core would import them later, on the clock: torch.optim's first
+    # optimizer imports torch._dynamo (seconds of CPU). () for a learner without torch.optim.
+    learner_warm_imports: ClassVar[tuple[str, ...]] = ("torch._dynamo",)
 
     def __init__(self, cfg: Config, env_spec: EnvSpec):
         self.cfg = cfg

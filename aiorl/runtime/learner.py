@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import threading
 import time
 
@@ -50,6 +51,14 @@ from aiorl.wire.names import safe_text
 _END = None  # a memory finished sending
 _AWAY = "away"  # a memory's connection closed before its end
 _WAKE = "wake"  # the phase changed
+
+
+def _warm_imports(modules: tuple[str, ...]) -> None:
+    """Import what the learner core will (`Algorithm.learner_warm_imports`) while the role
+    registers and waits for the others, not after RUNNING while the actors wait for version 0;
+    the core then finds the modules imported."""
+    for module in modules:
+        importlib.import_module(module)
 
 
 def weights_digest(weights: dict[str, np.ndarray]) -> str:
@@ -100,7 +109,11 @@ class LearnerRole(Role):
         self._links: set[asyncio.Task] = set()  # readers of memory hosts that came back
         self.away: set[int] = set()
         self.earlier_per_memory: list[dict] = []
-        self.synchronous = get_algorithm(self.cfg.algo).is_synchronous(self.cfg)
+        algo_cls = get_algorithm(self.cfg.algo)
+        self.synchronous = algo_cls.is_synchronous(self.cfg)
+        if algo_cls.learner_warm_imports:
+            threading.Thread(target=_warm_imports, args=(algo_cls.learner_warm_imports,),
+                             name="warm imports", daemon=True).start()
 
     def register_extra(self) -> dict:
         c = self.cfg.cluster
@@ -273,8 +286,9 @@ class LearnerRole(Role):
         except ConnectionClosed:
             pass  # gone again: its reader reports it
 
-    async def _train(self, m: int | None, batch: dict) -> bool:
-        """One step on `batch`; True when the priorities sent also returned its credit."""
+    async def _train(self, m: int | None, batch: dict, checkpoint_now: bool = True) -> bool:
+        """One step on `batch`; True when the priorities sent also returned its credit.
+        `checkpoint_now=False`: the caller checkpoints (after publishing)."""
         if self.stopped:
             self.unused_batches += 1
             return False
@@ -308,7 +322,8 @@ class LearnerRole(Role):
                 self.per_memory[m]["priority_messages"] += 1
                 self.per_memory[m]["priorities"] += len(batch["indices"])
                 credited = True
-        await self._maybe_checkpoint()
+        if checkpoint_now:
+            await self._maybe_checkpoint()
         return credited
 
     def _locked_step(self, batch):
@@ -413,11 +428,14 @@ class LearnerRole(Role):
             batch = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             rows = len(next(iter(batch.values())))
             lag = iteration - min(versions) if versions else None
-            await self._train(None, batch)
+            await self._train(None, batch, checkpoint_now=False)
             if self.stopped:
                 break
             if self.index == 0:
+                # Publish first: the actors wait for this version, not for the checkpoint
+                # (the coordinator's run state and the serialization then overlap their rollouts).
                 await self._publish_weights()
+            await self._maybe_checkpoint()
             self.last_metrics["policy_lag"] = float(lag) if lag is not None else -1.0
             self.iterations.append({"iteration": iteration, "rows": rows,
                                     "versions": [min(versions), max(versions)] if versions else None,

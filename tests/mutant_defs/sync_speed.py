@@ -1,0 +1,31 @@
+"""Mutants of the sync-speed work on issue #10 (time to threshold of DPPO and ES).
+
+Each is a plausible bug in the code changed for it; the tests named here must
+fail on it. Run them with `.venv/bin/python tests/mutants.py --only sync_speed`.
+"""
+
+MUTANTS = [
+    # ------------------------------------------------------------------ the grid evaluation, side by side
+    dict(name="lockstep_episodes_share_one_seed",
+         path="bench/learning.py",
+         old="obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]",
+         new="obs = [np.asarray(env.reset(seed=seed)[0]) for k, env in enumerate(envs)]",
+         tests=["tests/test_bench_eval.py"]),
+    dict(name="lockstep_keeps_acting_on_the_first_observation",
+         path="bench/learning.py",
+         old="                obs[k] = np.asarray(next_obs)\n",
+         new="",
+         tests=["tests/test_bench_eval.py"]),
+    dict(name="lockstep_return_keeps_only_the_last_reward",
+         path="bench/learning.py",
+         old="returns[k] += float(reward)",
+         new="returns[k] = float(reward)",
+         tests=["tests/test_bench_eval.py"]),
+    # ------------------------------------------------------------------ the synchronous learner
+    dict(name="sync_learner_no_longer_checkpoints_each_iteration",
+         path="aiorl/runtime/learner.py",
+         old="                await self._publish_weights()\n            await self._maybe_checkpoint()\n",
+         new="                await self._publish_weights()\n",
+         tests=["tests/test_sync_cluster.py::"
+                "test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"]),
+]
