@@ -25,6 +25,8 @@ pytestmark = [pytest.mark.cluster,
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 NODES = ("node_head", "node_w1", "node_w2")
 TOKEN = "ray-test-token-" + "7" * 49
+NODE_TOKEN = "node-env-token-" + "3" * 49
+ACTOR_SLOT = "actor_slot"  # on both worker nodes: an actor can land on either
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +35,20 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     before = {p.pid for p in psutil.process_iter()}
-    # Logical CPUs: placement is what is tested, not the 2 physical cores.
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 3, "resources": {NODES[0]: 1}, "include_dashboard": True, "node_ip_address": "127.0.0.1"})
-    workers = {name: c.add_node(num_cpus=3, resources={name: 1}, node_ip_address="127.0.0.1")
-               for name in NODES[1:]}
+    # The nodes' own environment holds another AIORL_TOKEN: a role must never take (or show) it.
+    had = os.environ.get("AIORL_TOKEN")
+    os.environ["AIORL_TOKEN"] = NODE_TOKEN
+    try:
+        # Logical CPUs: placement is what is tested, not the 2 physical cores.
+        c = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 3, "resources": {NODES[0]: 1}, "include_dashboard": True, "node_ip_address": "127.0.0.1"})
+        workers = {name: c.add_node(num_cpus=3, resources={name: 1, ACTOR_SLOT: 4}, node_ip_address="127.0.0.1")
+                   for name in NODES[1:]}
+    finally:
+        if had is None:
+            os.environ.pop("AIORL_TOKEN")
+        else:
+            os.environ["AIORL_TOKEN"] = had
     try:
         c.wait_for_nodes()
         c.workers = workers
@@ -129,6 +140,40 @@ def test_the_local_launcher_runs_without_ray(tmp_path):
     assert read_json(run_dir / "summary.json")["outcome"] == "finished"
 
 
+@pytest.mark.parametrize("cluster_keys, message", [
+    ({"launcher": "slurm"}, "cluster.launcher: expected 'local' or 'ray', got 'slurm'"),
+    ({"resources": {"actors": {"num_cpus": 1}}},
+     "cluster.resources.actors: unknown role kind 'actors'; expected memory, learner or actor"),
+    ({"resources": {"learner": {"gpus": 1}}},
+     "cluster.resources.learner.gpus: unknown key; expected one of num_cpus, num_gpus, memory, resources"),
+    ({"resources": {"actor": {"num_cpus": -1}}}, "cluster.resources.actor.num_cpus: expected a number >= 0, got -1"),
+    ({"resources": {"memory": {"resources": {"ssd": "lots"}}}},
+     "cluster.resources.memory.resources.ssd: expected a number >= 0, got 'lots'"),
+    ({"resources": {"memory": {"num_cpus": 0}}}, "cluster.resources.memory: a memory needs some resource"),
+])
+def test_bad_launcher_keys_are_config_errors_naming_the_key(cluster_keys, message):
+    from aiorl.config import ConfigError, load_config
+
+    config = cluster(1, 1, 1)
+    config["cluster"].update(cluster_keys)
+    with pytest.raises(ConfigError) as info:
+        load_config(data=config)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_role_resources_become_bundles_and_actor_options():
+    from aiorl.config import load_config
+    from aiorl.ray_placement import actor_options, role_resources
+
+    config = cluster(1, 1, 1)
+    config["cluster"]["resources"] = {"learner": {"num_gpus": 1, "resources": {"big": 2}}}
+    c = load_config(data=config).cluster
+    assert role_resources(c, "learner") == {"GPU": 1.0, "big": 2.0}
+    assert actor_options(c, "learner") == {"num_cpus": 0.0, "num_gpus": 1.0, "resources": {"big": 2.0}}
+    assert role_resources(c, "actor") == {"CPU": 1.0}  # a kind not given
+    assert actor_options(c, "memory") == {"num_cpus": 1.0, "num_gpus": 0.0}
+
+
 def test_an_unreachable_ray_address_is_one_line_and_exit_2(tmp_path):
     import socket
 
@@ -213,7 +258,11 @@ def test_apex_dqn_cartpole_on_three_nodes_reaches_the_threshold(tmp_path, ray_cl
 
 
 def test_sigterm_to_the_driver_stops_the_run_cleanly_and_leaves_nothing(tmp_path, ray_cluster):
-    proc, run_dir = start_ray(tmp_path, ray_cluster, cluster(2, 2, 1, scheduled_timesteps=10**9))
+    """Also: memories on different nodes, the learner where its custom resource is, the token only in the
+    run directory's file (not the nodes' AIORL_TOKEN, not argv, not environ), only loopback sockets."""
+    config = cluster(2, 2, 1, scheduled_timesteps=10**9)
+    config["cluster"]["resources"] = {"learner": {"num_cpus": 1, "resources": {NODES[0]: 0.5}}}
+    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
     seen: dict = {}
     try:
         wait_for(lambda: watch_running(run_dir, seen), 300, "the run to be RUNNING with every role", 0.5)
@@ -227,7 +276,12 @@ def test_sigterm_to_the_driver_stops_the_run_cleanly_and_leaves_nothing(tmp_path
     assert summary["signal"] == "SIGTERM"
     assert set(read_json(run_dir / "exits.json").values()) <= {0, 143}, read_json(run_dir / "exits.json")
     token = (run_dir / "token").read_text().strip()
+    assert token != NODE_TOKEN
     check_secrets_and_addresses(run_dir, seen, token)
+    check_secrets_and_addresses(run_dir, seen, NODE_TOKEN)
+    placement = read_json(run_dir / "placement.json")
+    assert placement["memory-0"]["node_id"] != placement["memory-1"]["node_id"], placement
+    assert placement["learner-0"]["node_resources"] == [NODES[0]], placement
     assert f"--resume {run_dir}" in out
     connect_state_api(ray_cluster)
     nothing_left(run_dir)
@@ -256,6 +310,50 @@ def test_a_run_dir_that_nodes_do_not_share_is_refused_before_any_role_starts(tmp
     assert same["ip"] == "127.0.0.1"
 
 
+def add_back(ray_cluster, name: str) -> None:
+    ray_cluster.workers[name] = ray_cluster.add_node(num_cpus=3, resources={name: 1, ACTOR_SLOT: 4},
+                                                     node_ip_address="127.0.0.1")
+    ray_cluster.wait_for_nodes()
+
+
+def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(tmp_path, ray_cluster):
+    """With cluster.max_restarts, the actors of a node that goes are started again by aiorl's restart
+    policy in new RoleHosts, which Ray places on the node left; they rejoin and the run finishes."""
+    config = cluster(2, 1, 1, scheduled_timesteps=30_000)
+    config["cluster"].update(max_restarts=2, restart_backoff_s=0.5, resources={
+        "memory": {"num_cpus": 1, "resources": {NODES[0]: 0.1}},
+        "learner": {"num_cpus": 1, "resources": {NODES[0]: 0.1}},
+        "actor": {"num_cpus": 1, "resources": {ACTOR_SLOT: 1}}})
+    config["env"]["max_episode_steps"] = 50
+    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
+    removed = None
+    try:
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 300, "the run to be RUNNING",
+                 0.2)
+        before = read_json(run_dir / "placement.json")
+        removed = before["actor-0"]["node_resources"][0]
+        assert removed in NODES[1:], before
+        gone = sorted(name for name, p in before.items() if p["node_resources"] == [removed])
+        ray_cluster.remove_node(ray_cluster.workers[removed])
+        code, out = finish(proc, timeout_s=400)
+    finally:
+        proc.kill()
+        if removed is not None:
+            add_back(ray_cluster, removed)
+    assert code == 0, out
+    after = read_json(run_dir / "placement.json")
+    for name in gone:
+        assert after[name]["node_resources"] != [removed], after
+        assert after[name]["node_id"] != before[name]["node_id"]
+    restarts = read_json(run_dir / "restarts.json")["restarts"]
+    assert sorted(r["role"] for r in restarts) == gone, restarts
+    summary = read_json(run_dir / "summary.json")
+    assert summary["outcome"] == "finished" and summary["ok"], summary
+    assert summary["env_steps"] >= 30_000
+    connect_state_api(ray_cluster)
+    nothing_left(run_dir)
+
+
 def test_removing_a_worker_node_ends_the_run_naming_the_loss(tmp_path, ray_cluster):
     """The node holding memory 1 goes (roles there with it): memory 1 is lost, named, and the run
     ends failed; afterwards nothing of the run is left on any node. Runs last: it adds the node back."""
@@ -275,8 +373,7 @@ def test_removing_a_worker_node_ends_the_run_naming_the_loss(tmp_path, ray_clust
     finally:
         proc.kill()
         if removed is not None:
-            ray_cluster.workers[removed] = ray_cluster.add_node(num_cpus=3, resources={removed: 1},
-                                                                node_ip_address="127.0.0.1")
+            add_back(ray_cluster, removed)
     assert code == 1, out
     lost = [name for name, p in placement.items() if p["node_resources"][0] == removed]
     assert victim in lost
