@@ -35,8 +35,12 @@ and watches.
   RoleHost that Ray places on a node with room (another node, if its own
   is gone).
 - Nothing outlives the run: the driver kills every RoleHost and removes its
-  placement groups when it ends; a role process gets SIGTERM if its RoleHost
-  dies (PR_SET_PDEATHSIG, from the RoleHost's one event-loop thread).
+  placement groups when it ends; a role process is killed (SIGKILL) if its
+  RoleHost dies (PR_SET_PDEATHSIG, from the RoleHost's one event-loop
+  thread). SIGKILL, not the local launcher's SIGTERM: a RoleHost dies with
+  its node's Ray processes (or its driver), and a role given SIGTERM asks the
+  coordinator to stop the whole run, where a lost node must read as lost
+  roles (restarted, or ending the run as failed).
 """
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from aiorl.launch import LaunchError, LocalLauncher, _die_with_parent
+from aiorl.launch import LaunchError, LocalLauncher
 from aiorl.ray_placement import GROUP_STRATEGY, actor_options, role_resources
 from aiorl.rundir import OWNER_FILE, RunDirError, read_json, write_json_atomic
 from aiorl.runtime.phase import role_name
@@ -90,7 +94,7 @@ class RoleHost:
         env.update(identity_env)
         with open(log_path, "ab") as log_file:
             self.proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file,
-                                         stderr=log_file, start_new_session=True, preexec_fn=_die_with_parent,
+                                         stderr=log_file, start_new_session=True, preexec_fn=_die_with_host,
                                          env=env)
         return self.proc.pid
 
@@ -102,6 +106,20 @@ class RoleHost:
     async def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signum)
+
+
+def _kill_actor(host) -> None:
+    try:
+        ray.kill(host, no_restart=True)
+    except (RayError, ValueError):
+        pass  # already gone
+
+
+def _die_with_host() -> None:  # runs in the role process between fork and exec
+    import ctypes
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class RayProcess:
@@ -257,8 +275,8 @@ class RayLauncher(LocalLauncher):
 
     def _start(self, kind: str, index: int, log_path: Path) -> RayProcess:
         name = role_name(kind, index)
-        old = self.children.get(name)
-        if old is not None and old.proc.node_lost:  # a restart after its node went: Ray places it anew
+        if name in self.children:  # a restart: a new RoleHost, placed anew (the old one's node may be going)
+            _kill_actor(self.hosts[name])
             self._new_host(kind, index)
             where = ray.get(self.hosts[name].where.remote(str(self.run_dir.resolve()),
                                                           self.rundir.identity.run_id,
@@ -298,10 +316,7 @@ class RayLauncher(LocalLauncher):
         if not ray.is_initialized():
             return
         for host in self.all_hosts:
-            try:
-                ray.kill(host, no_restart=True)
-            except (RayError, ValueError):
-                pass
+            _kill_actor(host)
         for group in self.groups.values():
             try:
                 remove_placement_group(group)

@@ -79,6 +79,13 @@ def _is_ray_process(p) -> bool:
         return False
 
 
+def node_of(placed: dict) -> str:
+    """Which test node a role ran on (the one NODES resource of its node)."""
+    names = [r for r in placed["node_resources"] if r in NODES]
+    assert len(names) == 1, placed
+    return names[0]
+
+
 def start_ray(tmp_path: Path, ray_cluster, config: dict, *extra: str, env: dict | None = None):
     path, run_dir = write_config(tmp_path, config)
     env = {**os.environ, **(env or {})}
@@ -237,8 +244,7 @@ def test_apex_dqn_cartpole_on_three_nodes_reaches_the_threshold(tmp_path, ray_cl
     assert code == 0, out
     placement = read_json(run_dir / "placement.json")
     assert set(placement) == {"memory-0", "memory-1", "learner-0", "actor-0", "actor-1"}
-    memory_nodes = [placement[f"memory-{i}"]["node_resources"] for i in (0, 1)]
-    assert memory_nodes[0] != memory_nodes[1] and all(len(n) == 1 and n[0] in NODES for n in memory_nodes)
+    assert node_of(placement["memory-0"]) != node_of(placement["memory-1"]), placement
     check_secrets_and_addresses(run_dir, seen, TOKEN)
     summary = read_json(run_dir / "summary.json")
     assert summary["outcome"] == "finished" and summary["ok"], summary
@@ -280,8 +286,8 @@ def test_sigterm_to_the_driver_stops_the_run_cleanly_and_leaves_nothing(tmp_path
     check_secrets_and_addresses(run_dir, seen, token)
     check_secrets_and_addresses(run_dir, seen, NODE_TOKEN)
     placement = read_json(run_dir / "placement.json")
-    assert placement["memory-0"]["node_id"] != placement["memory-1"]["node_id"], placement
-    assert placement["learner-0"]["node_resources"] == [NODES[0]], placement
+    assert node_of(placement["memory-0"]) != node_of(placement["memory-1"]), placement
+    assert node_of(placement["learner-0"]) == NODES[0], placement
     assert f"--resume {run_dir}" in out
     connect_state_api(ray_cluster)
     nothing_left(run_dir)
@@ -331,9 +337,9 @@ def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(tmp_pa
         wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 300, "the run to be RUNNING",
                  0.2)
         before = read_json(run_dir / "placement.json")
-        removed = before["actor-0"]["node_resources"][0]
+        removed = node_of(before["actor-0"])
         assert removed in NODES[1:], before
-        gone = sorted(name for name, p in before.items() if p["node_resources"] == [removed])
+        gone = sorted(name for name, p in before.items() if node_of(p) == removed)
         ray_cluster.remove_node(ray_cluster.workers[removed])
         code, out = finish(proc, timeout_s=400)
     finally:
@@ -343,7 +349,7 @@ def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(tmp_pa
     assert code == 0, out
     after = read_json(run_dir / "placement.json")
     for name in gone:
-        assert after[name]["node_resources"] != [removed], after
+        assert node_of(after[name]) != removed, after
         assert after[name]["node_id"] != before[name]["node_id"]
     restarts = read_json(run_dir / "restarts.json")["restarts"]
     assert sorted(r["role"] for r in restarts) == gone, restarts
@@ -363,8 +369,7 @@ def test_removing_a_worker_node_ends_the_run_naming_the_loss(tmp_path, ray_clust
     try:
         wait_for(lambda: watch_running(run_dir, seen), 300, "the run to be RUNNING with every role", 0.5)
         placement = read_json(run_dir / "placement.json")
-        on_workers = [(name, p["node_resources"][0]) for name, p in placement.items()
-                      if p["node_resources"][0] != NODES[0]]
+        on_workers = [(name, node_of(p)) for name, p in placement.items() if node_of(p) != NODES[0]]
         assert on_workers, placement
         victim, node = next(((n, r) for n, r in on_workers if n == "memory-1"), on_workers[0])
         removed = node
@@ -375,7 +380,7 @@ def test_removing_a_worker_node_ends_the_run_naming_the_loss(tmp_path, ray_clust
         if removed is not None:
             add_back(ray_cluster, removed)
     assert code == 1, out
-    lost = [name for name, p in placement.items() if p["node_resources"][0] == removed]
+    lost = [name for name, p in placement.items() if node_of(p) == removed]
     assert victim in lost
     assert f"{victim} was lost with its Ray node" in out, out
     summary = read_json(run_dir / "summary.json")
