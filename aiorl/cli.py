@@ -65,17 +65,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     except TokenError as exc:
         print(f"aiorl: token error: {exc}", file=sys.stderr)
         return 2
-    if cfg.cluster.launcher == "ray":
-        from aiorl.ray_launcher import RayLauncher as Launcher
-    else:
-        from aiorl.launch import LocalLauncher as Launcher
+    from aiorl.launch import launcher_for
 
     if not args.quiet:
         c = cfg.cluster
         what = (f"resuming attempt {run_dir.identity.attempt}" if args.resume else "run directory")
         print(f"aiorl: {cfg.algo} on {cfg.env.id}: {c.actors} actor(s), {c.memories} memory host(s), "
               f"{c.learners} learner(s); {what} {run_dir.path}", flush=True)
-    return Launcher(cfg, run_dir, quiet=args.quiet).run()
+    return launcher_for(cfg)(cfg, run_dir, quiet=args.quiet).run()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -74,6 +74,15 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code} ({meaning.get(code, 'error')})"
 
 
+def launcher_for(cfg: Config) -> type[LocalLauncher]:
+    """The launcher ``cluster.launcher`` names (the Ray one imports Ray: only when it is asked for)."""
+    if cfg.cluster.launcher == "ray":
+        from aiorl.ray_launcher import RayLauncher
+
+        return RayLauncher
+    return LocalLauncher
+
+
 class LocalLauncher:
     def __init__(self, cfg: Config, run_dir: RunDir, quiet: bool = False):
         self.cfg = cfg

@@ -118,6 +118,8 @@ def _kill_actor(host) -> None:
 def _die_with_host() -> None:  # runs in the role process between fork and exec
     import ctypes
 
+    # Ray's threads block SIGINT, and a blocked mask survives exec: the role would never see Ctrl-C.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 

@@ -293,6 +293,26 @@ def test_sigterm_to_the_driver_stops_the_run_cleanly_and_leaves_nothing(tmp_path
     nothing_left(run_dir)
 
 
+def test_a_second_signal_kills_every_role_and_leaves_nothing(tmp_path, ray_cluster):
+    config = cluster(1, 1, 1, scheduled_timesteps=10**9)
+    config["model"]["learner_step_sleep_s"] = 1.0  # DRAINING waits for a step in flight
+    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
+    try:
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 300, "the run to be RUNNING",
+                 0.2)
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "stopping: interrupted by SIG" in (run_dir / "logs" / "memory-0.log").read_text(), 60,
+                 "the clean stop to begin")
+        proc.send_signal(signal.SIGINT)
+        code, out = finish(proc, timeout_s=120)
+    finally:
+        proc.kill()
+    assert code != 0 and "killing every role" in out, out
+    assert -signal.SIGKILL in read_json(run_dir / "exits.json").values()
+    connect_state_api(ray_cluster)
+    nothing_left(run_dir)
+
+
 def test_a_run_dir_that_nodes_do_not_share_is_refused_before_any_role_starts(tmp_path, ray_cluster, monkeypatch):
     """The check itself: a RoleHost that does not find this launch's run.json where the driver wrote it.
     (All test nodes share one filesystem, so the other node's view is made to differ: the driver is

@@ -44,4 +44,8 @@ MUTANTS = [
          old="    if not sep or not port.isdigit() or \"://\" in address:",
          new="    if True:",
          tests=[T + "test_an_unreachable_ray_address_is_one_line_and_exit_2"]),
+    dict(name="ray-role-inherits-blocked-sigint", path="aiorl/ray_launcher.py",
+         old="    signal.pthread_sigmask(signal.SIG_SETMASK, set())\n",
+         new="",
+         tests=[T + "test_a_second_signal_kills_every_role_and_leaves_nothing"]),
 ]
