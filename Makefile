@@ -27,7 +27,7 @@ $(BIN)/.deps: pyproject.toml
 	@echo "installing $(TORCH_SPEC) from $(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configured index (pip config list))"
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	@$(BIN)/python -c "import torch; print('installed torch', torch.__version__, '| CUDA build:', torch.version.cuda or 'none (CPU)')"
-	$(BIN)/python -m pip install --quiet --no-build-isolation -e '.[test,tb,atari,video,wandb,mlflow]'
+	$(BIN)/python -m pip install --quiet --no-build-isolation -e '.[test,tb,atari,video,wandb,mlflow,ray]'
 	touch $@
 
 # Bench-only comparison libraries (cpprb has no wheel for every Python we support):

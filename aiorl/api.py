@@ -61,9 +61,10 @@ def _load(config: str | Path | Mapping | Config, overrides: list[str]) -> Config
 
 def run(config: str | Path | Mapping | Config, overrides: Mapping[str, Any] | Sequence[str] | None = None,
         run_dir: str | Path | None = None, quiet: bool = True) -> RunResult:
-    """Run `config` (a file, a mapping or a `Config`) with every role as a local process; block until
-    it ends. `overrides` are `--set` values; `run_dir` is ``run.dir``; `quiet=False` shows the panel."""
-    from aiorl.launch import LocalLauncher
+    """Run `config` (a file, a mapping or a `Config`) with every role as a local process (on a Ray
+    cluster with ``cluster.launcher: ray``); block until it ends. `overrides` are `--set` values;
+    `run_dir` is ``run.dir``; `quiet=False` shows the panel."""
+    from aiorl.launch import launcher_for
     from aiorl.preflight import prepare_local_run
     from aiorl.rundir import read_json
 
@@ -72,7 +73,7 @@ def run(config: str | Path | Mapping | Config, overrides: Mapping[str, Any] | Se
     if run_dir is not None:
         cfg.run.dir = str(run_dir)
     claimed = prepare_local_run(cfg, None, sets)
-    code = LocalLauncher(cfg, claimed, quiet=quiet).run()
+    code = launcher_for(cfg)(cfg, claimed, quiet=quiet).run()
     return RunResult(claimed.path, code, read_json(claimed.path / "summary.json") or {})
 
 

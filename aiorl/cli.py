@@ -45,6 +45,10 @@ def _run_role(cfg, kind: str, index: int) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     try:
+        if args.launcher is not None:
+            args.set.append(f"cluster.launcher={args.launcher}")
+        if args.address is not None:
+            args.set.append(f"cluster.ray_address={args.address}")
         config_path, overrides = _config_source(args)
         cfg = load_config(config_path, overrides)
         if args.role is not None:
@@ -61,14 +65,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     except TokenError as exc:
         print(f"aiorl: token error: {exc}", file=sys.stderr)
         return 2
-    from aiorl.launch import LocalLauncher
+    from aiorl.launch import launcher_for
 
     if not args.quiet:
         c = cfg.cluster
         what = (f"resuming attempt {run_dir.identity.attempt}" if args.resume else "run directory")
         print(f"aiorl: {cfg.algo} on {cfg.env.id}: {c.actors} actor(s), {c.memories} memory host(s), "
               f"{c.learners} learner(s); {what} {run_dir.path}", flush=True)
-    return LocalLauncher(cfg, run_dir, quiet=args.quiet).run()
+    return launcher_for(cfg)(cfg, run_dir, quiet=args.quiet).run()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run only this role (one-role-per-host deployments)")
     run.add_argument("--index", type=int, default=0, help="index of the role given with --role")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--launcher", choices=("local", "ray"),
+                     help="where the roles run: this machine (default) or a Ray cluster (cluster.launcher)")
+    run.add_argument("--address", metavar="ADDR",
+                     help="Ray cluster of --launcher ray: 'auto' (default) or HOST:PORT (cluster.ray_address)")
     run.set_defaults(func=cmd_run)
     from aiorl import plot, status
 

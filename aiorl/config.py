@@ -112,6 +112,17 @@ class ClusterConfig:
     tls_cert: str | None = doc("PEM certificate of this host (enables TLS).", default=None)
     tls_key: str | None = doc("PEM private key for tls_cert.", default=None)
     tls_ca: str | None = doc("CA bundle used to verify peers when TLS is on.", default=None)
+    launcher: str = doc(
+        "'local': every role a child process of `aiorl run`; 'ray': each role placed on a Ray cluster "
+        "(`pip install 'aiorl[ray]'`; see aiorl/ray_launcher.py).", default="local"
+    )
+    ray_address: str = doc("Ray cluster to launch on (launcher 'ray'): 'auto', or HOST:PORT of its head.",
+                           default="auto")
+    resources: dict = doc(
+        "Ray resources of each role kind (launcher 'ray'), e.g. {learner: {num_gpus: 1}, actor: {num_cpus: 1}, "
+        "memory: {num_cpus: 1, resources: {big_ram: 1}}}; keys num_cpus, num_gpus, memory, resources. "
+        "A kind not given takes {num_cpus: 1}.", default_factory=dict
+    )
 
 
 def connect_host(host: str) -> str:
@@ -210,9 +221,10 @@ class Config:
         return dataclasses.asdict(self)
 
     def config_hash(self) -> str:
-        """Hash of everything every role must agree on (not ports, paths or log levels)."""
+        """Hash of everything every role must agree on (not addresses, ports, paths or log levels)."""
         data = self.to_dict()
-        data["cluster"].pop("port")
+        for key in ("port", "host", "advertise_host"):  # a Ray launch gives each node its own
+            data["cluster"].pop(key)
         for key in ("dir", "log_level", "token_file"):
             data["run"].pop(key)
         blob = json.dumps(data, sort_keys=True, default=str).encode()
@@ -396,6 +408,9 @@ def validate(cfg: Config) -> None:
     from aiorl.replay.frames import check_compression
 
     check_compression(c.frame_compression)
+    from aiorl.ray_placement import check_launcher
+
+    check_launcher(c)
     _check(a.replay_layout in ("auto", "frames", "transitions"),
            f"agent.replay_layout: expected 'auto', 'frames' or 'transitions', got {a.replay_layout!r}")
     _check(a.sample_batch_size >= 1, f"agent.sample_batch_size: must be at least 1, got {a.sample_batch_size}")

@@ -74,6 +74,15 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code} ({meaning.get(code, 'error')})"
 
 
+def launcher_for(cfg: Config) -> type[LocalLauncher]:
+    """The launcher ``cluster.launcher`` names (the Ray one imports Ray: only when it is asked for)."""
+    if cfg.cluster.launcher == "ray":
+        from aiorl.ray_launcher import RayLauncher
+
+        return RayLauncher
+    return LocalLauncher
+
+
 class LocalLauncher:
     def __init__(self, cfg: Config, run_dir: RunDir, quiet: bool = False):
         self.cfg = cfg
@@ -95,20 +104,27 @@ class LocalLauncher:
     def coordinator(self) -> Child | None:
         return self.children.get("memory-0")
 
-    def _spawn(self, kind: str, index: int) -> Child:
-        cmd = [sys.executable, "-m", "aiorl", "run", str(self.config_path), "--role", kind,
-               "--index", str(index)]
+    def _role_args(self, kind: str, index: int) -> list[str]:
+        """The arguments after ``python`` that start one role process (the Ray launcher's too)."""
+        args = ["-m", "aiorl", "run", str(self.config_path), "--role", kind, "--index", str(index)]
         if self.port is not None:
-            cmd += ["--set", f"cluster.port={self.port}"]
+            args += ["--set", f"cluster.port={self.port}"]
+        return args
+
+    def _start(self, kind: str, index: int, log_path: Path):
+        """Start one role process; returns its Popen (a Ray launcher returns an object with its calls)."""
+        # The role's stdout and stderr (a stray print, a warning, a traceback) go into its log,
+        # not the terminal, where they would tear the live panel; the panel counts them.
+        with open(log_path, "ab") as log_file:
+            return subprocess.Popen([sys.executable, *self._role_args(kind, index)], stdin=subprocess.DEVNULL,
+                                    stdout=log_file, stderr=log_file, start_new_session=True,
+                                    preexec_fn=_die_with_parent, env={**os.environ, **self.rundir.identity.env()})
+
+    def _spawn(self, kind: str, index: int) -> Child:
         name = role_name(kind, index)
         logs = self.run_dir / "logs"
         logs.mkdir(exist_ok=True)
-        # The role's stdout and stderr (a stray print, a warning, a traceback) go into its log,
-        # not the terminal, where they would tear the live panel; the panel counts them.
-        with open(logs / f"{name}.log", "ab") as log_file:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                                    start_new_session=True, preexec_fn=_die_with_parent,
-                                    env={**os.environ, **self.rundir.identity.env()})
+        proc = self._start(kind, index, logs / f"{name}.log")
         child = Child(name, proc)
         self.children[child.name] = child
         log.debug("started %s (pid %d)", child.name, proc.pid)

@@ -22,13 +22,25 @@ def check_local_run(cfg: Config) -> None:
     algo = build_algorithm(cfg)
     algo.transition_spec()
     frame_layout(cfg, algo)
-    algo.check_learner_host(cfg)
+    if cfg.cluster.launcher == "ray":
+        _check_ray()  # the learner's device is checked on the node Ray places it on
+    else:
+        algo.check_learner_host(cfg)
     from aiorl.loggers import check_installed
 
     if (missing := check_installed(cfg.run.loggers)) is not None:
         raise ConfigError(missing)
     if cfg.run.token_file is not None or os.environ.get(TOKEN_ENV):
         load_token(cfg.run.token_file)  # else the launcher makes one
+
+
+def _check_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        from aiorl.ray_placement import MISSING_RAY
+
+        raise ConfigError(MISSING_RAY) from None
 
 
 def prepare_local_run(cfg: Config, resume: str | None, overrides: list[str]) -> RunDir:
