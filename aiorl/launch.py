@@ -261,7 +261,8 @@ class LocalLauncher:
                 return
             if coordinator.proc.poll() is not None:
                 self.restart_at.clear()
-                self._wait_rest(alive, grace)
+                self._end_late_restarts(alive)
+                self._wait_rest([ch for ch in alive if ch.proc.poll() is None], grace)
                 return
             others = [ch for ch in alive if ch is not coordinator]
             if others or self.restart_at:
@@ -288,6 +289,30 @@ class LocalLauncher:
         print(f"aiorl: {reason}", file=sys.stderr, flush=True)
         self.stalled = reason
         self.coordinator.proc.kill()
+
+    def _late_restarts(self) -> set[str]:
+        """Restarted roles whose new process the run ended without: the coordinator's summary
+        lists them as lost with restarts left (it never admitted the new incarnation)."""
+        summary = self.rundir.read_owned("summary.json") or {}
+        return {name for name in summary.get("lost_with_restarts_left", []) if self.policy.restarts.get(name)}
+
+    def _end_late_restarts(self, alive: list[Child]) -> None:
+        # Such a process is still starting or looking for the coordinator, which is gone: it has
+        # no part in the run left, so it is ended now instead of after the grace for live roles.
+        late = self._late_restarts()
+        for child in alive:
+            if child.name in late:
+                log.info("%s was restarting when the run ended; ending its new process", child.name)
+                child.proc.kill()
+                child.proc.wait()
+
+    def failed_children(self, ok_codes: set[int]) -> list[Child]:
+        """The current processes that ended badly. Not failures: a restart that came after the run
+        had left RUNNING and was turned away (exit 4), or that the run ended before it registered."""
+        late = self._late_restarts()
+        return [c for c in self.children.values() if c.proc.returncode not in ok_codes
+                and not (c.proc.returncode == EXIT_REFUSED and self.policy.restarts.get(c.name))
+                and c.name not in late]
 
     def _wait_rest(self, alive: list[Child], grace: float) -> None:
         deadline = time.monotonic() + grace
@@ -344,9 +369,7 @@ class LocalLauncher:
         ok_codes = {EXIT_OK}
         if outcome == INTERRUPTED:
             ok_codes.add(interrupted_exit_code(summary.get("signal")))
-        # A restart that came after the run had left RUNNING is turned away (exit 4): not a failure.
-        failed = [c for c in self.children.values() if c.proc.returncode not in ok_codes
-                  and not (c.proc.returncode == EXIT_REFUSED and self.policy.restarts.get(c.name))]
+        failed = self.failed_children(ok_codes)
         write_json_atomic(self.run_dir / "exits.json", {c.name: c.proc.returncode for c in self.children.values()})
         if self.policy.history:
             self.rundir.write_owned("restarts.json", {"restarts": self.policy.history})

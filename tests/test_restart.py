@@ -43,3 +43,40 @@ def test_which_roles_are_restarted(name, expected):
 def test_exit_codes_of_an_interrupted_run():
     assert interrupted_exit_code("SIGINT") == 130 and interrupted_exit_code("SIGTERM") == 143
     assert interrupted_exit_code(None) == 130
+
+
+def test_a_restart_the_run_ended_without_is_ended_and_not_a_failure(tmp_path):
+    """actor-1 was restarted, but the run ended before its new process registered: the
+    coordinator's summary lists it as lost with restarts left. The launcher ends that
+    process at once and does not count it; a role that really failed still counts."""
+    import subprocess
+    import sys
+
+    from aiorl.config import load_config
+    from aiorl.launch import Child, LocalLauncher
+    from aiorl.rundir import RunDir
+
+    cfg = load_config("examples/apex_dqn_cartpole.yaml", ["cluster.max_restarts=2"])
+    run = RunDir.create(tmp_path / "run")
+    launcher = LocalLauncher(cfg, run, quiet=True)
+    launcher.policy.restarts["actor-1"] = 1
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    procs = {"actor-0": [sys.executable, "-c", "raise SystemExit(1)"], "actor-1": sleeper, "actor-2": sleeper}
+    for name, cmd in procs.items():
+        launcher.children[name] = Child(name, subprocess.Popen(cmd))
+    launcher.children["actor-0"].proc.wait()
+    try:
+        run.write_owned("summary.json", {"lost_with_restarts_left": ["actor-1", "actor-2"]})
+        launcher._end_late_restarts(list(launcher.children.values()))
+        assert launcher.children["actor-1"].proc.poll() is not None
+        assert launcher.children["actor-2"].proc.poll() is None  # lost, but never restarted: not late
+        launcher.children["actor-2"].proc.kill()
+        launcher.children["actor-2"].proc.wait()
+        failed = {c.name for c in launcher.failed_children({EXIT_OK})}
+        assert failed == {"actor-0", "actor-2"}
+    finally:
+        for child in launcher.children.values():
+            if child.proc.poll() is None:
+                child.proc.kill()
+                child.proc.wait()
+        run.close()

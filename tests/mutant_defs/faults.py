@@ -64,4 +64,12 @@ MUTANTS = [
          old="                await self.on_abnormal_end(f\"lost the coordinator: {lost[0]}\")\n",
          new="",
          tests=["tests/test_cluster.py::test_killing_the_coordinator_ends_every_role_nonzero"]),
+    dict(name="late-restart-counted-as-failure", path="aiorl/launch.py",
+         old="                and c.name not in late]",
+         new="                ]",
+         tests=["tests/test_restart.py::test_a_restart_the_run_ended_without_is_ended_and_not_a_failure"]),
+    dict(name="late-restart-left-running", path="aiorl/launch.py",
+         old="            if child.name in late:\n",
+         new="            if child.name in late and False:\n",
+         tests=["tests/test_restart.py::test_a_restart_the_run_ended_without_is_ended_and_not_a_failure"]),
 ]
