@@ -41,6 +41,7 @@ from aiorl import checkpoint
 from aiorl.rundir import Identity
 from aiorl.runtime import rendezvous
 from aiorl.runtime.algorithm import get_algorithm
+from aiorl.runtime.evaluator import Evaluator, evaluation_on
 from aiorl.runtime.fragments import LagMeter
 from aiorl.runtime.phase import Phase, last_checkpoint_budget_s
 from aiorl.runtime.role import Offload, Role
@@ -101,6 +102,8 @@ class LearnerRole(Role):
         self.away: set[int] = set()
         self.earlier_per_memory: list[dict] = []
         self.synchronous = get_algorithm(self.cfg.algo).is_synchronous(self.cfg)
+        self.evaluator: Evaluator | None = None  # learner 0 with run.eval_every / eval_interval_s
+        self._evaluating: asyncio.Task | None = None
 
     def register_extra(self) -> dict:
         c = self.cfg.cluster
@@ -114,7 +117,14 @@ class LearnerRole(Role):
         return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),
                 "queue_depth": self.queue.qsize()}
 
+    def heartbeat_extra(self) -> dict:
+        if self.evaluator is None:
+            return {}
+        return {"evaluation": self.evaluator.summary()}
+
     async def cleanup(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.stop.set()  # its worker thread cannot be cancelled: it ends at its next step
         if self._publish is not None and not self._publish.done():
             self._publish.cancel()
         if self._publish is not None:
@@ -175,6 +185,8 @@ class LearnerRole(Role):
             self.step_base = int(meta["learner_steps"])
             self.log.info("resumed from %s (%d learner steps)", self.identity.resume_from, self.step_base)
         self.core = core
+        if self.index == 0 and evaluation_on(cfg):
+            self.evaluator = Evaluator(cfg, self.run_dir / "policy")
         self.memories = [None] * len(self.start_info["memories"])
         self.per_memory = [self._memory_account() for _ in self.memories]
         for m, address in enumerate(self.start_info["memories"]):
@@ -211,7 +223,8 @@ class LearnerRole(Role):
                 "published": self.published, "checkpoints": self.checkpoints,
                 "unused_batches": self.unused_batches, "iterations": self.iterations,
                 "prioritized_replay_beta_last": self.last_beta, "queue_depth_max": self.queue_depth_max,
-                "weights_digest": digest, "policy_lag": self.lag.stats() if self.lag.batches else None}
+                "weights_digest": digest, "policy_lag": self.lag.stats() if self.lag.batches else None,
+                "evaluation": self.evaluator.summary() if self.evaluator is not None else None}
 
     @staticmethod
     def _memory_account() -> dict:
@@ -309,6 +322,7 @@ class LearnerRole(Role):
                 self.per_memory[m]["priorities"] += len(batch["indices"])
                 credited = True
         await self._maybe_checkpoint()
+        self._maybe_evaluate()
         return credited
 
     def _locked_step(self, batch):
@@ -324,6 +338,32 @@ class LearnerRole(Role):
                    and time.monotonic() - self.last_checkpoint_t >= r.checkpoint_interval_s)
         if by_steps or by_time:
             await self._checkpoint("periodic")
+
+    def _maybe_evaluate(self) -> None:
+        ev = self.evaluator
+        if ev is None or (self._evaluating is not None and not self._evaluating.done()):
+            return  # one evaluation at a time: a due one is skipped, not queued
+        if ev.due(self.total_steps):
+            ev.mark(self.total_steps)
+            self._evaluating = self.spawn(self._evaluate(self.total_steps), "evaluation")
+
+    def _locked_export(self, directory: str) -> str | None:
+        with self.core_lock:  # between two steps: never weights torn across a step
+            return self.core.export_policy(directory)
+
+    async def _evaluate(self, learner_steps: int) -> None:
+        """Export the current policy (training waits that long), score it in a worker thread."""
+        ev = self.evaluator
+        env_steps = self.run_counters.get("env_steps", 0)
+        try:
+            path = await asyncio.to_thread(self._locked_export, str(ev.scratch()))
+            if path is None:
+                self.log.warning("%s exports no policy: no evaluation during training", self.cfg.algo)
+                self.evaluator = None
+                return
+            await asyncio.to_thread(ev.run, path, learner_steps, env_steps)
+        except OSError as exc:  # a full disk costs this evaluation, not the run
+            self.log.error("evaluation at learner step %d failed: %s", learner_steps, exc)
 
     async def _next(self):
         t0 = time.perf_counter()
@@ -527,6 +567,12 @@ class LearnerRole(Role):
             self.log.error("could not write a checkpoint at the abnormal end (%r)", exc)
 
     async def _finish_outputs(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.stop.set()  # one in flight ends after its current env step, unrecorded
+        if self._evaluating is not None:
+            await asyncio.gather(self._evaluating, return_exceptions=True)  # its error failed the role
+        if self.evaluator is not None:
+            self.evaluator.close()
         await self._publish_weights()
         await self._checkpoint("final")
         await self._checkpoint_written()
