@@ -468,9 +468,11 @@ def run_once(cfg_path: str, sets: list[str], final_episodes: int, timeout_s: flo
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         try:
             code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
             proc.send_signal(signal.SIGINT)  # the normal shutdown phases
             code = proc.wait(timeout=120)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
     seconds = time.perf_counter() - t0
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     rows = []
@@ -525,7 +527,11 @@ def table(args) -> dict:
         if load is not None:
             load.__enter__()
         for seed in range(args.seed_base, args.seed_base + args.seeds):
-            r = run_once(args.config, [*args.set, f"run.seed={seed}"], args.final_episodes, args.budget_s)
+            try:
+                r = run_once(args.config, [*args.set, f"run.seed={seed}"], args.final_episodes, args.budget_s)
+            except KeyboardInterrupt:
+                log(f"interrupted during seed {seed}: the table below has the {len(runs)} runs that finished")
+                break
             hit = first_eval_at(r["rows"], args.threshold)
             start = running_time_s(r["rows"])
             r["to_threshold_s"] = round(hit["time_s"] - start, 2) if hit and start is not None else None
@@ -541,6 +547,8 @@ def table(args) -> dict:
     finally:
         if load is not None:
             load.__exit__()
+    if not runs:
+        raise SystemExit("no run finished")
     finals = [r["final_eval"]["mean"] if r["final_eval"] else float("-inf") for r in runs]
     solved = sum(f >= args.threshold for f in finals)
     times = [r["to_threshold_s"] for r in runs if r["to_threshold_s"] is not None]

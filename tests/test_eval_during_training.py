@@ -111,7 +111,7 @@ DQN = {
     "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 5000, "learning_starts": 200,
               "publish_interval": 10, "scheduled_global_steps": 1_000_000, "target_return": 1.0},
     "model": {"network": ["linear:16", "relu"]},
-    "run": {"eval_every": 40, "eval_episodes": 2, "seed": 3, "max_seconds": 150},
+    "run": {"eval_every": 40, "eval_episodes": 2, "seed": 3, "max_seconds": 90},
 }
 
 

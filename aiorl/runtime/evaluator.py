@@ -90,7 +90,7 @@ class Evaluator:
     def scratch(self) -> Path:
         return self.policy_dir / SCRATCH_DIR
 
-    def run(self, policy_path: str, learner_steps: int, env_steps: int) -> dict | None:
+    def run(self, policy_path: str, learner_steps: int, env_steps: int, export_s: float = 0.0) -> dict | None:
         """Score the exported policy at `policy_path` (a worker thread); keep it if it is the best.
 
         None: stopped at shutdown before its episodes were done (not recorded).
@@ -108,7 +108,8 @@ class Evaluator:
         evaluation = {"n": self.count, "learner_steps": learner_steps, "env_steps": env_steps,
                       "return_mean": result["mean"], "return_std": result["std"], "return_min": result["min"],
                       "episodes": result["episodes"], "seed": seed, "length_mean": result["length_mean"],
-                      "seconds": round(time.perf_counter() - t0, 3), "time": time.time()}
+                      "seconds": round(time.perf_counter() - t0, 3), "export_s": round(export_s, 3),
+                      "time": time.time()}
         self.last = evaluation
         if self.best is None or evaluation["return_mean"] > self.best["return_mean"]:
             self._keep_best(Path(policy_path), evaluation)

@@ -356,12 +356,14 @@ class LearnerRole(Role):
         ev = self.evaluator
         env_steps = self.run_counters.get("env_steps", 0)
         try:
+            t0 = time.perf_counter()
             path = await asyncio.to_thread(self._locked_export, str(ev.scratch()))
+            export_s = time.perf_counter() - t0  # what training waited (the core's lock held)
             if path is None:
                 self.log.warning("%s exports no policy: no evaluation during training", self.cfg.algo)
                 self.evaluator = None
                 return
-            await asyncio.to_thread(ev.run, path, learner_steps, env_steps)
+            await asyncio.to_thread(ev.run, path, learner_steps, env_steps, export_s)
         except OSError as exc:  # a full disk costs this evaluation, not the run
             self.log.error("evaluation at learner step %d failed: %s", learner_steps, exc)
 
