@@ -7,7 +7,7 @@ import torch
 
 from aiorl.cli import main
 from aiorl.config import load_config
-from aiorl.evaluate import run_episodes
+from aiorl.evaluate import run_episodes, run_episodes_together
 from aiorl.export import save_policy
 from aiorl.runtime.evaluator import BEST_DIR, EVAL_SEED_BASE, Evaluator, evaluation_metrics, read_best
 from apex_helpers import make_algo
@@ -90,7 +90,10 @@ def test_due_by_learner_steps_and_stopped_at_shutdown(tmp_path):
     assert not ev.due(150) and ev.due(200)
     stop = threading.Event()
     stop.set()
-    assert run_episodes(Balance(), cfg.env, 3, 0, stop=stop) is None
+    assert run_episodes_together(Balance(), cfg.env, 3, 0, stop=stop) is None
+    # side by side, the same episodes as one after another
+    together = run_episodes_together(Balance(), cfg.env, 3, 5)
+    assert together == run_episodes(Balance(), cfg.env, 3, 5)
 
 
 @pytest.mark.parametrize("algo_name, env_id", [("apex_dqn", "CartPole-v1"), ("apex_ddpg", "Pendulum-v1"),

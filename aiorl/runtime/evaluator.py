@@ -4,7 +4,8 @@ Every ``run.eval_every`` learner steps (iterations for dppo/es) and/or
 ``run.eval_interval_s`` seconds, learner 0 exports its policy between two
 steps (the same `export_policy` that writes the final ``policy/policy.pt2``)
 and a worker thread runs ``run.eval_episodes`` greedy episodes of that file
-on environments of its own: episode k is reset with seed
+side by side (one policy call per step for all of them) on environments of
+its own: episode k is reset with seed
 ``EVAL_SEED_BASE + run.seed + k``, so every evaluation of a run sees the same
 episodes (evaluations compare fairly) and none is a training env's episode.
 One evaluation at a time: one that is due while another runs is skipped.
@@ -95,13 +96,13 @@ class Evaluator:
 
         None: stopped at shutdown before its episodes were done (not recorded).
         """
-        from aiorl.evaluate import run_episodes
+        from aiorl.evaluate import run_episodes_together
         from aiorl.export import load_policy_file
 
         t0 = time.perf_counter()
         policy = load_policy_file(policy_path)
         seed = eval_seed(self.cfg)
-        result = run_episodes(policy, self.cfg.env, self.cfg.run.eval_episodes, seed, stop=self.stop)
+        result = run_episodes_together(policy, self.cfg.env, self.cfg.run.eval_episodes, seed, stop=self.stop)
         if result is None:
             return None
         self.count += 1

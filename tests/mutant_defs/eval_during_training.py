@@ -35,8 +35,8 @@ MUTANTS = [
     dict(
         name='eval-ignores-the-shutdown',
         path='aiorl/evaluate.py',
-        old='if stop is not None and stop.is_set():',
-        new='if False:',
+        old='            if stop is not None and stop.is_set():\n                return None\n',
+        new='',
         tests=[T + 'test_due_by_learner_steps_and_stopped_at_shutdown'],
     ),
     dict(
@@ -73,5 +73,12 @@ MUTANTS = [
         old='if which == "best" and (best is None or not best_path.is_file()):',
         new='if False:',
         tests=[T + 'test_best_on_a_run_without_a_best_policy_is_one_line_exit_2'],
+    ),
+    dict(
+        name='side-by-side-returns-keep-the-last-reward',
+        path='aiorl/evaluate.py',
+        old='returns[k] += float(reward)',
+        new='returns[k] = float(reward)',
+        tests=[T + 'test_due_by_learner_steps_and_stopped_at_shutdown'],
     ),
 ]
