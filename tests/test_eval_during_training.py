@@ -176,3 +176,23 @@ def test_eval_keys_are_checked(tmp_path):
         path.write_text(json.dumps({**DQN, "run": {key: value}}))
         with pytest.raises(ConfigError, match=expected):
             load_config(path)
+
+
+def test_the_panel_shows_the_last_evaluation_until_the_next(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from aiorl.progress import Progress, render_panel
+
+    cfg = load_config(data={"algo": "apex_dqn"})
+    progress = Progress(cfg, tmp_path, stream=io.StringIO())
+    base = {"phase": "RUNNING", "env_steps": 100, "learner_steps": 10, "roles_alive": 3}
+    rows = [{**base, "time_s": 1.0, "eval/return_mean": 321.5, "eval/return_std": 4.0, "eval/learner_steps": 1000,
+             "eval/best_return_mean": 400.25}, {**base, "time_s": 2.0}]  # the second row has no evaluation
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    progress.update()
+    console = Console(record=True, width=300, file=io.StringIO(), color_system=None)
+    console.print(render_panel(progress.state))
+    text = console.export_text()
+    assert "last evaluation" in text and "321.50 ± 4.0 at step 1,000 (best 400.25)" in text

@@ -81,4 +81,11 @@ MUTANTS = [
         new='returns[k] = float(reward)',
         tests=[T + 'test_due_by_learner_steps_and_stopped_at_shutdown'],
     ),
+    dict(
+        name='panel-keeps-only-the-latest-row',
+        path='aiorl/progress.py',
+        old='if "eval/return_mean" in new:',
+        new='if False:',
+        tests=[T + 'test_the_panel_shows_the_last_evaluation_until_the_next'],
+    ),
 ]
