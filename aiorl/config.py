@@ -150,7 +150,9 @@ class AgentConfig:
     scheduled_timesteps: int | None = doc("Stop after this many env steps (all actors).", default=None)
     scheduled_global_steps: int | None = doc("Stop after this many learner steps.", default=None)
     target_return: float | None = doc(
-        "Stop once the mean of the last 100 episode returns reaches this.", default=None
+        "Stop once the return reaches this: the mean return of an evaluation during training when "
+        "run.eval_every or run.eval_interval_s is set, else the mean of the last 100 training episodes.",
+        default=None
     )
     samples_per_insert: float | None = doc(
         "Rate limit (Reverb's SampleToInsertRatio): each memory keeps sampled transitions near this "
@@ -197,6 +199,18 @@ class RunSection:
         "Learner 0 also checkpoints every this many of its learner steps.", default=None
     )
     keep_checkpoints: int = doc("Checkpoint files kept (the newest).", default=3)
+    eval_every: int | None = doc(
+        "Learner 0 evaluates its current policy every this many of its learner steps (iterations for "
+        "dppo/es): run.eval_episodes greedy episodes on envs of its own, off the training path; the "
+        "best evaluation's policy is kept in policy/best/ (aiorl/runtime/evaluator.py). None: only by "
+        "eval_interval_s.", default=None
+    )
+    eval_interval_s: float | None = doc(
+        "Learner 0 also evaluates every this many seconds. None (and eval_every None): no evaluation "
+        "during training.", default=None
+    )
+    eval_episodes: int = doc("Episodes per evaluation during training (episode k reset with seed "
+                             "1_000_000_000 + run.seed + k, never a training env's seed).", default=10)
     snapshot_replay: bool = doc(
         "Memories snapshot their replay into the run dir (every snapshot_interval_s and at shutdown); "
         "a resumed or restarted memory host starts from its snapshot.", default=False
@@ -458,6 +472,10 @@ def validate(cfg: Config) -> None:
            f"run.checkpoint_every: must be at least 1, got {r.checkpoint_every}")
     _check(r.checkpoint_interval_s is None or r.checkpoint_interval_s > 0,
            f"run.checkpoint_interval_s: must be > 0 (or null), got {r.checkpoint_interval_s}")
+    _check(r.eval_every is None or r.eval_every >= 1, f"run.eval_every: must be at least 1, got {r.eval_every}")
+    _check(r.eval_interval_s is None or r.eval_interval_s > 0,
+           f"run.eval_interval_s: must be > 0 (or null), got {r.eval_interval_s}")
+    _check(r.eval_episodes >= 1, f"run.eval_episodes: must be at least 1, got {r.eval_episodes}")
     _check(r.keep_checkpoints >= 1, f"run.keep_checkpoints: must be at least 1, got {r.keep_checkpoints}")
     _check(r.snapshot_interval_s > 0, f"run.snapshot_interval_s: must be > 0, got {r.snapshot_interval_s}")
     _check(r.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),

@@ -1,9 +1,15 @@
 """`aiorl eval RUN_DIR`: run a run's exported policy greedily and report its returns.
 
-The policy is the `torch.export` program learner 0 exports at shutdown
-(``RUN_DIR/policy/policy.pt2``, see `aiorl.export`; an older run's TorchScript
-``policy.pt`` still loads), mapping an observation batch to actions, or one
-rebuilt from a checkpoint with ``--checkpoint N``; the environment is the
+The policy is a `torch.export` program mapping an observation batch to
+actions (see `aiorl.export`): by default the best one the evaluations during
+training kept (``RUN_DIR/policy/best/policy.pt2``, `aiorl.runtime.evaluator`)
+when the run has one, else the final one learner 0 exports at shutdown
+(``RUN_DIR/policy/policy.pt2``; an older run's TorchScript ``policy.pt``
+still loads). ``--best`` / ``--final`` choose; ``--policy FILE`` names a
+file; ``--checkpoint N`` rebuilds the policy of a checkpoint. The best is
+the default because it is the policy chosen by evaluation: the final one is
+whatever the last learner step left, and a DQN's greedy policy can swing
+between two learner steps. The environment is the
 run's own (``RUN_DIR/config.yaml``). Episode k is reset with seed ``S + k``,
 so two evaluations with the same seed see the same episodes. ``--video DIR``
 records every episode with Gymnasium's RecordVideo (the encoder is the
@@ -40,7 +46,7 @@ def load_policy(path: str | Path):
 
 def run_episodes(policy, env_cfg: EnvConfig, episodes: int, seed: int, progress=None,
                  video_dir: str | None = None, render: bool = False) -> dict:
-    """Run `episodes` greedy episodes of `policy` (obs batch -> action batch)."""
+    """Run `episodes` greedy episodes of `policy` (obs batch -> action batch), one after another."""
     import torch
 
     from aiorl.envs import make_env
@@ -71,6 +77,44 @@ def run_episodes(policy, env_cfg: EnvConfig, episodes: int, seed: int, progress=
     return summarize(returns, lengths)
 
 
+def run_episodes_together(policy, env_cfg: EnvConfig, episodes: int, seed: int, stop=None) -> dict | None:
+    """`run_episodes` without video or progress, the episodes stepped side by side: one policy call per
+    step for every episode still running (a call costs far more than an env step: an exported program
+    checks its inputs in Python). Episode k is reset with seed `seed` + k, as in `run_episodes`.
+
+    `stop` (a threading.Event): set, the episodes end at the next step and the result is None.
+    """
+    import torch
+
+    from aiorl.envs import make_env
+
+    envs = [make_env(env_cfg, evaluation=True) for _ in range(episodes)]
+    try:
+        discrete = hasattr(envs[0].action_space, "n")
+        obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]
+        returns, lengths = [0.0] * episodes, [0] * episodes
+        running = list(range(episodes))
+        while running:
+            if stop is not None and stop.is_set():
+                return None
+            with torch.no_grad():
+                actions = policy(torch.as_tensor(np.stack([obs[k] for k in running]))).numpy()
+            still = []
+            for k, action in zip(running, actions):
+                action = int(action) if discrete else action.reshape(envs[k].action_space.shape)
+                o, reward, terminated, truncated, _ = envs[k].step(action)
+                obs[k] = np.asarray(o)
+                returns[k] += float(reward)
+                lengths[k] += 1
+                if not (terminated or truncated):
+                    still.append(k)
+            running = still
+    finally:
+        for env in envs:
+            env.close()
+    return summarize(returns, lengths)
+
+
 def summarize(returns: list[float], lengths: list[int]) -> dict:
     r = np.asarray(returns, np.float64)
     return {"episodes": len(returns), "mean": float(r.mean()), "std": float(r.std()), "min": float(r.min()),
@@ -80,7 +124,7 @@ def summarize(returns: list[float], lengths: list[int]) -> dict:
 
 def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 0, policy_path: str | Path | None = None,
                  progress=None, checkpoint: str | None = None, video_dir: str | None = None,
-                 render: bool = False) -> dict:
+                 render: bool = False, which: str | None = None) -> dict:
     import torch
 
     torch.set_num_threads(1)  # one observation at a time: extra threads only cost
@@ -89,9 +133,13 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 0, policy_
     if not config_path.is_file():
         raise EvalError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_config(config_path)
-    if checkpoint is not None and policy_path is not None:
-        raise EvalError("give --policy or --checkpoint, not both")
+    given = [name for name, value in (("--policy", policy_path), ("--checkpoint", checkpoint),
+                                      (f"--{which}", which)) if value is not None]
+    if len(given) > 1:
+        raise EvalError(f"give one of --best, --final, --policy, --checkpoint, not {' and '.join(given)}")
+    chosen_by = None
     if checkpoint is not None:
+        which = "checkpoint"
         from aiorl.eval_options import checkpoint_path, checkpoint_policy
 
         path = checkpoint_path(run_dir, checkpoint)
@@ -99,16 +147,45 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 0, policy_
     else:
         from aiorl.policy_check import load_checked
 
-        path = Path(policy_path) if policy_path else policy_file(run_dir / POLICY_DIR)
+        if policy_path is not None:
+            path, which = Path(policy_path), "file"
+        else:
+            path, which, chosen_by = choose_policy(run_dir, which)
         policy = load_checked(path, cfg.env)
     t0 = time.perf_counter()
     result = run_episodes(policy, cfg.env, episodes, seed, progress, video_dir, render)
-    return {"run_dir": str(run_dir), "policy": str(path), "algo": cfg.algo, "env": cfg.env.id, "seed": seed,
-            **result, "seconds": round(time.perf_counter() - t0, 3)}
+    return {"run_dir": str(run_dir), "policy": str(path), "which": which, "chosen_by": chosen_by, "algo": cfg.algo,
+            "env": cfg.env.id, "seed": seed, **result, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def choose_policy(run_dir: Path, which: str | None) -> tuple[Path, str, dict | None]:
+    """The policy file `which` ("best", "final"; None: best when there is one) names, which it is,
+    and the evaluation during training that chose it (best only)."""
+    from aiorl.runtime.evaluator import BEST_DIR, read_best
+
+    best = read_best(run_dir / POLICY_DIR)
+    best_path = policy_file(run_dir / POLICY_DIR / BEST_DIR)
+    if which == "best" and (best is None or not best_path.is_file()):
+        raise EvalError(f"--best: {run_dir} has no best policy ({run_dir / POLICY_DIR / BEST_DIR} is kept by "
+                        "evaluations during training: set run.eval_every); --final evaluates the final one")
+    if which == "best" or (which is None and best is not None and best_path.is_file()):
+        return best_path, "best", best
+    return policy_file(run_dir / POLICY_DIR), "final", None
+
+
+def describe_policy(result: dict) -> str:
+    """Which policy an evaluation used, in words."""
+    if result.get("which") == "best" and result.get("chosen_by"):
+        e = result["chosen_by"]
+        return (f"the best policy {result['policy']} (chosen by evaluation {e.get('n')} at learner step "
+                f"{e.get('learner_steps')}: mean return {e['return_mean']:.2f}; --final for the final one)")
+    if result.get("which") == "final":
+        return f"the final policy {result['policy']}"
+    return result["policy"]
 
 
 def format_result(result: dict) -> str:
-    return (f"{result['env']}: {result['episodes']} episodes (seed {result['seed']}) with {result['policy']}\n"
+    return (f"{result['env']}: {result['episodes']} episodes (seed {result['seed']}) with {describe_policy(result)}\n"
             f"return mean {result['mean']:.2f}  std {result['std']:.2f}  "
             f"min {result['min']:.2f}  max {result['max']:.2f}  (episode length mean {result['length_mean']:.1f})")
 
@@ -127,7 +204,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         result = evaluate_run(args.run_dir, args.episodes, args.seed, args.policy,
                               progress if not args.json and sys.stderr.isatty() else None,
-                              args.checkpoint, args.video, args.render)
+                              args.checkpoint, args.video, args.render, args.which)
     except (EvalError, EvalOptionError, ConfigError) as exc:
         print(f"aiorl eval: {exc}", file=sys.stderr)
         return 2
@@ -143,8 +220,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("run_dir", help="run directory (holds config.yaml and policy/policy.pt2)")
     parser.add_argument("--episodes", type=int, default=20, help="episodes to run (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="episode k is reset with seed SEED + k")
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--best", dest="which", action="store_const", const="best",
+                        help="the best policy the evaluations during training kept (RUN_DIR/policy/best/; "
+                        "the default when the run has one)")
+    chosen.add_argument("--final", dest="which", action="store_const", const="final",
+                        help="the final policy, exported at shutdown (RUN_DIR/policy/policy.pt2)")
     parser.add_argument("--policy", help="policy file (.pt2, or an older run's TorchScript .pt) to use instead of "
-                        "RUN_DIR/policy/policy.pt2")
+                        "the run's best or final policy")
     parser.add_argument("--checkpoint", metavar="N",
                         help="evaluate the checkpoint of learner step N (in RUN_DIR/checkpoints) or a checkpoint "
                         "file, instead of the exported policy")

@@ -33,6 +33,9 @@ actor_idle_fraction         mean over actors of the share of their loop's wall t
 queue/<name>                trajectory queues of the memories (IMPALA), summed: fragments, capacity,
                             pushed, taken, dropped_full, dropped_lag, throttled (credit grants that
                             waited for room)
+eval/<name>                 only in the first row after an evaluation during training (run.eval_every):
+                            return_mean, return_std, episodes, learner_steps (of the policy scored),
+                            seed (of its first episode), best_return_mean (best evaluation so far)
 loop_lag_max_s              worst event-loop lag of any role (timer lateness)
 rss_bytes                   resident memory of all role processes together
 roles_alive                 roles registered and not lost or failed

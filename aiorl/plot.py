@@ -27,6 +27,7 @@ from aiorl.argtypes import non_negative
 # Axis labels with units for the metrics users plot most.
 LABELS = {
     "return_mean_100": "mean episode return (last 100 episodes)",
+    "eval/return_mean": "mean evaluation return (greedy episodes during training)",
     "env_steps_per_s": "env steps / s",
     "learner_steps_per_s": "learner steps / s",
     "replay_size": "replay size (transitions)",

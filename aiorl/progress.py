@@ -114,6 +114,14 @@ class PanelState:
     interrupted: bool = False
     final: dict | None = None  # summary.json, once the run has ended
     roles_alive: int | None = None  # the launcher's count at the end
+    evaluation: dict | None = None  # the eval/* keys of the newest row that had them
+
+    def eval_text(self) -> str | None:
+        e = self.evaluation
+        if not e:
+            return None
+        return (f"{_fmt(e.get('eval/return_mean'), '.2f')} ± {_fmt(e.get('eval/return_std'), '.1f')} "
+                f"at step {_fmt(e.get('eval/learner_steps'), ',')} (best {_fmt(e.get('eval/best_return_mean'), '.2f')})")
 
     def counters(self) -> dict:
         """The counters to show: the summary's at the end (so they match summary.json), else the row's."""
@@ -191,6 +199,8 @@ def render_panel(state: PanelState):
     for i in range(0, len(metrics), 2):
         pair = metrics[i:i + 2]
         table.add_row(*(cell for item in pair for cell in item), *([""] * (4 - 2 * len(pair))))
+    if state.eval_text() is not None:
+        table.add_row("last evaluation", state.eval_text(), "", "")
     table.add_row("replay", f"{row.get('replay_size', 0) or 0:,}" + ("" if fill is None else f" ({100 * fill:.0f}%)"),
                   "weights version", str(row.get("weights_version", "-")))
     lines = [bar_line, table]
@@ -273,6 +283,8 @@ class Progress:
         row = self.tail.poll()
         for new in self.tail.new_rows:
             self.rates.add(new)
+            if "eval/return_mean" in new:
+                self.state.evaluation = {k: v for k, v in new.items() if k.startswith("eval/")}
         problems = self.logs.poll()
         s = self.state
         if row is not None:
@@ -324,4 +336,5 @@ class Progress:
             problems = "; ".join(role_problems(row))
             print(f"[{row.get('time_s', 0):7.1f}s] {row.get('phase', '?'):<8} {self.goal_key} {done:,}{goal}  "
                   f"{summary_line(row, self.state.env_rate, self.state.learner_rate)}"
+                  + (f"  eval {self.state.eval_text()}" if self.state.eval_text() else "")
                   + (f"  !! {problems}" if problems else ""), file=self.stream, flush=True)

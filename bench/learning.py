@@ -35,6 +35,26 @@ invocation is the first evaluation (the untrained policy).
         --threshold 475 --eval-episodes 20 --stop-at-threshold
     python bench/learning.py harness examples/apex_ddpg_pendulum.yaml --threshold -200 --max-env-steps 40000
 
+- ``table`` (does the example solve every time?): ``--seeds N`` fresh runs
+  of one config (run.seed 0..N-1), each ended by its own stop criterion
+  (with evaluation during training on, ``agent.target_return`` on the
+  evaluation return), then ``aiorl eval RUN`` (the policy it picks: the best
+  one the evaluations kept) with ``--final-episodes`` episodes. ``--load``
+  runs a busy neighbour (one busy-loop process, pinned to one core where the
+  OS allows) beside every run, started and ended by the bench. It prints one
+  row per seed and the success rate (final evaluation >= ``--threshold``),
+  the median and worst final evaluation, and the median and worst time to
+  threshold (the run's first evaluation during training at or above it,
+  seconds since the run's RUNNING phase began).
+- ``eval-cost``: what evaluation during training costs training: the config
+  as it is and with evaluation off, alternating ``--pairs`` times, the
+  learner steps/s and env steps/s of each (over the RUNNING phase) and
+  their ratio. Both runs end at the config's own step budget
+  (``agent.target_return`` is cleared so that neither stops early).
+
+    python bench/learning.py table examples/apex_dqn_cartpole.yaml --seeds 20 --load --threshold 475
+    python bench/learning.py eval-cost examples/apex_dqn_cartpole.yaml --pairs 3
+
 ``run --versus KEY=VALUE`` (repeatable) runs the config a second time with
 those overrides too, alternating ``--pairs`` times, and prints the ratio of
 the variant's time to threshold to the reference's (medians over the pairs),
@@ -61,8 +81,8 @@ sys.path.insert(0, str(ROOT))
 
 from aiorl.checkpoint import CheckpointError  # noqa: E402
 from aiorl.config import Config, load_config  # noqa: E402
-from aiorl.envs import EnvRunner, make_env  # noqa: E402
-from aiorl.evaluate import load_policy, summarize  # noqa: E402
+from aiorl.envs import EnvRunner  # noqa: E402
+from aiorl.evaluate import load_policy, run_episodes_together  # noqa: E402
 from aiorl.runtime.algorithm import build_algorithm, get_algorithm  # noqa: E402
 from aiorl.runtime.learner import weights_digest  # noqa: E402
 
@@ -81,39 +101,7 @@ def evaluate_core(algo, core, episodes: int, seed: int = EVAL_SEED) -> dict:
     """Export `core`'s policy (torch.export, as `aiorl eval` loads it) and run it greedily."""
     with tempfile.TemporaryDirectory() as tmp:
         path = core.export_policy(tmp)
-        return run_episodes_lockstep(load_policy(path), algo.cfg.env, episodes, seed)
-
-
-def run_episodes_lockstep(policy, env_cfg, episodes: int, seed: int) -> dict:
-    """`aiorl.evaluate.run_episodes`'s episodes (episode k from seed + k, the same greedy policy)
-    stepped side by side: one policy call per step for every episode still going, instead of
-    one per episode step (a grid evaluation of 20 CartPole episodes: 500 calls, not 10,000).
-    Returns equal the one-at-a-time ones up to float rounding of a batched forward."""
-    import torch
-
-    envs = [make_env(env_cfg, evaluation=True) for _ in range(episodes)]
-    try:
-        discrete = hasattr(envs[0].action_space, "n")
-        obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]
-        returns, lengths = [0.0] * episodes, [0] * episodes
-        going = list(range(episodes))
-        while going:
-            with torch.no_grad():
-                actions = policy(torch.as_tensor(np.stack([obs[k] for k in going]))).numpy()
-            still = []
-            for k, action in zip(going, actions):
-                action = int(action) if discrete else action.reshape(envs[k].action_space.shape)
-                next_obs, reward, terminated, truncated, _ = envs[k].step(action)
-                obs[k] = np.asarray(next_obs)
-                returns[k] += float(reward)
-                lengths[k] += 1
-                if not (terminated or truncated):
-                    still.append(k)
-            going = still
-    finally:
-        for env in envs:
-            env.close()
-    return summarize(returns, lengths)
+        return run_episodes_together(load_policy(path), algo.cfg.env, episodes, seed)
 
 
 class CheckpointEvaluator:
@@ -453,6 +441,163 @@ def report(result: dict) -> None:
             f" ({result['stop_reason']})")
 
 
+class BusyNeighbour:
+    """One busy-loop process beside the runs (`--load`): another CPU-heavy job on the machine."""
+
+    def __init__(self, core: int = 0):
+        self.core = core
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            import os
+            os.sched_setaffinity(self.proc.pid, {self.core})
+        except (AttributeError, OSError):
+            pass  # no affinity here: the OS places it
+        log(f"busy neighbour: pid {self.proc.pid} (one busy loop, core {self.core})")
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def run_once(cfg_path: str, sets: list[str], final_episodes: int, timeout_s: float) -> dict:
+    """`aiorl run` to its own end, then `aiorl eval` (the policy it picks) and the run's evaluations."""
+    run_dir = Path(tempfile.mkdtemp(prefix="aiorl-bench-")) / "run"
+    command = [sys.executable, "-m", "aiorl", "run", cfg_path, "--quiet",
+               *sum((["--set", s] for s in [*sets, f"run.dir={run_dir}"]), [])]
+    t0 = time.perf_counter()
+    with open(run_dir.with_name("aiorl-run.log"), "w") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+            proc.send_signal(signal.SIGINT)  # the normal shutdown phases
+            code = proc.wait(timeout=120)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+    seconds = time.perf_counter() - t0
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    rows = []
+    if (run_dir / "metrics.jsonl").exists():
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    phases = summary.get("phases") or []
+    running = [p for p in phases if p.get("phase") == "RUNNING"]
+    stopping = [p for p in phases if p.get("phase") == "STOPPING"]
+    running_s = (stopping[0]["time"] - running[0]["time"]) if running and stopping else None
+    final = None
+    ev = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(final_episodes),
+                         "--json"], cwd=ROOT, capture_output=True, text=True)
+    if ev.returncode == 0:
+        final = json.loads(ev.stdout)
+    else:
+        log(f"aiorl eval failed: {ev.stderr.strip()}")
+    return {"run_dir": str(run_dir), "exit_code": code, "seconds": round(seconds, 2), "summary": summary,
+            "rows": rows, "running_s": running_s,
+            "final_eval": None if final is None else {k: final[k] for k in ("which", "episodes", "mean", "std",
+                                                                            "min", "max")}}
+
+
+def first_eval_at(rows: list[dict], threshold: float) -> dict | None:
+    """The first metrics row whose evaluation during training reached `threshold`."""
+    for row in rows:
+        if isinstance(row.get("eval/return_mean"), (int, float)) and row["eval/return_mean"] >= threshold:
+            return row
+    return None
+
+
+def running_time_s(rows: list[dict]) -> float | None:
+    """time_s of the first RUNNING row: the run's clock when training began."""
+    for row in rows:
+        if row.get("phase") == "RUNNING":
+            return row["time_s"]
+    return None
+
+
+def table(args) -> dict:
+    """`--seeds N` fresh runs of one config (with `--load`, beside a busy neighbour) and their final evaluations."""
+    if args.threshold is None:
+        raise SystemExit("table needs --threshold (the return the final evaluation must reach)")
+    load = BusyNeighbour() if args.load else None
+    runs = []
+    log(f"{'seed':>4} {'exit':>4} {'final eval':>10} {'min ep.':>8} {'policy':>6} {'to thr. (s)':>11} "
+        f"{'learner steps':>13} {'env steps':>10} {'run (s)':>8}  stop")
+    try:
+        if load is not None:
+            load.__enter__()
+        for seed in range(args.seed_base, args.seed_base + args.seeds):
+            try:
+                r = run_once(args.config, [*args.set, f"run.seed={seed}"], args.final_episodes, args.budget_s)
+            except KeyboardInterrupt:
+                log(f"interrupted during seed {seed}: the table below has the {len(runs)} runs that finished")
+                break
+            hit = first_eval_at(r["rows"], args.threshold)
+            start = running_time_s(r["rows"])
+            r["to_threshold_s"] = round(hit["time_s"] - start, 2) if hit and start is not None else None
+            r["seed"] = seed
+            f = r["final_eval"]
+            s = r["summary"]
+            log(f"{seed:>4} {r['exit_code']:>4} {'-' if f is None else format(f['mean'], '.1f'):>10} "
+                f"{'-' if f is None else format(f['min'], '.1f'):>8} {'-' if f is None else f['which']:>6} "
+                f"{'-' if r['to_threshold_s'] is None else r['to_threshold_s']:>11} "
+                f"{s.get('learner_steps', '-'):>13} {s.get('env_steps', '-'):>10} {r['seconds']:>8.1f}  "
+                f"{s.get('stop_detail')}")
+            runs.append({k: v for k, v in r.items() if k != "rows"})
+    finally:
+        if load is not None:
+            load.__exit__()
+    if not runs:
+        raise SystemExit("no run finished")
+    finals = [r["final_eval"]["mean"] if r["final_eval"] else float("-inf") for r in runs]
+    solved = sum(f >= args.threshold for f in finals)
+    times = [r["to_threshold_s"] for r in runs if r["to_threshold_s"] is not None]
+    summary = {"config": args.config, "load": args.load, "seeds": len(runs), "threshold": args.threshold,
+               "solved": solved, "median_final": float(np.median(finals)), "worst_final": float(min(finals)),
+               "reached_in_training": len(times),
+               "median_to_threshold_s": float(np.median(times)) if times else None,
+               "worst_to_threshold_s": float(max(times)) if times else None,
+               "median_run_s": float(np.median([r["seconds"] for r in runs]))}
+    log(f"{args.config}{' with a busy neighbour' if args.load else ''}: {solved}/{len(runs)} runs reach "
+        f"{args.threshold} in aiorl eval ({args.final_episodes} episodes); final evaluation median "
+        f"{summary['median_final']:.1f}, worst {summary['worst_final']:.1f}; time to threshold in training "
+        f"(first evaluation at or above it, since RUNNING) median {summary['median_to_threshold_s']} s, worst "
+        f"{summary['worst_to_threshold_s']} s ({len(times)}/{len(runs)} reached it); median run "
+        f"{summary['median_run_s']:.1f} s")
+    return {"mode": "table", "summary": summary, "runs": runs}
+
+
+def eval_cost(args) -> dict:
+    """Learner and env steps/s of the config with its evaluation and without, alternating."""
+    off = ["run.eval_every=null", "run.eval_interval_s=null"]
+    common = [*args.set, "agent.target_return=null"]
+    rates = {"with eval": [], "without": []}
+    for pair in range(args.pairs):
+        for name, sets in (("with eval", common), ("without", [*common, *off])):
+            r = run_once(args.config, sets, 1, args.budget_s)
+            s, t = r["summary"], r["running_s"]
+            row = {"learner_steps_per_s": s["learner_steps"] / t if t else None,
+                   "env_steps_per_s": s["env_steps"] / t if t else None, "running_s": t,
+                   "evaluations": ((s.get("evaluation") or {}).get("count"))}
+            rates[name].append(row)
+            log(f"pair {pair + 1}/{args.pairs} {name:>9}: {row['learner_steps_per_s']:.1f} learner steps/s, "
+                f"{row['env_steps_per_s']:.1f} env steps/s over {t:.1f} s RUNNING, evaluations {row['evaluations']}")
+    result = {}
+    for key in ("learner_steps_per_s", "env_steps_per_s"):
+        on = float(np.median([r[key] for r in rates["with eval"]]))
+        ref = float(np.median([r[key] for r in rates["without"]]))
+        result[key] = {"with_eval": round(on, 2), "without": round(ref, 2), "ratio": round(on / ref, 3)}
+    log(f"{'':<22} {'with eval':>10} {'without':>10} {'ratio':>6}   (medians of {args.pairs} alternated pairs)")
+    for key, v in result.items():
+        log(f"{key:<22} {v['with_eval']:>10.1f} {v['without']:>10.1f} {v['ratio']:>6.3f}")
+    return {"mode": "eval-cost", "config": args.config, "medians": result, "runs": rates}
+
+
 def versus(args) -> int:
     """``run --versus``: reference and variant runs, alternating; median seconds (and env steps) to the threshold."""
     if args.threshold is None or args.run_dir:
@@ -512,11 +657,29 @@ def main(argv=None) -> int:
         r.add_argument("--budget-s", type=float, default=1800.0, help="interrupt the run after this many seconds")
         r.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
         r.add_argument("--run-dir", help="run directory (default: a fresh temporary one)")
+    for mode in ("table", "eval-cost"):
+        t = sub.add_parser(mode)
+        t.add_argument("config")
+        t.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+        t.add_argument("--budget-s", type=float, default=1800.0, help="interrupt a run after this many seconds")
+        t.add_argument("--json", help="write the results here")
+    t = sub.choices["table"]
+    t.add_argument("--seeds", type=int, default=20, help="fresh runs, run.seed SEED_BASE .. SEED_BASE + N - 1")
+    t.add_argument("--seed-base", type=int, default=0)
+    t.add_argument("--load", action="store_true", help="a busy-loop process on one core beside every run")
+    t.add_argument("--threshold", type=float, default=None, help="final aiorl eval mean return to reach")
+    t.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
+    sub.choices["eval-cost"].add_argument("--pairs", type=int, default=3, help="alternating (with, without) pairs")
     r = sub.choices["run"]
     r.add_argument("--versus", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="also run with these overrides and compare times to threshold; repeatable")
     r.add_argument("--pairs", type=int, default=1, help="with --versus: alternating (reference, variant) pairs")
     args = parser.parse_args(argv)
+    if args.mode in ("table", "eval-cost"):
+        result = table(args) if args.mode == "table" else eval_cost(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        return 0 if args.mode == "eval-cost" or result["summary"]["solved"] == result["summary"]["seeds"] else 1
     if args.mode == "compare":
         result = compare(args)
         if args.json:

@@ -51,7 +51,7 @@ def test_text_output_and_same_seed_same_episodes(tmp_path, capsys):
     run_dir, _ = make_run_dir(tmp_path)
     assert main(["eval", str(run_dir), "--episodes", "3", "--seed", "1"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith(f"CartPole-v1: 3 episodes (seed 1) with {run_dir / 'policy' / 'policy.pt2'}")
+    assert text.startswith(f"CartPole-v1: 3 episodes (seed 1) with the final policy {run_dir / 'policy' / 'policy.pt2'}")
     assert "return mean " in text and " std " in text and " min " in text and " max " in text
     main(["eval", str(run_dir), "--episodes", "3", "--seed", "1", "--json"])
     first = json.loads(capsys.readouterr().out)

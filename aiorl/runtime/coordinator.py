@@ -38,6 +38,7 @@ import numpy as np
 from aiorl import checkpoint
 from aiorl.config import Config
 from aiorl.metrics import MetricsWriter, mean_or_none
+from aiorl.runtime.evaluator import evaluation_metrics, evaluation_on
 from aiorl.ratelog import RateLimitedLog
 from aiorl.restart import restartable
 from aiorl.rundir import Identity, write_json_atomic
@@ -149,6 +150,8 @@ class Coordinator:
         self.work_changed = asyncio.Event()
         self._pushes: set[asyncio.Task] = set()
         self.returns = collections.deque(maxlen=100)
+        self.evaluation: dict | None = None  # learner 0's last and best evaluations (aiorl.runtime.evaluator)
+        self._evaluation_row = False  # the next metrics row carries a new evaluation
         self.lengths = collections.deque(maxlen=100)
         self.episodes = 0
         self.server: Server | None = None
@@ -236,6 +239,11 @@ class Coordinator:
             self.begin_stop(
                 f"reached scheduled_global_steps ({self.learner_steps} >= {a.scheduled_global_steps})"
             )
+        elif a.target_return is not None and evaluation_on(self.cfg):
+            last = (self.evaluation or {}).get("last")
+            if last is not None and last["return_mean"] >= a.target_return:
+                self.begin_stop(f"evaluation {last['n']} (learner step {last['learner_steps']}): mean return "
+                                f"{last['return_mean']:.1f} >= target_return {a.target_return}")
         elif a.target_return is not None and len(self.returns) >= min(100, self.returns.maxlen):
             mean = float(np.mean(self.returns))
             if mean >= a.target_return:
@@ -611,6 +619,11 @@ class Coordinator:
         metrics = fields.get("metrics")
         if metrics:
             record.metrics = metrics
+        evaluation = fields.get("evaluation")
+        if evaluation is not None and record.kind == "learner" and (
+                self.evaluation is None or evaluation["count"] != self.evaluation["count"]):
+            self.evaluation = evaluation
+            self._evaluation_row = evaluation["last"] is not None
         returns = fields.get("episode_returns")
         if returns:
             self.returns.extend(returns)
@@ -978,6 +991,9 @@ class Coordinator:
             row["insert_per_s"] = round((inserted - i0) / dt, 2)
             row["sample_per_s"] = round((sampled - s0) / dt, 2)
         self._last_metrics = (now, env_steps, learner_steps, inserted, sampled)
+        if self._evaluation_row:  # once per evaluation: a plot or TensorBoard gets one point each
+            row.update(evaluation_metrics(self.evaluation))
+            self._evaluation_row = False
         return row
 
     def _write_metrics_row(self) -> None:
@@ -1011,6 +1027,7 @@ class Coordinator:
             "learner_steps": self.learner_steps,
             "episodes": self.episodes,
             "return_mean_100": float(np.mean(self.returns)) if self.returns else None,
+            "evaluation": self.evaluation,
             "weights_version": self.weights_version,
             "weights_published_monotonic": self.weights_published,
             "registrations_refused": self.registrations_refused,

@@ -42,6 +42,7 @@ from aiorl import checkpoint
 from aiorl.rundir import Identity
 from aiorl.runtime import rendezvous
 from aiorl.runtime.algorithm import get_algorithm
+from aiorl.runtime.evaluator import Evaluator, evaluation_on
 from aiorl.runtime.fragments import LagMeter
 from aiorl.runtime.phase import Phase, last_checkpoint_budget_s
 from aiorl.runtime.role import Offload, Role
@@ -114,6 +115,8 @@ class LearnerRole(Role):
         if algo_cls.learner_warm_imports:
             threading.Thread(target=_warm_imports, args=(algo_cls.learner_warm_imports,),
                              name="warm imports", daemon=True).start()
+        self.evaluator: Evaluator | None = None  # learner 0 with run.eval_every / eval_interval_s
+        self._evaluating: asyncio.Task | None = None
 
     def register_extra(self) -> dict:
         c = self.cfg.cluster
@@ -127,7 +130,14 @@ class LearnerRole(Role):
         return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),
                 "queue_depth": self.queue.qsize()}
 
+    def heartbeat_extra(self) -> dict:
+        if self.evaluator is None:
+            return {}
+        return {"evaluation": self.evaluator.summary()}
+
     async def cleanup(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.stop.set()  # its worker thread cannot be cancelled: it ends at its next step
         if self._publish is not None and not self._publish.done():
             self._publish.cancel()
         if self._publish is not None:
@@ -188,6 +198,8 @@ class LearnerRole(Role):
             self.step_base = int(meta["learner_steps"])
             self.log.info("resumed from %s (%d learner steps)", self.identity.resume_from, self.step_base)
         self.core = core
+        if self.index == 0 and evaluation_on(cfg):
+            self.evaluator = Evaluator(cfg, self.run_dir / "policy")
         self.memories = [None] * len(self.start_info["memories"])
         self.per_memory = [self._memory_account() for _ in self.memories]
         for m, address in enumerate(self.start_info["memories"]):
@@ -224,7 +236,8 @@ class LearnerRole(Role):
                 "published": self.published, "checkpoints": self.checkpoints,
                 "unused_batches": self.unused_batches, "iterations": self.iterations,
                 "prioritized_replay_beta_last": self.last_beta, "queue_depth_max": self.queue_depth_max,
-                "weights_digest": digest, "policy_lag": self.lag.stats() if self.lag.batches else None}
+                "weights_digest": digest, "policy_lag": self.lag.stats() if self.lag.batches else None,
+                "evaluation": self.evaluator.summary() if self.evaluator is not None else None}
 
     @staticmethod
     def _memory_account() -> dict:
@@ -288,7 +301,7 @@ class LearnerRole(Role):
 
     async def _train(self, m: int | None, batch: dict, checkpoint_now: bool = True) -> bool:
         """One step on `batch`; True when the priorities sent also returned its credit.
-        `checkpoint_now=False`: the caller checkpoints (after publishing)."""
+        `checkpoint_now=False`: the caller checkpoints and evaluates (after publishing)."""
         if self.stopped:
             self.unused_batches += 1
             return False
@@ -324,6 +337,7 @@ class LearnerRole(Role):
                 credited = True
         if checkpoint_now:
             await self._maybe_checkpoint()
+            self._maybe_evaluate()
         return credited
 
     def _locked_step(self, batch):
@@ -339,6 +353,34 @@ class LearnerRole(Role):
                    and time.monotonic() - self.last_checkpoint_t >= r.checkpoint_interval_s)
         if by_steps or by_time:
             await self._checkpoint("periodic")
+
+    def _maybe_evaluate(self) -> None:
+        ev = self.evaluator
+        if ev is None or (self._evaluating is not None and not self._evaluating.done()):
+            return  # one evaluation at a time: a due one is skipped, not queued
+        if ev.due(self.total_steps):
+            ev.mark(self.total_steps)
+            self._evaluating = self.spawn(self._evaluate(self.total_steps), "evaluation")
+
+    def _locked_export(self, directory: str) -> str | None:
+        with self.core_lock:  # between two steps: never weights torn across a step
+            return self.core.export_policy(directory)
+
+    async def _evaluate(self, learner_steps: int) -> None:
+        """Export the current policy (training waits that long), score it in a worker thread."""
+        ev = self.evaluator
+        env_steps = self.run_counters.get("env_steps", 0)
+        try:
+            t0 = time.perf_counter()
+            path = await asyncio.to_thread(self._locked_export, str(ev.scratch()))
+            export_s = time.perf_counter() - t0  # what training waited (the core's lock held)
+            if path is None:
+                self.log.warning("%s exports no policy: no evaluation during training", self.cfg.algo)
+                self.evaluator = None
+                return
+            await asyncio.to_thread(ev.run, path, learner_steps, env_steps, export_s)
+        except OSError as exc:  # a full disk costs this evaluation, not the run
+            self.log.error("evaluation at learner step %d failed: %s", learner_steps, exc)
 
     async def _next(self):
         t0 = time.perf_counter()
@@ -436,6 +478,7 @@ class LearnerRole(Role):
                 # (the coordinator's run state and the serialization then overlap their rollouts).
                 await self._publish_weights()
             await self._maybe_checkpoint()
+            self._maybe_evaluate()
             self.last_metrics["policy_lag"] = float(lag) if lag is not None else -1.0
             self.iterations.append({"iteration": iteration, "rows": rows,
                                     "versions": [min(versions), max(versions)] if versions else None,
@@ -545,6 +588,12 @@ class LearnerRole(Role):
             self.log.error("could not write a checkpoint at the abnormal end (%r)", exc)
 
     async def _finish_outputs(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.stop.set()  # one in flight ends after its current env step, unrecorded
+        if self._evaluating is not None:
+            await asyncio.gather(self._evaluating, return_exceptions=True)  # its error failed the role
+        if self.evaluator is not None:
+            self.evaluator.close()
         await self._publish_weights()
         await self._checkpoint("final")
         await self._checkpoint_written()

@@ -123,11 +123,32 @@ def any_map(value, path):
 
 
 _count = integer()
+
+
+def _evaluation_record(value, path):
+    """One evaluation during training (aiorl.runtime.evaluator): gauges, with its return and step."""
+    record = mapping(text(64), gauge, 64)(value, path)
+    number()(record.get("return_mean"), f"{path}[return_mean]")
+    _count(record.get("learner_steps"), f"{path}[learner_steps]")
+    _count(record.get("n"), f"{path}[n]")
+    return record
+
+
+def evaluation(value, path):
+    """Learner 0's evaluations: ``{count, last, best}`` (`Evaluator.summary`)."""
+    if type(value) is not dict:
+        raise BadMessage(f"{path} must be a map, got {_show(value)}")
+    return {"count": _count(value.get("count"), f"{path}[count]"),
+            "last": nullable(_evaluation_record)(value.get("last"), f"{path}[last]"),
+            "best": nullable(_evaluation_record)(value.get("best"), f"{path}[best]")}
+
+
 _HEARTBEAT = {
     "counters": (mapping(text(64), _count), False),
     "metrics": (mapping(text(64), gauge), False),
     "episode_returns": (list_of(number()), False),
     "episode_lengths": (list_of(_count), False),
+    "evaluation": (evaluation, False),
 }
 
 #: Messages by kind, as the receiver checks them. Requests and data alike.

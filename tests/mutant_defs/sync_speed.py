@@ -5,22 +5,19 @@ fail on it. Run them with `.venv/bin/python tests/mutants.py --only sync_speed`.
 """
 
 MUTANTS = [
-    # ------------------------------------------------------------------ the grid evaluation, side by side
-    dict(name="lockstep_episodes_share_one_seed",
-         path="bench/learning.py",
+    # ------------------------------------------------------------------ episodes side by side
+    # (aiorl/evaluate.py's run_episodes_together, which the bench's grid uses; the return kept
+    # as the last reward is eval_during_training's side-by-side-returns-keep-the-last-reward)
+    dict(name="together_episodes_share_one_seed",
+         path="aiorl/evaluate.py",
          old="obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]",
          new="obs = [np.asarray(env.reset(seed=seed)[0]) for k, env in enumerate(envs)]",
-         tests=["tests/test_bench_eval.py"]),
-    dict(name="lockstep_keeps_acting_on_the_first_observation",
-         path="bench/learning.py",
-         old="                obs[k] = np.asarray(next_obs)\n",
+         tests=["tests/test_episodes_together.py"]),
+    dict(name="together_keeps_acting_on_the_first_observation",
+         path="aiorl/evaluate.py",
+         old="                obs[k] = np.asarray(o)\n",
          new="",
-         tests=["tests/test_bench_eval.py"]),
-    dict(name="lockstep_return_keeps_only_the_last_reward",
-         path="bench/learning.py",
-         old="returns[k] += float(reward)",
-         new="returns[k] = float(reward)",
-         tests=["tests/test_bench_eval.py"]),
+         tests=["tests/test_episodes_together.py"]),
     # ------------------------------------------------------------------ the synchronous learner
     dict(name="sync_learner_no_longer_checkpoints_each_iteration",
          path="aiorl/runtime/learner.py",

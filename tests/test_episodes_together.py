@@ -1,16 +1,11 @@
-"""bench/learning.py's grid evaluation steps its episodes side by side: it must score
-exactly the episodes `aiorl eval` plays one at a time (episode k from seed + k)."""
-import sys
-from pathlib import Path
-
+"""Evaluation during training and bench/learning.py's grid step their episodes side by side
+(`run_episodes_together`): they must score exactly the episodes `aiorl eval` plays one at a
+time (episode k from seed + k)."""
 import pytest
 import torch
 
 from aiorl.config import EnvConfig
-from aiorl.evaluate import run_episodes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import learning  # noqa: E402
+from aiorl.evaluate import run_episodes, run_episodes_together
 
 
 class Linear(torch.nn.Module):
@@ -33,7 +28,7 @@ def test_lockstep_episodes_equal_the_one_at_a_time_episodes(env_id, obs_dim, out
     policy = Linear(obs_dim, out, discrete)
     env = EnvConfig(id=env_id)
     one_at_a_time = run_episodes(policy, env, 6, seed=11)
-    lockstep = learning.run_episodes_lockstep(policy, env, 6, seed=11)
+    lockstep = run_episodes_together(policy, env, 6, seed=11)
     assert lockstep["lengths"] == one_at_a_time["lengths"]
     assert lockstep["returns"] == pytest.approx(one_at_a_time["returns"], rel=1e-6)
     if discrete:

@@ -1,0 +1,91 @@
+"""Mutants of issue 18 (evaluation during training, the best policy kept, aiorl eval --best/--final);
+each was checked by hand: applied, its tests run and seen failing, reverted."""
+
+T = "tests/test_eval_during_training.py::"
+
+MUTANTS = [
+    dict(
+        name='best-is-the-last-evaluation',
+        path='aiorl/runtime/evaluator.py',
+        old='if self.best is None or evaluation["return_mean"] > self.best["return_mean"]:',
+        new='if True:',
+        tests=[T + 'test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it'],
+    ),
+    dict(
+        name='resume-forgets-the-best',
+        path='aiorl/runtime/evaluator.py',
+        old='self.best = read_best(policy_dir)  # a resumed run goes on from its best',
+        new='self.best = None',
+        tests=[T + 'test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it'],
+    ),
+    dict(
+        name='eval-on-the-training-seeds',
+        path='aiorl/runtime/evaluator.py',
+        old='return EVAL_SEED_BASE + cfg.run.seed',
+        new='return cfg.run.seed',
+        tests=[T + 'test_evaluation_episodes_have_their_own_seeds'],
+    ),
+    dict(
+        name='eval-due-on-absolute-steps',
+        path='aiorl/runtime/evaluator.py',
+        old='learner_steps - self.last_step >= r.eval_every',
+        new='learner_steps >= r.eval_every',
+        tests=[T + 'test_due_by_learner_steps_and_stopped_at_shutdown'],
+    ),
+    dict(
+        name='eval-ignores-the-shutdown',
+        path='aiorl/evaluate.py',
+        old='            if stop is not None and stop.is_set():\n                return None\n',
+        new='',
+        tests=[T + 'test_due_by_learner_steps_and_stopped_at_shutdown'],
+    ),
+    dict(
+        name='heartbeat-drops-the-evaluation',
+        path='aiorl/runtime/messages.py',
+        old='    "evaluation": (evaluation, False),\n',
+        new='',
+        tests=[T + 'test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best'],
+    ),
+    dict(
+        name='target-return-ignores-the-evaluation',
+        path='aiorl/runtime/coordinator.py',
+        old='if last is not None and last["return_mean"] >= a.target_return:',
+        new='if False:',
+        tests=[T + 'test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best'],
+    ),
+    dict(
+        name='no-eval-rows',
+        path='aiorl/runtime/coordinator.py',
+        old='            row.update(evaluation_metrics(self.evaluation))\n',
+        new='',
+        tests=[T + 'test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best'],
+    ),
+    dict(
+        name='eval-defaults-to-the-final-policy',
+        path='aiorl/evaluate.py',
+        old='if which == "best" or (which is None and best is not None and best_path.is_file()):',
+        new='if which == "best":',
+        tests=[T + 'test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best'],
+    ),
+    dict(
+        name='best-without-a-best-falls-through',
+        path='aiorl/evaluate.py',
+        old='if which == "best" and (best is None or not best_path.is_file()):',
+        new='if False:',
+        tests=[T + 'test_best_on_a_run_without_a_best_policy_is_one_line_exit_2'],
+    ),
+    dict(
+        name='side-by-side-returns-keep-the-last-reward',
+        path='aiorl/evaluate.py',
+        old='returns[k] += float(reward)',
+        new='returns[k] = float(reward)',
+        tests=[T + 'test_due_by_learner_steps_and_stopped_at_shutdown'],
+    ),
+    dict(
+        name='panel-keeps-only-the-latest-row',
+        path='aiorl/progress.py',
+        old='if "eval/return_mean" in new:',
+        new='if False:',
+        tests=[T + 'test_the_panel_shows_the_last_evaluation_until_the_next'],
+    ),
+]
