@@ -76,7 +76,11 @@ def save_policy(module, directory: str | Path, meta: dict) -> str:
     os.replace(tmp, path)
     (root / LEGACY_POLICY_FILE).unlink(missing_ok=True)
     meta = {**meta, "format": POLICY_FORMAT, "file": POLICY_FILE}
-    (root / POLICY_META).write_text(json.dumps(meta, indent=1) + "\n")
+    # The program first, then the record describing it, each whole (evaluation during training
+    # rewrites policy/best/ while `aiorl eval` may read it).
+    tmp_meta = root / f".{POLICY_META}.{os.getpid()}.tmp"
+    tmp_meta.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp_meta, root / POLICY_META)
     return str(path)
 
 

@@ -1,6 +1,7 @@
 """Evaluation during training (aiorl.runtime.evaluator): the best policy kept, resume, the eval/* rows,
 target_return on the evaluation return, `aiorl eval --best/--final`, `aiorl plot --metric eval/...`."""
 import json
+import re
 
 import pytest
 import torch
@@ -8,7 +9,6 @@ import torch
 from aiorl.cli import main
 from aiorl.config import load_config
 from aiorl.evaluate import run_episodes, run_episodes_together
-from aiorl.export import save_policy
 from aiorl.runtime.evaluator import BEST_DIR, EVAL_SEED_BASE, Evaluator, evaluation_metrics, read_best
 from apex_helpers import make_algo
 from cluster_helpers import read_json, run
@@ -39,8 +39,9 @@ def cartpole_cfg(tmp_path, **run_keys):
     return cfg
 
 
-def export(module, tmp_path, name) -> str:
-    return save_policy(module, tmp_path / name, dict(META))
+def acting(module) -> tuple[torch.nn.Module, dict]:
+    """What `LearnerCore.acting_policy` returns: the module and its policy.json meta."""
+    return module, dict(META)
 
 
 def test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it(tmp_path):
@@ -48,8 +49,8 @@ def test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it(tmp_path
     policy_dir = tmp_path / "run" / "policy"
     ev = Evaluator(cfg, policy_dir)
     assert ev.best is None
-    good = ev.run(export(Balance(), tmp_path, "a"), learner_steps=100, env_steps=1000)
-    bad = ev.run(export(Left(), tmp_path, "b"), learner_steps=200, env_steps=2000)
+    good = ev.run(*acting(Balance()), learner_steps=100, env_steps=1000)
+    bad = ev.run(*acting(Left()), learner_steps=200, env_steps=2000)
     assert good["return_mean"] > 100 > bad["return_mean"]
     assert ev.last == bad and ev.best == good and ev.count == 2
     # policy/best/ holds the program that scored best, with the evaluation that chose it
@@ -62,7 +63,7 @@ def test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it(tmp_path
     # A resumed run reads its best back: a worse evaluation does not replace it, a better one does
     again = Evaluator(cfg, policy_dir)
     assert again.best == good
-    again.run(export(Left(), tmp_path, "c"), learner_steps=300, env_steps=3000)
+    again.run(*acting(Left()), learner_steps=300, env_steps=3000)
     assert read_best(policy_dir) == good
     summary = again.summary()
     assert summary["best"] == good and summary["last"]["learner_steps"] == 300
@@ -72,7 +73,7 @@ def test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it(tmp_path
 def test_evaluation_episodes_have_their_own_seeds(tmp_path):
     cfg = cartpole_cfg(tmp_path)
     ev = Evaluator(cfg, tmp_path / "policy")
-    result = ev.run(export(Balance(), tmp_path, "a"), learner_steps=1, env_steps=1)
+    result = ev.run(*acting(Balance()), learner_steps=1, env_steps=1)
     assert result["seed"] == EVAL_SEED_BASE + cfg.run.seed
     by_hand = run_episodes(Balance(), cfg.env, 3, EVAL_SEED_BASE + cfg.run.seed)
     assert result["return_mean"] == pytest.approx(by_hand["mean"])
@@ -102,9 +103,13 @@ def test_due_by_learner_steps_and_stopped_at_shutdown(tmp_path):
 def test_every_algorithms_export_evaluates(tmp_path, algo_name, env_id):
     algo = make_algo(algo_name, env_id)
     algo.cfg.run.eval_every, algo.cfg.run.eval_episodes = 1, 1
-    path = algo.make_learner(0, 1, seed=0).export_policy(str(tmp_path / "scratch"))
-    result = Evaluator(algo.cfg, tmp_path / "policy").run(path, learner_steps=1, env_steps=0)
+    policy = algo.make_learner(0, 1, seed=0).acting_policy()
+    result = Evaluator(algo.cfg, tmp_path / "policy").run(*policy, learner_steps=1, env_steps=0)
     assert result["episodes"] == 1 and (tmp_path / "policy" / BEST_DIR / "policy.pt2").is_file()
+    # the best kept is the module scored, exported: the same actions
+    best = torch.export.load(str(tmp_path / "policy" / BEST_DIR / "policy.pt2")).module()
+    obs = torch.zeros((3, *policy[1]["observation_shape"]))
+    assert torch.equal(best(obs), policy[0](obs))
 
 
 DQN = {
@@ -119,17 +124,19 @@ DQN = {
 
 
 def test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best(tmp_path, capsys):
-    # target_return 1: every CartPole policy scores more, so the first evaluation ends the run
-    # (a training window of 100 episodes is far off); scheduled_global_steps never ends it.
+    # target_return 1: every CartPole policy scores more, so the first evaluation the coordinator
+    # hears of ends the run (a training window of 100 episodes is far off; evaluations every 40
+    # learner steps may outpace heartbeats); scheduled_global_steps never ends it.
     code, out, run_dir = run(tmp_path, DQN, timeout_s=200)
     assert code == 0, out
     summary = read_json(run_dir / "summary.json")
-    assert summary["stop_detail"].startswith("evaluation 1 (learner step 40)"), summary["stop_detail"]
+    stop = re.match(r"evaluation (\d+) \(learner step (\d+)\): mean return [-\d.]+ >= target_return 1", summary["stop_detail"])
+    assert stop is not None, summary["stop_detail"]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = [r for r in rows if "eval/return_mean" in r]
     assert len(evals) >= 1
     first = evals[0]
-    assert first["eval/episodes"] == 2 and first["eval/learner_steps"] == 40
+    assert first["eval/episodes"] == 2 and first["eval/learner_steps"] == int(stop[2]) >= 40
     assert first["eval/seed"] == EVAL_SEED_BASE + 3 and first["eval/return_std"] >= 0
     assert first["eval/best_return_mean"] >= first["eval/return_mean"]
     assert summary["evaluation"]["best"]["return_mean"] == first["eval/best_return_mean"]

@@ -409,13 +409,12 @@ class ActorCriticLearner(ApexLearner):
         self.iterations = int(state["iterations"])
         self.env_steps_trained = int(state["env_steps_trained"])
 
-    def export_policy(self, directory):
+    def acting_policy(self):
         from aiorl.algos._actor_critic import DeterministicPolicy, policy_meta
 
         policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
-        meta = policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
-                           env_steps_trained=self.env_steps_trained)
-        return save_policy(policy, directory, meta)
+        return policy, policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
+                                   env_steps_trained=self.env_steps_trained)
 
 
 # --------------------------------------------------------------------------

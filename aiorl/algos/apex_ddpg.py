@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from aiorl.algos._common import (
-    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, save_policy, hard_update,
+    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, hard_update,
     load_numpy_state, make_adam, nstep_batch_rows, setup_torch, soft_update, state_to_numpy, td_loss,
     weights_spec_of,
 )
@@ -205,8 +205,8 @@ class DDPGLearner(ApexLearner):
     def get_weights(self):
         return {**state_to_numpy(self.actor, "actor"), **state_to_numpy(self.critic, "critic")}
 
-    def export_policy(self, directory):
-        return save_policy(copy.deepcopy(self.actor).cpu(), directory, self.algo.policy_meta(self.learner_steps))
+    def acting_policy(self):
+        return copy.deepcopy(self.actor).cpu(), self.algo.policy_meta(self.learner_steps)
 
 
 # --------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from aiorl.algos._common import (
-    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, save_policy, hard_update,
+    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, hard_update,
     load_numpy_state, make_adam, nstep_batch_rows, setup_torch, soft_update, state_to_numpy, td_loss,
     weights_spec_of,
 )
@@ -214,9 +214,8 @@ class DQNLearner(ApexLearner):
     def get_weights(self):
         return state_to_numpy(self.online, "q")
 
-    def export_policy(self, directory):
-        policy = GreedyPolicy(copy.deepcopy(self.online).cpu())
-        return save_policy(policy, directory, self.algo.policy_meta(self.learner_steps))
+    def acting_policy(self):
+        return GreedyPolicy(copy.deepcopy(self.online).cpu()), self.algo.policy_meta(self.learner_steps)
 
 
 # --------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from torch import nn
 from aiorl.algos._actor_critic import (
     ActorCritic, DeterministicPolicy, check_action_space, obs_norm_size, policy_meta,
 )
-from aiorl.algos._common import save_policy, setup_torch
+from aiorl.algos._common import setup_torch
 from aiorl.algos._networks import OneHot, check_observation_space, parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.envs import make_env
@@ -345,11 +345,10 @@ class ESLearner(LearnerCore):
         self.iterations = int(state["iterations"])
         self.env_steps_trained = int(state["env_steps_trained"])
 
-    def export_policy(self, directory):
+    def acting_policy(self):
         policy = DeterministicPolicy(copy.deepcopy(self._synced_net()))
-        meta = policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
-                           env_steps_trained=self.env_steps_trained)
-        return save_policy(policy, directory, meta)
+        return policy, policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
+                                   env_steps_trained=self.env_steps_trained)
 
 
 # --------------------------------------------------------------------------

@@ -138,9 +138,18 @@ class LearnerCore:
         self.load_state_dict(state)
         return meta
 
+    def acting_policy(self) -> tuple[object, dict] | None:
+        """A frozen copy of the acting policy (a module: obs batch -> action batch, on the CPU) and
+        its policy.json meta; None for an algorithm with nothing to export. Cheap (a copy of the
+        network): evaluation during training takes it between two steps and exports off the lock."""
+        return None
+
     def export_policy(self, directory: str) -> str | None:
         """Write the acting policy for `aiorl eval`; return its path."""
-        return None
+        from aiorl.export import save_policy
+
+        policy = self.acting_policy()
+        return None if policy is None else save_policy(policy[0], directory, policy[1])
 
     def finish(self) -> None:
         """Called once when this learner's data has ended (after its last `step`).

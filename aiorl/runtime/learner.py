@@ -362,23 +362,23 @@ class LearnerRole(Role):
             ev.mark(self.total_steps)
             self._evaluating = self.spawn(self._evaluate(self.total_steps), "evaluation")
 
-    def _locked_export(self, directory: str) -> str | None:
+    def _locked_policy(self) -> tuple[object, dict] | None:
         with self.core_lock:  # between two steps: never weights torn across a step
-            return self.core.export_policy(directory)
+            return self.core.acting_policy()
 
     async def _evaluate(self, learner_steps: int) -> None:
-        """Export the current policy (training waits that long), score it in a worker thread."""
+        """Copy the current policy (training waits that long), score it in a worker thread."""
         ev = self.evaluator
         env_steps = self.run_counters.get("env_steps", 0)
         try:
             t0 = time.perf_counter()
-            path = await asyncio.to_thread(self._locked_export, str(ev.scratch()))
-            export_s = time.perf_counter() - t0  # what training waited (the core's lock held)
-            if path is None:
+            policy = await asyncio.to_thread(self._locked_policy)
+            copy_s = time.perf_counter() - t0  # what training waited (the core's lock held)
+            if policy is None:
                 self.log.warning("%s exports no policy: no evaluation during training", self.cfg.algo)
                 self.evaluator = None
                 return
-            await asyncio.to_thread(ev.run, path, learner_steps, env_steps, export_s)
+            await asyncio.to_thread(ev.run, *policy, learner_steps, env_steps, copy_s)
         except OSError as exc:  # a full disk costs this evaluation, not the run
             self.log.error("evaluation at learner step %d failed: %s", learner_steps, exc)
 
@@ -592,8 +592,6 @@ class LearnerRole(Role):
             self.evaluator.stop.set()  # one in flight ends after its current env step, unrecorded
         if self._evaluating is not None:
             await asyncio.gather(self._evaluating, return_exceptions=True)  # its error failed the role
-        if self.evaluator is not None:
-            self.evaluator.close()
         await self._publish_weights()
         await self._checkpoint("final")
         await self._checkpoint_written()
