@@ -104,3 +104,28 @@ def last_metrics(run_dir: Path) -> dict | None:
         return None
     lines = [l for l in path.read_text().splitlines() if l.strip()]
     return json.loads(lines[-1]) if lines else None
+
+
+def check_tls_only(run_dir: Path, cert: Path, key: Path) -> None:
+    """The run's coordinator speaks only TLS: a plain TCP client (right token and all) gets nowhere,
+    a TLS client with the cluster's certificate is served (and finds the run RUNNING)."""
+    import asyncio
+
+    import pytest
+
+    from aiorl.wire import WireError, connect, load_token
+    from aiorl.wire.tls import client_context
+
+    port = read_json(run_dir / "coordinator.json")["port"]
+    token = load_token(run_dir / "token")
+
+    async def probe(ssl):
+        conn = await connect("127.0.0.1", port, token=token, name="probe", ssl=ssl, handshake_timeout_s=30)
+        try:
+            return (await conn.request("status", timeout_s=30)).meta["phase"]
+        finally:
+            await conn.close()
+
+    with pytest.raises((WireError, OSError)):
+        asyncio.run(probe(None))
+    assert asyncio.run(probe(client_context(cert, certfile=cert, keyfile=key))) == "RUNNING"

@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from cluster_helpers import alive, cluster, finish, last_metrics, pids, read_json, run, start, wait_for
+from cluster_helpers import (alive, check_tls_only, cluster, finish, last_metrics, pids, read_json, run, start,
+                             wait_for)
 
 pytestmark = pytest.mark.cluster
 
@@ -226,10 +227,7 @@ def test_one_role_per_process_deployment_and_config_hash_refusal(tmp_path):
 
 
 def test_tls_cluster(tmp_path):
-    import asyncio
-
-    from aiorl.wire import WireError, connect, load_token
-    from aiorl.wire.tls import client_context, generate_self_signed
+    from aiorl.wire.tls import generate_self_signed
 
     cert, key = generate_self_signed(tmp_path / "tls", hosts=("127.0.0.1", "localhost"))
     config = cluster(1, 2, 1, scheduled_timesteps=10**9)
@@ -237,21 +235,7 @@ def test_tls_cluster(tmp_path):
     proc, run_dir = start(tmp_path, config)
     try:
         wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 120, "learner steps")
-        port = read_json(run_dir / "coordinator.json")["port"]
-        token = load_token(run_dir / "token")
-
-        async def probe(ssl):
-            conn = await connect("127.0.0.1", port, token=token, name="probe", ssl=ssl, handshake_timeout_s=30)
-            try:
-                return (await conn.request("status", timeout_s=30)).meta["phase"]
-            finally:
-                await conn.close()
-
-        # The coordinator speaks only TLS: a plain TCP client (right token and all) gets nowhere...
-        with pytest.raises((WireError, OSError)):
-            asyncio.run(probe(None))
-        # ...while a TLS client with the cluster's certificate is served.
-        assert asyncio.run(probe(client_context(cert, certfile=cert, keyfile=key))) == "RUNNING"
+        check_tls_only(run_dir, cert, key)
         proc.send_signal(signal.SIGINT)
         code, out = finish(proc, timeout_s=60)
     finally:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from cluster_helpers import alive, cluster, finish, last_metrics, read_json, wait_for, write_config
+from cluster_helpers import alive, check_tls_only, cluster, finish, last_metrics, read_json, wait_for, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cluster,
@@ -289,6 +289,28 @@ def test_sigterm_to_the_driver_stops_the_run_cleanly_and_leaves_nothing(tmp_path
     assert node_of(placement["memory-0"]) != node_of(placement["memory-1"]), placement
     assert node_of(placement["learner-0"]) == NODES[0], placement
     assert f"--resume {run_dir}" in out
+    connect_state_api(ray_cluster)
+    nothing_left(run_dir)
+
+
+def test_tls_settings_apply_under_ray_as_locally(tmp_path, ray_cluster):
+    """cluster.tls_* reach every placed role: the coordinator speaks only TLS, the run trains."""
+    from aiorl.wire.tls import generate_self_signed
+
+    cert, key = generate_self_signed(tmp_path / "tls", hosts=("127.0.0.1", "localhost"))
+    config = cluster(1, 2, 1, scheduled_timesteps=10**9)
+    config["cluster"].update(tls_cert=str(cert), tls_key=str(key), tls_ca=str(cert))
+    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
+    try:
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 300, "learner steps", 0.5)
+        check_tls_only(run_dir, cert, key)
+        proc.send_signal(signal.SIGTERM)
+        code, out = finish(proc, timeout_s=180)
+    finally:
+        proc.kill()
+    assert code == 143, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["ok"] and summary["learner_steps"] > 0, summary
     connect_state_api(ray_cluster)
     nothing_left(run_dir)
 
