@@ -129,3 +129,16 @@ def check_tls_only(run_dir: Path, cert: Path, key: Path) -> None:
     with pytest.raises((WireError, OSError)):
         asyncio.run(probe(None))
     assert asyncio.run(probe(client_context(cert, certfile=cert, keyfile=key))) == "RUNNING"
+
+
+def live_status(run_dir: Path) -> dict | None:
+    """The coordinator's status (roles with their registered pids), or None if it does not answer."""
+    import asyncio
+
+    from aiorl.status import fetch_status, resolve_target
+
+    try:
+        host, port, token, _ = resolve_target(str(run_dir), None)
+        return asyncio.run(fetch_status(host, port, token, timeout_s=5.0))
+    except Exception:
+        return None

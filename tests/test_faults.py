@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from aiorl import checkpoint
-from cluster_helpers import alive, finish, last_metrics, pids, read_json, start, wait_for, write_config
+from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, start, wait_for, write_config
 
 pytestmark = pytest.mark.cluster
 
@@ -75,19 +75,6 @@ def assert_nothing_accepted_was_lost(roles: dict, memories: list[str], actors: l
         for m, name in enumerate(memories):
             last = roles[name]["stats"]["actors"][actor]["connections"][-1]
             assert last["finished"] and last["transitions"] == sent[m]["transitions"], (actor, name)
-
-
-def live_status(run_dir: Path) -> dict | None:
-    """The coordinator's status (roles with their registered pids), or None if it does not answer."""
-    import asyncio
-
-    from aiorl.status import fetch_status, resolve_target
-
-    try:
-        host, port, token, _ = resolve_target(str(run_dir), None)
-        return asyncio.run(fetch_status(host, port, token, timeout_s=5.0))
-    except Exception:
-        return None
 
 
 def registered(run_dir: Path, name: str, pid: int) -> bool:

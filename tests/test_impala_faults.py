@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from aiorl import checkpoint
-from cluster_helpers import alive, finish, last_metrics, pids, read_json, start, wait_for
-from test_faults import live_status, metrics_rows
+from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, start, wait_for
+from test_faults import metrics_rows
 from test_impala_cluster import impala_config
 
 pytestmark = pytest.mark.cluster

@@ -410,15 +410,18 @@ def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(tmp_pa
 def test_removing_a_worker_node_ends_the_run_naming_the_loss(tmp_path, ray_cluster):
     """The node holding memory 1 goes (roles there with it): memory 1 is lost, named, and the run
     ends failed; afterwards nothing of the run is left on any node. Runs last: it adds the node back."""
-    proc, run_dir = start_ray(tmp_path, ray_cluster, cluster(2, 2, 1, scheduled_timesteps=10**9))
+    # Both memories on the worker nodes (spread: one each), so memory 1's node never holds the
+    # coordinator: left to Ray, memory 1 may land on the head and memory 0 on a worker.
+    config = cluster(2, 2, 1, scheduled_timesteps=10**9)
+    config["cluster"]["resources"] = {"memory": {"num_cpus": 1, "resources": {ACTOR_SLOT: 1}}}
+    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
     seen: dict = {}
     removed = None
     try:
         wait_for(lambda: watch_running(run_dir, seen), 300, "the run to be RUNNING with every role", 0.5)
         placement = read_json(run_dir / "placement.json")
-        on_workers = [(name, node_of(p)) for name, p in placement.items() if node_of(p) != NODES[0]]
-        assert on_workers, placement
-        victim, node = next(((n, r) for n, r in on_workers if n == "memory-1"), on_workers[0])
+        victim, node = "memory-1", node_of(placement["memory-1"])
+        assert node in NODES[1:] and node != node_of(placement["memory-0"]), placement
         removed = node
         ray_cluster.remove_node(ray_cluster.workers[node])
         code, out = finish(proc, timeout_s=240)
