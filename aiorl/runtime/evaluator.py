@@ -100,7 +100,7 @@ class Evaluator:
         from aiorl.evaluate import run_episodes_together
 
         t0 = time.perf_counter()
-        policy = policy.eval().requires_grad_(False)
+        policy = policy.train(False).requires_grad_(False)  # inference mode, as save_policy freezes it
         seed = eval_seed(self.cfg)
         result = run_episodes_together(policy, self.cfg.env, self.cfg.run.eval_episodes, seed, stop=self.stop)
         if result is None:
