@@ -2,32 +2,28 @@
 target_return on the evaluation return, `aiorl eval --best/--final`, `aiorl plot --metric eval/...`."""
 import json
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from aiorl.cli import main
 from aiorl.config import load_config
 from aiorl.evaluate import run_episodes, run_episodes_together
+from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.evaluator import BEST_DIR, EVAL_SEED_BASE, Evaluator, evaluation_metrics, read_best
 from apex_helpers import make_algo
 from cluster_helpers import read_json, run
-
-META = {"observation_shape": [4], "observation_dtype": "float32"}
-
 
 class Balance(torch.nn.Module):
     """Push toward the side the pole falls to: CartPole's classic hand policy (returns in the hundreds)."""
 
     def forward(self, obs):
         return (obs[:, 2] + obs[:, 3] > 0).long()
-
-
-class Left(torch.nn.Module):
-    """Always push left: the pole falls in about ten steps."""
-
-    def forward(self, obs):
-        return torch.zeros(obs.shape[0], dtype=torch.long)
 
 
 def cartpole_cfg(tmp_path, **run_keys):
@@ -39,31 +35,50 @@ def cartpole_cfg(tmp_path, **run_keys):
     return cfg
 
 
-def acting(module) -> tuple[torch.nn.Module, dict]:
-    """What `LearnerCore.acting_policy` returns: the module and its policy.json meta."""
-    return module, dict(META)
+def acting(cfg, rule: str) -> tuple[torch.nn.Module, dict]:
+    """The DQN learner's own acting policy (what the evaluation process rebuilds), its weights set by
+    hand: "balance" computes Balance's rule, "left" always pushes left (the pole falls in ~10 steps)."""
+    policy, meta = build_algorithm(cfg).make_learner(0, 1, seed=0).acting_policy()
+    first, second, value, advantage = [m for m in policy.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for layer in (first, second, value, advantage):
+            layer.weight.zero_()
+            layer.bias.zero_()
+        if rule == "balance":  # Q(right) - Q(left) = relu(x2 + x3) - relu(-(x2 + x3)) = x2 + x3
+            first.weight[0, 2:], first.weight[1, 2:] = 1.0, -1.0
+            second.weight[0, 0] = second.weight[1, 1] = 1.0
+            advantage.weight[1, 0] = advantage.weight[0, 1] = 1.0
+        else:
+            advantage.bias[0] = 1.0
+    return policy, meta
 
 
 def test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it(tmp_path):
     cfg = cartpole_cfg(tmp_path)
     policy_dir = tmp_path / "run" / "policy"
     ev = Evaluator(cfg, policy_dir)
-    assert ev.best is None
-    good = ev.run(*acting(Balance()), learner_steps=100, env_steps=1000)
-    bad = ev.run(*acting(Left()), learner_steps=200, env_steps=2000)
+    try:
+        assert ev.best is None
+        good = ev.run(*acting(cfg, "balance"), learner_steps=100, env_steps=1000)
+        bad = ev.run(*acting(cfg, "left"), learner_steps=200, env_steps=2000)
+    finally:
+        ev.close()
     assert good["return_mean"] > 100 > bad["return_mean"]
     assert ev.last == bad and ev.best == good and ev.count == 2
     # policy/best/ holds the program that scored best, with the evaluation that chose it
     assert read_best(policy_dir) == good
     best = torch.export.load(str(policy_dir / BEST_DIR / "policy.pt2")).module()
-    obs = torch.tensor([[0.0, 0.0, 0.1, 0.1]])
-    assert int(best(obs)[0]) == 1  # Balance's answer; Left's is 0
+    obs = torch.tensor([[0.0, 0.0, 0.1, 0.1], [0.0, 0.0, -0.1, -0.1]])
+    assert best(obs).tolist() == [1, 0]  # Balance's answers; Left's are [0, 0]
     meta = json.loads((policy_dir / BEST_DIR / "policy.json").read_text())
     assert meta["evaluation"]["learner_steps"] == 100 and meta["observation_shape"] == [4]
     # A resumed run reads its best back: a worse evaluation does not replace it, a better one does
     again = Evaluator(cfg, policy_dir)
-    assert again.best == good
-    again.run(*acting(Left()), learner_steps=300, env_steps=3000)
+    try:
+        assert again.best == good
+        again.run(*acting(cfg, "left"), learner_steps=300, env_steps=3000)
+    finally:
+        again.close()
     assert read_best(policy_dir) == good
     summary = again.summary()
     assert summary["best"] == good and summary["last"]["learner_steps"] == 300
@@ -73,7 +88,10 @@ def test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it(tmp_path
 def test_evaluation_episodes_have_their_own_seeds(tmp_path):
     cfg = cartpole_cfg(tmp_path)
     ev = Evaluator(cfg, tmp_path / "policy")
-    result = ev.run(*acting(Balance()), learner_steps=1, env_steps=1)
+    try:
+        result = ev.run(*acting(cfg, "balance"), learner_steps=1, env_steps=1)
+    finally:
+        ev.close()
     assert result["seed"] == EVAL_SEED_BASE + cfg.run.seed
     by_hand = run_episodes(Balance(), cfg.env, 3, EVAL_SEED_BASE + cfg.run.seed)
     assert result["return_mean"] == pytest.approx(by_hand["mean"])
@@ -97,18 +115,83 @@ def test_due_by_learner_steps_and_stopped_at_shutdown(tmp_path):
     assert together == run_episodes(Balance(), cfg.env, 3, 5)
 
 
+def test_an_interrupted_evaluation_is_not_recorded_and_close_ends_the_process(tmp_path):
+    import threading
+
+    cfg = cartpole_cfg(tmp_path, eval_episodes=100)  # 100 balancing episodes side by side: seconds
+    ev = Evaluator(cfg, tmp_path / "policy")
+    policy = acting(cfg, "balance")
+    try:
+        assert ev.run(*policy, learner_steps=1, env_steps=1) is not None  # the process is up
+        worker = ev.worker.proc
+        results = []
+        scoring = threading.Thread(target=lambda: results.append(ev.run(*policy, learner_steps=2, env_steps=2)))
+        scoring.start()
+        time.sleep(0.3)  # inside the episodes: 100 of them take far longer
+        ev.interrupt()
+        scoring.join(timeout=60)
+        assert results == [None] and ev.count == 1 and ev.last["learner_steps"] == 1
+        assert worker.wait(timeout=30) == 0  # it exits once interrupted
+        assert ev.run(*policy, learner_steps=3, env_steps=3) is None  # none starts after shutdown
+    finally:
+        ev.close()
+    assert not ev.worker.dir.exists()
+
+
+def test_the_evaluation_process_dies_with_a_learner_killed_outright(tmp_path):
+    # Killed in the middle of an evaluation of minutes (20,000 balancing episodes): an idle worker
+    # would end at its closed stdin anyway; a busy one only by PR_SET_PDEATHSIG.
+    script = f"""
+import sys, threading, time
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_eval_during_training import acting, cartpole_cfg
+from aiorl.runtime.evaluator import Evaluator
+from pathlib import Path
+cfg = cartpole_cfg(Path({str(tmp_path)!r}), eval_episodes=20_000)
+ev = Evaluator(cfg, Path({str(tmp_path)!r}) / "policy")
+ev.start()
+threading.Thread(target=ev.run, args=acting(cfg, "balance"), kwargs=dict(learner_steps=1, env_steps=1)).start()
+while not (ev.worker.dir / "state.npz").exists():  # the request is on its way
+    time.sleep(0.05)
+print(ev.worker.proc.pid, flush=True)
+time.sleep(600)
+"""
+    learner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = psutil.Process(int(learner.stdout.readline()))
+        assert worker.ppid() == learner.pid
+    finally:
+        learner.kill()
+        learner.wait()
+    try:
+        worker.wait(timeout=30)  # psutil raises TimeoutExpired if it outlives the learner
+    finally:
+        if worker.is_running():
+            worker.kill()  # a failed test leaves nothing behind either
+
+
 @pytest.mark.parametrize("algo_name, env_id", [("apex_dqn", "CartPole-v1"), ("apex_ddpg", "Pendulum-v1"),
                                                ("dppo", "CartPole-v1"), ("es", "CartPole-v1"),
                                                ("impala", "CartPole-v1")])
 def test_every_algorithms_export_evaluates(tmp_path, algo_name, env_id):
     algo = make_algo(algo_name, env_id)
     algo.cfg.run.eval_every, algo.cfg.run.eval_episodes = 1, 1
-    policy = algo.make_learner(0, 1, seed=0).acting_policy()
-    result = Evaluator(algo.cfg, tmp_path / "policy").run(*policy, learner_steps=1, env_steps=0)
+    # Other weights and buffers than the evaluation process's own module (built with seed 0): the
+    # scored policy must be the one sent.
+    policy = algo.make_learner(0, 1, seed=1).acting_policy()
+    with torch.no_grad():
+        for buffer in policy[0].buffers():
+            if buffer.is_floating_point():
+                buffer.add_(0.5)
+    ev = Evaluator(algo.cfg, tmp_path / "policy")
+    try:
+        result = ev.run(*policy, learner_steps=1, env_steps=0)
+    finally:
+        ev.close()
     assert result["episodes"] == 1 and (tmp_path / "policy" / BEST_DIR / "policy.pt2").is_file()
     # the best kept is the module scored, exported: the same actions
     best = torch.export.load(str(tmp_path / "policy" / BEST_DIR / "policy.pt2")).module()
-    obs = torch.zeros((3, *policy[1]["observation_shape"]))
+    obs = torch.randn((64, *policy[1]["observation_shape"]), generator=torch.Generator().manual_seed(0))
     assert torch.equal(best(obs), policy[0](obs))
 
 
@@ -143,6 +226,7 @@ def test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best(tmp_p
     assert summary["roles"]["learner-0"]["stats"]["evaluation"]["count"] >= 1
     assert (run_dir / "policy" / "policy.pt2").is_file() and (run_dir / "policy" / BEST_DIR / "policy.pt2").is_file()
     assert not (run_dir / "policy" / ".eval").exists()
+    assert not list(run_dir.glob(".evaluation-*"))  # the evaluation process was ended and cleaned up
 
     # aiorl eval: the best by default, --final the final one, each named
     assert main(["eval", str(run_dir), "--episodes", "2", "--json"]) == 0
@@ -203,3 +287,31 @@ def test_the_panel_shows_the_last_evaluation_until_the_next(tmp_path):
     console.print(render_panel(progress.state))
     text = console.export_text()
     assert "last evaluation" in text and "321.50 ± 4.0 at step 1,000 (best 400.25)" in text
+
+
+def test_a_resumed_run_keeps_the_best_of_its_earlier_launch(tmp_path):
+    # Both launches end at their first evaluation the coordinator hears of (target_return 1).
+    code, out, run_dir = run(tmp_path, DQN, timeout_s=200)
+    assert code == 0, out
+    first = read_json(run_dir / "summary.json")
+    record = run_dir / "policy" / BEST_DIR / "policy.json"
+    program = (run_dir / "policy" / BEST_DIR / "policy.pt2").read_bytes()
+    meta = json.loads(record.read_text())
+    meta["evaluation"]["return_mean"] = 1e6  # a best that no evaluation of the second launch beats
+    record.write_text(json.dumps(meta))
+
+    resumed = subprocess.run([sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    summary = read_json(run_dir / "summary.json")
+    assert summary["attempt"] == 2 and summary["learner_steps"] > first["learner_steps"]
+    assert summary["evaluation"]["best"]["return_mean"] == 1e6
+    # the second launch evaluated, counting learner steps on from the first
+    assert summary["evaluation"]["last"]["learner_steps"] > first["evaluation"]["last"]["learner_steps"]
+    assert 1 <= summary["evaluation"]["last"]["return_mean"] < 1e6
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    second = [r for r in rows if r.get("attempt") == 2 and "eval/return_mean" in r]
+    assert second and all(r["eval/best_return_mean"] == 1e6 for r in second)
+    # the earlier launch's best policy is still the one kept
+    assert (run_dir / "policy" / BEST_DIR / "policy.pt2").read_bytes() == program
+    assert json.loads(record.read_text())["evaluation"]["return_mean"] == 1e6

@@ -3,8 +3,10 @@
 Every ``run.eval_every`` learner steps (iterations for dppo/es) and/or
 ``run.eval_interval_s`` seconds, learner 0 copies its acting policy between
 two steps (`LearnerCore.acting_policy`, the module the final
-``policy/policy.pt2`` is exported from) and a worker thread runs
-``run.eval_episodes`` greedy episodes of that copy side by side (one policy
+``policy/policy.pt2`` is exported from) and the evaluation process
+(`aiorl.runtime.eval_worker`: a process, not a thread, so that the episodes'
+Python does not hold the learner's GIL) runs ``run.eval_episodes`` greedy
+episodes of it side by side (one policy
 call per step for all of them) on environments of its own: episode k is
 reset with seed
 ``EVAL_SEED_BASE + run.seed + k``, so every evaluation of a run sees the same
@@ -12,8 +14,8 @@ episodes (evaluations compare fairly) and none is a training env's episode.
 One evaluation at a time: one that is due while another runs is skipped.
 
 An evaluation whose mean return beats every earlier one (of this run,
-earlier launches included) has that copy exported (`torch.export`, in the
-worker thread) to ``policy/best/``, with the evaluation in
+earlier launches included) has that policy exported (`torch.export`, in the
+evaluation process) to ``policy/best/``, with the evaluation in
 ``policy/best/policy.json``. That file is the record
 a resumed run reads back, so a resume never replaces a better best with a
 worse one. The coordinator gets the last and best evaluations with learner
@@ -21,7 +23,7 @@ worse one. The coordinator gets the last and best evaluations with learner
 summary.json, and stops on ``agent.target_return`` against the evaluation's
 mean return when evaluation is on.
 
-Why a copy of the network, not an exported file: an export (torch.export
+Why the network's state, not an exported file: an export (torch.export
 tracing) takes a few tenths of a second and a call of the exported program
 about 30x a call of the module, where the copy takes microseconds under the
 learner's lock and scores fast; measured with ``bench/learning.py eval-cost``,
@@ -75,7 +77,8 @@ class Evaluator:
         self.count = 0
         self.last_step = 0
         self.last_t = time.monotonic()
-        self.stop = threading.Event()  # set at shutdown: an evaluation in flight ends after its episode
+        self.stop = threading.Event()  # set at shutdown: no evaluation starts
+        self.worker = None  # aiorl.runtime.eval_worker.EvalWorker, from the first learner step
         if self.best is not None:
             log.info("best evaluation so far: mean return %.2f at learner step %d",
                      self.best["return_mean"], self.best["learner_steps"])
@@ -91,47 +94,55 @@ class Evaluator:
         self.last_step = learner_steps
         self.last_t = time.monotonic()
 
+    def start(self) -> None:
+        """Start the evaluation process (from the loop's thread, when the learner is built: its
+        imports overlap the run's start-up, and it is ready for the first evaluation even of a short
+        run)."""
+        if self.worker is None and not self.stop.is_set():
+            from aiorl.runtime.eval_worker import EvalWorker
+
+            self.worker = EvalWorker(self.cfg, self.policy_dir)
+
     def run(self, policy, meta: dict, learner_steps: int, env_steps: int, copy_s: float = 0.0) -> dict | None:
-        """Score `policy` (a module from `LearnerCore.acting_policy`, with its policy.json `meta`) in a
-        worker thread; export it to policy/best/ if it is the best so far.
+        """Score `policy` (a module from `LearnerCore.acting_policy`, with its policy.json `meta`) in the
+        evaluation process, which exports it to policy/best/ if it is the best so far. Blocks: call it
+        in a worker thread.
 
         None: stopped at shutdown before its episodes were done (not recorded).
         """
-        from aiorl.evaluate import run_episodes_together
-
-        t0 = time.perf_counter()
-        policy = policy.train(False).requires_grad_(False)  # inference mode, as save_policy freezes it
-        seed = eval_seed(self.cfg)
-        result = run_episodes_together(policy, self.cfg.env, self.cfg.run.eval_episodes, seed, stop=self.stop)
-        if result is None:
+        if self.stop.is_set():
             return None
-        evaluation = {"n": self.count + 1, "learner_steps": learner_steps, "env_steps": env_steps,
-                      "return_mean": result["mean"], "return_std": result["std"], "return_min": result["min"],
-                      "episodes": result["episodes"], "seed": seed, "length_mean": result["length_mean"],
-                      "seconds": round(time.perf_counter() - t0, 3), "copy_s": round(copy_s, 4),
-                      "time": time.time()}
-        if self.best is None or evaluation["return_mean"] > self.best["return_mean"]:
-            self._keep_best(policy, meta, evaluation)
+        self.start()
+        state = {k: v.detach().cpu().numpy() for k, v in policy.state_dict().items()}
+        request = {"n": self.count + 1, "learner_steps": learner_steps, "env_steps": env_steps,
+                   "copy_s": round(copy_s, 4), "meta": meta,
+                   "best": None if self.best is None else self.best["return_mean"]}
+        reply = self.worker.evaluate(state, request)
+        if reply is None:
+            return None
+        evaluation = reply["evaluation"]
+        if reply["kept"]:
             self.best = evaluation
         # Best, last, then count: a heartbeat (another thread) that sees the new count sees both;
         # the coordinator takes an evaluation once per count.
         self.last = evaluation
         self.count += 1
-        log.info("evaluation %d at learner step %d: mean return %.2f (std %.2f, %d episodes); best %.2f",
+        log.info("evaluation %d at learner step %d: mean return %.2f (std %.2f, %d episodes, %.2f s); best %.2f",
                  self.count, learner_steps, evaluation["return_mean"], evaluation["return_std"],
-                 evaluation["episodes"], self.best["return_mean"])
+                 evaluation["episodes"], evaluation["seconds"], self.best["return_mean"])
         return evaluation
 
-    def _keep_best(self, policy, meta: dict, evaluation: dict) -> None:
-        """Export the scored policy to policy/best/, its policy.json recording the evaluation.
+    def interrupt(self) -> None:
+        """Shutdown: an evaluation in flight ends at its next env step, unrecorded; none starts."""
+        self.stop.set()
+        if self.worker is not None:
+            self.worker.interrupt()
 
-        save_policy writes the program, then the record: a crash between the two leaves the older
-        (lower) record, and a resumed run at worst keeps a better policy than it records."""
-        from aiorl.export import save_policy
-
-        t0 = time.perf_counter()
-        save_policy(policy, self.policy_dir / BEST_DIR, {**meta, "evaluation": evaluation})
-        log.debug("best policy exported in %.2f s", time.perf_counter() - t0)
+    def close(self) -> None:
+        """End the evaluation process (bounded); blocks: call it in a worker thread."""
+        self.stop.set()
+        if self.worker is not None:
+            self.worker.close()
 
     def summary(self) -> dict:
         """What the heartbeats carry to the coordinator."""

@@ -137,7 +137,7 @@ class LearnerRole(Role):
 
     async def cleanup(self) -> None:
         if self.evaluator is not None:
-            self.evaluator.stop.set()  # its worker thread cannot be cancelled: it ends at its next step
+            self.evaluator.interrupt()  # one in flight ends at its next env step
         if self._publish is not None and not self._publish.done():
             self._publish.cancel()
         if self._publish is not None:
@@ -147,6 +147,8 @@ class LearnerRole(Role):
         for conn in self.memories:
             if conn is not None:
                 conn.abort()
+        if self.evaluator is not None:
+            await asyncio.to_thread(self.evaluator.close)  # bounded: the process is killed past it
 
     def _spawn(self, coro, name: str) -> None:
         task = self.spawn(coro, name)  # one that raises fails the learner, loudly
@@ -200,6 +202,7 @@ class LearnerRole(Role):
         self.core = core
         if self.index == 0 and evaluation_on(cfg):
             self.evaluator = Evaluator(cfg, self.run_dir / "policy")
+            self.evaluator.start()
         self.memories = [None] * len(self.start_info["memories"])
         self.per_memory = [self._memory_account() for _ in self.memories]
         for m, address in enumerate(self.start_info["memories"]):
@@ -367,7 +370,7 @@ class LearnerRole(Role):
             return self.core.acting_policy()
 
     async def _evaluate(self, learner_steps: int) -> None:
-        """Copy the current policy (training waits that long), score it in a worker thread."""
+        """Copy the current policy (training waits that long), score it in the evaluation process."""
         ev = self.evaluator
         env_steps = self.run_counters.get("env_steps", 0)
         try:
@@ -589,7 +592,7 @@ class LearnerRole(Role):
 
     async def _finish_outputs(self) -> None:
         if self.evaluator is not None:
-            self.evaluator.stop.set()  # one in flight ends after its current env step, unrecorded
+            self.evaluator.interrupt()  # one in flight ends at its next env step, unrecorded
         if self._evaluating is not None:
             await asyncio.gather(self._evaluating, return_exceptions=True)  # its error failed the role
         await self._publish_weights()

@@ -6,9 +6,9 @@ T = "tests/test_eval_during_training.py::"
 MUTANTS = [
     dict(
         name='best-is-the-last-evaluation',
-        path='aiorl/runtime/evaluator.py',
-        old='if self.best is None or evaluation["return_mean"] > self.best["return_mean"]:',
-        new='if True:',
+        path='aiorl/runtime/eval_worker.py',
+        old='kept = best is None or evaluation["return_mean"] > best',
+        new='kept = True',
         tests=[T + 'test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it'],
     ),
     dict(
@@ -16,7 +16,8 @@ MUTANTS = [
         path='aiorl/runtime/evaluator.py',
         old='self.best = read_best(policy_dir)  # a resumed run goes on from its best',
         new='self.best = None',
-        tests=[T + 'test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it'],
+        tests=[T + 'test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it',
+               T + 'test_a_resumed_run_keeps_the_best_of_its_earlier_launch'],
     ),
     dict(
         name='eval-on-the-training-seeds',
@@ -87,5 +88,34 @@ MUTANTS = [
         old='if "eval/return_mean" in new:',
         new='if False:',
         tests=[T + 'test_the_panel_shows_the_last_evaluation_until_the_next'],
+    ),
+    # ------------------------------------------------------------------ the evaluation process
+    dict(
+        name='worker-scores-its-own-weights',
+        path='aiorl/runtime/eval_worker.py',
+        old='            policy.load_state_dict({k: torch.from_numpy(arrays[k]) for k in arrays.files})\n',
+        new='            pass\n',
+        tests=[T + 'test_every_algorithms_export_evaluates'],
+    ),
+    dict(
+        name='worker-outlives-a-killed-learner',
+        path='aiorl/runtime/eval_worker.py',
+        old='ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG',
+        new='pass',
+        tests=[T + 'test_the_evaluation_process_dies_with_a_learner_killed_outright'],
+    ),
+    dict(
+        name='interrupt-lets-the-evaluation-run-on',
+        path='aiorl/runtime/eval_worker.py',
+        old='            self.proc.send_signal(signal.SIGTERM)\n',
+        new='            pass\n',
+        tests=[T + 'test_an_interrupted_evaluation_is_not_recorded_and_close_ends_the_process'],
+    ),
+    dict(
+        name='learner-leaves-the-evaluation-process',
+        path='aiorl/runtime/learner.py',
+        old='            await asyncio.to_thread(self.evaluator.close)  # bounded: the process is killed past it\n',
+        new='            pass\n',
+        tests=[T + 'test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best'],
     ),
 ]
