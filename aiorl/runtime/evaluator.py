@@ -95,9 +95,8 @@ class Evaluator:
         self.last_t = time.monotonic()
 
     def start(self) -> None:
-        """Start the evaluation process (from the loop's thread, when the learner is built: its
-        imports overlap the run's start-up, and it is ready for the first evaluation even of a short
-        run)."""
+        """Start the evaluation process (from the loop's thread, when learner 0 registers: its imports
+        overlap the run's start-up, and it is ready for the first evaluation even of a short run)."""
         if self.worker is None and not self.stop.is_set():
             from aiorl.runtime.eval_worker import EvalWorker
 

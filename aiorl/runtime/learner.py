@@ -115,10 +115,16 @@ class LearnerRole(Role):
         if algo_cls.learner_warm_imports:
             threading.Thread(target=_warm_imports, args=(algo_cls.learner_warm_imports,),
                              name="warm imports", daemon=True).start()
-        self.evaluator: Evaluator | None = None  # learner 0 with run.eval_every / eval_interval_s
+        # Learner 0 with run.eval_every / eval_interval_s; its process starts at registration.
+        self.evaluator = (Evaluator(self.cfg, self.run_dir / "policy")
+                          if self.index == 0 and evaluation_on(self.cfg) else None)
         self._evaluating: asyncio.Task | None = None
 
     def register_extra(self) -> dict:
+        if self.evaluator is not None:
+            # Now, not at the first evaluation: its imports (seconds of CPU, far more on a busy
+            # machine) overlap the run's start-up, and it is ready for the first evaluation.
+            self.evaluator.start()
         c = self.cfg.cluster
         if self.index != 0 or c.learners < 2:
             return {}
@@ -200,9 +206,6 @@ class LearnerRole(Role):
             self.step_base = int(meta["learner_steps"])
             self.log.info("resumed from %s (%d learner steps)", self.identity.resume_from, self.step_base)
         self.core = core
-        if self.index == 0 and evaluation_on(cfg):
-            self.evaluator = Evaluator(cfg, self.run_dir / "policy")
-            self.evaluator.start()
         self.memories = [None] * len(self.start_info["memories"])
         self.per_memory = [self._memory_account() for _ in self.memories]
         for m, address in enumerate(self.start_info["memories"]):
