@@ -525,6 +525,11 @@ def table(args) -> dict:
     if args.threshold is None:
         raise SystemExit("table needs --threshold (the return the final evaluation must reach)")
     load = BusyNeighbour() if args.load else None
+
+    def interrupted(*_):  # SIGTERM as Ctrl-C: the run in flight ends cleanly, the busy neighbour is killed
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
     runs = []
     log(f"{'seed':>4} {'exit':>4} {'final eval':>10} {'min ep.':>8} {'policy':>6} {'to thr. (s)':>11} "
         f"{'learner steps':>13} {'env steps':>10} {'run (s)':>8}  stop")
