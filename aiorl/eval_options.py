@@ -37,6 +37,16 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
                           f"checkpoint at learner step {which} (learner steps there: {have})")
 
 
+def cpu_learner(cfg: Config):
+    """A learner core of `cfg` as learner 0 builds it, alone and on the CPU: what an evaluation
+    (`--checkpoint`, the evaluation process during training) takes its acting policy from."""
+    from aiorl.runtime.algorithm import build_algorithm
+
+    if hasattr(cfg.model, "device"):
+        cfg.model.device = "cpu"  # evaluation runs on the CPU, wherever the learner trains
+    return build_algorithm(cfg).make_learner(0, 1, seed=0)
+
+
 def checkpoint_policy(cfg: Config, path: Path):
     """The acting policy of checkpoint `path`, built as learner 0 builds it and exported the same way.
 
@@ -47,11 +57,8 @@ def checkpoint_policy(cfg: Config, path: Path):
     from aiorl.checkpoint import CheckpointError
     from aiorl.evaluate import load_policy
     from aiorl.export import policy_file
-    from aiorl.runtime.algorithm import build_algorithm
 
-    if hasattr(cfg.model, "device"):
-        cfg.model.device = "cpu"  # evaluation runs on the CPU, wherever the learner trained
-    learner = build_algorithm(cfg).make_learner(0, 1, seed=0)
+    learner = cpu_learner(cfg)
     try:
         learner.load_checkpoint(str(path))
     except CheckpointError as exc:

@@ -9,12 +9,14 @@ each one: DQN CartPole trained at 0.85x its learner steps/s with a
 the evaluation costs only the CPU time it uses (``bench/learning.py
 eval-cost`` measures it).
 
-The learner (`EvalWorker`) starts ``python -m aiorl.runtime.eval_worker`` at
-its first step and talks to it over the child's stdin and stdout, one JSON
+The learner (`EvalWorker`) starts ``python -m aiorl.runtime.eval_worker`` when
+it registers and talks to it over the child's stdin and stdout, one JSON
 line each way per evaluation. The policy travels as its ``state_dict`` in an
 ``.npz`` file of plain arrays (read with ``allow_pickle=False``) in a private
-directory of the run's (``RUN_DIR/.evaluation-*``, removed at the end); the worker builds the same module once, from the learner's config,
-as ``aiorl eval --checkpoint`` builds one, and loads each state into it. An
+directory of the run's (``RUN_DIR/.evaluation-*``, removed at the end); the
+worker builds the same module once, from the learner's config, as ``aiorl
+eval --checkpoint`` builds one (`aiorl.eval_options.cpu_learner`), and loads
+each state into it. An
 evaluation that beats the best so far is exported by the worker, off the
 learner's process too.
 
@@ -67,11 +69,9 @@ class EvalWorker:
 
     def evaluate(self, state: dict[str, np.ndarray], request: dict) -> dict | None:
         """Score `state` (a state_dict as numpy arrays); None: stopped before its episodes ended."""
-        path = self.dir / STATE_FILE
-        tmp = self.dir / f".{STATE_FILE}"
-        with open(tmp, "wb") as f:
+        path = self.dir / STATE_FILE  # read only once the request line below arrives: no torn file
+        with open(path, "wb") as f:
             np.savez(f, **state)
-        os.replace(tmp, path)
         try:
             self.proc.stdin.write((json.dumps({**request, "state": str(path)}) + "\n").encode())
             self.proc.stdin.flush()
@@ -116,7 +116,8 @@ class _Stop:
     """Set by SIGTERM; read by run_episodes_together between env steps (an Event's set() takes a lock,
     which a signal handler must not)."""
 
-    flag = False
+    def __init__(self):
+        self.flag = False
 
     def is_set(self) -> bool:
         return self.flag
@@ -167,20 +168,18 @@ def main(argv=None) -> int:
     _die_with_parent(args.parent)
     stop = _Stop()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the learner ends us
-    signal.signal(signal.SIGTERM, lambda *_: setattr(_Stop, "flag", True))
+    signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "flag", True))
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # a library's print cannot corrupt the replies
 
     import torch
 
     from aiorl.config import load_config
-    from aiorl.runtime.algorithm import build_algorithm
+    from aiorl.eval_options import cpu_learner
 
     torch.set_num_threads(1)  # ten observations a call: extra threads only take the learner's cores
     cfg = load_config(args.config)
-    if hasattr(cfg.model, "device"):
-        cfg.model.device = "cpu"  # evaluation runs on the CPU, wherever the learner trains
-    policy, _ = build_algorithm(cfg).make_learner(0, 1, seed=0).acting_policy()
+    policy, _ = cpu_learner(cfg).acting_policy()
     policy = policy.train(False).requires_grad_(False)
     for line in sys.stdin:
         if stop.is_set():

@@ -78,7 +78,7 @@ class Evaluator:
         self.last_step = 0
         self.last_t = time.monotonic()
         self.stop = threading.Event()  # set at shutdown: no evaluation starts
-        self.worker = None  # aiorl.runtime.eval_worker.EvalWorker, from the first learner step
+        self.worker = None  # aiorl.runtime.eval_worker.EvalWorker, from start() (learner 0's registration)
         if self.best is not None:
             log.info("best evaluation so far: mean return %.2f at learner step %d",
                      self.best["return_mean"], self.best["learner_steps"])
