@@ -12,6 +12,8 @@ reset with seed
 ``EVAL_SEED_BASE + run.seed + k``, so every evaluation of a run sees the same
 episodes (evaluations compare fairly) and none is a training env's episode.
 One evaluation at a time: one that is due while another runs is skipped.
+At a run's end by its criterion (not a signal), learner 0 lets the one in
+flight finish and scores the final policy too (`LearnerRole._final_evaluation`).
 
 An evaluation whose mean return beats every earlier one (of this run,
 earlier launches included) has that policy exported (`torch.export`, in the

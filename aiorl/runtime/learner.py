@@ -52,6 +52,9 @@ from aiorl.wire.names import safe_text
 _END = None  # a memory finished sending
 _AWAY = "away"  # a memory's connection closed before its end
 _WAKE = "wake"  # the phase changed
+# Of cluster.phase_timeout_s (the learners' deadline to finish): what the final evaluation may take;
+# the rest is for publishing, the final checkpoint and the export.
+FINAL_EVALUATION_SHARE = 0.5
 
 
 def _warm_imports(modules: tuple[str, ...]) -> None:
@@ -593,7 +596,31 @@ class LearnerRole(Role):
         except Exception as exc:
             self.log.error("could not write a checkpoint at the abnormal end (%r)", exc)
 
+    async def _final_evaluation(self) -> None:
+        """A run that ended by its criterion (budget or target, not a signal): the evaluation in
+        flight finishes, then the final policy is scored unless that was it, so that policy/best/
+        is chosen among every policy up to the final one. Without this, a short run whose one
+        early evaluation was still exporting while training went on kept that early policy as its
+        best, and `aiorl eval` scored it instead of a far better final one."""
+        ev = self.evaluator
+        budget_s = self.cfg.cluster.phase_timeout_s * FINAL_EVALUATION_SHARE
+        try:
+            async with asyncio.timeout(budget_s):
+                if self._evaluating is not None:
+                    await asyncio.wait({self._evaluating})  # not cancelled by the timeout; errors stay its own
+                if self.evaluator is not None and ev.last_step != self.total_steps:
+                    self.log.info("final evaluation: the policy at learner step %d", self.total_steps)
+                    ev.mark(self.total_steps)
+                    self._evaluating = self.spawn(self._evaluate(self.total_steps), "final evaluation")
+                    await asyncio.wait({self._evaluating})
+        except TimeoutError:
+            self.log.warning("the final evaluation did not end within %g s (%g x cluster.phase_timeout_s): "
+                             "stopped; policy/best/ is the best of the evaluations before it",
+                             budget_s, FINAL_EVALUATION_SHARE)
+
     async def _finish_outputs(self) -> None:
+        if self.evaluator is not None and self._signals == 0:  # a signal asks for a prompt end
+            await self._final_evaluation()
         if self.evaluator is not None:
             self.evaluator.interrupt()  # one in flight ends at its next env step, unrecorded
         if self._evaluating is not None:

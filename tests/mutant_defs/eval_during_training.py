@@ -118,4 +118,11 @@ MUTANTS = [
         new='            pass\n',
         tests=[T + 'test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best'],
     ),
+    dict(
+        name='no-final-evaluation',
+        path='aiorl/runtime/learner.py',
+        old='        if self.evaluator is not None and self._signals == 0:  # a signal asks for a prompt end\n',
+        new='        if False:\n',
+        tests=[T + 'test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best'],
+    ),
 ]
