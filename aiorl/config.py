@@ -211,6 +211,10 @@ class RunSection:
     )
     eval_episodes: int = doc("Episodes per evaluation during training (episode k reset with seed "
                              "1_000_000_000 + run.seed + k, never a training env's seed).", default=10)
+    eval_nice: int = doc(
+        "Niceness the evaluation process adds to its own (0-19): where training keeps every core busy, "
+        "the evaluations take the CPU it leaves, and cost it little; 0: the same share as training.",
+        default=10)
     snapshot_replay: bool = doc(
         "Memories snapshot their replay into the run dir (every snapshot_interval_s and at shutdown); "
         "a resumed or restarted memory host starts from its snapshot.", default=False
@@ -476,6 +480,7 @@ def validate(cfg: Config) -> None:
     _check(r.eval_interval_s is None or r.eval_interval_s > 0,
            f"run.eval_interval_s: must be > 0 (or null), got {r.eval_interval_s}")
     _check(r.eval_episodes >= 1, f"run.eval_episodes: must be at least 1, got {r.eval_episodes}")
+    _check(0 <= r.eval_nice <= 19, f"run.eval_nice: expected 0 to 19, got {r.eval_nice}")
     _check(r.keep_checkpoints >= 1, f"run.keep_checkpoints: must be at least 1, got {r.keep_checkpoints}")
     _check(r.snapshot_interval_s > 0, f"run.snapshot_interval_s: must be > 0, got {r.snapshot_interval_s}")
     _check(r.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiorl.algos._actor_critic import (
-    ActorCritic, CategoricalHead, DeterministicPolicy, GaussianHead, ObsNormalizer, batch_moments,
+    ActorCritic, CategoricalHead, DeterministicPolicy, GaussianHead, ObsNormalizer, SDEHead, batch_moments,
 )
 from aiorl.export import save_policy
 from aiorl.algos._networks import parse_network
@@ -50,6 +50,54 @@ def test_gaussian_log_prob_entropy_and_sampling_of_the_unclipped_action():
     clipped = head.clip_to_bounds(sample)  # ...what the env gets is
     assert clipped[:, 0].max() <= 2.0 and clipped[:, 1].min() >= -1.0
     np.testing.assert_allclose(sample.std(axis=0), np.exp(-0.5), rtol=0.05)
+
+
+def test_sde_noise_is_a_linear_function_of_the_features_held_for_sample_freq_steps():
+    head = SDEHead(5, BOX_ACT, log_std_init=-0.5, sample_freq=3)
+    with torch.no_grad():
+        head.log_std.normal_(-0.5, 0.3)  # a scale per (feature, action)
+    x = torch.randn(6, 5)
+    params = head(x)
+    mean, log_sigma = params[:, :2], params[:, 2:]
+    # the state's std: sigma(s)^2 = x^2 @ exp(2 log_std), log_prob and entropy those of N(mean, sigma(s))
+    torch.testing.assert_close(log_sigma.exp().pow(2), x.pow(2) @ torch.exp(2 * head.log_std) + SDEHead.EPS)
+    # the std's gradient reaches log_std, not the torso (the features are detached)
+    xg = x.clone().requires_grad_(True)
+    head(xg)[:, 2:].sum().backward()
+    assert xg.grad is None or not xg.grad.any()
+    assert head.log_std.grad is not None and head.log_std.grad.any()
+    ref = torch.distributions.Normal(mean, log_sigma.exp())
+    action = torch.randn(6, 2) * 3
+    torch.testing.assert_close(head.log_prob(params, action), ref.log_prob(action).sum(1))
+    torch.testing.assert_close(head.entropy(params), ref.entropy().sum(1))
+    params, mean = params.detach(), mean.detach()
+    rng = np.random.default_rng(0)
+    draws = [head.sample(params, rng, x) for _ in range(4)]
+    # one exploration matrix per env for 3 steps: the same state, the same action; then a new one
+    assert all(np.array_equal(draws[0][0], d[0]) for d in draws[1:3]) and not np.array_equal(draws[0][0], draws[3][0])
+    noise = draws[0][0] - mean.numpy()
+    w = head._noise  # [envs, features, dim]: the noise is x @ W
+    np.testing.assert_allclose(draws[3][0] - mean.numpy(), np.einsum("bf,bfd->bd", x.numpy(), w), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.as_tensor(draws[0][1]), head.log_prob(params, torch.as_tensor(draws[0][0])))
+    assert noise.shape == (6, 2)
+    head.reset_noise()
+    assert not np.array_equal(head.sample(params, rng, x)[0], draws[3][0])  # new weights: new matrices
+    # across many draws the noise has the state's std
+    one = x[:1].expand(4000, 5)
+    head.sample_freq = 1
+    sample, _ = head.sample(head(one).detach(), rng, one)
+    np.testing.assert_allclose(sample.std(axis=0), log_sigma[0].exp().detach().numpy(), rtol=0.06)
+    # the exported policy is the clipped mean
+    big = torch.full((3, 5), 1.9)
+    with torch.no_grad():
+        torch.testing.assert_close(head.mode(head(big)), torch.max(torch.min(head.mean(big), head.high), head.low))
+
+
+def test_sde_needs_a_box_action_space():
+    from aiorl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.sde: state-dependent exploration needs a Box action space, got Discrete\(3\)"):
+        ActorCritic(BOX_OBS, gym.spaces.Discrete(3), LAYERS, sde_sample_freq=4)
 
 
 @settings(max_examples=40, deadline=None)

@@ -111,6 +111,8 @@ def test_learner_step_takes_epochs_times_minibatches_and_anneals_the_step_size_t
     ({"obs_norm": True}, {"id": "FrozenLake-v1"}, "model.obs_norm: observation normalization needs vector"),
     ({"network": ["linear:0"]}, {}, "model.network[0]"),
     ({}, {"id": "Blackjack-v1"}, "unsupported observation space"),
+    ({"sde": True}, {}, "model.sde: state-dependent exploration needs a Box action space, got Discrete(2)"),
+    ({"sde": True, "sde_sample_freq": 0}, {"id": "Pendulum-v1"}, "model.sde_sample_freq: must be at least 1, got 0"),
 ])
 def test_config_errors_name_the_key(model, env, message):
     data = {"algo": "dppo", "env": {"id": "CartPole-v1", **env}, "model": model}
@@ -152,6 +154,37 @@ def test_gaussian_policy_on_a_shared_torso_steps_clipped_learns_from_unclipped_a
     assert float(learner.net.head.log_std.detach()) != log_std and "policy/log_std_mean" in result.metrics
     # The normalizer learned this round's observations (merged after the update).
     np.testing.assert_allclose(learner.net.normalizer.mean.numpy(), rows["obs"].mean(0), rtol=1e-3, atol=1e-3)
+
+
+def test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights():
+    cfg = load_config(data={"algo": "dppo", "env": {"id": "Pendulum-v1", "num_envs": 2},
+                            "agent": {"sample_batch_size": 6, "batch_size": 12},
+                            "model": {"network": ["linear:16", "tanh"], "sde": True, "sde_sample_freq": 3}})
+    algo = build_algorithm(cfg)
+    learner = algo.make_learner(0, 1, 0)
+    actor = algo.make_actor(0, 1, seed=0)
+    actor.set_weights(learner.get_weights(), 0)
+    obs = np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)
+    acted = [actor.act(obs) for _ in range(4)]
+    # one observation, one exploration matrix per env for 3 steps, then a new one
+    assert np.array_equal(acted[0], acted[1]) and np.array_equal(acted[0], acted[2])
+    assert not np.array_equal(acted[0], acted[3]) and not np.array_equal(acted[0][0], acted[0][1])
+    actor.steps = []
+    actor.set_weights(learner.get_weights(), 1)  # a new version: a new rollout, new matrices
+    assert not np.array_equal(actor.act(obs), acted[3])
+    # the learner trains on the rows with the same state-dependent distribution
+    actor.steps = []
+    runner = EnvRunner(cfg.env, 2, seed=0)
+    rows, _ = actor.postprocess(runner.rollout(actor.act, 6))
+    runner.close()
+    with torch.no_grad():
+        params, _ = learner.net(torch.as_tensor(rows["obs"]))
+        np.testing.assert_allclose(learner.net.head.log_prob(params, torch.as_tensor(rows["action"])).numpy(),
+                                   rows["logp"], rtol=1e-4, atol=1e-4)
+    log_std = learner.net.head.log_std.detach().clone()
+    assert log_std.shape == (16, 1)
+    learner.step(rows)
+    assert not torch.equal(learner.net.head.log_std.detach(), log_std)
 
 
 def test_checkpoint_round_trip_restores_weights_and_counters(tmp_path):

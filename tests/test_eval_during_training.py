@@ -124,6 +124,8 @@ def test_an_interrupted_evaluation_is_not_recorded_and_close_ends_the_process(tm
     try:
         assert ev.run(*policy, learner_steps=1, env_steps=1) is not None  # the process is up
         worker = ev.worker.proc
+        # run.eval_nice (default 10) above the learner's own: under contention training goes first
+        assert psutil.Process(worker.pid).nice() == min(psutil.Process().nice() + 10, 19)
         results = []
         scoring = threading.Thread(target=lambda: results.append(ev.run(*policy, learner_steps=2, env_steps=2)))
         scoring.start()
@@ -268,7 +270,8 @@ def test_eval_keys_are_checked(tmp_path):
 
     for key, value, expected in [("eval_every", 0, "run.eval_every: must be at least 1"),
                                  ("eval_interval_s", 0, "run.eval_interval_s: must be > 0"),
-                                 ("eval_episodes", 0, "run.eval_episodes: must be at least 1")]:
+                                 ("eval_episodes", 0, "run.eval_episodes: must be at least 1"),
+                                 ("eval_nice", 20, "run.eval_nice: expected 0 to 19, got 20")]:
         path = tmp_path / f"{key}.json"
         path.write_text(json.dumps({**DQN, "run": {key: value}}))
         with pytest.raises(ConfigError, match=expected):

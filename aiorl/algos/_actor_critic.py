@@ -9,7 +9,8 @@ lists as Ape-X (see `aiorl/algos/_networks.py`).
   policy.
 - `CategoricalHead` (Discrete actions: logits) and `GaussianHead` (Box
   actions: a diagonal Gaussian whose log-std is a state-independent
-  parameter). A Gaussian sample is *not* clipped: the env gets
+  parameter), or `SDEHead` (gSDE: noise that is a linear function of the
+  policy's features, redrawn every few steps). A Gaussian sample is *not* clipped: the env gets
   ``clip(a, low, high)``, the log-probability is that of the unclipped sample.
 - `ActorCritic`: observation normalizer, then a policy torso and a value
   torso (separate by default, one shared torso with ``shared=True``), the
@@ -146,7 +147,8 @@ class CategoricalHead(nn.Module):
         logp = torch.log_softmax(logits, dim=1)
         return -(logp.exp() * logp).sum(dim=1)
 
-    def sample(self, logits: torch.Tensor, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, logits: torch.Tensor, rng: np.random.Generator,
+               features: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(actions int64 [B], their log-probabilities [B]) by inverse CDF on the actor's own generator."""
         logp = torch.log_softmax(logits, dim=1).numpy().astype(np.float64)
         cdf = np.cumsum(np.exp(logp), axis=1)
@@ -183,8 +185,9 @@ class GaussianHead(nn.Module):
     def entropy(self, mean: torch.Tensor) -> torch.Tensor:
         return (0.5 + 0.5 * LOG_2PI + self.log_std).sum().expand(mean.shape[0])
 
-    def sample(self, mean: torch.Tensor, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """(unclipped actions float32 [B, dim], their log-probabilities [B])."""
+    def sample(self, mean: torch.Tensor, rng: np.random.Generator,
+               features: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(unclipped actions float32 [B, dim], their log-probabilities [B]); `features`: unused here."""
         log_std = self.log_std.detach().numpy().astype(np.float64)
         noise = rng.standard_normal(mean.shape)
         action = mean.numpy().astype(np.float64) + np.exp(log_std) * noise
@@ -195,9 +198,74 @@ class GaussianHead(nn.Module):
         return np.clip(action, self.low.numpy(), self.high.numpy())
 
 
-def make_head(features: int, space: gym.Space, log_std_init: float = 0.0, learn_std: bool = True) -> nn.Module:
+class SDEHead(GaussianHead):
+    """Generalized state-dependent exploration (gSDE; Raffin et al., 2021, "Smooth exploration for
+    robotic reinforcement learning"): the noise added to the mean is ``features @ W``, a linear
+    function of the policy's last features, with ``W ~ N(0, exp(log_std)^2)`` [features, dim] drawn
+    per env and kept for ``sample_freq`` steps. The same state then gets the same push for a while,
+    a swing rather than jitter, which is what lets PPO find Pendulum's swing-up in 100k steps.
+
+    Given the state, the action is ``N(mean, sigma(s)^2)`` with ``sigma(s)^2 = (x^2) @ exp(2 log_std)``
+    (x the features, detached: the noise does not train the torso), so `log_prob` and `entropy` are
+    those of a diagonal Gaussian whose std depends on the state. The distribution parameters are
+    ``[mean | log sigma(s)]`` (2 x dim columns).
+    """
+
+    EPS = 1e-6  # added to the variance: features all near 0 must not give a zero std
+
+    def __init__(self, features: int, space: gym.spaces.Box, log_std_init: float = 0.0, learn_std: bool = True,
+                 sample_freq: int = 4):
+        super().__init__(features, space, log_std_init, learn_std)
+        self.dim = self.mean.out_features
+        self.log_std = nn.Parameter(torch.full((features, self.dim), float(log_std_init)), requires_grad=learn_std)
+        self.sample_freq = sample_freq
+        self.reset_noise()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.detach().pow(2) @ torch.exp(2.0 * self.log_std)
+        return torch.cat([self.mean(x), 0.5 * torch.log(variance + self.EPS)], dim=1)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return super().mode(params[:, :self.dim])
+
+    def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        mean, log_sigma = params[:, :self.dim], params[:, self.dim:]
+        z = (action.reshape(mean.shape) - mean) * torch.exp(-log_sigma)
+        return -0.5 * (z.pow(2) + 2.0 * log_sigma + LOG_2PI).sum(dim=1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        return (0.5 + 0.5 * LOG_2PI + params[:, self.dim:]).sum(dim=1)
+
+    def reset_noise(self) -> None:
+        """Draw new exploration matrices at the next sample (new weights: a new rollout)."""
+        self._noise: np.ndarray | None = None
+        self._age = 0
+
+    def sample(self, params: torch.Tensor, rng: np.random.Generator,
+               features: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
+        mean = params[:, :self.dim].numpy().astype(np.float64)
+        log_sigma = params[:, self.dim:].numpy().astype(np.float64)
+        x = features.numpy().astype(np.float64)
+        if self._noise is None or self._age >= self.sample_freq or len(self._noise) != len(x):
+            std = np.exp(self.log_std.detach().numpy().astype(np.float64))
+            self._noise = rng.standard_normal((len(x),) + std.shape) * std  # [envs, features, dim]
+            self._age = 0
+        self._age += 1
+        noise = np.einsum("bf,bfd->bd", x, self._noise)
+        z = noise * np.exp(-log_sigma)
+        logp = -0.5 * (np.square(z) + 2.0 * log_sigma + LOG_2PI).sum(axis=1)
+        return (mean + noise).astype(np.float32), logp.astype(np.float32)
+
+
+def make_head(features: int, space: gym.Space, log_std_init: float = 0.0, learn_std: bool = True,
+              sde_sample_freq: int | None = None) -> nn.Module:
+    """`sde_sample_freq`: gSDE (`SDEHead`) with new exploration matrices every that many steps."""
     if isinstance(space, gym.spaces.Discrete):
+        if sde_sample_freq is not None:
+            raise ConfigError(f"model.sde: state-dependent exploration needs a Box action space, got {space}")
         return CategoricalHead(features, int(space.n))
+    if sde_sample_freq is not None:
+        return SDEHead(features, space, log_std_init, learn_std, sde_sample_freq)
     return GaussianHead(features, space, log_std_init, learn_std)
 
 
@@ -213,12 +281,12 @@ class ActorCritic(nn.Module):
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, layers: list[Layer], shared: bool = False,
                  critic: bool = True, obs_norm: int = 0, obs_norm_clip: float = 10.0, log_std_init: float = 0.0,
-                 learn_std: bool = True):
+                 learn_std: bool = True, sde_sample_freq: int | None = None):
         super().__init__()
         self.normalizer = ObsNormalizer(obs_norm, obs_norm_clip)
         self.pi_torso = Torso(obs_space, layers)
         self.v_torso = Torso(obs_space, layers) if critic and not shared else None
-        self.head = make_head(self.pi_torso.features, action_space, log_std_init, learn_std)
+        self.head = make_head(self.pi_torso.features, action_space, log_std_init, learn_std, sde_sample_freq)
         self.value_head = None
         if critic:
             v_features = self.pi_torso.features if self.v_torso is None else self.v_torso.features
@@ -234,6 +302,13 @@ class ActorCritic(nn.Module):
         pi_features = self.pi_torso(x)
         v_features = pi_features if self.v_torso is None else self.v_torso(x)
         return self.head(pi_features), self.value_head(v_features).squeeze(1)
+
+    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(distribution parameters, V(s), the policy's features: what gSDE's noise is a function of)."""
+        x = self.normalizer(obs)
+        pi_features = self.pi_torso(x)
+        v_features = pi_features if self.v_torso is None else self.v_torso(x)
+        return self.head(pi_features), self.value_head(v_features).squeeze(1), pi_features
 
     def policy_params(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head(self.pi_torso(self.normalizer(obs)))

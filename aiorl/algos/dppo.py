@@ -42,7 +42,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from aiorl.algos._actor_critic import ActorCritic, GaussianHead, batch_moments, check_action_space, obs_norm_size
+from aiorl.algos._actor_critic import ActorCritic, GaussianHead, SDEHead, batch_moments, check_action_space, obs_norm_size
 from aiorl.algos._common import (
     ActorCriticLearner, as_tensor, check_positive, load_numpy_state, make_adam, setup_torch, state_to_numpy,
     weights_spec_of,
@@ -84,6 +84,12 @@ class DPPOConfig:
                               default=1.0)
     log_std_init: float = doc("Initial log standard deviation of the Gaussian policy (Box actions).",
                               default=0.0)
+    sde: bool = doc("Generalized state-dependent exploration (gSDE, Box actions): the exploration noise is a "
+                    "linear function of the policy's features, redrawn every model.sde_sample_freq steps, "
+                    "its scale learned per feature and action (log_std_init is its initial log); see "
+                    "aiorl/algos/_actor_critic.py SDEHead.", default=False)
+    sde_sample_freq: int = doc("With model.sde: steps between two draws of the exploration matrices (and at "
+                               "every new weights version).", default=4)
     device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
                       default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
@@ -140,8 +146,8 @@ class PPOActor(ActorPolicy):
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:
-        params, value = self.net(torch.as_tensor(obs))
-        action, logp = self.net.head.sample(params, self.rng)
+        params, value, features = self.net.act(torch.as_tensor(obs))
+        action, logp = self.net.head.sample(params, self.rng, features)
         self.steps.append((action, logp, value.numpy()))
         if self.gaussian:
             return self.net.head.clip_to_bounds(action).reshape((len(obs),) + self.action_shape)
@@ -176,6 +182,8 @@ class PPOActor(ActorPolicy):
     def set_weights(self, weights, version):
         load_numpy_state(self.net, weights, "net")
         self.weights_version = version
+        if isinstance(self.net.head, SDEHead):
+            self.net.head.reset_noise()  # a new rollout: new exploration matrices, of the new scale
 
 
 # --------------------------------------------------------------------------
@@ -285,6 +293,8 @@ class DPPO(Algorithm):
             raise ConfigError("model.lr_annealing anneals over agent.scheduled_timesteps, which is not set")
         if m.torch_threads < 1:
             raise ConfigError(f"model.torch_threads: must be at least 1, got {m.torch_threads}")
+        if m.sde_sample_freq < 1:
+            raise ConfigError(f"model.sde_sample_freq: must be at least 1, got {m.sde_sample_freq}")
         rows = a.sample_batch_size * cfg.env.num_envs
         if rows < cfg.cluster.learners:
             raise ConfigError(f"agent.sample_batch_size x env.num_envs ({rows} rows per actor) must be at least "
@@ -306,7 +316,7 @@ class DPPO(Algorithm):
         m = self.cfg.model
         return ActorCritic(self.env_spec.observation_space, self.env_spec.action_space, self.layers,
                            shared=m.shared_torso, obs_norm=self.obs_norm, obs_norm_clip=m.obs_norm_clip,
-                           log_std_init=m.log_std_init)
+                           log_std_init=m.log_std_init, sde_sample_freq=m.sde_sample_freq if m.sde else None)
 
     def weights_spec(self):
         return weights_spec_of(state_to_numpy(self.network(), "net"))

@@ -7,7 +7,10 @@ step releases and re-takes the GIL, so the step waits for the evaluation at
 each one: DQN CartPole trained at 0.85x its learner steps/s with a
 10-episode evaluation every 1,000 steps in a thread. In a process of its own
 the evaluation costs only the CPU time it uses (``bench/learning.py
-eval-cost`` measures it).
+eval-cost`` measures it), and it runs ``run.eval_nice`` (10) nicer than the
+learner: where actors, memories and learners keep every core busy, as they do
+on a small machine, the evaluation takes the CPU they leave rather than an
+equal share.
 
 The learner (`EvalWorker`) starts ``python -m aiorl.runtime.eval_worker`` when
 it registers and talks to it over the child's stdin and stdout, one JSON
@@ -63,6 +66,7 @@ class EvalWorker:
         # creating thread ends, not the process.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "aiorl.runtime.eval_worker", "--parent", str(os.getpid()),
+             "--nice", str(cfg.run.eval_nice),
              str(self.dir / "config.yaml"), str(policy_dir)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         self.stopping = False
@@ -162,10 +166,12 @@ def score(policy, cfg: Config, request: dict, policy_dir: Path, stop) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m aiorl.runtime.eval_worker")
     parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--nice", type=int, default=0)
     parser.add_argument("config")
     parser.add_argument("policy_dir")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
+    os.nice(args.nice)  # before the imports: the start-up's seconds of CPU yield to training too
     stop = _Stop()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the learner ends us
     signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "flag", True))

@@ -125,4 +125,11 @@ MUTANTS = [
         new='        if False:\n',
         tests=[T + 'test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best'],
     ),
+    dict(
+        name='evaluation-competes-with-training',
+        path='aiorl/runtime/eval_worker.py',
+        old='    os.nice(args.nice)',
+        new='    pass',
+        tests=[T + 'test_an_interrupted_evaluation_is_not_recorded_and_close_ends_the_process'],
+    ),
 ]
