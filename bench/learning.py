@@ -463,12 +463,22 @@ class BusyNeighbour:
         self.proc.wait()
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of every descendant waited for so far: `aiorl run` waits for its roles, learner 0
+    for its evaluation process, so a run's difference is the CPU of all its processes."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_once(cfg_path: str, sets: list[str], final_episodes: int, timeout_s: float) -> dict:
     """`aiorl run` to its own end, then `aiorl eval` (the policy it picks) and the run's evaluations."""
     run_dir = Path(tempfile.mkdtemp(prefix="aiorl-bench-")) / "run"
     command = [sys.executable, "-m", "aiorl", "run", cfg_path, "--quiet",
                *sum((["--set", s] for s in [*sets, f"run.dir={run_dir}"]), [])]
     t0 = time.perf_counter()
+    cpu0 = _children_cpu_s()
     with open(run_dir.with_name("aiorl-run.log"), "w") as out:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -479,6 +489,7 @@ def run_once(cfg_path: str, sets: list[str], final_episodes: int, timeout_s: flo
             if isinstance(exc, KeyboardInterrupt):
                 raise
     seconds = time.perf_counter() - t0
+    cpu_s = _children_cpu_s() - cpu0
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     rows = []
     if (run_dir / "metrics.jsonl").exists():
@@ -499,7 +510,7 @@ def run_once(cfg_path: str, sets: list[str], final_episodes: int, timeout_s: flo
     else:
         log(f"aiorl eval failed: {ev.stderr.strip()}")
     return {"run_dir": str(run_dir), "exit_code": code, "seconds": round(seconds, 2), "summary": summary,
-            "rows": rows, "running_s": running_s,
+            "rows": rows, "running_s": running_s, "cpu_s": round(cpu_s, 2),
             "final_eval": None if final is None else {k: final[k] for k in ("which", "episodes", "mean", "std",
                                                                             "min", "max")}}
 
@@ -586,20 +597,34 @@ def eval_cost(args) -> dict:
         for name, sets in (("with eval", common), ("without", [*common, *off])):
             r = run_once(args.config, sets, 1, args.budget_s)
             s, t = r["summary"], r["running_s"]
+            last = (s.get("evaluation") or {}).get("last") or {}
             row = {"learner_steps_per_s": s["learner_steps"] / t if t else None,
                    "env_steps_per_s": s["env_steps"] / t if t else None, "running_s": t,
-                   "evaluations": ((s.get("evaluation") or {}).get("count"))}
+                   "evaluations": ((s.get("evaluation") or {}).get("count")),
+                   "cpu_s": r["cpu_s"], "eval_cpu_s": last.get("worker_cpu_s")}
             rates[name].append(row)
+            share = f", evaluation process {row['eval_cpu_s']:.1f} s" if row["eval_cpu_s"] is not None else ""
             log(f"pair {pair + 1}/{args.pairs} {name:>9}: {row['learner_steps_per_s']:.1f} learner steps/s, "
-                f"{row['env_steps_per_s']:.1f} env steps/s over {t:.1f} s RUNNING, evaluations {row['evaluations']}")
+                f"{row['env_steps_per_s']:.1f} env steps/s over {t:.1f} s RUNNING, evaluations {row['evaluations']}, "
+                f"CPU of all processes {row['cpu_s']:.1f} s{share}")
     result = {}
     for key in ("learner_steps_per_s", "env_steps_per_s"):
         on = float(np.median([r[key] for r in rates["with eval"]]))
         ref = float(np.median([r[key] for r in rates["without"]]))
-        result[key] = {"with_eval": round(on, 2), "without": round(ref, 2), "ratio": round(on / ref, 3)}
-    log(f"{'':<22} {'with eval':>10} {'without':>10} {'ratio':>6}   (medians of {args.pairs} alternated pairs)")
+        # Pairs ran back to back: the ratio within each pair cancels the machine's slow drifts.
+        pairs = [a[key] / b[key] for a, b in zip(rates["with eval"], rates["without"])]
+        result[key] = {"with_eval": round(on, 2), "without": round(ref, 2), "ratio": round(on / ref, 3),
+                       "pair_ratios": [round(x, 3) for x in pairs],
+                       "median_pair_ratio": round(float(np.median(pairs)), 3)}
+    log(f"{'':<22} {'with eval':>10} {'without':>10} {'ratio':>6} {'pairs':>6}   (medians of {args.pairs} "
+        "alternated pairs; pairs: the median of the ratios within each pair)")
     for key, v in result.items():
-        log(f"{key:<22} {v['with_eval']:>10.1f} {v['without']:>10.1f} {v['ratio']:>6.3f}")
+        log(f"{key:<22} {v['with_eval']:>10.1f} {v['without']:>10.1f} {v['ratio']:>6.3f} {v['median_pair_ratio']:>6.3f}")
+    shares = [r["eval_cpu_s"] / r["cpu_s"] for r in rates["with eval"] if r["eval_cpu_s"] is not None and r["cpu_s"]]
+    if shares:
+        result["eval_cpu_share"] = {"median": round(float(np.median(shares)), 4), "runs": [round(x, 4) for x in shares]}
+        log(f"the evaluation process's share of the run's CPU: median {np.median(shares):.1%} "
+            f"(runs {', '.join(f'{x:.1%}' for x in shares)})")
     return {"mode": "eval-cost", "config": args.config, "medians": result, "runs": rates}
 
 

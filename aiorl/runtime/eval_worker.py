@@ -153,7 +153,9 @@ def score(policy, cfg: Config, request: dict, policy_dir: Path, stop) -> dict:
                   "return_mean": result["mean"], "return_std": result["std"], "return_min": result["min"],
                   "episodes": result["episodes"], "seed": seed, "length_mean": result["length_mean"],
                   "seconds": round(time.perf_counter() - t0, 3), "copy_s": request["copy_s"],
-                  "time": time.time()}
+                  "time": time.time(),
+                  # this process's CPU so far, its start-up included: what evaluation has cost the run
+                  "worker_cpu_s": round(time.process_time(), 2)}
     best = request.get("best")
     kept = best is None or evaluation["return_mean"] > best
     if kept:
