@@ -225,7 +225,8 @@ def test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best(tmp_p
     assert first["eval/episodes"] == 2 and first["eval/learner_steps"] == int(stop[2]) >= 40
     assert first["eval/seed"] == EVAL_SEED_BASE + 3 and first["eval/return_std"] >= 0
     assert first["eval/best_return_mean"] >= first["eval/return_mean"]
-    assert summary["evaluation"]["best"]["return_mean"] == first["eval/best_return_mean"]
+    # the final evaluation may beat the first: the best never goes down
+    assert summary["evaluation"]["best"]["return_mean"] >= first["eval/best_return_mean"]
     assert summary["roles"]["learner-0"]["stats"]["evaluation"]["count"] >= 1
     # The run ended by its criterion: learner 0 scored the final policy too, and the best is chosen
     # among every evaluation up to it.
