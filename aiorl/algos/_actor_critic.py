@@ -157,6 +157,12 @@ class CategoricalHead(nn.Module):
         return action.astype(np.int64), logp[np.arange(len(action)), action].astype(np.float32)
 
 
+def diag_normal_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """log N(action; mean, diag(exp(log_std)^2)) per row; `log_std` [dim] or, state-dependent, [B, dim]."""
+    z = (action.reshape(mean.shape) - mean) * torch.exp(-log_std)
+    return -0.5 * (z.pow(2) + 2.0 * log_std + LOG_2PI).sum(dim=1)
+
+
 class GaussianHead(nn.Module):
     """Diagonal Gaussian over a flat Box action: mean from the features, a
     state-independent learned log-std; `mode` is the mean clipped to the bounds."""
@@ -179,8 +185,7 @@ class GaussianHead(nn.Module):
         return torch.max(torch.min(mean, self.high), self.low)
 
     def log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        z = (action.reshape(mean.shape) - mean) * torch.exp(-self.log_std)
-        return -0.5 * (z.pow(2) + 2.0 * self.log_std + LOG_2PI).sum(dim=1)
+        return diag_normal_log_prob(mean, self.log_std, action)
 
     def entropy(self, mean: torch.Tensor) -> torch.Tensor:
         return (0.5 + 0.5 * LOG_2PI + self.log_std).sum().expand(mean.shape[0])
@@ -229,9 +234,7 @@ class SDEHead(GaussianHead):
         return super().mode(params[:, :self.dim])
 
     def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        mean, log_sigma = params[:, :self.dim], params[:, self.dim:]
-        z = (action.reshape(mean.shape) - mean) * torch.exp(-log_sigma)
-        return -0.5 * (z.pow(2) + 2.0 * log_sigma + LOG_2PI).sum(dim=1)
+        return diag_normal_log_prob(params[:, :self.dim], params[:, self.dim:], action)
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
         return (0.5 + 0.5 * LOG_2PI + params[:, self.dim:]).sum(dim=1)
@@ -298,10 +301,8 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(distribution parameters: logits or mean, V(s) [B])."""
-        x = self.normalizer(obs)
-        pi_features = self.pi_torso(x)
-        v_features = pi_features if self.v_torso is None else self.v_torso(x)
-        return self.head(pi_features), self.value_head(v_features).squeeze(1)
+        params, value, _ = self.act(obs)
+        return params, value
 
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(distribution parameters, V(s), the policy's features: what gSDE's noise is a function of)."""
