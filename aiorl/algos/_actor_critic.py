@@ -163,6 +163,12 @@ def diag_normal_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torc
     return -0.5 * (z.pow(2) + 2.0 * log_std + LOG_2PI).sum(dim=1)
 
 
+def diag_normal_log_prob_np(z: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+    """The actors' side of `diag_normal_log_prob` (float64 numpy): `z` is the standardized draw
+    (action - mean) / std, which the sampler has at hand."""
+    return -0.5 * (np.square(z) + 2.0 * log_std + LOG_2PI).sum(axis=1)
+
+
 class GaussianHead(nn.Module):
     """Diagonal Gaussian over a flat Box action: mean from the features, a
     state-independent learned log-std; `mode` is the mean clipped to the bounds."""
@@ -196,8 +202,7 @@ class GaussianHead(nn.Module):
         log_std = self.log_std.detach().numpy().astype(np.float64)
         noise = rng.standard_normal(mean.shape)
         action = mean.numpy().astype(np.float64) + np.exp(log_std) * noise
-        logp = -0.5 * (np.square(noise) + 2.0 * log_std + LOG_2PI).sum(axis=1)
-        return action.astype(np.float32), logp.astype(np.float32)
+        return action.astype(np.float32), diag_normal_log_prob_np(noise, log_std).astype(np.float32)
 
     def clip_to_bounds(self, action: np.ndarray) -> np.ndarray:
         return np.clip(action, self.low.numpy(), self.high.numpy())
@@ -255,8 +260,7 @@ class SDEHead(GaussianHead):
             self._age = 0
         self._age += 1
         noise = np.einsum("bf,bfd->bd", x, self._noise)
-        z = noise * np.exp(-log_sigma)
-        logp = -0.5 * (np.square(z) + 2.0 * log_sigma + LOG_2PI).sum(axis=1)
+        logp = diag_normal_log_prob_np(noise * np.exp(-log_sigma), log_sigma)
         return (mean + noise).astype(np.float32), logp.astype(np.float32)
 
 
