@@ -75,10 +75,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return launcher_for(cfg)(cfg, run_dir, quiet=args.quiet).run()
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse that reports a bad command line as one line on stderr (exit 2), like every other user
+    mistake; the usage it would print first is a `--help` away. Subcommands inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from aiorl import __version__
 
-    parser = argparse.ArgumentParser(prog="aiorl", description=__doc__)
+    parser = OneLineErrors(prog="aiorl", description=__doc__)
     parser.add_argument("--version", action="version", version=f"aiorl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a config: every role locally, or one role with --role/--index")

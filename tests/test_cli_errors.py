@@ -64,6 +64,9 @@ CASES = [
     ("eval-wrong-observation-shape", ["eval", "other"], {}, "shape [8]"),
     ("config-unknown-algo", ["config", "apex_dqm"], {}, "apex_dqn"),
     ("plot-negative-smooth", ["plot", "trained", "--smooth", "-1"], {}, "--smooth"),
+    ("eval-best-and-final", ["eval", "trained", "--best", "--final"], {}, "--final"),
+    ("eval-episodes-not-a-number", ["eval", "trained", "--episodes", "zz"], {}, "'zz'"),
+    ("unknown-command", ["trian", "cfg.yaml"], {}, "'trian'"),
 ]
 
 
@@ -75,8 +78,7 @@ def test_a_users_mistake_is_one_line_and_exit_2(scratch, argv, env, named):
     assert result.returncode == 2, out
     assert "Traceback" not in out, out
     assert named in result.stderr, out
-    if argv[0] != "plot":  # argparse adds its usage lines; every other refusal is one line
-        assert len(result.stderr.strip().splitlines()) == 1, out
+    assert len(result.stderr.strip().splitlines()) == 1, out
     assert sorted(p.name for p in scratch.iterdir()) == before, "a refused command left files behind"
 
 
