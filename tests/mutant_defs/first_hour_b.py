@@ -101,4 +101,11 @@ MUTANTS = [
         new='            pass\n',
         tests=['tests/test_loggers.py::test_tensorboard_gets_the_rows_and_the_config_as_hparams'],
     ),
+    dict(
+        name='argparse-usage-before-the-error',
+        path='aiorl/cli.py',
+        old='        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\\n")\n',
+        new='        super().error(message)\n',
+        tests=['tests/test_cli_errors.py::test_a_users_mistake_is_one_line_and_exit_2'],
+    ),
 ]
