@@ -212,9 +212,12 @@ def _rebuild(root: Path, python: str) -> subprocess.CompletedProcess:
 
 
 def _run_tests(tests: tuple[str, ...], root: Path, python: str, timeout_s: float) -> tuple[int | None, str]:
-    """pytest's exit code (None on timeout) and its output."""
+    """pytest's exit code (None on timeout) and its output. PYTHONPATH puts the mutated tree first for the
+    role processes the tests start too: from their own working directory they would otherwise import
+    whichever aiorl the interpreter has installed, which need not be this tree."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([python, "-m", "pytest", *PYTEST_ARGS, *tests], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         return proc.returncode, out
