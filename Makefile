@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/apex_dqn_cartpole.yaml
 
-.PHONY: setup build test run bench clean
+.PHONY: setup build lint format test run bench clean
 
 # torch is installed first, so that the project's `torch>=2.2` requirement is already
 # satisfied and the editable install never picks a torch of its own. Which build
@@ -43,7 +43,17 @@ setup: $(BIN)/.deps build
 build: $(BIN)/.deps
 	$(BIN)/python setup.py --quiet build_ext --inplace
 
-test: setup
+# ruff (configured in pyproject.toml): lint and import order, and the formatting `make format` applies.
+LINTED := aiorl tests bench setup.py
+lint: $(BIN)/.deps
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+
+format: $(BIN)/.deps
+	$(BIN)/ruff check --select I --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
+
+test: setup lint
 	$(BIN)/python -m pytest
 
 run: setup

@@ -3,6 +3,7 @@
 The extensions are required: a failed Cython or C compile fails the install.
 There is no pure-Python fallback build.
 """
+
 import sys
 from pathlib import Path
 

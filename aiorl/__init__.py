@@ -6,8 +6,15 @@ Python API (imported on first use, so `import aiorl` stays cheap): `run`,
 
 __version__ = "0.1.0"
 
-_API = {"run": "aiorl.api", "RunResult": "aiorl.api", "load_policy": "aiorl.api", "Policy": "aiorl.api",
-        "load_config": "aiorl.config", "Config": "aiorl.config", "ConfigError": "aiorl.config"}
+_API = {
+    "run": "aiorl.api",
+    "RunResult": "aiorl.api",
+    "load_policy": "aiorl.api",
+    "Policy": "aiorl.api",
+    "load_config": "aiorl.config",
+    "Config": "aiorl.config",
+    "ConfigError": "aiorl.config",
+}
 __all__ = ["__version__", *_API]
 
 

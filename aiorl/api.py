@@ -11,11 +11,13 @@ starts (a bad config raises `aiorl.config.ConfigError`, a taken run directory
 has exited. It works from any thread: the launcher takes over SIGINT/SIGTERM
 (Ctrl-C stops the run cleanly) only when called from the main thread.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from aiorl.config import Config, load_config
 
@@ -59,8 +61,12 @@ def _load(config: str | Path | Mapping | Config, overrides: list[str]) -> Config
     return load_config(config, overrides)
 
 
-def run(config: str | Path | Mapping | Config, overrides: Mapping[str, Any] | Sequence[str] | None = None,
-        run_dir: str | Path | None = None, quiet: bool = True) -> RunResult:
+def run(
+    config: str | Path | Mapping | Config,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    run_dir: str | Path | None = None,
+    quiet: bool = True,
+) -> RunResult:
     """Run `config` (a file, a mapping or a `Config`) with every role as a local process (on a Ray
     cluster with ``cluster.launcher: ray``); block until it ends. `overrides` are `--set` values;
     `run_dir` is ``run.dir``; `quiet=False` shows the panel."""

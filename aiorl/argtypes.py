@@ -1,4 +1,5 @@
 """argparse value types shared by the subcommands: a bad value is argparse's one error line, exit 2."""
+
 from __future__ import annotations
 
 import argparse

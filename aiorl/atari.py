@@ -26,6 +26,7 @@ it gives the Gymnasium path's transitions: frame for frame with
 ale-py and OpenCV come with the ``atari`` extra; without them any of this is
 a config error that says to ``pip install 'aiorl[atari]'``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -49,8 +50,7 @@ class AtariOptions:
     frame_skip: int = doc("Env frames per agent step (the action repeated; the last two max-pooled).", default=4)
     screen_size: int = doc("Frames are resized to screen_size x screen_size grayscale.", default=84)
     frame_stack: int = doc("Frames per observation (stacked on the first axis).", default=4)
-    terminal_on_life_loss: bool = doc("Training only: a lost life ends the episode (the game goes on).",
-                                      default=True)
+    terminal_on_life_loss: bool = doc("Training only: a lost life ends the episode (the game goes on).", default=True)
     clip_rewards: bool = doc("Training only: rewards clipped to [-1, 1].", default=True)
 
 
@@ -92,27 +92,32 @@ def check_config(env_cfg) -> None:
             raise ConfigError(f"env.preset_options.noop_max: must be >= 0, got {o.noop_max}")
         for key in PRESET_KWARGS:
             if key in env_cfg.kwargs:
-                raise ConfigError(f"env.kwargs.{key}: the atari preset skips frames itself; "
-                                  "set env.preset_options.frame_skip instead")
+                raise ConfigError(
+                    f"env.kwargs.{key}: the atari preset skips frames itself; set env.preset_options.frame_skip instead"
+                )
     if env_cfg.backend == "ale_vector":
         if env_cfg.preset != "atari":
             raise ConfigError("env.backend: 'ale_vector' steps the atari preset; set env.preset: atari")
         if gym.spec(env_cfg.id).entry_point != "ale_py.env:AtariEnv":
             raise ConfigError(f"env.backend: 'ale_vector' runs ALE games; {env_cfg.id!r} is not one")
         if env_cfg.wrappers:
-            raise ConfigError("env.wrappers: the 'ale_vector' backend cannot apply Gymnasium wrappers "
-                              "(use env.backend: gymnasium)")
+            raise ConfigError(
+                "env.wrappers: the 'ale_vector' backend cannot apply Gymnasium wrappers (use env.backend: gymnasium)"
+            )
         if env_cfg.max_episode_steps is not None:
-            raise ConfigError("env.max_episode_steps: not with the 'ale_vector' backend "
-                              "(set env.kwargs.max_num_frames_per_episode)")
+            raise ConfigError(
+                "env.max_episode_steps: not with the 'ale_vector' backend (set env.kwargs.max_num_frames_per_episode)"
+            )
         from ale_py.vector_env import AtariVectorEnv
 
         accepted = set(inspect.signature(AtariVectorEnv.__init__).parameters) & (
-            set(VECTOR_ONLY_KWARGS) | {"repeat_action_probability", "full_action_space",
-                                       "max_num_frames_per_episode"})
+            set(VECTOR_ONLY_KWARGS) | {"repeat_action_probability", "full_action_space", "max_num_frames_per_episode"}
+        )
         for key in env_cfg.kwargs:
             if key not in accepted:
-                raise ConfigError(f"env.kwargs.{key}: not an ale_vector option (accepted: {', '.join(sorted(accepted))})")
+                raise ConfigError(
+                    f"env.kwargs.{key}: not an ale_vector option (accepted: {', '.join(sorted(accepted))})"
+                )
     elif any(key in env_cfg.kwargs for key in VECTOR_ONLY_KWARGS):
         bad = next(key for key in VECTOR_ONLY_KWARGS if key in env_cfg.kwargs)
         raise ConfigError(f"env.kwargs.{bad}: an option of env.backend 'ale_vector' only")
@@ -157,14 +162,23 @@ def make_env(env_cfg, evaluation: bool = False) -> gym.Env:
     require_ale()
     require_opencv()
     o = options(env_cfg)
-    kwargs = {"repeat_action_probability": 0.0,
-              **{k: v for k, v in env_cfg.kwargs.items() if k not in VECTOR_ONLY_KWARGS}, "frameskip": 1}
+    kwargs = {
+        "repeat_action_probability": 0.0,
+        **{k: v for k, v in env_cfg.kwargs.items() if k not in VECTOR_ONLY_KWARGS},
+        "frameskip": 1,
+    }
     from aiorl.envs import gym_make  # envs imports this module lazily, for the preset
 
     env = gym_make(env_cfg.id, kwargs)
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=o.noop_max, frame_skip=o.frame_skip,
-                                          screen_size=o.screen_size, terminal_on_life_loss=False,
-                                          grayscale_obs=True, scale_obs=False)
+    env = gym.wrappers.AtariPreprocessing(
+        env,
+        noop_max=o.noop_max,
+        frame_skip=o.frame_skip,
+        screen_size=o.screen_size,
+        terminal_on_life_loss=False,
+        grayscale_obs=True,
+        scale_obs=False,
+    )
     if env_cfg.max_episode_steps is not None:
         env = gym.wrappers.TimeLimit(env, env_cfg.max_episode_steps)  # agent steps, not frames
     env = gym.wrappers.RecordEpisodeStatistics(env)
@@ -201,11 +215,22 @@ class AleVectorEnvs:
         self.training = not evaluation
         game = gym.spec(env_cfg.id).kwargs["game"]
         kwargs = {"repeat_action_probability": 0.0, **env_cfg.kwargs}
-        self.env = AtariVectorEnv(game, num_envs, noop_max=o.noop_max, frameskip=o.frame_skip,
-                                  img_height=o.screen_size, img_width=o.screen_size, grayscale=True,
-                                  stack_num=o.frame_stack, maxpool=True, episodic_life=False,
-                                  reward_clipping=False, use_fire_reset=False, autoreset_mode="SameStep",
-                                  **kwargs)
+        self.env = AtariVectorEnv(
+            game,
+            num_envs,
+            noop_max=o.noop_max,
+            frameskip=o.frame_skip,
+            img_height=o.screen_size,
+            img_width=o.screen_size,
+            grayscale=True,
+            stack_num=o.frame_stack,
+            maxpool=True,
+            episodic_life=False,
+            reward_clipping=False,
+            use_fire_reset=False,
+            autoreset_mode="SameStep",
+            **kwargs,
+        )
         self.num_envs = num_envs
         self.k = o.frame_stack
         self.single_observation_space = self.env.single_observation_space
@@ -252,9 +277,9 @@ class AleVectorEnvs:
         for e in np.flatnonzero(ended):
             # A new game starts on its reset screen, a new life on the screen it was lost
             # on: either way a stack of that one frame.
-            first = obs[e:e + 1].copy()
+            first = obs[e : e + 1].copy()
             self.steps[e] = 0
-            _pad(first, self.steps[e:e + 1], self.k)
+            _pad(first, self.steps[e : e + 1], self.k)
             reset_obs[int(e)] = first[0]
         if self.training and self.options.clip_rewards:
             reward = np.clip(reward, -1.0, 1.0)

@@ -8,6 +8,7 @@ recycling gives prioritized replay 7% more learner steps with 84x84 frames.
 Callers usually drop a batch before asking for the next, so a handful of
 buffers cover a stream.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -46,14 +47,14 @@ class BufferPool:
             entry = entries[i]
             if entry[2] == nbytes and sys.getrefcount(entry[0]) == 2:
                 entries.append(entries.pop(i))
-                return entry[0][entry[1]:entry[1] + nbytes]
+                return entry[0][entry[1] : entry[1] + nbytes]
         owner, start = alloc_aligned(nbytes)
         if POOLING and nbytes <= self.MAX_BYTES // 2:
             if len(entries) >= self.MAX_BUFFERS or sum(e[2] for e in entries) + nbytes > self.MAX_BYTES:
                 free = [i for i in range(len(entries)) if sys.getrefcount(entries[i][0]) == 2]
                 del entries[free[0] if free else 0]
             entries.append([owner, start, nbytes])
-        return owner[start:start + nbytes]
+        return owner[start : start + nbytes]
 
 
 def alloc_aligned(nbytes: int) -> tuple[np.ndarray, int]:

@@ -19,6 +19,7 @@ some host of a cluster, and gets:
 - short lines on stdout when it connects, when the phase changes and when it
   exits (`console_records`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,10 @@ def check_role(cfg: Config, kind: str, index: int, run_dir: Path) -> None:
 
         get_algorithm(cfg.algo).check_learner_host(cfg)
     if c.port == 0 and not (kind == "memory" and index == 0):
-        raise ConfigError(f"cluster.port is 0: {kind} {index} started on its own must be told the coordinator's "
-                          "port (--set cluster.port=PORT, the port memory 0 listens on)")
+        raise ConfigError(
+            f"cluster.port is 0: {kind} {index} started on its own must be told the coordinator's "
+            "port (--set cluster.port=PORT, the port memory 0 listens on)"
+        )
     cluster_token(cfg, run_dir)  # AIORL_TOKEN, run.token_file or the directory's token: says what to do if none
 
 
@@ -74,12 +77,16 @@ def make_role_run_dir(cfg: Config, run_dir: Path, kind: str, index: int) -> Path
 
     name = role_name(kind, index)
     if (run_dir / OWNER_FILE).exists():
-        raise RunDirError(f"run directory {run_dir} belongs to a local run ({OWNER_FILE}); a role started by "
-                          "hand needs a run.dir of its own, or one shared only by its cluster's roles")
+        raise RunDirError(
+            f"run directory {run_dir} belongs to a local run ({OWNER_FILE}); a role started by "
+            "hand needs a run.dir of its own, or one shared only by its cluster's roles"
+        )
     earlier = [f for f in RESULTS.get(name, ()) if (run_dir / f).exists()]
     if earlier:
-        raise RunDirError(f"run directory {run_dir} already holds an earlier run's {name} results "
-                          f"({', '.join(earlier)}); give a new run.dir")
+        raise RunDirError(
+            f"run directory {run_dir} already holds an earlier run's {name} results "
+            f"({', '.join(earlier)}); give a new run.dir"
+        )
     try:
         make_run_dir(run_dir)
     except OSError as exc:
@@ -103,12 +110,15 @@ def _write_config_once(cfg: Config, target: Path) -> None:
     try:
         theirs = load_config(target).config_hash()
     except ConfigError as exc:
-        raise RunDirError(f"run directory {target.parent} holds a config.yaml that does not load ({exc}); "
-                          "give a new run.dir") from None
+        raise RunDirError(
+            f"run directory {target.parent} holds a config.yaml that does not load ({exc}); give a new run.dir"
+        ) from None
     if theirs != cfg.config_hash():
-        raise RunDirError(f"run directory {target.parent} holds the config of another cluster (config hash "
-                          f"mismatch: {theirs}, this role's {cfg.config_hash()}); give every role the same "
-                          "config, or a new run.dir")
+        raise RunDirError(
+            f"run directory {target.parent} holds the config of another cluster (config hash "
+            f"mismatch: {theirs}, this role's {cfg.config_hash()}); give every role the same "
+            "config, or a new run.dir"
+        )
 
 
 class _ConsoleFilter(logging.Filter):

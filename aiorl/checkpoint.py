@@ -17,6 +17,7 @@ truncated or altered file fails its length or checksum check and is named as
 such; `newest_good` then falls back to the previous one. The payload is read
 with ``weights_only=True``: a checkpoint can hold no code to run.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,9 @@ import json
 import os
 import re
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 MAGIC = b"aiorl-checkpoint\n"
 VERSION = 1
@@ -77,8 +79,15 @@ def checkpoint_name(learner_steps: int) -> str:
 def encode(meta: dict, payload: bytes) -> bytes:
     """The bytes of a checkpoint file holding `meta` (JSON) and `payload`."""
     meta_bytes = json.dumps(meta, sort_keys=True).encode()
-    head = b"".join((MAGIC, struct.pack("<I", VERSION), struct.pack("<Q", len(meta_bytes)), meta_bytes,
-                     struct.pack("<Q", len(payload))))
+    head = b"".join(
+        (
+            MAGIC,
+            struct.pack("<I", VERSION),
+            struct.pack("<Q", len(meta_bytes)),
+            meta_bytes,
+            struct.pack("<Q", len(payload)),
+        )
+    )
     digest = hashlib.sha256(head)
     digest.update(payload)
     return b"".join((head, payload, digest.digest()))
@@ -87,7 +96,7 @@ def encode(meta: dict, payload: bytes) -> bytes:
 def decode(data: bytes | memoryview, name: str = "checkpoint") -> tuple[dict, memoryview]:
     """(meta, payload) of a checkpoint file's bytes; CheckpointError naming `name` if it is not whole."""
     view = memoryview(data)
-    if bytes(view[:len(MAGIC)]) != MAGIC:
+    if bytes(view[: len(MAGIC)]) != MAGIC:
         raise CheckpointError(f"{name} is not an aiorl checkpoint (bad magic)")
     offset = len(MAGIC)
     if len(view) < offset + 12:
@@ -99,21 +108,21 @@ def decode(data: bytes | memoryview, name: str = "checkpoint") -> tuple[dict, me
     offset += 12
     if meta_len > MAX_META_BYTES or offset + meta_len + 8 > len(view):
         raise CheckpointError(f"{name} is truncated ({len(view)} bytes; its meta block says {meta_len})")
-    meta_bytes = view[offset:offset + meta_len]
+    meta_bytes = view[offset : offset + meta_len]
     offset += meta_len
     (payload_len,) = struct.unpack_from("<Q", view, offset)
     offset += 8
     expected = offset + payload_len + DIGEST_BYTES
     if payload_len > MAX_PAYLOAD_BYTES or expected != len(view):
         raise CheckpointError(f"{name} is truncated or has trailing bytes ({len(view)} bytes, expected {expected})")
-    digest = hashlib.sha256(view[:offset + payload_len]).digest()
-    if digest != bytes(view[offset + payload_len:]):
+    digest = hashlib.sha256(view[: offset + payload_len]).digest()
+    if digest != bytes(view[offset + payload_len :]):
         raise CheckpointError(f"{name} is corrupt (SHA-256 mismatch)")
     try:
         meta = json.loads(bytes(meta_bytes))
     except ValueError as exc:  # cannot happen past the checksum unless the writer was broken
         raise CheckpointError(f"{name}: meta block is not JSON: {exc}") from None
-    return meta, view[offset:offset + payload_len]
+    return meta, view[offset : offset + payload_len]
 
 
 def read(path: str | Path) -> tuple[dict, memoryview]:
@@ -147,8 +156,7 @@ def save(directory: str | Path, learner_steps: int, state: dict, meta: dict, kee
     return write_file(directory, learner_steps, serialize(state), meta, keep)
 
 
-def write_file(directory: str | Path, learner_steps: int, payload: bytes | memoryview, meta: dict,
-               keep: int) -> Path:
+def write_file(directory: str | Path, learner_steps: int, payload: bytes | memoryview, meta: dict, keep: int) -> Path:
     """The file-writing half of `save`, for a payload serialized earlier (e.g. off the training path)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)

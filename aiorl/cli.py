@@ -1,4 +1,5 @@
 """The `aiorl` command: run a config (every role locally, or one role of a cluster)."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,10 @@ def _config_source(args: argparse.Namespace) -> tuple[str, list[str]]:
             raise ConfigError("aiorl run needs a CONFIG file, or --resume RUN_DIR")
         return args.config, args.set
     if args.config is not None:
-        raise ConfigError(f"give either CONFIG ({args.config}) or --resume RUN_DIR, not both "
-                          "(a resumed run keeps its config; change values with --set)")
+        raise ConfigError(
+            f"give either CONFIG ({args.config}) or --resume RUN_DIR, not both "
+            "(a resumed run keeps its config; change values with --set)"
+        )
     if args.role is not None:
         raise ConfigError("--resume continues a whole local run; it does not combine with --role")
     run_dir = Path(args.resume)
@@ -69,9 +72,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if not args.quiet:
         c = cfg.cluster
-        what = (f"resuming attempt {run_dir.identity.attempt}" if args.resume else "run directory")
-        print(f"aiorl: {cfg.algo} on {cfg.env.id}: {c.actors} actor(s), {c.memories} memory host(s), "
-              f"{c.learners} learner(s); {what} {run_dir.path}", flush=True)
+        what = f"resuming attempt {run_dir.identity.attempt}" if args.resume else "run directory"
+        print(
+            f"aiorl: {cfg.algo} on {cfg.env.id}: {c.actors} actor(s), {c.memories} memory host(s), "
+            f"{c.learners} learner(s); {what} {run_dir.path}",
+            flush=True,
+        )
     return launcher_for(cfg)(cfg, run_dir, quiet=args.quiet).run()
 
 
@@ -91,18 +97,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a config: every role locally, or one role with --role/--index")
     run.add_argument("config", nargs="?", help="run config (YAML or JSON)")
-    run.add_argument("--resume", metavar="RUN_DIR",
-                     help="continue a stopped, interrupted or crashed run from its newest good checkpoint")
-    run.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                     help="override a config value (parsed as a YAML scalar); repeatable")
-    run.add_argument("--role", choices=("actor", "memory", "learner"),
-                     help="run only this role (one-role-per-host deployments)")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a stopped, interrupted or crashed run from its newest good checkpoint",
+    )
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value (parsed as a YAML scalar); repeatable",
+    )
+    run.add_argument(
+        "--role", choices=("actor", "memory", "learner"), help="run only this role (one-role-per-host deployments)"
+    )
     run.add_argument("--index", type=int, default=0, help="index of the role given with --role")
     run.add_argument("--quiet", action="store_true", help="no progress display")
-    run.add_argument("--launcher", choices=("local", "ray"),
-                     help="where the roles run: this machine (default) or a Ray cluster (cluster.launcher)")
-    run.add_argument("--address", metavar="ADDR",
-                     help="Ray cluster of --launcher ray: 'auto' (default) or HOST:PORT (cluster.ray_address)")
+    run.add_argument(
+        "--launcher",
+        choices=("local", "ray"),
+        help="where the roles run: this machine (default) or a Ray cluster (cluster.launcher)",
+    )
+    run.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster of --launcher ray: 'auto' (default) or HOST:PORT (cluster.ray_address)",
+    )
     run.set_defaults(func=cmd_run)
     from aiorl import plot, status
 

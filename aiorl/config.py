@@ -10,6 +10,7 @@ unknown key, the nearest valid name.
 The ``model`` section belongs to the algorithm: each algorithm declares its
 own dataclass (``Algorithm.model_config``), validated the same way.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,17 +47,20 @@ class EnvConfig:
     )
     wrappers: list = doc(
         "Gymnasium wrappers applied in order on top of the env: 'Name' or {Name: {keyword: value}} "
-        "(see aiorl/env_wrappers.py).", default_factory=list
+        "(see aiorl/env_wrappers.py).",
+        default_factory=list,
     )
     preset: str | None = doc(
         "'atari': DeepMind preprocessing of an ALE/ env (training: life loss ends episodes, rewards "
-        "clipped; aiorl eval: full games, raw rewards). See aiorl/atari.py.", default=None
+        "clipped; aiorl eval: full games, raw rewards). See aiorl/atari.py.",
+        default=None,
     )
-    preset_options: dict = doc("Options of the preset, e.g. {noop_max: 0} (aiorl/atari.py AtariOptions).",
-                               default_factory=dict)
+    preset_options: dict = doc(
+        "Options of the preset, e.g. {noop_max: 0} (aiorl/atari.py AtariOptions).", default_factory=dict
+    )
     backend: str = doc(
-        "'gymnasium' (each env stepped in Python) or 'ale_vector' (ale-py's native vector env, "
-        "with env.preset atari).", default="gymnasium"
+        "'gymnasium' (each env stepped in Python) or 'ale_vector' (ale-py's native vector env, with env.preset atari).",
+        default="gymnasium",
     )
 
 
@@ -71,9 +75,7 @@ class ClusterConfig:
         "Address other hosts use to reach this host's memory server (default: host).", default=None
     )
     heartbeat_interval_s: float = doc("Seconds between a role's heartbeats.", default=0.5)
-    heartbeat_timeout_s: float = doc(
-        "A role silent this long is declared lost by the coordinator.", default=10.0
-    )
+    heartbeat_timeout_s: float = doc("A role silent this long is declared lost by the coordinator.", default=10.0)
     coordinator_timeout_s: float = doc(
         "A role that cannot reach the coordinator this long exits non-zero.", default=10.0
     )
@@ -81,17 +83,16 @@ class ClusterConfig:
     phase_timeout_s: float = doc("Deadline of each shutdown phase.", default=60.0)
     rendezvous_port: int = doc(
         "Port learner 0 listens on for torch.distributed among learners (0: a free one), on "
-        "advertise_host (else host). Unauthenticated: see aiorl/runtime/rendezvous.py.", default=0
+        "advertise_host (else host). Unauthenticated: see aiorl/runtime/rendezvous.py.",
+        default=0,
     )
     max_restarts: int = doc(
-        "Times each actor (and memory host other than 0) is restarted after exiting abnormally; "
-        "see aiorl/restart.py.", default=0
+        "Times each actor (and memory host other than 0) is restarted after exiting abnormally; see aiorl/restart.py.",
+        default=0,
     )
     restart_backoff_s: float = doc("Wait before a restart, doubled after each quick failure.", default=1.0)
     restart_backoff_max_s: float = doc("Longest wait before a restart.", default=30.0)
-    learner_credits: int = doc(
-        "Batches a learner may have requested and not yet consumed, per memory.", default=2
-    )
+    learner_credits: int = doc("Batches a learner may have requested and not yet consumed, per memory.", default=2)
     actor_flush_delay_s: float = doc(
         "Seconds an actor's batch may wait to share one write with its next batches "
         "(fewer syscalls and memory-host wake-ups with cheap envs; 0 sends each at once).",
@@ -99,7 +100,8 @@ class ClusterConfig:
     )
     frame_compression: str = doc(
         "'lz4': actors send their frames (the frame replay layout) as one lz4 block per batch; "
-        "'none': raw. See bench/frame_compression.py.", default="none"
+        "'none': raw. See bench/frame_compression.py.",
+        default="none",
     )
     max_handshakes: int = doc(
         "Connections a coordinator or memory host lets handshake at once; more are refused (busy).",
@@ -114,14 +116,17 @@ class ClusterConfig:
     tls_ca: str | None = doc("CA bundle used to verify peers when TLS is on.", default=None)
     launcher: str = doc(
         "'local': every role a child process of `aiorl run`; 'ray': each role placed on a Ray cluster "
-        "(`pip install 'aiorl[ray]'`; see aiorl/ray_launcher.py).", default="local"
+        "(`pip install 'aiorl[ray]'`; see aiorl/ray_launcher.py).",
+        default="local",
     )
-    ray_address: str = doc("Ray cluster to launch on (launcher 'ray'): 'auto', or HOST:PORT of its head.",
-                           default="auto")
+    ray_address: str = doc(
+        "Ray cluster to launch on (launcher 'ray'): 'auto', or HOST:PORT of its head.", default="auto"
+    )
     resources: dict = doc(
         "Ray resources of each role kind (launcher 'ray'), e.g. {learner: {num_gpus: 1}, actor: {num_cpus: 1}, "
         "memory: {num_cpus: 1, resources: {big_ram: 1}}}; keys num_cpus, num_gpus, memory, resources. "
-        "A kind not given takes {num_cpus: 1}.", default_factory=dict
+        "A kind not given takes {num_cpus: 1}.",
+        default_factory=dict,
     )
 
 
@@ -135,9 +140,7 @@ class AgentConfig:
     sample_batch_size: int = doc("Env steps per environment in one actor batch.", default=64)
     batch_size: int = doc("Transitions per learner batch.", default=32)
     buffer_size: int = doc("Replay capacity summed over all memory hosts.", default=100_000)
-    learning_starts: int = doc(
-        "Transitions stored (over all memories) before learners get batches.", default=1000
-    )
+    learning_starts: int = doc("Transitions stored (over all memories) before learners get batches.", default=1000)
     prioritized_replay: bool = doc("Use prioritized replay.", default=True)
     prioritized_replay_alpha: float = doc("Priority exponent alpha.", default=0.6)
     prioritized_replay_beta: float = doc("Importance-sampling exponent beta.", default=0.4)
@@ -152,18 +155,18 @@ class AgentConfig:
     target_return: float | None = doc(
         "Stop once the return reaches this: the mean return of an evaluation during training when "
         "run.eval_every or run.eval_interval_s is set, else the mean of the last 100 training episodes.",
-        default=None
+        default=None,
     )
     samples_per_insert: float | None = doc(
         "Rate limit (Reverb's SampleToInsertRatio): each memory keeps sampled transitions near this "
         "x inserted ones, holding back learners when they run ahead and actors (by credits) when "
         "they do; learning_starts is the minimum size. None: no limit (see aiorl/runtime/ratelimit.py).",
-        default=None
+        default=None,
     )
     samples_per_insert_tolerance: float = doc(
         "Width of the limiter's band, as a fraction of samples_per_insert x learning_starts (Acme's "
         "samples_per_insert_tolerance_rate); never narrower than one learner and one actor batch.",
-        default=0.1
+        default=0.1,
     )
     max_samples_per_insert: float | None = doc(
         "Replaced by samples_per_insert (it holds back both sides); setting it is an error.", default=None
@@ -172,7 +175,8 @@ class AgentConfig:
     replay_layout: str = doc(
         "'frames': stacked-frame observations are sent and stored one frame at a time (obs and next_obs "
         "rebuilt at sample time); 'transitions': every row keeps its own; 'auto': frames when the env "
-        "stacks frames (aiorl/replay/frames.py).", default="auto"
+        "stacks frames (aiorl/replay/frames.py).",
+        default="auto",
     )
     publish_interval: int = doc("Learner 0 publishes weights every this many learner steps.", default=10)
 
@@ -184,46 +188,52 @@ class RunSection:
     max_seconds: float | None = doc("Stop the run after this many seconds.", default=None)
     log_level: str = doc("Logging level of every role.", default="INFO")
     metrics_interval_s: float = doc("Seconds between metrics.jsonl rows.", default=1.0)
-    metrics: bool = doc("Roles report gauges (rates, losses, lag, memory) with their heartbeats.",
-                        default=True)
-    tensorboard: bool = doc("Also write TensorBoard event files when TensorBoard is installed "
-                            "(false takes tensorboard out of run.loggers).", default=True)
-    loggers: list = doc("Where metrics rows go besides metrics.jsonl, each with the resolved config as "
-                        "hyper-parameters: tensorboard, wandb, mlflow (aiorl/loggers.py; each an extra).",
-                        default_factory=lambda: ["tensorboard"])
+    metrics: bool = doc("Roles report gauges (rates, losses, lag, memory) with their heartbeats.", default=True)
+    tensorboard: bool = doc(
+        "Also write TensorBoard event files when TensorBoard is installed "
+        "(false takes tensorboard out of run.loggers).",
+        default=True,
+    )
+    loggers: list = doc(
+        "Where metrics rows go besides metrics.jsonl, each with the resolved config as "
+        "hyper-parameters: tensorboard, wandb, mlflow (aiorl/loggers.py; each an extra).",
+        default_factory=lambda: ["tensorboard"],
+    )
     checkpoint_interval_s: float | None = doc(
         "Learner 0 checkpoints every this many seconds (and at shutdown, and when the run ends "
-        "abnormally while it still can); None: only by checkpoint_every.", default=60.0
+        "abnormally while it still can); None: only by checkpoint_every.",
+        default=60.0,
     )
-    checkpoint_every: int | None = doc(
-        "Learner 0 also checkpoints every this many of its learner steps.", default=None
-    )
+    checkpoint_every: int | None = doc("Learner 0 also checkpoints every this many of its learner steps.", default=None)
     keep_checkpoints: int = doc("Checkpoint files kept (the newest).", default=3)
     eval_every: int | None = doc(
         "Learner 0 evaluates its current policy every this many of its learner steps (iterations for "
         "dppo/es): run.eval_episodes greedy episodes on envs of its own, off the training path; the "
         "best evaluation's policy is kept in policy/best/ (aiorl/runtime/evaluator.py). None: only by "
-        "eval_interval_s.", default=None
+        "eval_interval_s.",
+        default=None,
     )
     eval_interval_s: float | None = doc(
-        "Learner 0 also evaluates every this many seconds. None (and eval_every None): no evaluation "
-        "during training.", default=None
+        "Learner 0 also evaluates every this many seconds. None (and eval_every None): no evaluation during training.",
+        default=None,
     )
-    eval_episodes: int = doc("Episodes per evaluation during training (episode k reset with seed "
-                             "1_000_000_000 + run.seed + k, never a training env's seed).", default=10)
+    eval_episodes: int = doc(
+        "Episodes per evaluation during training (episode k reset with seed "
+        "1_000_000_000 + run.seed + k, never a training env's seed).",
+        default=10,
+    )
     eval_nice: int = doc(
         "Niceness the evaluation process adds to its own (0-19): where training keeps every core busy, "
         "the evaluations take the CPU it leaves, and cost it little; 0: the same share as training.",
-        default=10)
+        default=10,
+    )
     snapshot_replay: bool = doc(
         "Memories snapshot their replay into the run dir (every snapshot_interval_s and at shutdown); "
-        "a resumed or restarted memory host starts from its snapshot.", default=False
+        "a resumed or restarted memory host starts from its snapshot.",
+        default=False,
     )
-    snapshot_interval_s: float = doc("Seconds between replay snapshots when snapshot_replay is on.",
-                                     default=300.0)
-    token_file: str | None = doc(
-        "Cluster token file (0600); AIORL_TOKEN wins; local runs generate one.", default=None
-    )
+    snapshot_interval_s: float = doc("Seconds between replay snapshots when snapshot_replay is on.", default=300.0)
+    token_file: str | None = doc("Cluster token file (0600); AIORL_TOKEN wins; local runs generate one.", default=None)
 
 
 @dataclass
@@ -327,9 +337,7 @@ def build_dataclass(cls, data, path: str):
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
             hint = f"; did you mean '{path + '.' if path else ''}{close[0]}'?" if close else ""
-            raise ConfigError(
-                f"unknown key '{key_path}'{hint} (valid keys: {', '.join(names)})"
-            )
+            raise ConfigError(f"unknown key '{key_path}'{hint} (valid keys: {', '.join(names)})")
         kwargs[key] = _coerce(value, hints[key], key_path)
     return cls(**kwargs)
 
@@ -345,8 +353,7 @@ def field_docs(cls) -> dict[str, str]:
 def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
-        hint = (f"; to continue the run in it: aiorl run --resume {path}" if (path / "config.yaml").is_file()
-                else "")
+        hint = f"; to continue the run in it: aiorl run --resume {path}" if (path / "config.yaml").is_file() else ""
         raise ConfigError(f"config file {str(path)!r} is a directory, not a YAML or JSON file{hint}")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -399,27 +406,39 @@ def validate(cfg: Config) -> None:
         value = getattr(c, name)
         _check(value >= 1, f"cluster.{name}: must be at least 1, got {value}")
     _check(0 <= c.port <= 65535, f"cluster.port: expected 0..65535, got {c.port}")
-    for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "coordinator_timeout_s",
-                 "start_timeout_s", "phase_timeout_s"):
+    for name in (
+        "heartbeat_interval_s",
+        "heartbeat_timeout_s",
+        "coordinator_timeout_s",
+        "start_timeout_s",
+        "phase_timeout_s",
+    ):
         value = getattr(c, name)
         _check(value > 0, f"cluster.{name}: must be > 0, got {value}")
-    _check(c.heartbeat_timeout_s > c.heartbeat_interval_s,
-           f"cluster.heartbeat_timeout_s ({c.heartbeat_timeout_s}) must exceed "
-           f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})")
-    _check(c.coordinator_timeout_s > c.heartbeat_interval_s,
-           f"cluster.coordinator_timeout_s ({c.coordinator_timeout_s}) must exceed "
-           f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})")
+    _check(
+        c.heartbeat_timeout_s > c.heartbeat_interval_s,
+        f"cluster.heartbeat_timeout_s ({c.heartbeat_timeout_s}) must exceed "
+        f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})",
+    )
+    _check(
+        c.coordinator_timeout_s > c.heartbeat_interval_s,
+        f"cluster.coordinator_timeout_s ({c.coordinator_timeout_s}) must exceed "
+        f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})",
+    )
     _check(c.learner_credits >= 1, f"cluster.learner_credits: must be at least 1, got {c.learner_credits}")
     for name in ("max_handshakes", "max_handshakes_per_host"):
         _check(getattr(c, name) >= 1, f"cluster.{name}: must be at least 1, got {getattr(c, name)}")
-    _check(0 <= c.actor_flush_delay_s <= 1,
-           f"cluster.actor_flush_delay_s: expected 0..1 seconds, got {c.actor_flush_delay_s}")
-    _check((c.tls_cert is None) == (c.tls_key is None),
-           "cluster.tls_cert and cluster.tls_key must be given together")
+    _check(
+        0 <= c.actor_flush_delay_s <= 1,
+        f"cluster.actor_flush_delay_s: expected 0..1 seconds, got {c.actor_flush_delay_s}",
+    )
+    _check((c.tls_cert is None) == (c.tls_key is None), "cluster.tls_cert and cluster.tls_key must be given together")
     _check(e.num_envs >= 1, f"env.num_envs: must be at least 1, got {e.num_envs}")
     _check(bool(e.id), "env.id: must name a Gymnasium environment")
-    _check(e.max_episode_steps is None or e.max_episode_steps >= 1,
-           f"env.max_episode_steps: must be at least 1 (or null: the env's own limit), got {e.max_episode_steps}")
+    _check(
+        e.max_episode_steps is None or e.max_episode_steps >= 1,
+        f"env.max_episode_steps: must be at least 1 (or null: the env's own limit), got {e.max_episode_steps}",
+    )
     from aiorl.env_wrappers import check_env_config
 
     check_env_config(e)
@@ -429,70 +448,101 @@ def validate(cfg: Config) -> None:
     from aiorl.ray_placement import check_launcher
 
     check_launcher(c)
-    _check(a.replay_layout in ("auto", "frames", "transitions"),
-           f"agent.replay_layout: expected 'auto', 'frames' or 'transitions', got {a.replay_layout!r}")
+    _check(
+        a.replay_layout in ("auto", "frames", "transitions"),
+        f"agent.replay_layout: expected 'auto', 'frames' or 'transitions', got {a.replay_layout!r}",
+    )
     _check(a.sample_batch_size >= 1, f"agent.sample_batch_size: must be at least 1, got {a.sample_batch_size}")
     _check(a.batch_size >= 1, f"agent.batch_size: must be at least 1, got {a.batch_size}")
-    _check(a.buffer_size >= c.memories,
-           f"agent.buffer_size ({a.buffer_size}) must be at least cluster.memories ({c.memories})")
+    _check(
+        a.buffer_size >= c.memories,
+        f"agent.buffer_size ({a.buffer_size}) must be at least cluster.memories ({c.memories})",
+    )
     per_memory = a.buffer_size // c.memories
-    _check(a.batch_size <= per_memory,
-           f"agent.batch_size ({a.batch_size}) is larger than the replay of one memory host "
-           f"(agent.buffer_size {a.buffer_size} / cluster.memories {c.memories} = {per_memory})")
-    _check(0 <= a.learning_starts <= a.buffer_size,
-           f"agent.learning_starts ({a.learning_starts}) must be within 0..agent.buffer_size ({a.buffer_size}),"
-           " or learners would wait forever")
-    _check(0 <= a.prioritized_replay_alpha <= 1,
-           f"agent.prioritized_replay_alpha: expected 0..1, got {a.prioritized_replay_alpha}")
-    _check(0 <= a.prioritized_replay_beta <= 1,
-           f"agent.prioritized_replay_beta: expected 0..1, got {a.prioritized_replay_beta}")
+    _check(
+        a.batch_size <= per_memory,
+        f"agent.batch_size ({a.batch_size}) is larger than the replay of one memory host "
+        f"(agent.buffer_size {a.buffer_size} / cluster.memories {c.memories} = {per_memory})",
+    )
+    _check(
+        0 <= a.learning_starts <= a.buffer_size,
+        f"agent.learning_starts ({a.learning_starts}) must be within 0..agent.buffer_size ({a.buffer_size}),"
+        " or learners would wait forever",
+    )
+    _check(
+        0 <= a.prioritized_replay_alpha <= 1,
+        f"agent.prioritized_replay_alpha: expected 0..1, got {a.prioritized_replay_alpha}",
+    )
+    _check(
+        0 <= a.prioritized_replay_beta <= 1,
+        f"agent.prioritized_replay_beta: expected 0..1, got {a.prioritized_replay_beta}",
+    )
     if a.prioritized_replay_beta_final is not None:
-        _check(0 <= a.prioritized_replay_beta_final <= 1,
-               f"agent.prioritized_replay_beta_final: expected 0..1, got {a.prioritized_replay_beta_final}")
-        _check(a.scheduled_global_steps is not None or a.scheduled_timesteps is not None,
-               "agent.prioritized_replay_beta_final anneals beta over the run's schedule: set "
-               "agent.scheduled_global_steps or agent.scheduled_timesteps (or drop it)")
+        _check(
+            0 <= a.prioritized_replay_beta_final <= 1,
+            f"agent.prioritized_replay_beta_final: expected 0..1, got {a.prioritized_replay_beta_final}",
+        )
+        _check(
+            a.scheduled_global_steps is not None or a.scheduled_timesteps is not None,
+            "agent.prioritized_replay_beta_final anneals beta over the run's schedule: set "
+            "agent.scheduled_global_steps or agent.scheduled_timesteps (or drop it)",
+        )
     _check(a.prioritized_replay_eps > 0, f"agent.prioritized_replay_eps: must be > 0, got {a.prioritized_replay_eps}")
     for name in ("scheduled_timesteps", "scheduled_global_steps"):
         value = getattr(a, name)
         _check(value is None or value >= 1, f"agent.{name}: must be at least 1, got {value}")
-    _check(a.max_samples_per_insert is None,
-           f"agent.max_samples_per_insert was replaced by agent.samples_per_insert, a limiter that holds "
-           f"back learners and actors alike: set agent.samples_per_insert: {a.max_samples_per_insert} "
-           "(and optionally agent.samples_per_insert_tolerance)")
-    _check(a.samples_per_insert is None or a.samples_per_insert > 0,
-           f"agent.samples_per_insert: must be > 0, got {a.samples_per_insert}")
-    _check(a.samples_per_insert_tolerance >= 0,
-           f"agent.samples_per_insert_tolerance: must be >= 0, got {a.samples_per_insert_tolerance}")
+    _check(
+        a.max_samples_per_insert is None,
+        f"agent.max_samples_per_insert was replaced by agent.samples_per_insert, a limiter that holds "
+        f"back learners and actors alike: set agent.samples_per_insert: {a.max_samples_per_insert} "
+        "(and optionally agent.samples_per_insert_tolerance)",
+    )
+    _check(
+        a.samples_per_insert is None or a.samples_per_insert > 0,
+        f"agent.samples_per_insert: must be > 0, got {a.samples_per_insert}",
+    )
+    _check(
+        a.samples_per_insert_tolerance >= 0,
+        f"agent.samples_per_insert_tolerance: must be >= 0, got {a.samples_per_insert_tolerance}",
+    )
     _check(c.max_restarts >= 0, f"cluster.max_restarts: must be >= 0, got {c.max_restarts}")
-    _check(0 < c.restart_backoff_s <= c.restart_backoff_max_s,
-           f"cluster.restart_backoff_s ({c.restart_backoff_s}) must be > 0 and at most "
-           f"cluster.restart_backoff_max_s ({c.restart_backoff_max_s})")
+    _check(
+        0 < c.restart_backoff_s <= c.restart_backoff_max_s,
+        f"cluster.restart_backoff_s ({c.restart_backoff_s}) must be > 0 and at most "
+        f"cluster.restart_backoff_max_s ({c.restart_backoff_max_s})",
+    )
     _check(a.sync_interval >= 1, f"agent.sync_interval: must be at least 1, got {a.sync_interval}")
     _check(a.publish_interval >= 1, f"agent.publish_interval: must be at least 1, got {a.publish_interval}")
     _check(r.max_seconds is None or r.max_seconds > 0, f"run.max_seconds: must be > 0, got {r.max_seconds}")
     _check(r.metrics_interval_s > 0, f"run.metrics_interval_s: must be > 0, got {r.metrics_interval_s}")
-    _check(r.checkpoint_every is None or r.checkpoint_every >= 1,
-           f"run.checkpoint_every: must be at least 1, got {r.checkpoint_every}")
-    _check(r.checkpoint_interval_s is None or r.checkpoint_interval_s > 0,
-           f"run.checkpoint_interval_s: must be > 0 (or null), got {r.checkpoint_interval_s}")
+    _check(
+        r.checkpoint_every is None or r.checkpoint_every >= 1,
+        f"run.checkpoint_every: must be at least 1, got {r.checkpoint_every}",
+    )
+    _check(
+        r.checkpoint_interval_s is None or r.checkpoint_interval_s > 0,
+        f"run.checkpoint_interval_s: must be > 0 (or null), got {r.checkpoint_interval_s}",
+    )
     _check(r.eval_every is None or r.eval_every >= 1, f"run.eval_every: must be at least 1, got {r.eval_every}")
-    _check(r.eval_interval_s is None or r.eval_interval_s > 0,
-           f"run.eval_interval_s: must be > 0 (or null), got {r.eval_interval_s}")
+    _check(
+        r.eval_interval_s is None or r.eval_interval_s > 0,
+        f"run.eval_interval_s: must be > 0 (or null), got {r.eval_interval_s}",
+    )
     _check(r.eval_episodes >= 1, f"run.eval_episodes: must be at least 1, got {r.eval_episodes}")
     _check(0 <= r.eval_nice <= 19, f"run.eval_nice: expected 0 to 19, got {r.eval_nice}")
     _check(r.keep_checkpoints >= 1, f"run.keep_checkpoints: must be at least 1, got {r.keep_checkpoints}")
     _check(r.snapshot_interval_s > 0, f"run.snapshot_interval_s: must be > 0, got {r.snapshot_interval_s}")
-    _check(r.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
-           f"run.log_level: expected DEBUG, INFO, WARNING or ERROR, got {r.log_level!r}")
+    _check(
+        r.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
+        f"run.log_level: expected DEBUG, INFO, WARNING or ERROR, got {r.log_level!r}",
+    )
     from aiorl.loggers import check_names
 
     bad_loggers = check_names(r.loggers)
     _check(bad_loggers is None, bad_loggers or "")
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                data: dict | None = None) -> Config:
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, data: dict | None = None) -> Config:
     """Read, override, type-check and validate a run config; raise ConfigError on any problem."""
     from aiorl.runtime.algorithm import get_algorithm  # the algorithm owns the model section
 
@@ -505,8 +555,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if cfg.algo is None:
         from aiorl.runtime.algorithm import available_algorithms
 
-        raise ConfigError(f"algo: required; set one of {', '.join(available_algorithms())} "
-                          "(e.g. `algo: apex_dqn`; `aiorl config ALGO` prints a full config)")
+        raise ConfigError(
+            f"algo: required; set one of {', '.join(available_algorithms())} "
+            "(e.g. `algo: apex_dqn`; `aiorl config ALGO` prints a full config)"
+        )
     algo = get_algorithm(cfg.algo)
     cfg.model = _coerce(model_raw, algo.model_config, "model")
     validate(cfg)
@@ -531,9 +583,13 @@ def _agent_defaults(raw: dict) -> None:
 def check_synchronous(cfg: Config) -> None:
     """Synchronous algorithms aggregate one rollout per actor per iteration: no replay to rate
     limit, and a barrier that counts every actor (so no restarts)."""
-    _check(cfg.agent.samples_per_insert is None,
-           f"agent.samples_per_insert: {cfg.algo} is synchronous (one rollout per actor per iteration, "
-           "no replay), so there is nothing to rate limit; remove it")
-    _check(cfg.cluster.max_restarts == 0,
-           f"cluster.max_restarts: {cfg.algo} is synchronous; its iteration barrier cannot take a "
-           "restarted actor back, so restarts are for asynchronous algorithms only (set it to 0)")
+    _check(
+        cfg.agent.samples_per_insert is None,
+        f"agent.samples_per_insert: {cfg.algo} is synchronous (one rollout per actor per iteration, "
+        "no replay), so there is nothing to rate limit; remove it",
+    )
+    _check(
+        cfg.cluster.max_restarts == 0,
+        f"cluster.max_restarts: {cfg.algo} is synchronous; its iteration barrier cannot take a "
+        "restarted actor back, so restarts are for asynchronous algorithms only (set it to 0)",
+    )

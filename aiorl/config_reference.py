@@ -9,6 +9,7 @@ Everything here is read from the dataclasses (`aiorl.config`) and the
 algorithm registry (`aiorl.runtime.algorithm.available_algorithms`), so a new
 key or a new algorithm shows up without touching this file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,15 @@ def _keys_of(cls, prefix: str, instance=None) -> list[Key]:
     if not dataclasses.is_dataclass(cls):  # an algorithm without a model dataclass
         return []
     hints = typing.get_type_hints(cls)
-    return [Key(f"{prefix}.{f.name}", _type_name(hints[f.name]),
-                getattr(instance, f.name) if instance is not None else _default(f), f.metadata.get("doc", ""))
-            for f in dataclasses.fields(cls)]
+    return [
+        Key(
+            f"{prefix}.{f.name}",
+            _type_name(hints[f.name]),
+            getattr(instance, f.name) if instance is not None else _default(f),
+            f.metadata.get("doc", ""),
+        )
+        for f in dataclasses.fields(cls)
+    ]
 
 
 def section_classes(algo: str | None = None) -> dict[str, type]:
@@ -123,8 +130,12 @@ def default_yaml(algo: str) -> str:
     from aiorl.config import load_config
 
     # The agent section as the algorithm has it (`Algorithm.agent_defaults`).
-    return render({"agent": load_config(data={"algo": algo}).agent}, algo, f"aiorl run config for {algo}: every key with its default, type and "
-                            f"documentation.\nSave it, edit it, then: aiorl run FILE.yaml")
+    return render(
+        {"agent": load_config(data={"algo": algo}).agent},
+        algo,
+        f"aiorl run config for {algo}: every key with its default, type and "
+        f"documentation.\nSave it, edit it, then: aiorl run FILE.yaml",
+    )
 
 
 def resolved_yaml(cfg: Config, source: str) -> str:
@@ -135,7 +146,8 @@ def resolved_yaml(cfg: Config, source: str) -> str:
 def keys_table(algo: str | None) -> str:
     if algo is not None:
         rows = [("algo", "str", algo, "Algorithm name.")] + [
-            (k.path, k.type, _flow(k.default), k.doc) for k in keys(algo)]
+            (k.path, k.type, _flow(k.default), k.doc) for k in keys(algo)
+        ]
     else:
         table = all_keys()
         docs = {k.path: k for k in keys()}
@@ -155,6 +167,7 @@ def keys_table(algo: str | None) -> str:
 # --------------------------------------------------------------------------
 # `aiorl config`
 
+
 def cmd_config(args: argparse.Namespace) -> int:
     try:
         if args.what == "show":
@@ -165,8 +178,10 @@ def cmd_config(args: argparse.Namespace) -> int:
             text = keys_table(_checked_algo(args.arg) if args.arg else None)
         else:
             if args.arg is not None:
-                raise ConfigError(f"aiorl config {args.what}: unexpected {args.arg!r} "
-                                  "(usage: aiorl config ALGO | show CONFIG | keys [ALGO])")
+                raise ConfigError(
+                    f"aiorl config {args.what}: unexpected {args.arg!r} "
+                    "(usage: aiorl config ALGO | show CONFIG | keys [ALGO])"
+                )
             text = default_yaml(_checked_algo(args.what))
     except ConfigError as exc:
         print(f"aiorl config: {exc}", file=sys.stderr)
@@ -184,12 +199,22 @@ def _checked_algo(name: str) -> str:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "config", help="print the config reference: every key with default, type and doc",
-        description=__doc__.split("\n\n")[0] + " Algorithms: " + ", ".join(_algorithms()) + ".")
-    p.add_argument("what", metavar="ALGO|show|keys",
-                   help="an algorithm (its full default config), 'show' (a file's resolved config) or 'keys'")
+        "config",
+        help="print the config reference: every key with default, type and doc",
+        description=__doc__.split("\n\n")[0] + " Algorithms: " + ", ".join(_algorithms()) + ".",
+    )
+    p.add_argument(
+        "what",
+        metavar="ALGO|show|keys",
+        help="an algorithm (its full default config), 'show' (a file's resolved config) or 'keys'",
+    )
     p.add_argument("arg", nargs="?", metavar="CONFIG|ALGO", help="the config file of 'show'; the algorithm of 'keys'")
-    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="with 'show': override a value, as `aiorl run --set` does")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="with 'show': override a value, as `aiorl run --set` does",
+    )
     p.set_defaults(func=cmd_config)
     return p

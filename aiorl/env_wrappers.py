@@ -17,6 +17,7 @@ name or a keyword the wrapper does not take is one error naming the item
 and in `aiorl eval` alike; the preset's training-only parts (reward
 clipping, life loss) are the preset's business.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -59,7 +60,7 @@ def _split(item, where: str) -> tuple[str, dict]:
     if isinstance(item, str):
         return item, {}
     if isinstance(item, dict) and len(item) == 1:
-        (name, kwargs), = item.items()
+        ((name, kwargs),) = item.items()
         if kwargs is None:
             kwargs = {}
         if isinstance(name, str) and isinstance(kwargs, dict):
@@ -87,8 +88,11 @@ def parse_wrappers(items, key: str = "env.wrappers") -> list[tuple[type, dict]]:
         name, kwargs = _split(item, f"{key}[{i}]")
         where = f"{key}[{i}].{name}"
         cls = wrapper_class(name, f"{key}[{i}]")
-        params = [p for p in inspect.signature(cls.__init__).parameters.values()
-                  if p.name not in ("self", "env") and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        params = [
+            p
+            for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name not in ("self", "env") and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
         accepted = {p.name for p in params}
         for kw in kwargs:
             if kw not in accepted:

@@ -1,8 +1,9 @@
 """Gymnasium construction, seeding and the per-actor vector of environments."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -72,11 +73,14 @@ def custom_env(env_id: str) -> str | gym.envs.registration.EnvSpec:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"env.id: cannot import module {module_name!r} of {env_id!r} ({exc}); it is looked "
-                          f"up in the current directory ({cwd}) and on sys.path") from None
+        raise ConfigError(
+            f"env.id: cannot import module {module_name!r} of {env_id!r} ({exc}); it is looked "
+            f"up in the current directory ({cwd}) and on sys.path"
+        ) from None
     except Exception as exc:  # the user's module failed while importing: say where, in one line
-        raise ConfigError(f"env.id: importing module {module_name!r} of {env_id!r} failed: "
-                          f"{type(exc).__name__}: {exc}") from None
+        raise ConfigError(
+            f"env.id: importing module {module_name!r} of {env_id!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
     entry = getattr(module, name, None)
     if name in gym.registry or not callable(entry):
         return env_id  # a registered id (Gymnasium names what is missing if it is not)

@@ -1,6 +1,7 @@
 """What `aiorl eval` can evaluate and show besides the exported policy: an
 older checkpoint (``--checkpoint N``), a video of the episodes (``--video
 DIR``) and a window (``--render``)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,10 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
     if which.isdigit() and int(which) in steps:
         return steps[int(which)]
     have = ", ".join(str(s) for s in sorted(steps)) or "none"
-    raise EvalOptionError(f"--checkpoint {which}: no such checkpoint file, and {run_dir / 'checkpoints'} has no "
-                          f"checkpoint at learner step {which} (learner steps there: {have})")
+    raise EvalOptionError(
+        f"--checkpoint {which}: no such checkpoint file, and {run_dir / 'checkpoints'} has no "
+        f"checkpoint at learner step {which} (learner steps there: {have})"
+    )
 
 
 def cpu_learner(cfg: Config):
@@ -78,8 +81,9 @@ def render_env_config(env_cfg: EnvConfig, video_dir: str | None, render: bool) -
     if video_dir is not None and render:
         raise EvalOptionError("--video and --render: choose one (a video records off screen)")
     if video_dir is not None and importlib.util.find_spec(VIDEO_ENCODER) is None:
-        raise EvalOptionError(f"--video needs {VIDEO_ENCODER} to encode the episodes: "
-                              f"pip install 'aiorl[{VIDEO_EXTRA}]'")
+        raise EvalOptionError(
+            f"--video needs {VIDEO_ENCODER} to encode the episodes: pip install 'aiorl[{VIDEO_EXTRA}]'"
+        )
     mode = "rgb_array" if video_dir is not None else "human"
     return dataclasses.replace(env_cfg, kwargs={**env_cfg.kwargs, "render_mode": mode})
 
@@ -91,5 +95,6 @@ def record_episodes(env, video_dir: str | None):
     import gymnasium as gym
 
     log.info("recording every episode to %s", video_dir)
-    return gym.wrappers.RecordVideo(env, video_folder=str(video_dir), episode_trigger=lambda episode: True,
-                                    name_prefix="eval", disable_logger=True)
+    return gym.wrappers.RecordVideo(
+        env, video_folder=str(video_dir), episode_trigger=lambda episode: True, name_prefix="eval", disable_logger=True
+    )

@@ -15,6 +15,7 @@ so two evaluations with the same seed see the same episodes. ``--video DIR``
 records every episode with Gymnasium's RecordVideo (the encoder is the
 ``video`` extra), ``--render`` shows them in a window.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,15 @@ def load_policy(path: str | Path):
         raise EvalError(str(exc)) from None
 
 
-def run_episodes(policy, env_cfg: EnvConfig, episodes: int, seed: int, progress=None,
-                 video_dir: str | None = None, render: bool = False) -> dict:
+def run_episodes(
+    policy,
+    env_cfg: EnvConfig,
+    episodes: int,
+    seed: int,
+    progress=None,
+    video_dir: str | None = None,
+    render: bool = False,
+) -> dict:
     """Run `episodes` greedy episodes of `policy` (obs batch -> action batch), one after another."""
     import torch
 
@@ -117,14 +125,29 @@ def run_episodes_together(policy, env_cfg: EnvConfig, episodes: int, seed: int, 
 
 def summarize(returns: list[float], lengths: list[int]) -> dict:
     r = np.asarray(returns, np.float64)
-    return {"episodes": len(returns), "mean": float(r.mean()), "std": float(r.std()), "min": float(r.min()),
-            "max": float(r.max()), "length_mean": float(np.mean(lengths)), "returns": returns,
-            "lengths": lengths}
+    return {
+        "episodes": len(returns),
+        "mean": float(r.mean()),
+        "std": float(r.std()),
+        "min": float(r.min()),
+        "max": float(r.max()),
+        "length_mean": float(np.mean(lengths)),
+        "returns": returns,
+        "lengths": lengths,
+    }
 
 
-def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 0, policy_path: str | Path | None = None,
-                 progress=None, checkpoint: str | None = None, video_dir: str | None = None,
-                 render: bool = False, which: str | None = None) -> dict:
+def evaluate_run(
+    run_dir: str | Path,
+    episodes: int = 20,
+    seed: int = 0,
+    policy_path: str | Path | None = None,
+    progress=None,
+    checkpoint: str | None = None,
+    video_dir: str | None = None,
+    render: bool = False,
+    which: str | None = None,
+) -> dict:
     import torch
 
     torch.set_num_threads(1)  # one observation at a time: extra threads only cost
@@ -133,8 +156,11 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 0, policy_
     if not config_path.is_file():
         raise EvalError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_config(config_path)
-    given = [name for name, value in (("--policy", policy_path), ("--checkpoint", checkpoint),
-                                      (f"--{which}", which)) if value is not None]
+    given = [
+        name
+        for name, value in (("--policy", policy_path), ("--checkpoint", checkpoint), (f"--{which}", which))
+        if value is not None
+    ]
     if len(given) > 1:
         raise EvalError(f"give one of --best, --final, --policy, --checkpoint, not {' and '.join(given)}")
     chosen_by = None
@@ -154,8 +180,17 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, seed: int = 0, policy_
         policy = load_checked(path, cfg.env)
     t0 = time.perf_counter()
     result = run_episodes(policy, cfg.env, episodes, seed, progress, video_dir, render)
-    return {"run_dir": str(run_dir), "policy": str(path), "which": which, "chosen_by": chosen_by, "algo": cfg.algo,
-            "env": cfg.env.id, "seed": seed, **result, "seconds": round(time.perf_counter() - t0, 3)}
+    return {
+        "run_dir": str(run_dir),
+        "policy": str(path),
+        "which": which,
+        "chosen_by": chosen_by,
+        "algo": cfg.algo,
+        "env": cfg.env.id,
+        "seed": seed,
+        **result,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def choose_policy(run_dir: Path, which: str | None) -> tuple[Path, str, dict | None]:
@@ -166,8 +201,10 @@ def choose_policy(run_dir: Path, which: str | None) -> tuple[Path, str, dict | N
     best = read_best(run_dir / POLICY_DIR)
     best_path = policy_file(run_dir / POLICY_DIR / BEST_DIR)
     if which == "best" and (best is None or not best_path.is_file()):
-        raise EvalError(f"--best: {run_dir} has no best policy ({run_dir / POLICY_DIR / BEST_DIR} is kept by "
-                        "evaluations during training: set run.eval_every); --final evaluates the final one")
+        raise EvalError(
+            f"--best: {run_dir} has no best policy ({run_dir / POLICY_DIR / BEST_DIR} is kept by "
+            "evaluations during training: set run.eval_every); --final evaluates the final one"
+        )
     if which == "best" or (which is None and best is not None and best_path.is_file()):
         return best_path, "best", best
     return policy_file(run_dir / POLICY_DIR), "final", None
@@ -177,17 +214,21 @@ def describe_policy(result: dict) -> str:
     """Which policy an evaluation used, in words."""
     if result.get("which") == "best" and result.get("chosen_by"):
         e = result["chosen_by"]
-        return (f"the best policy {result['policy']} (chosen by evaluation {e.get('n')} at learner step "
-                f"{e.get('learner_steps')}: mean return {e['return_mean']:.2f}; --final for the final one)")
+        return (
+            f"the best policy {result['policy']} (chosen by evaluation {e.get('n')} at learner step "
+            f"{e.get('learner_steps')}: mean return {e['return_mean']:.2f}; --final for the final one)"
+        )
     if result.get("which") == "final":
         return f"the final policy {result['policy']}"
     return result["policy"]
 
 
 def format_result(result: dict) -> str:
-    return (f"{result['env']}: {result['episodes']} episodes (seed {result['seed']}) with {describe_policy(result)}\n"
-            f"return mean {result['mean']:.2f}  std {result['std']:.2f}  "
-            f"min {result['min']:.2f}  max {result['max']:.2f}  (episode length mean {result['length_mean']:.1f})")
+    return (
+        f"{result['env']}: {result['episodes']} episodes (seed {result['seed']}) with {describe_policy(result)}\n"
+        f"return mean {result['mean']:.2f}  std {result['std']:.2f}  "
+        f"min {result['min']:.2f}  max {result['max']:.2f}  (episode length mean {result['length_mean']:.1f})"
+    )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -198,13 +239,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 2
 
     def progress(done, total, ret):
-        print(f"\repisode {done}/{total}: return {ret:.1f}", end="" if done < total else "\n",
-              file=sys.stderr, flush=True)
+        print(
+            f"\repisode {done}/{total}: return {ret:.1f}", end="" if done < total else "\n", file=sys.stderr, flush=True
+        )
 
     try:
-        result = evaluate_run(args.run_dir, args.episodes, args.seed, args.policy,
-                              progress if not args.json and sys.stderr.isatty() else None,
-                              args.checkpoint, args.video, args.render, args.which)
+        result = evaluate_run(
+            args.run_dir,
+            args.episodes,
+            args.seed,
+            args.policy,
+            progress if not args.json and sys.stderr.isatty() else None,
+            args.checkpoint,
+            args.video,
+            args.render,
+            args.which,
+        )
     except (EvalError, EvalOptionError, ConfigError) as exc:
         print(f"aiorl eval: {exc}", file=sys.stderr)
         return 2
@@ -221,18 +271,34 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--episodes", type=int, default=20, help="episodes to run (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="episode k is reset with seed SEED + k")
     chosen = parser.add_mutually_exclusive_group()
-    chosen.add_argument("--best", dest="which", action="store_const", const="best",
-                        help="the best policy the evaluations during training kept (RUN_DIR/policy/best/; "
-                        "the default when the run has one)")
-    chosen.add_argument("--final", dest="which", action="store_const", const="final",
-                        help="the final policy, exported at shutdown (RUN_DIR/policy/policy.pt2)")
-    parser.add_argument("--policy", help="policy file (.pt2, or an older run's TorchScript .pt) to use instead of "
-                        "the run's best or final policy")
-    parser.add_argument("--checkpoint", metavar="N",
-                        help="evaluate the checkpoint of learner step N (in RUN_DIR/checkpoints) or a checkpoint "
-                        "file, instead of the exported policy")
-    parser.add_argument("--video", metavar="DIR",
-                        help="record every episode as an mp4 in DIR (needs: pip install 'aiorl[video]')")
+    chosen.add_argument(
+        "--best",
+        dest="which",
+        action="store_const",
+        const="best",
+        help="the best policy the evaluations during training kept (RUN_DIR/policy/best/; "
+        "the default when the run has one)",
+    )
+    chosen.add_argument(
+        "--final",
+        dest="which",
+        action="store_const",
+        const="final",
+        help="the final policy, exported at shutdown (RUN_DIR/policy/policy.pt2)",
+    )
+    parser.add_argument(
+        "--policy",
+        help="policy file (.pt2, or an older run's TorchScript .pt) to use instead of the run's best or final policy",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="N",
+        help="evaluate the checkpoint of learner step N (in RUN_DIR/checkpoints) or a checkpoint "
+        "file, instead of the exported policy",
+    )
+    parser.add_argument(
+        "--video", metavar="DIR", help="record every episode as an mp4 in DIR (needs: pip install 'aiorl[video]')"
+    )
     parser.add_argument("--render", action="store_true", help="show the episodes in a window (human rendering)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=cmd_eval)

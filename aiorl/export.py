@@ -15,6 +15,7 @@ Runs written before aiorl moved to `torch.export` (TorchScript is deprecated
 in torch 2.13) hold ``policy.pt`` instead; `aiorl eval` still loads those
 (`load_policy_file`), with one line saying so.
 """
+
 from __future__ import annotations
 
 import copy
@@ -117,13 +118,17 @@ def load_policy_file(path: str | Path):
         try:
             return torch.export.load(str(path)).module()
         except Exception as exc:  # a torn, foreign or garbage file: torch raises many types
-            raise PolicyFileError(f"{path} is not a torch.export policy ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'})") from None
+            raise PolicyFileError(
+                f"{path} is not a torch.export policy ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'})"
+            ) from None
     log.info("%s is a TorchScript policy from an older aiorl run; loading it with torch.jit.load", path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated in torch 2.13
             return torch.jit.load(str(path), map_location="cpu").eval()
     except Exception as exc:
-        raise PolicyFileError(f"{path} is not a TorchScript policy ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'})") from None
+        raise PolicyFileError(
+            f"{path} is not a TorchScript policy ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'})"
+        ) from None

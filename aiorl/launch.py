@@ -15,6 +15,7 @@ Exit code: 0 when the run finished (a stop criterion held), 128 + the signal
 (130 SIGINT, 143 SIGTERM) when it was interrupted and shut down cleanly (so a
 scheduler can requeue it with ``--resume``), 1 when it failed.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -33,8 +34,15 @@ from aiorl.progress import Progress, next_command, stopped_at_note
 from aiorl.restart import RestartPolicy
 from aiorl.rundir import RunDir, write_json_atomic
 from aiorl.runtime.phase import (
-    EXIT_COORDINATOR_LOST, EXIT_OK, EXIT_REFUSED, FAILED, FINISHED, INTERRUPTED, interrupted_exit_code,
-    last_checkpoint_budget_s, role_name,
+    EXIT_COORDINATOR_LOST,
+    EXIT_OK,
+    EXIT_REFUSED,
+    FAILED,
+    FINISHED,
+    INTERRUPTED,
+    interrupted_exit_code,
+    last_checkpoint_budget_s,
+    role_name,
 )
 from aiorl.wire import generate_token, write_token_file
 
@@ -69,8 +77,15 @@ def describe_exit(code: int | None) -> str:
         return "still running"
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
-    meaning = {0: "ok", 1: "error", 2: "failed", 3: "lost the coordinator", 4: "refused by the coordinator",
-               130: "interrupted (SIGINT)", 143: "interrupted (SIGTERM)"}
+    meaning = {
+        0: "ok",
+        1: "error",
+        2: "failed",
+        3: "lost the coordinator",
+        4: "refused by the coordinator",
+        130: "interrupted (SIGINT)",
+        143: "interrupted (SIGTERM)",
+    }
     return f"exit code {code} ({meaning.get(code, 'error')})"
 
 
@@ -116,9 +131,15 @@ class LocalLauncher:
         # The role's stdout and stderr (a stray print, a warning, a traceback) go into its log,
         # not the terminal, where they would tear the live panel; the panel counts them.
         with open(log_path, "ab") as log_file:
-            return subprocess.Popen([sys.executable, *self._role_args(kind, index)], stdin=subprocess.DEVNULL,
-                                    stdout=log_file, stderr=log_file, start_new_session=True,
-                                    preexec_fn=_die_with_parent, env={**os.environ, **self.rundir.identity.env()})
+            return subprocess.Popen(
+                [sys.executable, *self._role_args(kind, index)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                env={**os.environ, **self.rundir.identity.env()},
+            )
 
     def _spawn(self, kind: str, index: int) -> Child:
         name = role_name(kind, index)
@@ -135,8 +156,11 @@ class LocalLauncher:
         coordinator = self.coordinator
         if self.signals == 1 and coordinator is not None and coordinator.proc.poll() is None:
             self.signal_name = signal.Signals(signum).name
-            print(f"\naiorl: {self.signal_name}: stopping the run cleanly "
-                  "(press Ctrl-C again to kill it)", file=sys.stderr, flush=True)
+            print(
+                f"\naiorl: {self.signal_name}: stopping the run cleanly (press Ctrl-C again to kill it)",
+                file=sys.stderr,
+                flush=True,
+            )
             self.restart_at.clear()
             if self.progress is not None:
                 self.progress.interrupted()
@@ -158,8 +182,10 @@ class LocalLauncher:
             if address is not None:
                 return int(address["port"])
             if child.proc.poll() is not None:
-                raise LaunchError(f"memory-0 (the coordinator) exited before listening: "
-                                  f"{describe_exit(child.proc.returncode)}; see {self.run_dir}/logs/memory-0.log")
+                raise LaunchError(
+                    f"memory-0 (the coordinator) exited before listening: "
+                    f"{describe_exit(child.proc.returncode)}; see {self.run_dir}/logs/memory-0.log"
+                )
             time.sleep(0.05)
         raise LaunchError(f"memory-0 did not start listening within {self.cfg.cluster.start_timeout_s:g} s")
 
@@ -177,8 +203,11 @@ class LocalLauncher:
             print(f"aiorl: {error}; falling back to the previous checkpoint", file=sys.stderr, flush=True)
         if self.rundir.identity.resume_from:
             counters = (self.rundir.resume_meta or {}).get("run", {})
-            print(f"aiorl: resuming from {self.rundir.identity.resume_from} (env_steps {counters.get('env_steps')}, "
-                  f"learner_steps {counters.get('learner_steps')})", flush=True)
+            print(
+                f"aiorl: resuming from {self.rundir.identity.resume_from} (env_steps {counters.get('env_steps')}, "
+                f"learner_steps {counters.get('learner_steps')})",
+                flush=True,
+            )
         # Signal handlers can only be set from the main thread; elsewhere (aiorl.run() in a thread)
         # the run keeps Python's and is stopped through its stop criteria.
         in_main = threading.current_thread() is threading.main_thread()
@@ -192,8 +221,7 @@ class LocalLauncher:
             coordinator = self._spawn("memory", 0)
             self.port = self._wait_coordinator_address(coordinator)
             c = self.cfg.cluster
-            for kind, count, first in (("memory", c.memories, 1), ("learner", c.learners, 0),
-                                       ("actor", c.actors, 0)):
+            for kind, count, first in (("memory", c.memories, 1), ("learner", c.learners, 0), ("actor", c.actors, 0)):
                 for i in range(first, count):
                     self._spawn(kind, i)
             self._write_pids()
@@ -228,9 +256,12 @@ class LocalLauncher:
             code = child.proc.returncode
             delay = None if self.signals else self.policy.decide(child.name, code, now - child.started)
             if delay is not None:
-                print(f"aiorl: {child.name} (pid {child.pid}) {describe_exit(code)}; restarting it in "
-                      f"{delay:.1f} s (restart {self.policy.restarts[child.name]} of {self.policy.max_restarts})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"aiorl: {child.name} (pid {child.pid}) {describe_exit(code)}; restarting it in "
+                    f"{delay:.1f} s (restart {self.policy.restarts[child.name]} of {self.policy.max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.restart_at[child.name] = now + delay
         for name, at in list(self.restart_at.items()):
             if now >= at and coordinator.proc.poll() is None:
@@ -271,18 +302,27 @@ class LocalLauncher:
                 others_gone_at = now
             if signalled_at is None and self.signals:
                 signalled_at = now
-            lost_it = [ch.name for ch in self.children.values()
-                       if ch is not coordinator and ch.proc.returncode == EXIT_COORDINATOR_LOST]
+            lost_it = [
+                ch.name
+                for ch in self.children.values()
+                if ch is not coordinator and ch.proc.returncode == EXIT_COORDINATOR_LOST
+            ]
             if others_gone_at is not None and lost_it and now - others_gone_at > c.coordinator_timeout_s:
-                self._kill_coordinator(f"memory-0 (the coordinator) stopped answering: {', '.join(lost_it)} "
-                                       f"lost it, and it did not exit within {c.coordinator_timeout_s:g} s; "
-                                       "killed by the launcher")
+                self._kill_coordinator(
+                    f"memory-0 (the coordinator) stopped answering: {', '.join(lost_it)} "
+                    f"lost it, and it did not exit within {c.coordinator_timeout_s:g} s; "
+                    "killed by the launcher"
+                )
             elif others_gone_at is not None and now - others_gone_at > c.phase_timeout_s:
-                self._kill_coordinator(f"memory-0 (the coordinator) did not exit {c.phase_timeout_s:g} s after "
-                                       "every other role had; killed by the launcher")
+                self._kill_coordinator(
+                    f"memory-0 (the coordinator) did not exit {c.phase_timeout_s:g} s after "
+                    "every other role had; killed by the launcher"
+                )
             elif signalled_at is not None and now - signalled_at > 3 * c.phase_timeout_s + grace:
-                self._kill_coordinator(f"the shutdown after {self.signal_name} did not end within its phase "
-                                       f"deadlines (3 x {c.phase_timeout_s:g} s); killed by the launcher")
+                self._kill_coordinator(
+                    f"the shutdown after {self.signal_name} did not end within its phase "
+                    f"deadlines (3 x {c.phase_timeout_s:g} s); killed by the launcher"
+                )
             time.sleep(POLL_S)
 
     def _kill_coordinator(self, reason: str) -> None:
@@ -310,9 +350,13 @@ class LocalLauncher:
         """The current processes that ended badly. Not failures: a restart that came after the run
         had left RUNNING and was turned away (exit 4), or that the run ended before it registered."""
         late = self._late_restarts()
-        return [c for c in self.children.values() if c.proc.returncode not in ok_codes
-                and not (c.proc.returncode == EXIT_REFUSED and self.policy.restarts.get(c.name))
-                and c.name not in late]
+        return [
+            c
+            for c in self.children.values()
+            if c.proc.returncode not in ok_codes
+            and not (c.proc.returncode == EXIT_REFUSED and self.policy.restarts.get(c.name))
+            and c.name not in late
+        ]
 
     def _wait_rest(self, alive: list[Child], grace: float) -> None:
         deadline = time.monotonic() + grace
@@ -320,8 +364,10 @@ class LocalLauncher:
             time.sleep(POLL_S)
         for child in alive:
             if child.proc.poll() is None:
-                print(f"aiorl: {child.name} (pid {child.pid}) did not exit {grace:g} s after the "
-                      "coordinator; killing it", file=sys.stderr)
+                print(
+                    f"aiorl: {child.name} (pid {child.pid}) did not exit {grace:g} s after the coordinator; killing it",
+                    file=sys.stderr,
+                )
                 child.proc.kill()
 
     def _reap(self, timeout_s: float) -> None:
@@ -343,20 +389,35 @@ class LocalLauncher:
         elif self.signals > 1:
             failures = [f"killed by a second {self.signal_name or 'signal'} (no clean shutdown)"]
         else:
-            failures = [f"memory-0 (the coordinator) {describe_exit(coordinator.proc.returncode)} "
-                        "before writing its summary"]
+            failures = [
+                f"memory-0 (the coordinator) {describe_exit(coordinator.proc.returncode)} before writing its summary"
+            ]
         row = progress.tail.poll() or {}
         roles = {}
         for name, child in self.children.items():
             code = child.proc.returncode
-            status = ("stalled" if name == "memory-0" and self.stalled
-                      else "lost the coordinator" if code == EXIT_COORDINATOR_LOST
-                      else "done" if code == EXIT_OK else "failed")
+            status = (
+                "stalled"
+                if name == "memory-0" and self.stalled
+                else "lost the coordinator"
+                if code == EXIT_COORDINATOR_LOST
+                else "done"
+                if code == EXIT_OK
+                else "failed"
+            )
             roles[name] = {"status": status, "reason": describe_exit(code), "pid": child.pid}
-        summary = {"ok": False, "outcome": FAILED, "stop_reason": failures[0], "failures": failures,
-                   "written_by": "launcher", "env_steps": row.get("env_steps", 0),
-                   "learner_steps": row.get("learner_steps", 0), "episodes": row.get("episodes", 0),
-                   "return_mean_100": row.get("return_mean_100"), "roles": roles}
+        summary = {
+            "ok": False,
+            "outcome": FAILED,
+            "stop_reason": failures[0],
+            "failures": failures,
+            "written_by": "launcher",
+            "env_steps": row.get("env_steps", 0),
+            "learner_steps": row.get("learner_steps", 0),
+            "episodes": row.get("episodes", 0),
+            "return_mean_100": row.get("return_mean_100"),
+            "roles": roles,
+        }
         self.rundir.write_owned("summary.json", summary)
         return self.rundir.read_owned("summary.json")
 
@@ -373,8 +434,10 @@ class LocalLauncher:
         write_json_atomic(self.run_dir / "exits.json", {c.name: c.proc.returncode for c in self.children.values()})
         if self.policy.history:
             self.rundir.write_owned("restarts.json", {"restarts": self.policy.history})
-        counts = (f"env_steps {summary.get('env_steps')}, learner_steps {summary.get('learner_steps')}, "
-                  f"episodes {summary.get('episodes')}")
+        counts = (
+            f"env_steps {summary.get('env_steps')}, learner_steps {summary.get('learner_steps')}, "
+            f"episodes {summary.get('episodes')}"
+        )
         restarts = sum(self.policy.restarts.values())
         counts += f", {restarts} restart(s)" if restarts else ""
         lines = []
@@ -390,8 +453,10 @@ class LocalLauncher:
         if problems:
             lines.append(f"aiorl: {problems}")
         for child in failed:
-            lines.append(f"aiorl: {child.name} (pid {child.pid}) {describe_exit(child.proc.returncode)}; "
-                         f"log: {self.run_dir}/logs/{child.name}.log")
+            lines.append(
+                f"aiorl: {child.name} (pid {child.pid}) {describe_exit(child.proc.returncode)}; "
+                f"log: {self.run_dir}/logs/{child.name}.log"
+            )
         clean = not failed and bool(summary.get("ok"))
         if clean and outcome == FINISHED:
             code = EXIT_OK

@@ -16,6 +16,7 @@ time is logged once and dropped: it must not end the run. A logger asked for
 whose package is missing is refused before any process starts
 (`check_installed`), with the extra to install.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -70,8 +71,12 @@ def flat_hparams(config: dict, prefix: str = "") -> dict:
 
 def numbers(row: dict):
     for key, value in row.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-                and key not in ("env_steps", "time_s"):
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and key not in ("env_steps", "time_s")
+        ):
             yield key if "/" in key else f"charts/{key}", value
 
 
@@ -99,9 +104,14 @@ class WandbLogger:
     def __init__(self, run_dir: Path, hparams: dict, purge_step: int | None):
         import wandb
 
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "aiorl"), name=run_dir.name,
-                              dir=str(run_dir), config=hparams, resume="allow" if purge_step else None,
-                              id=_run_id(run_dir, "wandb"))
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "aiorl"),
+            name=run_dir.name,
+            dir=str(run_dir),
+            config=hparams,
+            resume="allow" if purge_step else None,
+            id=_run_id(run_dir, "wandb"),
+        )
 
     def log_row(self, row: dict, step: int) -> None:
         self.run.log(dict(numbers(row)), step=step)
@@ -126,7 +136,7 @@ class MlflowLogger:
         # MLflow caps one batch at 100 params.
         params = [Param(k, str(v)[:500]) for k, v in hparams.items()]
         for i in range(0, len(params), 100):
-            self.client.log_batch(self.run_id, params=params[i:i + 100])
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
 
     def log_row(self, row: dict, step: int) -> None:
         import time
@@ -136,7 +146,7 @@ class MlflowLogger:
         now = int(time.time() * 1000)
         metrics = [Metric(key, float(value), now, step) for key, value in numbers(row)]
         for i in range(0, len(metrics), 1000):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -166,9 +176,11 @@ def make_loggers(names, run_dir: Path, config: dict, purge_step: int | None = No
         try:
             loggers.append(CLASSES[name](Path(run_dir), hparams, purge_step))
         except ImportError:
-            log.info("%s is not installed (pip install 'aiorl[%s]'): metrics go to metrics.jsonl without it",
-                     "TensorBoard" if name == "tensorboard" else module, extra)
+            log.info(
+                "%s is not installed (pip install 'aiorl[%s]'): metrics go to metrics.jsonl without it",
+                "TensorBoard" if name == "tensorboard" else module,
+                extra,
+            )
         except Exception as exc:  # a logging service must not end the run
-            log.warning("%s logger could not start (%s: %s); metrics go on without it", name,
-                        type(exc).__name__, exc)
+            log.warning("%s logger could not start (%s: %s); metrics go on without it", name, type(exc).__name__, exc)
     return loggers

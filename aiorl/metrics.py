@@ -43,6 +43,7 @@ roles_late                  names of roles whose last heartbeat is over 2 interv
 roles_lost                  names of roles lost or failed
 ==========================  ===========================================================
 """
+
 from __future__ import annotations
 
 import json
@@ -52,19 +53,47 @@ from pathlib import Path
 log = logging.getLogger("aiorl.metrics")
 
 ROW_KEYS = (
-    "time_s", "attempt", "phase", "env_steps", "learner_steps", "episodes", "env_steps_per_s", "learner_steps_per_s",
-    "return_mean_100", "episode_length_mean_100", "weights_version", "weights_lag_max", "replay_size",
-    "replay_fill", "insert_per_s", "sample_per_s", "samples_per_insert", "learner_wait_fraction",
-    "actor_blocked_s", "sample_blocked_s", "restarts", "actor_idle_fraction",
-    "loop_lag_max_s", "rss_bytes", "roles_alive", "roles_late", "roles_lost",
+    "time_s",
+    "attempt",
+    "phase",
+    "env_steps",
+    "learner_steps",
+    "episodes",
+    "env_steps_per_s",
+    "learner_steps_per_s",
+    "return_mean_100",
+    "episode_length_mean_100",
+    "weights_version",
+    "weights_lag_max",
+    "replay_size",
+    "replay_fill",
+    "insert_per_s",
+    "sample_per_s",
+    "samples_per_insert",
+    "learner_wait_fraction",
+    "actor_blocked_s",
+    "sample_blocked_s",
+    "restarts",
+    "actor_idle_fraction",
+    "loop_lag_max_s",
+    "rss_bytes",
+    "roles_alive",
+    "roles_late",
+    "roles_lost",
 )
 
 
 class MetricsWriter:
     """Appends rows to ``metrics.jsonl``; mirrors their numbers to the loggers of ``run.loggers``."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, purge_step: int | None = None,
-                 loggers: list[str] | None = None, config: dict | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool = True,
+        purge_step: int | None = None,
+        loggers: list[str] | None = None,
+        config: dict | None = None,
+    ):
         from aiorl.loggers import make_loggers
 
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -81,8 +110,9 @@ class MetricsWriter:
             try:
                 logger.log_row(row, step)
             except Exception as exc:  # a logging service must not end the run: drop it, say so once
-                log.warning("%s failed (%s: %s); metrics go on without it", type(logger).__name__,
-                            type(exc).__name__, exc)
+                log.warning(
+                    "%s failed (%s: %s); metrics go on without it", type(logger).__name__, type(exc).__name__, exc
+                )
                 self.loggers.remove(logger)
 
     def close(self) -> None:

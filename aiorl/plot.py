@@ -13,6 +13,7 @@ with no band: spread within one run is not seed variance.
 
 The output format follows the file's extension: .png, .svg or .pdf.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,12 @@ LABELS = {
     "learner_steps": "learner steps",
     "env_steps": "env steps",
 }
-X_AXES = {"steps": ("env_steps", "env steps"), "env_steps": ("env_steps", "env steps"),
-          "learner_steps": ("learner_steps", "learner steps"), "time": ("time_s", "wall time (s)")}
+X_AXES = {
+    "steps": ("env_steps", "env steps"),
+    "env_steps": ("env_steps", "env steps"),
+    "learner_steps": ("learner_steps", "learner steps"),
+    "time": ("time_s", "wall time (s)"),
+}
 FORMATS = (".png", ".svg", ".pdf")
 # Keys that differ between seeds of one experiment.
 NOT_THE_EXPERIMENT = {"run": ("dir", "seed")}
@@ -60,8 +65,11 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def series(rows: list[dict], x_key: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    points = [(r[x_key], r[metric]) for r in rows
-              if isinstance(r.get(metric), (int, float)) and isinstance(r.get(x_key), (int, float))]
+    points = [
+        (r[x_key], r[metric])
+        for r in rows
+        if isinstance(r.get(metric), (int, float)) and isinstance(r.get(x_key), (int, float))
+    ]
     if not points:
         return np.empty(0), np.empty(0)
     x, y = np.array(points, dtype=np.float64).T
@@ -114,8 +122,15 @@ def across_runs(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
     return grid, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
 
 
-def plot(run_dirs: list[Path], out: Path, x: str = "steps", metric: str = "return_mean_100",
-         size: tuple[int, int] = (1000, 600), window: int = 10, title: str | None = None) -> Path:
+def plot(
+    run_dirs: list[Path],
+    out: Path,
+    x: str = "steps",
+    metric: str = "return_mean_100",
+    size: tuple[int, int] = (1000, 600),
+    window: int = 10,
+    title: str | None = None,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,8 +160,15 @@ def plot(run_dirs: list[Path], out: Path, x: str = "steps", metric: str = "retur
         else:
             grid, mean, low, high = across_runs([(x, smooth(y, window)) for x, y in curves])
             (line,) = ax.plot(grid, mean, linewidth=2, label=f"{group[0].name} (mean of {len(curves)} runs)")
-            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0,
-                            label=f"{group[0].name} (min-max of {len(curves)} runs)")
+            ax.fill_between(
+                grid,
+                low,
+                high,
+                color=line.get_color(),
+                alpha=0.2,
+                linewidth=0,
+                label=f"{group[0].name} (min-max of {len(curves)} runs)",
+            )
         plotted += 1
     if plotted == 0:
         import difflib
@@ -154,8 +176,9 @@ def plot(run_dirs: list[Path], out: Path, x: str = "steps", metric: str = "retur
         plt.close(fig)
         close = difflib.get_close_matches(metric, sorted(seen), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise PlotError(f"--metric {metric!r}: no run has values of it{hint} "
-                        f"(metrics there: {', '.join(sorted(seen)) or 'none'})")
+        raise PlotError(
+            f"--metric {metric!r}: no run has values of it{hint} (metrics there: {', '.join(sorted(seen)) or 'none'})"
+        )
     for run_dir in missing:
         print(f"aiorl plot: {run_dir}: no values of {metric!r}; left out", file=sys.stderr)
     ax.set_xlabel(x_label)
@@ -184,12 +207,18 @@ def _size(text: str) -> tuple[int, int]:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     if Path(args.output).suffix.lower() not in FORMATS:
-        print(f"aiorl plot: -o {args.output!r}: expected a file name ending in {', '.join(FORMATS)}",
-              file=sys.stderr)
+        print(f"aiorl plot: -o {args.output!r}: expected a file name ending in {', '.join(FORMATS)}", file=sys.stderr)
         return 2
     try:
-        path = plot([Path(p) for p in args.run_dirs], Path(args.output), x=args.x, metric=args.metric,
-                    size=args.size, window=args.smooth, title=args.title)
+        path = plot(
+            [Path(p) for p in args.run_dirs],
+            Path(args.output),
+            x=args.x,
+            metric=args.metric,
+            size=args.size,
+            window=args.smooth,
+            title=args.title,
+        )
     except PlotError as exc:
         print(f"aiorl plot: {exc}", file=sys.stderr)
         return 2
@@ -202,11 +231,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plot", help="learning curves from runs' metrics.jsonl (PNG, SVG or PDF)")
-    p.add_argument("run_dirs", nargs="+",
-                   help="run directories; runs of the same config are one curve with a min-max band across them")
+    p.add_argument(
+        "run_dirs",
+        nargs="+",
+        help="run directories; runs of the same config are one curve with a min-max band across them",
+    )
     p.add_argument("-o", "--output", required=True, help="file to write: .png, .svg or .pdf")
-    p.add_argument("--x", choices=sorted(X_AXES), default="steps",
-                   help="x axis: env steps (steps, env_steps), learner_steps or wall time")
+    p.add_argument(
+        "--x",
+        choices=sorted(X_AXES),
+        default="steps",
+        help="x axis: env steps (steps, env_steps), learner_steps or wall time",
+    )
     p.add_argument("--metric", default="return_mean_100", help="metrics.jsonl key to plot")
     p.add_argument("--size", type=_size, default=(1000, 600), help="WIDTHxHEIGHT in pixels")
     p.add_argument("--smooth", type=non_negative(int), default=10, help="rolling window (rows) of the smoothed line")

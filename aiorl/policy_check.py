@@ -6,6 +6,7 @@ turns what a bad file raises into one `EvalError` line, and compares the
 observation shape recorded in ``policy.json`` (beside the policy file) with
 the env's before any episode starts.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,11 @@ def check_matches_env(meta: dict | None, env_cfg: EnvConfig, policy_path: str | 
     want = tuple(env_spec(env_cfg).observation_space.shape)
     have = tuple(meta["observation_shape"])
     if have != want:
-        raise EvalError(f"{policy_path} takes observations of shape {list(have)} (made for "
-                        f"{meta.get('env_id', 'another env')}), but {env_cfg.id} gives {list(want)}; "
-                        "evaluate it on the env it was trained on")
+        raise EvalError(
+            f"{policy_path} takes observations of shape {list(have)} (made for "
+            f"{meta.get('env_id', 'another env')}), but {env_cfg.id} gives {list(want)}; "
+            "evaluate it on the env it was trained on"
+        )
 
 
 def load_checked(policy_path: str | Path, env_cfg: EnvConfig | None = None):

@@ -4,6 +4,7 @@ Shared by `aiorl run` and `aiorl.run()`: an unknown env, unsupported spaces, a
 missing learner device or a bad token are the user's to fix, so they are
 found here, in the launching process, and not by a role that died.
 """
+
 from __future__ import annotations
 
 import os

@@ -16,6 +16,7 @@ error of a role as a line of its own (the first `MAX_PLAIN_PROBLEMS`, then
 only counted), with no control characters. ``--quiet`` shows nothing; the
 launcher's closing lines still count the problems.
 """
+
 from __future__ import annotations
 
 import json
@@ -120,8 +121,10 @@ class PanelState:
         e = self.evaluation
         if not e:
             return None
-        return (f"{_fmt(e.get('eval/return_mean'), '.2f')} ± {_fmt(e.get('eval/return_std'), '.1f')} "
-                f"at step {_fmt(e.get('eval/learner_steps'), ',')} (best {_fmt(e.get('eval/best_return_mean'), '.2f')})")
+        return (
+            f"{_fmt(e.get('eval/return_mean'), '.2f')} ± {_fmt(e.get('eval/return_std'), '.1f')} "
+            f"at step {_fmt(e.get('eval/learner_steps'), ',')} (best {_fmt(e.get('eval/best_return_mean'), '.2f')})"
+        )
 
     def counters(self) -> dict:
         """The counters to show: the summary's at the end (so they match summary.json), else the row's."""
@@ -153,11 +156,14 @@ def stopped_at_note(final: dict) -> str | None:
     work in flight at the stop finishes after it (actors' last batches, the learners' training
     while those arrive, and the batches they hold credits for)."""
     at = final.get("stopped_at")
-    if not at or (at.get("env_steps") == final.get("env_steps")
-                  and at.get("learner_steps") == final.get("learner_steps")):
+    if not at or (
+        at.get("env_steps") == final.get("env_steps") and at.get("learner_steps") == final.get("learner_steps")
+    ):
         return None
-    return (f"at the stop env_steps {at.get('env_steps'):,}, learner_steps {at.get('learner_steps'):,} "
-            "(the work in flight then finished after it)")
+    return (
+        f"at the stop env_steps {at.get('env_steps'):,}, learner_steps {at.get('learner_steps'):,} "
+        "(the work in flight then finished after it)"
+    )
 
 
 def stop_line(final: dict) -> str:
@@ -184,25 +190,35 @@ def render_panel(state: PanelState):
         ProgressBar(total=state.goal or None, completed=min(done, state.goal) if state.goal else 0, width=30),
         f"{done:,}" + (f"/{state.goal:,} ({100 * min(done / state.goal, 1):.0f}%)" if state.goal else ""),
         f"elapsed {_clock(row.get('time_s') or 0)}",
-        *([f"eta {_clock(state.eta_s())}"] if state.eta_s() is not None else []))
+        *([f"eta {_clock(state.eta_s())}"] if state.eta_s() is not None else []),
+    )
 
     table = Table.grid(padding=(0, 2))
     for _ in range(4):
         table.add_column()
     fill = row.get("replay_fill")
     table.add_row("phase", f"[bold]{phase}", "roles alive", str(alive))
-    table.add_row("env steps", f"{counters['env_steps'] or 0:,} ({_fmt(state.env_rate, ',.0f')}/s)",
-                  "learner steps", f"{counters['learner_steps'] or 0:,} ({_fmt(state.learner_rate, ',.0f')}/s)")
-    table.add_row("return (100 ep.)", _fmt(counters["return_mean_100"], ".2f"),
-                  "episodes", f"{counters['episodes'] or 0:,}")
+    table.add_row(
+        "env steps",
+        f"{counters['env_steps'] or 0:,} ({_fmt(state.env_rate, ',.0f')}/s)",
+        "learner steps",
+        f"{counters['learner_steps'] or 0:,} ({_fmt(state.learner_rate, ',.0f')}/s)",
+    )
+    table.add_row(
+        "return (100 ep.)", _fmt(counters["return_mean_100"], ".2f"), "episodes", f"{counters['episodes'] or 0:,}"
+    )
     metrics = [(label, _fmt(row.get(key), ".4g")) for label, key in state.panel_metrics]
     for i in range(0, len(metrics), 2):
-        pair = metrics[i:i + 2]
+        pair = metrics[i : i + 2]
         table.add_row(*(cell for item in pair for cell in item), *([""] * (4 - 2 * len(pair))))
     if state.eval_text() is not None:
         table.add_row("last evaluation", state.eval_text(), "", "")
-    table.add_row("replay", f"{row.get('replay_size', 0) or 0:,}" + ("" if fill is None else f" ({100 * fill:.0f}%)"),
-                  "weights version", str(row.get("weights_version", "-")))
+    table.add_row(
+        "replay",
+        f"{row.get('replay_size', 0) or 0:,}" + ("" if fill is None else f" ({100 * fill:.0f}%)"),
+        "weights version",
+        str(row.get("weights_version", "-")),
+    )
     lines = [bar_line, table]
     if state.final is None:
         lines += [Text(line, style="bold red") for line in role_problems(row)]
@@ -220,15 +236,18 @@ def summary_line(row: dict, env_rate=None, learner_rate=None) -> str:
     fill = row.get("replay_fill")
     env_rate = row.get("env_steps_per_s") if env_rate is None else env_rate
     learner_rate = row.get("learner_steps_per_s") if learner_rate is None else learner_rate
-    return (f"env {row.get('env_steps', 0):,} ({_fmt(env_rate, ',.0f')}/s)  "
-            f"learner {row.get('learner_steps', 0):,} ({_fmt(learner_rate, ',.0f')}/s)  "
-            f"return {_fmt(row.get('return_mean_100'))}  "
-            f"replay {row.get('replay_size', 0):,}{'' if fill is None else f' ({100 * fill:.0f}%)'}")
+    return (
+        f"env {row.get('env_steps', 0):,} ({_fmt(env_rate, ',.0f')}/s)  "
+        f"learner {row.get('learner_steps', 0):,} ({_fmt(learner_rate, ',.0f')}/s)  "
+        f"return {_fmt(row.get('return_mean_100'))}  "
+        f"replay {row.get('replay_size', 0):,}{'' if fill is None else f' ({100 * fill:.0f}%)'}"
+    )
 
 
 def role_problems(row: dict) -> list[str]:
-    return ([f"{name} is late (no heartbeat for 2 intervals)" for name in row.get("roles_late") or []]
-            + [f"{name} is lost" for name in row.get("roles_lost") or []])
+    return [f"{name} is late (no heartbeat for 2 intervals)" for name in row.get("roles_late") or []] + [
+        f"{name} is lost" for name in row.get("roles_lost") or []
+    ]
 
 
 class Progress:
@@ -271,8 +290,9 @@ class Progress:
         from rich.console import Console
         from rich.live import Live
 
-        self.live = Live(render_panel(self.state), console=Console(file=self.stream), refresh_per_second=4,
-                         transient=False)
+        self.live = Live(
+            render_panel(self.state), console=Console(file=self.stream), refresh_per_second=4, transient=False
+        )
         self.live.start()
 
     def interrupted(self) -> None:
@@ -298,8 +318,11 @@ class Progress:
                 if self.plain_problems <= MAX_PLAIN_PROBLEMS:
                     print(f"aiorl: {problem.line()}", file=self.stream, flush=True)
                 elif self.plain_problems == MAX_PLAIN_PROBLEMS + 1:
-                    print(f"aiorl: further warnings and errors are only counted; see {self.run_dir}/logs",
-                          file=self.stream, flush=True)
+                    print(
+                        f"aiorl: further warnings and errors are only counted; see {self.run_dir}/logs",
+                        file=self.stream,
+                        flush=True,
+                    )
         return row
 
     def stop(self, final: dict | None = None, roles_alive: int | None = None) -> None:
@@ -334,7 +357,11 @@ class Progress:
             done = row.get(self.goal_key, 0)
             goal = f"/{self.goal} ({100 * min(done / self.goal, 1):.0f}%)" if self.goal else ""
             problems = "; ".join(role_problems(row))
-            print(f"[{row.get('time_s', 0):7.1f}s] {row.get('phase', '?'):<8} {self.goal_key} {done:,}{goal}  "
-                  f"{summary_line(row, self.state.env_rate, self.state.learner_rate)}"
-                  + (f"  eval {self.state.eval_text()}" if self.state.eval_text() else "")
-                  + (f"  !! {problems}" if problems else ""), file=self.stream, flush=True)
+            print(
+                f"[{row.get('time_s', 0):7.1f}s] {row.get('phase', '?'):<8} {self.goal_key} {done:,}{goal}  "
+                f"{summary_line(row, self.state.env_rate, self.state.learner_rate)}"
+                + (f"  eval {self.state.eval_text()}" if self.state.eval_text() else "")
+                + (f"  !! {problems}" if problems else ""),
+                file=self.stream,
+                flush=True,
+            )

@@ -5,6 +5,7 @@ launcher's stderr, the time spent formatting them). `RateLimitedLog` is a
 token bucket: a burst of lines, then a steady rate; what it drops it counts
 and reports on the next line it lets through.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,15 @@ __all__ = ["RateLimitedLog"]
 class RateLimitedLog:
     """``log(msg, *args)``: at most `burst` lines at once, refilled at `per_s` lines a second."""
 
-    def __init__(self, logger: logging.Logger, level: int = logging.WARNING, *, burst: int = 20,
-                 per_s: float = 1.0, clock=time.monotonic):
+    def __init__(
+        self,
+        logger: logging.Logger,
+        level: int = logging.WARNING,
+        *,
+        burst: int = 20,
+        per_s: float = 1.0,
+        clock=time.monotonic,
+    ):
         self.logger = logger
         self.level = level
         self.burst = burst

@@ -42,6 +42,7 @@ and watches.
   coordinator to stop the whole run, where a lost node must read as lost
   roles (restarted, or ending the run as failed).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -86,16 +87,25 @@ class RoleHost:
         """This node's IP and id, and whether it sees the driver's run directory (shared storage)."""
         owner = read_json(Path(run_dir) / OWNER_FILE) or {}
         launches = [a.get("launch_id") for a in owner.get("attempts") or []]
-        return {"ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
-                "shared": owner.get("run_id") == run_id and launch_id in launches}
+        return {
+            "ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "shared": owner.get("run_id") == run_id and launch_id in launches,
+        }
 
     async def start(self, args: list[str], identity_env: dict, log_path: str) -> int:
         env = {key: value for key, value in os.environ.items() if key != TOKEN_ENV}
         env.update(identity_env)
         with open(log_path, "ab") as log_file:
-            self.proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file,
-                                         stderr=log_file, start_new_session=True, preexec_fn=_die_with_host,
-                                         env=env)
+            self.proc = subprocess.Popen(
+                [sys.executable, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+                preexec_fn=_die_with_host,
+                env=env,
+            )
         return self.proc.pid
 
     async def wait(self) -> int:
@@ -194,15 +204,19 @@ class RayLauncher(LocalLauncher):
         try:
             unreachable = _unreachable(address)
             if unreachable:
-                print(f"aiorl: cannot reach the Ray cluster at cluster.ray_address={address!r}: {unreachable}",
-                      file=sys.stderr)
+                print(
+                    f"aiorl: cannot reach the Ray cluster at cluster.ray_address={address!r}: {unreachable}",
+                    file=sys.stderr,
+                )
                 return EXIT_USAGE
             try:
-                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
-                         configure_logging=False)
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                print(f"aiorl: cannot reach the Ray cluster at cluster.ray_address={address!r}: "
-                      f"{str(exc).splitlines()[0]}", file=sys.stderr)
+                print(
+                    f"aiorl: cannot reach the Ray cluster at cluster.ray_address={address!r}: "
+                    f"{str(exc).splitlines()[0]}",
+                    file=sys.stderr,
+                )
                 return EXIT_USAGE
             try:
                 self._place()
@@ -223,10 +237,14 @@ class RayLauncher(LocalLauncher):
         if self.cfg.run.token_file is None and token and token.strip():
             write_token_file(self.run_dir / "token", token.strip().encode())  # roles never see the env
         self.node_resources = {
-            node["NodeID"]: sorted(k for k in node.get("Resources", {})
-                                   if k not in ("CPU", "GPU", "memory", "object_store_memory")
-                                   and not k.startswith("node:"))
-            for node in ray.nodes() if node.get("Alive")}
+            node["NodeID"]: sorted(
+                k
+                for k in node.get("Resources", {})
+                if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:")
+            )
+            for node in ray.nodes()
+            if node.get("Alive")
+        }
         counts = {"memory": c.memories, "learner": c.learners}
         for kind, strategy in GROUP_STRATEGY.items():
             bundles = [role_resources(c, kind)] * counts[kind]
@@ -238,28 +256,36 @@ class RayLauncher(LocalLauncher):
                 raise RunDirError(
                     f"the Ray cluster at {c.ray_address} cannot place {counts[kind]} {kind}(s) of {bundles[0]} "
                     f"within cluster.start_timeout_s ({c.start_timeout_s:g} s); it has "
-                    f"{ray.cluster_resources()}: change cluster.resources.{kind} or add nodes") from None
+                    f"{ray.cluster_resources()}: change cluster.resources.{kind} or add nodes"
+                ) from None
         for kind, count in (("memory", c.memories), ("learner", c.learners), ("actor", c.actors)):
             for index in range(count):
                 self._new_host(kind, index)
-        wheres = ray.get([self.hosts[name].where.remote(str(self.run_dir.resolve()), self.rundir.identity.run_id,
-                                                         self.rundir.identity.launch_id) for name in self.hosts],
-                         timeout=c.start_timeout_s)
+        wheres = ray.get(
+            [
+                self.hosts[name].where.remote(
+                    str(self.run_dir.resolve()), self.rundir.identity.run_id, self.rundir.identity.launch_id
+                )
+                for name in self.hosts
+            ],
+            timeout=c.start_timeout_s,
+        )
         for name, where in zip(list(self.hosts), wheres):
             self.placed[name] = {**where, "node_resources": self.node_resources.get(where["node_id"], [])}
         unshared = sorted({w["ip"] for w in self.placed.values() if not w["shared"]})
         if unshared:
-            raise RunDirError(f"run.dir {self.run_dir.resolve()} is not on storage shared with the Ray node(s) at "
-                              f"{', '.join(unshared)}: the Ray launcher needs a run.dir every node sees "
-                              "(NFS or another shared filesystem)")
+            raise RunDirError(
+                f"run.dir {self.run_dir.resolve()} is not on storage shared with the Ray node(s) at "
+                f"{', '.join(unshared)}: the Ray launcher needs a run.dir every node sees "
+                "(NFS or another shared filesystem)"
+            )
 
     def _new_host(self, kind: str, index: int):
         c = self.cfg.cluster
         options = actor_options(c, kind)
         group = self.groups.get(kind)
         if group is not None:
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=index)
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
         else:
             options["scheduling_strategy"] = "SPREAD"
         host = RoleHost.options(**options).remote()
@@ -272,45 +298,68 @@ class RayLauncher(LocalLauncher):
     def _role_args(self, kind: str, index: int) -> list[str]:
         ip = self.placed[role_name(kind, index)]["ip"]
         coordinator_ip = self.placed["memory-0"]["ip"]
-        return [*super()._role_args(kind, index), "--set", f"cluster.host={coordinator_ip}",
-                "--set", f"cluster.advertise_host={ip}"]
+        return [
+            *super()._role_args(kind, index),
+            "--set",
+            f"cluster.host={coordinator_ip}",
+            "--set",
+            f"cluster.advertise_host={ip}",
+        ]
 
     def _start(self, kind: str, index: int, log_path: Path) -> RayProcess:
         name = role_name(kind, index)
         if name in self.children:  # a restart: a new RoleHost, placed anew (the old one's node may be going)
             _kill_actor(self.hosts[name])
             self._new_host(kind, index)
-            where = ray.get(self.hosts[name].where.remote(str(self.run_dir.resolve()),
-                                                          self.rundir.identity.run_id,
-                                                          self.rundir.identity.launch_id),
-                            timeout=self.cfg.cluster.start_timeout_s)
+            where = ray.get(
+                self.hosts[name].where.remote(
+                    str(self.run_dir.resolve()), self.rundir.identity.run_id, self.rundir.identity.launch_id
+                ),
+                timeout=self.cfg.cluster.start_timeout_s,
+            )
             if not where["shared"]:
-                raise LaunchError(f"{name} was placed on the Ray node at {where['ip']}, which does not see "
-                                  f"run.dir {self.run_dir.resolve()}")
+                raise LaunchError(
+                    f"{name} was placed on the Ray node at {where['ip']}, which does not see "
+                    f"run.dir {self.run_dir.resolve()}"
+                )
             self.placed[name] = {**where, "node_resources": self.node_resources.get(where["node_id"], [])}
         host = self.hosts[name]
         try:
-            pid = ray.get(host.start.remote(self._role_args(kind, index), self.rundir.identity.env(),
-                                            str(log_path.resolve())), timeout=self.cfg.cluster.start_timeout_s)
+            pid = ray.get(
+                host.start.remote(self._role_args(kind, index), self.rundir.identity.env(), str(log_path.resolve())),
+                timeout=self.cfg.cluster.start_timeout_s,
+            )
         except RayError as exc:
-            raise LaunchError(f"{name}: its Ray actor on {self.placed[name]['ip']} could not start it: "
-                              f"{str(exc).splitlines()[0]}") from None
+            raise LaunchError(
+                f"{name}: its Ray actor on {self.placed[name]['ip']} could not start it: {str(exc).splitlines()[0]}"
+            ) from None
         log.debug("started %s on %s (pid %d)", name, self.placed[name]["ip"], pid)
         return RayProcess(host, pid, self.placed[name]["ip"])
 
     def _write_pids(self) -> None:
         super()._write_pids()
-        write_json_atomic(self.run_dir / "placement.json", {
-            name: {"pid": child.pid, "ip": self.placed[name]["ip"], "node_id": self.placed[name]["node_id"],
-                   "node_resources": self.placed[name]["node_resources"]}
-            for name, child in self.children.items()})
+        write_json_atomic(
+            self.run_dir / "placement.json",
+            {
+                name: {
+                    "pid": child.pid,
+                    "ip": self.placed[name]["ip"],
+                    "node_id": self.placed[name]["node_id"],
+                    "node_resources": self.placed[name]["node_resources"],
+                }
+                for name, child in self.children.items()
+            },
+        )
 
     def _restart_due(self, now: float) -> None:
         for child in self.children.values():
             if child.proc.poll() is not None and child.proc.node_lost and child.proc not in self.announced:
                 self.announced.append(child.proc)
-                print(f"aiorl: {child.name} was lost with its Ray node ({child.proc.node_ip})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"aiorl: {child.name} was lost with its Ray node ({child.proc.node_ip})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         super()._restart_due(now)
 
     def _release(self) -> None:

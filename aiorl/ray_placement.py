@@ -15,6 +15,7 @@ without a cluster:
   learners on as few hosts as their resources allow), actors are scheduled
   one by one with the SPREAD scheduling strategy.
 """
+
 from __future__ import annotations
 
 from aiorl.config import ConfigError
@@ -42,15 +43,18 @@ def check_launcher(c) -> None:
                 raise ConfigError(f"{path}.{key}: unknown key; expected one of {', '.join(RESOURCE_KEYS)}")
             if key == "resources":
                 if not isinstance(value, dict):
-                    raise ConfigError(f"{path}.resources: expected a mapping of custom resource -> amount, "
-                                      f"got {value!r}")
+                    raise ConfigError(
+                        f"{path}.resources: expected a mapping of custom resource -> amount, got {value!r}"
+                    )
                 for name, amount in value.items():
                     _check_amount(f"{path}.resources.{name}", amount)
             else:
                 _check_amount(f"{path}.{key}", value)
         if kind in GROUP_STRATEGY and not role_resources(c, kind):
-            raise ConfigError(f"{path}: a {kind} needs some resource to be placed in its placement group "
-                              f"(e.g. num_cpus: 1), got {spec!r}")
+            raise ConfigError(
+                f"{path}: a {kind} needs some resource to be placed in its placement group "
+                f"(e.g. num_cpus: 1), got {spec!r}"
+            )
 
 
 def _check_amount(path: str, value) -> None:

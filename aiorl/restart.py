@@ -20,6 +20,7 @@ are not restarted either: their barrier counts every actor each iteration.
 Exits that are never restarted: 0 (finished), 3 (lost the coordinator: the
 run is ending) and 4 (refused by the coordinator).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -66,8 +67,9 @@ class RestartPolicy:
         self._quick[name] = quick
         delay = min(self.backoff_max_s, self.backoff_s * 2 ** max(0, quick - 1))
         self.restarts[name] = done + 1
-        self.history.append({"role": name, "exit": exit_code, "ran_s": round(ran_s, 3), "restart": done + 1,
-                             "delay_s": round(delay, 3)})
+        self.history.append(
+            {"role": name, "exit": exit_code, "ran_s": round(ran_s, 3), "restart": done + 1, "delay_s": round(delay, 3)}
+        )
         return delay
 
     def left(self, name: str) -> int:

@@ -8,6 +8,7 @@ above (``... actor-0 WARNING aiorl.actor: ...``, the format of
 through logging: a traceback (counted once, by its exception line) or a
 ``file:line: SomeWarning: ...`` line of the warnings module.
 """
+
 from __future__ import annotations
 
 import re

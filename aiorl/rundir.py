@@ -29,6 +29,7 @@ A run directory is created 0700: only its owner can enter it. Inside it the
 token file is 0600 and every other file 0644 (readable, through the
 directory, by its owner alone).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -128,15 +129,18 @@ class Identity:
         launch_id = environ.get(ENV_LAUNCH_ID)
         if not launch_id:
             return cls(run_id="", launch_id=new_id())
-        return cls(run_id=environ.get(ENV_RUN_ID, ""), launch_id=launch_id,
-                   attempt=int(environ.get(ENV_ATTEMPT, "1")), resume_from=environ.get(ENV_RESUME_FROM) or None)
+        return cls(
+            run_id=environ.get(ENV_RUN_ID, ""),
+            launch_id=launch_id,
+            attempt=int(environ.get(ENV_ATTEMPT, "1")),
+            resume_from=environ.get(ENV_RESUME_FROM) or None,
+        )
 
     def stamp(self, data: dict) -> dict:
         return {**data, "run_id": self.run_id, "launch_id": self.launch_id, "attempt": self.attempt}
 
     def owns(self, data: dict | None) -> bool:
-        return (isinstance(data, dict) and data.get("launch_id") == self.launch_id
-                and data.get("run_id") == self.run_id)
+        return isinstance(data, dict) and data.get("launch_id") == self.launch_id and data.get("run_id") == self.run_id
 
 
 def new_id() -> str:
@@ -186,8 +190,13 @@ class RunDir:
         try:
             _refuse_taken(path, ignore=(LOCK_FILE,))  # another launcher may have won the race
             identity = Identity(run_id=new_id(), launch_id=new_id(), attempt=1)
-            owner = {"format": "aiorl.run", "version": 1, "run_id": identity.run_id, "created": time.time(),
-                     "attempts": []}
+            owner = {
+                "format": "aiorl.run",
+                "version": 1,
+                "run_id": identity.run_id,
+                "created": time.time(),
+                "attempts": [],
+            }
             run_dir = cls(path, owner, identity, lock_fd)
             run_dir._record_attempt(None, overrides)
             return run_dir
@@ -208,10 +217,15 @@ class RunDir:
             resume_from, meta, skipped = checkpoint.newest_good(path / "checkpoints")
             if resume_from is None:
                 found = f" ({'; '.join(str(e) for e in skipped)})" if skipped else ""
-                raise RunDirError(f"--resume {path}: no usable checkpoint in {path / 'checkpoints'}{found}; "
-                                  "nothing to continue from")
-            identity = Identity(run_id=str(owner["run_id"]), launch_id=new_id(),
-                                attempt=len(owner.get("attempts", [])) + 1, resume_from=str(resume_from))
+                raise RunDirError(
+                    f"--resume {path}: no usable checkpoint in {path / 'checkpoints'}{found}; nothing to continue from"
+                )
+            identity = Identity(
+                run_id=str(owner["run_id"]),
+                launch_id=new_id(),
+                attempt=len(owner.get("attempts", [])) + 1,
+                resume_from=str(resume_from),
+            )
             run_dir = cls(path, owner, identity, lock_fd)
             run_dir.skipped = skipped
             run_dir.resume_meta = meta
@@ -224,9 +238,16 @@ class RunDir:
             raise
 
     def _record_attempt(self, resume_from: str | None, overrides) -> None:
-        self.owner.setdefault("attempts", []).append({
-            "attempt": self.identity.attempt, "launch_id": self.identity.launch_id, "started": time.time(),
-            "resume_from": resume_from, "overrides": list(overrides), "pid": os.getpid()})
+        self.owner.setdefault("attempts", []).append(
+            {
+                "attempt": self.identity.attempt,
+                "launch_id": self.identity.launch_id,
+                "started": time.time(),
+                "resume_from": resume_from,
+                "overrides": list(overrides),
+                "pid": os.getpid(),
+            }
+        )
         write_json_atomic(self.path / OWNER_FILE, self.owner, indent=1)
 
     def read_owned(self, name: str) -> dict | None:
@@ -280,14 +301,18 @@ def _refuse_taken(path: Path, ignore: tuple[str, ...] = ()) -> None:
     owner = read_json(path / OWNER_FILE)
     if owner is not None:
         attempts = len(owner.get("attempts") or [])
-        raise RunDirError(f"run directory {path} already holds a run (run id {owner.get('run_id')}, "
-                          f"{attempts} launch(es)); continue it with `aiorl run --resume {path}`, "
-                          "or give a new run.dir")
+        raise RunDirError(
+            f"run directory {path} already holds a run (run id {owner.get('run_id')}, "
+            f"{attempts} launch(es)); continue it with `aiorl run --resume {path}`, "
+            "or give a new run.dir"
+        )
     entries = [p.name for p in path.iterdir() if p.name not in ignore]
     if entries:
-        raise RunDirError(f"run directory {path} is not empty ({', '.join(sorted(entries)[:3])}"
-                          f"{', ...' if len(entries) > 3 else ''}) and holds no aiorl run; give an empty "
-                          "or new run.dir")
+        raise RunDirError(
+            f"run directory {path} is not empty ({', '.join(sorted(entries)[:3])}"
+            f"{', ...' if len(entries) > 3 else ''}) and holds no aiorl run; give an empty "
+            "or new run.dir"
+        )
 
 
 def _lock(path: Path) -> int:

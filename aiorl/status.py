@@ -8,6 +8,7 @@ without a token or a coordinator, but only a summary its latest launch wrote
 (``run.json`` names it): an earlier launch's is never shown as this one's
 result.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,9 @@ def status_of(reply) -> dict:
 
 
 async def fetch_status(host: str, port: int, token: bytes, timeout_s: float = 5.0) -> dict:
-    conn = await asyncio.wait_for(connect(host, port, token=token, name="status", handshake_timeout_s=timeout_s),
-                                  timeout_s)
+    conn = await asyncio.wait_for(
+        connect(host, port, token=token, name="status", handshake_timeout_s=timeout_s), timeout_s
+    )
     try:
         reply = await conn.request("status", timeout_s=timeout_s)
         return status_of(reply)
@@ -76,10 +78,12 @@ def render(status: dict) -> str:
     ]
     for name, role in status["roles"].items():
         age = role.get("heartbeat_age_s")
-        lines.append(f"{name:<12} {role['status']:<9} {role.get('pid') or '-':>8} "
-                     f"{'-' if age is None else f'{age:.1f} s ago':>10}  "
-                     + " ".join(f"{k}={v}" for k, v in (role.get("counters") or {}).items())
-                     + (f"  ({role['reason']})" if role.get("reason") else ""))
+        lines.append(
+            f"{name:<12} {role['status']:<9} {role.get('pid') or '-':>8} "
+            f"{'-' if age is None else f'{age:.1f} s ago':>10}  "
+            + " ".join(f"{k}={v}" for k, v in (role.get("counters") or {}).items())
+            + (f"  ({role['reason']})" if role.get("reason") else "")
+        )
     return "\n".join(lines)
 
 
@@ -97,10 +101,12 @@ def finished_summary(run_dir: Path) -> dict | None:
 
 
 def render_final(final: dict) -> str:
-    lines = [f"run {final.get('outcome', 'finished')} ({'ok' if final['ok'] else 'FAILED'}): "
-             f"{final.get('stop_detail') or final.get('stop_reason')}",
-             f"env_steps {final['env_steps']}  learner_steps {final['learner_steps']}  "
-             f"episodes {final['episodes']}  return_mean_100 {final.get('return_mean_100')}"]
+    lines = [
+        f"run {final.get('outcome', 'finished')} ({'ok' if final['ok'] else 'FAILED'}): "
+        f"{final.get('stop_detail') or final.get('stop_reason')}",
+        f"env_steps {final['env_steps']}  learner_steps {final['learner_steps']}  "
+        f"episodes {final['episodes']}  return_mean_100 {final.get('return_mean_100')}",
+    ]
     for name, role in final["roles"].items():
         lines.append(f"{name:<12} {role['status']:<9}" + (f"  ({role['reason']})" if role.get("reason") else ""))
     lines.extend(f"failure: {failure}" for failure in final.get("failures", []))
@@ -123,9 +129,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     except (OSError, TimeoutError, ConnectionClosed, WireError) as exc:
         final = read_json(run_dir / "summary.json") if run_dir is not None else None
         if final is not None:
-            print(f"aiorl status: cannot reach the coordinator at {host}:{port} ({exc}), and the latest launch "
-                  f"of {run_dir} wrote no summary: it did not finish (the summary there is an earlier "
-                  f"launch's, attempt {final.get('attempt')})", file=sys.stderr)
+            print(
+                f"aiorl status: cannot reach the coordinator at {host}:{port} ({exc}), and the latest launch "
+                f"of {run_dir} wrote no summary: it did not finish (the summary there is an earlier "
+                f"launch's, attempt {final.get('attempt')})",
+                file=sys.stderr,
+            )
             return 1
         print(f"aiorl status: cannot reach the coordinator at {host}:{port}: {exc}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ frame layout sends them. Rows:
 
 lz4 is a bench dependency (`pip install 'aiorl[bench]'`); the games need `aiorl[atari]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,7 @@ def lz4_speed(frames: np.ndarray) -> dict:
 
     out = {}
     for unit, group in (("frame", 1), ("message", FRAMES_PER_MESSAGE)):
-        blobs = [frames[i:i + group].tobytes() for i in range(0, len(frames), group)]
+        blobs = [frames[i : i + group].tobytes() for i in range(0, len(frames), group)]
         t0 = time.thread_time()
         packed = [lz4.block.compress(b) for b in blobs]
         t1 = time.thread_time()
@@ -74,8 +75,11 @@ def lz4_speed(frames: np.ndarray) -> dict:
             lz4.block.decompress(b)
         t2 = time.thread_time()
         raw = sum(map(len, blobs))
-        out[unit] = {"ratio": raw / sum(map(len, packed)), "compress_MB_per_s": raw / (t1 - t0) / 1e6,
-                     "decompress_MB_per_s": raw / (t2 - t1) / 1e6}
+        out[unit] = {
+            "ratio": raw / sum(map(len, packed)),
+            "compress_MB_per_s": raw / (t1 - t0) / 1e6,
+            "decompress_MB_per_s": raw / (t2 - t1) / 1e6,
+        }
     return out
 
 
@@ -125,8 +129,10 @@ def sender(compressed: bool, frames: np.ndarray, port: int, messages: int, conn)
 
     async def main() -> None:
         wire = await connect("127.0.0.1", port, token=TOKEN, name="bench-sender")
-        chunks = [frames[i:i + FRAMES_PER_MESSAGE] for i in range(0, len(frames) - FRAMES_PER_MESSAGE + 1,
-                                                                    FRAMES_PER_MESSAGE)]
+        chunks = [
+            frames[i : i + FRAMES_PER_MESSAGE]
+            for i in range(0, len(frames) - FRAMES_PER_MESSAGE + 1, FRAMES_PER_MESSAGE)
+        ]
         cpu0 = os.times()
         for i in range(messages):
             chunk = chunks[i % len(chunks)]
@@ -165,8 +171,11 @@ def loopback(compressed: bool, frames: np.ndarray, messages: int) -> dict:
     if not stats or sender_cpu is None:
         raise RuntimeError("a loopback process did not report")
     n = stats["messages"] * FRAMES_PER_MESSAGE
-    return {"frames_per_s": n / stats["seconds"], "cpu_us_per_frame": 1e6 * (stats["cpu_s"] + sender_cpu) / n,
-            "receiver_cpu_us_per_frame": 1e6 * stats["cpu_s"] / n}
+    return {
+        "frames_per_s": n / stats["seconds"],
+        "cpu_us_per_frame": 1e6 * (stats["cpu_s"] + sender_cpu) / n,
+        "receiver_cpu_us_per_frame": 1e6 * stats["cpu_s"] / n,
+    }
 
 
 def main(argv=None) -> int:
@@ -193,9 +202,14 @@ def main(argv=None) -> int:
             lz4_runs.append(loopback(True, frames, args.messages))
         med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
         frame_bytes = frames[0].nbytes
-        row = {"game": game, "frame_bytes": frame_bytes, "lz4": speed,
-               "loopback": {kind: {key: med(runs, key) for key in runs[0]}
-                            for kind, runs in (("raw", raw_runs), ("lz4", lz4_runs))}}
+        row = {
+            "game": game,
+            "frame_bytes": frame_bytes,
+            "lz4": speed,
+            "loopback": {
+                kind: {key: med(runs, key) for key in runs[0]} for kind, runs in (("raw", raw_runs), ("lz4", lz4_runs))
+            },
+        }
         ratio = speed["message"]["ratio"]
         row["link_10gbit"] = {
             "raw_frames_per_s": LINK_BYTES_PER_S / frame_bytes,
@@ -208,24 +222,34 @@ def main(argv=None) -> int:
     print(f"{'game':<9} {'unit':<8} {'ratio':>6} {'compress MB/s':>14} {'decompress MB/s':>16}")
     for r in results:
         for unit, s in r["lz4"].items():
-            print(f"{r['game']:<9} {unit:<8} {s['ratio']:>6.1f} {s['compress_MB_per_s']:>14,.0f} "
-                  f"{s['decompress_MB_per_s']:>16,.0f}")
+            print(
+                f"{r['game']:<9} {unit:<8} {s['ratio']:>6.1f} {s['compress_MB_per_s']:>14,.0f} "
+                f"{s['decompress_MB_per_s']:>16,.0f}"
+            )
     print(f"\n{'game':<9} {'loopback':<8} {'frames/s':>10} {'CPU us/frame (both)':>20} {'receiver us/frame':>18}")
     for r in results:
         for kind, s in r["loopback"].items():
-            print(f"{r['game']:<9} {kind:<8} {s['frames_per_s']:>10,.0f} {s['cpu_us_per_frame']:>20.2f} "
-                  f"{s['receiver_cpu_us_per_frame']:>18.2f}")
+            print(
+                f"{r['game']:<9} {kind:<8} {s['frames_per_s']:>10,.0f} {s['cpu_us_per_frame']:>20.2f} "
+                f"{s['receiver_cpu_us_per_frame']:>18.2f}"
+            )
         raw, packed = r["loopback"]["raw"], r["loopback"]["lz4"]
         pays = packed["cpu_us_per_frame"] < raw["cpu_us_per_frame"] and packed["frames_per_s"] > raw["frames_per_s"]
-        print(f"{r['game']:<9} lz4 on loopback: {packed['frames_per_s'] / raw['frames_per_s']:.2f}x the frames/s at "
-              f"{packed['cpu_us_per_frame'] / raw['cpu_us_per_frame']:.2f}x the CPU per frame: "
-              f"{'pays' if pays else 'does not pay'}")
-    print(f"\n{'game':<9} {'10 Gbit/s link: raw frames/s':>29} {'lz4 frames/s':>13} {'compress/core':>14} "
-          f"{'decompress/core':>16}")
+        print(
+            f"{r['game']:<9} lz4 on loopback: {packed['frames_per_s'] / raw['frames_per_s']:.2f}x the frames/s at "
+            f"{packed['cpu_us_per_frame'] / raw['cpu_us_per_frame']:.2f}x the CPU per frame: "
+            f"{'pays' if pays else 'does not pay'}"
+        )
+    print(
+        f"\n{'game':<9} {'10 Gbit/s link: raw frames/s':>29} {'lz4 frames/s':>13} {'compress/core':>14} "
+        f"{'decompress/core':>16}"
+    )
     for r in results:
         link = r["link_10gbit"]
-        print(f"{r['game']:<9} {link['raw_frames_per_s']:>29,.0f} {link['lz4_frames_per_s']:>13,.0f} "
-              f"{link['compress_frames_per_s_per_core']:>14,.0f} {link['decompress_frames_per_s_per_core']:>16,.0f}")
+        print(
+            f"{r['game']:<9} {link['raw_frames_per_s']:>29,.0f} {link['lz4_frames_per_s']:>13,.0f} "
+            f"{link['compress_frames_per_s_per_core']:>14,.0f} {link['decompress_frames_per_s_per_core']:>16,.0f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

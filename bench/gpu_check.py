@@ -12,6 +12,7 @@ every loss is finite and the last is below `--max-final-ratio` times the first. 
 learner steps/s and samples/s (after `--warmup` steps; CUDA synchronised around the
 timing). Fails loudly, exit 1, when `--device` asks for CUDA and torch sees none.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=512, help="learner batch (default 512, the Ape-X paper's)")
     parser.add_argument("--transitions", type=int, default=20000, help="transitions in replay (default 20000)")
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the timing")
-    parser.add_argument("--max-final-ratio", type=float, default=0.9,
-                        help="the last fixed-batch loss must be below this times the first")
+    parser.add_argument(
+        "--max-final-ratio",
+        type=float,
+        default=0.9,
+        help="the last fixed-batch loss must be below this times the first",
+    )
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -44,8 +49,10 @@ def main(argv=None) -> int:
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        return fail(f"--device {args.device}: torch {torch.__version__} sees no CUDA device "
-                    f"(CUDA build: {torch.version.cuda or 'none'}); this check needs an NVIDIA GPU")
+        return fail(
+            f"--device {args.device}: torch {torch.__version__} sees no CUDA device "
+            f"(CUDA build: {torch.version.cuda or 'none'}); this check needs an NVIDIA GPU"
+        )
 
     from aiorl.algos._common import td_loss
     from aiorl.algos.apex_dqn import n_step_q_target
@@ -57,11 +64,19 @@ def main(argv=None) -> int:
 
     envs = 8
     try:
-        cfg = load_config(data={
-            "algo": "apex_dqn", "env": {"id": "ALE/Pong-v5", "preset": "atari", "num_envs": envs},
-            "agent": {"sample_batch_size": 50, "batch_size": args.batch, "buffer_size": args.transitions,
-                      "learning_starts": min(1000, args.transitions)},
-            "model": {"device": args.device, "sync_target_frequency": args.steps + 1, "torch_threads": 1}})
+        cfg = load_config(
+            data={
+                "algo": "apex_dqn",
+                "env": {"id": "ALE/Pong-v5", "preset": "atari", "num_envs": envs},
+                "agent": {
+                    "sample_batch_size": 50,
+                    "batch_size": args.batch,
+                    "buffer_size": args.transitions,
+                    "learning_starts": min(1000, args.transitions),
+                },
+                "model": {"device": args.device, "sync_target_frequency": args.steps + 1, "torch_threads": 1},
+            }
+        )
         algo = build_algorithm(cfg)
         algo.check_learner_host(cfg)
     except ConfigError as exc:
@@ -76,13 +91,12 @@ def main(argv=None) -> int:
     stream = replay.stream()
     while len(replay) < args.transitions:
         rows, priorities = actor.postprocess(runner.rollout(actor.act, 50))
-        rows = {k: v[:args.transitions - len(replay)] for k, v in rows.items()}
+        rows = {k: v[: args.transitions - len(replay)] for k, v in rows.items()}
         arrays, keep_from = sender.message(0, rows)
-        replay.add(arrays, priorities[:len(rows["reward"])], stream=stream, keep_from=keep_from)
+        replay.add(arrays, priorities[: len(rows["reward"])], stream=stream, keep_from=keep_from)
     runner.close()
     fill_s = time.perf_counter() - t0
-    print(f"gpu_check: {len(replay)} Pong transitions in replay ({fill_s:.0f} s); learner on {args.device}",
-          flush=True)
+    print(f"gpu_check: {len(replay)} Pong transitions in replay ({fill_s:.0f} s); learner on {args.device}", flush=True)
 
     learner = algo.make_learner(0, 1, seed=0)
     device = learner.device
@@ -115,19 +129,29 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - start if start is not None else float("nan")
     steps_per_s = timed / elapsed if timed > 0 else float("nan")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"gpu_check: {name}: {steps_per_s:.2f} learner steps/s, {steps_per_s * args.batch:,.0f} samples/s "
-          f"(batch {args.batch}, {timed} timed steps)")
+    print(
+        f"gpu_check: {name}: {steps_per_s:.2f} learner steps/s, {steps_per_s * args.batch:,.0f} samples/s "
+        f"(batch {args.batch}, {timed} timed steps)"
+    )
     print("gpu_check: fixed-batch TD loss by step: " + ", ".join(f"{s}: {v:.5f}" for s, v in losses))
-    result = {"device": name, "batch": args.batch, "steps": args.steps, "steps_per_s": steps_per_s,
-              "samples_per_s": steps_per_s * args.batch, "fixed_batch_loss": losses}
+    result = {
+        "device": name,
+        "batch": args.batch,
+        "steps": args.steps,
+        "steps_per_s": steps_per_s,
+        "samples_per_s": steps_per_s * args.batch,
+        "fixed_batch_loss": losses,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     values = [v for _, v in losses]
     if not all(np.isfinite(values)):
         return fail(f"a fixed-batch loss is not finite: {values}")
     if not values[-1] < args.max_final_ratio * values[0]:
-        return fail(f"the fixed-batch loss did not fall: {values[0]:.5f} -> {values[-1]:.5f} "
-                    f"(needed below {args.max_final_ratio} x the first)")
+        return fail(
+            f"the fixed-batch loss did not fall: {values[0]:.5f} -> {values[-1]:.5f} "
+            f"(needed below {args.max_final_ratio} x the first)"
+        )
     print(f"gpu_check: passed (loss {values[0]:.5f} -> {values[-1]:.5f})")
     return 0
 

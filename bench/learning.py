@@ -63,6 +63,7 @@ e.g. what the rate limiter does:
     python bench/learning.py run examples/apex_dqn_cartpole.yaml --threshold 475 --stop-at-threshold \
         --versus agent.samples_per_insert=8 --pairs 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -136,8 +137,9 @@ def harness(cfg: Config, args) -> dict:
     from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 
     if get_algorithm(cfg.algo).is_synchronous(cfg):
-        raise SystemExit(f"bench/learning.py harness: {cfg.algo} is synchronous; the harness drives replay "
-                         "algorithms, use `run`")
+        raise SystemExit(
+            f"bench/learning.py harness: {cfg.algo} is synchronous; the harness drives replay algorithms, use `run`"
+        )
     algo = build_algorithm(cfg)
     a, n_actors = cfg.agent, cfg.cluster.actors
     seeds = [cfg.run.seed + 10_000 * (i + 1) for i in range(n_actors)]
@@ -146,8 +148,13 @@ def harness(cfg: Config, args) -> dict:
     learner = algo.make_learner(0, 1, cfg.run.seed + 100)
     spec = algo.transition_spec()
     if a.prioritized_replay:
-        replay = PrioritizedReplayBuffer(a.buffer_size, spec, alpha=a.prioritized_replay_alpha,
-                                         eps=a.prioritized_replay_eps, seed=cfg.run.seed + 1000)
+        replay = PrioritizedReplayBuffer(
+            a.buffer_size,
+            spec,
+            alpha=a.prioritized_replay_alpha,
+            eps=a.prioritized_replay_eps,
+            seed=cfg.run.seed + 1000,
+        )
     else:
         replay = ReplayBuffer(a.buffer_size, spec, seed=cfg.run.seed + 1000)
     version = 0
@@ -164,14 +171,20 @@ def harness(cfg: Config, args) -> dict:
     while True:
         if env_steps >= next_eval:
             result = evaluate_core(algo, learner, args.eval_episodes)
-            row = {"env_steps": env_steps, "learner_steps": learner_steps,
-                   "seconds": round(time.perf_counter() - t0, 2),
-                   "train_return_mean": float(np.mean(train_returns[-20:])) if train_returns else None,
-                   "eval_mean": result["mean"], "eval_std": result["std"]}
+            row = {
+                "env_steps": env_steps,
+                "learner_steps": learner_steps,
+                "seconds": round(time.perf_counter() - t0, 2),
+                "train_return_mean": float(np.mean(train_returns[-20:])) if train_returns else None,
+                "eval_mean": result["mean"],
+                "eval_std": result["std"],
+            }
             rows.append(row)
             tr = row["train_return_mean"]
-            log(f"{env_steps:>10} {learner_steps:>13} {row['seconds']:>8.1f} "
-                f"{'-' if tr is None else format(tr, '.1f'):>10} {result['mean']:>10.1f} {result['std']:>9.1f}")
+            log(
+                f"{env_steps:>10} {learner_steps:>13} {row['seconds']:>8.1f} "
+                f"{'-' if tr is None else format(tr, '.1f'):>10} {result['mean']:>10.1f} {result['std']:>9.1f}"
+            )
             if args.threshold is not None and result["mean"] >= args.threshold and reached is None:
                 reached = row
                 if args.stop_at_threshold:
@@ -179,7 +192,7 @@ def harness(cfg: Config, args) -> dict:
             next_eval += args.eval_every
         if env_steps >= args.max_env_steps or time.perf_counter() - t0 >= args.max_seconds:
             break
-        for i, (actor, runner) in enumerate(zip(actors, runners)):
+        for actor, runner in zip(actors, runners):
             rollout = runner.rollout(actor.act, a.sample_batch_size)
             train_returns.extend(runner.pop_episodes()[0])
             batch, priorities = actor.postprocess(rollout)
@@ -209,11 +222,20 @@ def harness(cfg: Config, args) -> dict:
                     actor.set_weights(weights, version)
     for runner in runners:
         runner.close()
-    return {"mode": "harness", "config": args.config, "algo": cfg.algo, "env": cfg.env.id, "actors": n_actors,
-            "updates_per_step": args.updates_per_step, "threshold": args.threshold, "reached": reached,
-            "rows": rows, "seconds": round(time.perf_counter() - t0, 2),
-            # Evaluations of a barely trained net often tie; its weights do not.
-            "weights_digest": weights_digest(learner.get_weights())}
+    return {
+        "mode": "harness",
+        "config": args.config,
+        "algo": cfg.algo,
+        "env": cfg.env.id,
+        "actors": n_actors,
+        "updates_per_step": args.updates_per_step,
+        "threshold": args.threshold,
+        "reached": reached,
+        "rows": rows,
+        "seconds": round(time.perf_counter() - t0, 2),
+        # Evaluations of a barely trained net often tie; its weights do not.
+        "weights_digest": weights_digest(learner.get_weights()),
+    }
 
 
 # --------------------------------------------------------------------------
@@ -283,13 +305,20 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
                     result = evaluator.evaluate(args.eval_episodes)
                     env_steps = int(counters["env_steps_trained"])
                     next_grid = (env_steps // grid + 1) * grid
-                    row = {"checkpoint": picked.name, "learner_steps": int(counters.get("learner_steps", 0)),
-                           "env_steps": env_steps, "seconds": round(seconds, 2),
-                           "eval_done_s": round(time.perf_counter() - t0, 2),
-                           "eval_mean": result["mean"], "eval_std": result["std"]}
+                    row = {
+                        "checkpoint": picked.name,
+                        "learner_steps": int(counters.get("learner_steps", 0)),
+                        "env_steps": env_steps,
+                        "seconds": round(seconds, 2),
+                        "eval_done_s": round(time.perf_counter() - t0, 2),
+                        "eval_mean": result["mean"],
+                        "eval_std": result["std"],
+                    }
                     rows.append(row)
-                    log(f"{env_steps:>10} {row['learner_steps']:>13} {row['eval_done_s']:>8.1f} "
-                        f"{result['mean']:>10.1f} {result['std']:>9.1f}  {picked.name}")
+                    log(
+                        f"{env_steps:>10} {row['learner_steps']:>13} {row['eval_done_s']:>8.1f} "
+                        f"{result['mean']:>10.1f} {result['std']:>9.1f}  {picked.name}"
+                    )
                     if args.threshold is not None and result["mean"] >= args.threshold and reached is None:
                         reached = row
                         if args.stop_at_threshold and running:
@@ -314,12 +343,19 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
                     continue  # pruned under us: take the next one
                 # Checkpoints count learner 0's steps; the run's counter sums every learner's.
                 learner_steps = int(counters.get("learner_steps", 0)) * cfg.cluster.learners
-                row = {"checkpoint": path.name, "learner_steps": learner_steps,
-                       "env_steps": env_steps_at(run_dir / "metrics.jsonl", learner_steps),
-                       "seconds": round(seconds, 2), "eval_mean": result["mean"], "eval_std": result["std"]}
+                row = {
+                    "checkpoint": path.name,
+                    "learner_steps": learner_steps,
+                    "env_steps": env_steps_at(run_dir / "metrics.jsonl", learner_steps),
+                    "seconds": round(seconds, 2),
+                    "eval_mean": result["mean"],
+                    "eval_std": result["std"],
+                }
                 rows.append(row)
-                log(f"{row['env_steps'] or '-':>10} {row['learner_steps']:>13} {row['seconds']:>8.1f} "
-                    f"{result['mean']:>10.1f} {result['std']:>9.1f}  {path.name}")
+                log(
+                    f"{row['env_steps'] or '-':>10} {row['learner_steps']:>13} {row['seconds']:>8.1f} "
+                    f"{result['mean']:>10.1f} {result['std']:>9.1f}  {path.name}"
+                )
                 if args.threshold is not None and result["mean"] >= args.threshold and reached is None:
                     reached = row
                     if args.stop_at_threshold and running:
@@ -345,25 +381,46 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     summary = {}
     if (run_dir / "summary.json").exists():
         summary = json.loads((run_dir / "summary.json").read_text())
-    idle = [r["stats"].get("idle_fraction") for name, r in summary.get("roles", {}).items()
-            if name.startswith("actor") and r.get("stats")]
+    idle = [
+        r["stats"].get("idle_fraction")
+        for name, r in summary.get("roles", {}).items()
+        if name.startswith("actor") and r.get("stats")
+    ]
     idle = [x for x in idle if x is not None]
     phases = summary.get("phases") or [{}]
     running_at = round(phases[0]["time"] - launched, 2) if phases[0].get("phase") == "RUNNING" else None
     if (run_dir / "policy" / "policy.pt2").exists():
-        out = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes",
-                              str(args.final_episodes), "--json"], cwd=ROOT, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(args.final_episodes), "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         if out.returncode == 0:
             final = json.loads(out.stdout)
         else:
             log(f"aiorl eval failed: {out.stderr.strip()}")
-    return {"mode": "run", "config": cfg_path, "overrides": overrides, "run_dir": str(run_dir), "exit_code": code,
-            "algo": cfg.algo, "env": cfg.env.id, "actors": cfg.cluster.actors, "learners": cfg.cluster.learners,
-            "threshold": args.threshold, "reached": reached, "rows": rows, "seconds": round(seconds, 2),
-            "running_at_s": running_at, "actor_idle_fraction": float(np.mean(idle)) if idle else None,
-            "final_env_steps": summary.get("env_steps"), "final_learner_steps": summary.get("learner_steps"),
-            "stop_reason": summary.get("stop_reason"),
-            "final_eval": None if final is None else {k: final[k] for k in ("episodes", "mean", "std", "min", "max")}}
+    return {
+        "mode": "run",
+        "config": cfg_path,
+        "overrides": overrides,
+        "run_dir": str(run_dir),
+        "exit_code": code,
+        "algo": cfg.algo,
+        "env": cfg.env.id,
+        "actors": cfg.cluster.actors,
+        "learners": cfg.cluster.learners,
+        "threshold": args.threshold,
+        "reached": reached,
+        "rows": rows,
+        "seconds": round(seconds, 2),
+        "running_at_s": running_at,
+        "actor_idle_fraction": float(np.mean(idle)) if idle else None,
+        "final_env_steps": summary.get("env_steps"),
+        "final_learner_steps": summary.get("learner_steps"),
+        "stop_reason": summary.get("stop_reason"),
+        "final_eval": None if final is None else {k: final[k] for k in ("episodes", "mean", "std", "min", "max")},
+    }
 
 
 def time_to_threshold(result: dict) -> tuple[float | None, float | None]:
@@ -386,8 +443,10 @@ def compare(args) -> dict:
             result = through_runtime(cfg_path, [*args.set, f"run.seed={seed}"], args)
             report(result)
             runs.append({"seed": seed, **result})
-    log(f"\n{'config':<34} {'seed':>4} {'env steps':>10} {'s (launch)':>10} {'s (running)':>11} "
-        f"{'final eval':>10} {'actor idle':>10}")
+    log(
+        f"\n{'config':<34} {'seed':>4} {'env steps':>10} {'s (launch)':>10} {'s (running)':>11} "
+        f"{'final eval':>10} {'actor idle':>10}"
+    )
     summary = []
     for cfg_path in args.configs:
         mine = [r for r in runs if r["config"] == cfg_path]
@@ -396,22 +455,33 @@ def compare(args) -> dict:
             steps = r["reached"]["env_steps"] if r["reached"] else None
             final = r["final_eval"]["mean"] if r.get("final_eval") else None
             idle = r.get("actor_idle_fraction")
-            log(f"{cfg_path:<34} {r['seed']:>4} {steps if steps is not None else '-':>10} "
+            log(
+                f"{cfg_path:<34} {r['seed']:>4} {steps if steps is not None else '-':>10} "
                 f"{done if done is not None else '-':>10} {since if since is not None else '-':>11} "
-                f"{'-' if final is None else format(final, '.1f'):>10} {'-' if idle is None else format(idle, '.3f'):>10}")
+                f"{'-' if final is None else format(final, '.1f'):>10} "
+                f"{'-' if idle is None else format(idle, '.3f'):>10}"
+            )
         reached = [time_to_threshold(r) for r in mine if r["reached"]]
         idle = [r["actor_idle_fraction"] for r in mine if r.get("actor_idle_fraction") is not None]
-        row = {"config": cfg_path, "algo": mine[0]["algo"], "seeds": len(mine), "reached": len(reached),
-               "median_s_launch": float(np.median([d for d, _ in reached])) if reached else None,
-               "median_s_running": float(np.median([s for _, s in reached if s is not None])) if reached else None,
-               "median_env_steps": float(np.median([r["reached"]["env_steps"] for r in mine if r["reached"]]))
-               if reached else None,
-               "median_actor_idle_fraction": float(np.median(idle)) if idle else None}
+        row = {
+            "config": cfg_path,
+            "algo": mine[0]["algo"],
+            "seeds": len(mine),
+            "reached": len(reached),
+            "median_s_launch": float(np.median([d for d, _ in reached])) if reached else None,
+            "median_s_running": float(np.median([s for _, s in reached if s is not None])) if reached else None,
+            "median_env_steps": float(np.median([r["reached"]["env_steps"] for r in mine if r["reached"]]))
+            if reached
+            else None,
+            "median_actor_idle_fraction": float(np.median(idle)) if idle else None,
+        }
         summary.append(row)
     for row in summary:
-        log(f"{row['config']}: threshold {args.threshold} reached in {row['reached']}/{row['seeds']} seeds; median "
+        log(
+            f"{row['config']}: threshold {args.threshold} reached in {row['reached']}/{row['seeds']} seeds; median "
             f"{row['median_env_steps']} env steps, {row['median_s_running']} s after RUNNING "
-            f"({row['median_s_launch']} s from launch); median actor idle fraction {row['median_actor_idle_fraction']}")
+            f"({row['median_s_launch']} s from launch); median actor idle fraction {row['median_actor_idle_fraction']}"
+        )
     return {"mode": "compare", "threshold": args.threshold, "runs": runs, "summary": summary}
 
 
@@ -422,23 +492,32 @@ def report(result: dict) -> None:
     reached = result["reached"]
     if result["threshold"] is not None:
         if reached:
-            done = (f", evaluation done at {reached['eval_done_s']} s" if "eval_done_s" in reached else "")
-            since = (f" ({reached['eval_done_s'] - result['running_at_s']:.2f} s after the run's RUNNING phase began "
-                     f"at {result['running_at_s']} s)" if "eval_done_s" in reached and result.get("running_at_s")
-                     else "")
-            log(f"threshold {result['threshold']} reached after {reached['env_steps']} env steps, "
-                f"{reached['learner_steps']} learner steps, {reached['seconds']} s{done}{since}")
+            done = f", evaluation done at {reached['eval_done_s']} s" if "eval_done_s" in reached else ""
+            since = (
+                f" ({reached['eval_done_s'] - result['running_at_s']:.2f} s after the run's RUNNING phase began "
+                f"at {result['running_at_s']} s)"
+                if "eval_done_s" in reached and result.get("running_at_s")
+                else ""
+            )
+            log(
+                f"threshold {result['threshold']} reached after {reached['env_steps']} env steps, "
+                f"{reached['learner_steps']} learner steps, {reached['seconds']} s{done}{since}"
+            )
         else:
             log(f"threshold {result['threshold']} NOT reached in {result['seconds']} s")
     if result.get("actor_idle_fraction") is not None:
-        log(f"actor idle fraction (waiting over wall time, as the actors measured it): "
-            f"{result['actor_idle_fraction']:.3f}")
+        log(
+            f"actor idle fraction (waiting over wall time, as the actors measured it): "
+            f"{result['actor_idle_fraction']:.3f}"
+        )
     if result.get("final_eval"):
         f = result["final_eval"]
-        log(f"final policy (aiorl eval, {f['episodes']} episodes): mean {f['mean']:.1f} std {f['std']:.1f} "
+        log(
+            f"final policy (aiorl eval, {f['episodes']} episodes): mean {f['mean']:.1f} std {f['std']:.1f} "
             f"min {f['min']:.1f} max {f['max']:.1f}; run: {result['final_env_steps']} env steps, "
             f"{result['final_learner_steps']} learner steps, {result['seconds']} s, exit code {result['exit_code']}"
-            f" ({result['stop_reason']})")
+            f" ({result['stop_reason']})"
+        )
 
 
 class BusyNeighbour:
@@ -452,6 +531,7 @@ class BusyNeighbour:
         self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
             import os
+
             os.sched_setaffinity(self.proc.pid, {self.core})
         except (AttributeError, OSError):
             pass  # no affinity here: the OS places it
@@ -475,8 +555,15 @@ def _children_cpu_s() -> float:
 def run_once(cfg_path: str, sets: list[str], final_episodes: int, timeout_s: float) -> dict:
     """`aiorl run` to its own end, then `aiorl eval` (the policy it picks) and the run's evaluations."""
     run_dir = Path(tempfile.mkdtemp(prefix="aiorl-bench-")) / "run"
-    command = [sys.executable, "-m", "aiorl", "run", cfg_path, "--quiet",
-               *sum((["--set", s] for s in [*sets, f"run.dir={run_dir}"]), [])]
+    command = [
+        sys.executable,
+        "-m",
+        "aiorl",
+        "run",
+        cfg_path,
+        "--quiet",
+        *sum((["--set", s] for s in [*sets, f"run.dir={run_dir}"]), []),
+    ]
     t0 = time.perf_counter()
     cpu0 = _children_cpu_s()
     with open(run_dir.with_name("aiorl-run.log"), "w") as out:
@@ -503,16 +590,28 @@ def run_once(cfg_path: str, sets: list[str], final_episodes: int, timeout_s: flo
     stopping = [p for p in phases if p.get("phase") == "STOPPING"]
     running_s = (stopping[0]["time"] - running[0]["time"]) if running and stopping else None
     final = None
-    ev = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(final_episodes),
-                         "--json"], cwd=ROOT, capture_output=True, text=True)
+    ev = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(final_episodes), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if ev.returncode == 0:
         final = json.loads(ev.stdout)
     else:
         log(f"aiorl eval failed: {ev.stderr.strip()}")
-    return {"run_dir": str(run_dir), "exit_code": code, "seconds": round(seconds, 2), "summary": summary,
-            "rows": rows, "running_s": running_s, "cpu_s": round(cpu_s, 2),
-            "final_eval": None if final is None else {k: final[k] for k in ("which", "episodes", "mean", "std",
-                                                                            "min", "max")}}
+    return {
+        "run_dir": str(run_dir),
+        "exit_code": code,
+        "seconds": round(seconds, 2),
+        "summary": summary,
+        "rows": rows,
+        "running_s": running_s,
+        "cpu_s": round(cpu_s, 2),
+        "final_eval": None
+        if final is None
+        else {k: final[k] for k in ("which", "episodes", "mean", "std", "min", "max")},
+    }
 
 
 def first_eval_at(rows: list[dict], threshold: float) -> dict | None:
@@ -542,8 +641,10 @@ def table(args) -> dict:
 
     signal.signal(signal.SIGTERM, interrupted)
     runs = []
-    log(f"{'seed':>4} {'exit':>4} {'final eval':>10} {'min ep.':>8} {'policy':>6} {'to thr. (s)':>11} "
-        f"{'learner steps':>13} {'env steps':>10} {'run (s)':>8}  stop")
+    log(
+        f"{'seed':>4} {'exit':>4} {'final eval':>10} {'min ep.':>8} {'policy':>6} {'to thr. (s)':>11} "
+        f"{'learner steps':>13} {'env steps':>10} {'run (s)':>8}  stop"
+    )
     try:
         if load is not None:
             load.__enter__()
@@ -559,11 +660,13 @@ def table(args) -> dict:
             r["seed"] = seed
             f = r["final_eval"]
             s = r["summary"]
-            log(f"{seed:>4} {r['exit_code']:>4} {'-' if f is None else format(f['mean'], '.1f'):>10} "
+            log(
+                f"{seed:>4} {r['exit_code']:>4} {'-' if f is None else format(f['mean'], '.1f'):>10} "
                 f"{'-' if f is None else format(f['min'], '.1f'):>8} {'-' if f is None else f['which']:>6} "
                 f"{'-' if r['to_threshold_s'] is None else r['to_threshold_s']:>11} "
                 f"{s.get('learner_steps', '-'):>13} {s.get('env_steps', '-'):>10} {r['seconds']:>8.1f}  "
-                f"{s.get('stop_detail')}")
+                f"{s.get('stop_detail')}"
+            )
             runs.append({k: v for k, v in r.items() if k != "rows"})
     finally:
         if load is not None:
@@ -573,18 +676,27 @@ def table(args) -> dict:
     finals = [r["final_eval"]["mean"] if r["final_eval"] else float("-inf") for r in runs]
     solved = sum(f >= args.threshold for f in finals)
     times = [r["to_threshold_s"] for r in runs if r["to_threshold_s"] is not None]
-    summary = {"config": args.config, "load": args.load, "seeds": len(runs), "threshold": args.threshold,
-               "solved": solved, "median_final": float(np.median(finals)), "worst_final": float(min(finals)),
-               "reached_in_training": len(times),
-               "median_to_threshold_s": float(np.median(times)) if times else None,
-               "worst_to_threshold_s": float(max(times)) if times else None,
-               "median_run_s": float(np.median([r["seconds"] for r in runs]))}
-    log(f"{args.config}{' with a busy neighbour' if args.load else ''}: {solved}/{len(runs)} runs reach "
+    summary = {
+        "config": args.config,
+        "load": args.load,
+        "seeds": len(runs),
+        "threshold": args.threshold,
+        "solved": solved,
+        "median_final": float(np.median(finals)),
+        "worst_final": float(min(finals)),
+        "reached_in_training": len(times),
+        "median_to_threshold_s": float(np.median(times)) if times else None,
+        "worst_to_threshold_s": float(max(times)) if times else None,
+        "median_run_s": float(np.median([r["seconds"] for r in runs])),
+    }
+    log(
+        f"{args.config}{' with a busy neighbour' if args.load else ''}: {solved}/{len(runs)} runs reach "
         f"{args.threshold} in aiorl eval ({args.final_episodes} episodes); final evaluation median "
         f"{summary['median_final']:.1f}, worst {summary['worst_final']:.1f}; time to threshold in training "
         f"(first evaluation at or above it, since RUNNING) median {summary['median_to_threshold_s']} s, worst "
         f"{summary['worst_to_threshold_s']} s ({len(times)}/{len(runs)} reached it); median run "
-        f"{summary['median_run_s']:.1f} s")
+        f"{summary['median_run_s']:.1f} s"
+    )
     return {"mode": "table", "summary": summary, "runs": runs}
 
 
@@ -598,33 +710,49 @@ def eval_cost(args) -> dict:
             r = run_once(args.config, sets, 1, args.budget_s)
             s, t = r["summary"], r["running_s"]
             last = (s.get("evaluation") or {}).get("last") or {}
-            row = {"learner_steps_per_s": s["learner_steps"] / t if t else None,
-                   "env_steps_per_s": s["env_steps"] / t if t else None, "running_s": t,
-                   "evaluations": ((s.get("evaluation") or {}).get("count")),
-                   "cpu_s": r["cpu_s"], "eval_cpu_s": last.get("worker_cpu_s")}
+            row = {
+                "learner_steps_per_s": s["learner_steps"] / t if t else None,
+                "env_steps_per_s": s["env_steps"] / t if t else None,
+                "running_s": t,
+                "evaluations": ((s.get("evaluation") or {}).get("count")),
+                "cpu_s": r["cpu_s"],
+                "eval_cpu_s": last.get("worker_cpu_s"),
+            }
             rates[name].append(row)
             share = f", evaluation process {row['eval_cpu_s']:.1f} s" if row["eval_cpu_s"] is not None else ""
-            log(f"pair {pair + 1}/{args.pairs} {name:>9}: {row['learner_steps_per_s']:.1f} learner steps/s, "
+            log(
+                f"pair {pair + 1}/{args.pairs} {name:>9}: {row['learner_steps_per_s']:.1f} learner steps/s, "
                 f"{row['env_steps_per_s']:.1f} env steps/s over {t:.1f} s RUNNING, evaluations {row['evaluations']}, "
-                f"CPU of all processes {row['cpu_s']:.1f} s{share}")
+                f"CPU of all processes {row['cpu_s']:.1f} s{share}"
+            )
     result = {}
     for key in ("learner_steps_per_s", "env_steps_per_s"):
         on = float(np.median([r[key] for r in rates["with eval"]]))
         ref = float(np.median([r[key] for r in rates["without"]]))
         # Pairs ran back to back: the ratio within each pair cancels the machine's slow drifts.
         pairs = [a[key] / b[key] for a, b in zip(rates["with eval"], rates["without"])]
-        result[key] = {"with_eval": round(on, 2), "without": round(ref, 2), "ratio": round(on / ref, 3),
-                       "pair_ratios": [round(x, 3) for x in pairs],
-                       "median_pair_ratio": round(float(np.median(pairs)), 3)}
-    log(f"{'':<22} {'with eval':>10} {'without':>10} {'ratio':>6} {'pairs':>6}   (medians of {args.pairs} "
-        "alternated pairs; pairs: the median of the ratios within each pair)")
+        result[key] = {
+            "with_eval": round(on, 2),
+            "without": round(ref, 2),
+            "ratio": round(on / ref, 3),
+            "pair_ratios": [round(x, 3) for x in pairs],
+            "median_pair_ratio": round(float(np.median(pairs)), 3),
+        }
+    log(
+        f"{'':<22} {'with eval':>10} {'without':>10} {'ratio':>6} {'pairs':>6}   (medians of {args.pairs} "
+        "alternated pairs; pairs: the median of the ratios within each pair)"
+    )
     for key, v in result.items():
-        log(f"{key:<22} {v['with_eval']:>10.1f} {v['without']:>10.1f} {v['ratio']:>6.3f} {v['median_pair_ratio']:>6.3f}")
+        log(
+            f"{key:<22} {v['with_eval']:>10.1f} {v['without']:>10.1f} {v['ratio']:>6.3f} {v['median_pair_ratio']:>6.3f}"
+        )
     shares = [r["eval_cpu_s"] / r["cpu_s"] for r in rates["with eval"] if r["eval_cpu_s"] is not None and r["cpu_s"]]
     if shares:
         result["eval_cpu_share"] = {"median": round(float(np.median(shares)), 4), "runs": [round(x, 4) for x in shares]}
-        log(f"the evaluation process's share of the run's CPU: median {np.median(shares):.1%} "
-            f"(runs {', '.join(f'{x:.1%}' for x in shares)})")
+        log(
+            f"the evaluation process's share of the run's CPU: median {np.median(shares):.1%} "
+            f"(runs {', '.join(f'{x:.1%}' for x in shares)})"
+        )
     return {"mode": "eval-cost", "config": args.config, "medians": result, "runs": rates}
 
 
@@ -650,12 +778,17 @@ def versus(args) -> int:
     for key in ("seconds", "env_steps", "learner_steps"):
         ref, var = median("reference", key), median("variant", key)
         lines[key] = {"reference": ref, "variant": var, "ratio": None if not (ref and var) else round(var / ref, 3)}
-    log(f"time to threshold {args.threshold}, medians of the runs that reached it (reference {reached['reference']}"
-        f"/{args.pairs}, variant {reached['variant']}/{args.pairs}): " + "; ".join(
-            f"{k} {v['reference']} -> {v['variant']} ({v['ratio']}x)" for k, v in lines.items()))
+    log(
+        f"time to threshold {args.threshold}, medians of the runs that reached it (reference {reached['reference']}"
+        f"/{args.pairs}, variant {reached['variant']}/{args.pairs}): "
+        + "; ".join(f"{k} {v['reference']} -> {v['variant']} ({v['ratio']}x)" for k, v in lines.items())
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"versus": args.versus, "medians": lines, "reached": reached, "runs": runs},
-                                              indent=1, default=str))
+        Path(args.json).write_text(
+            json.dumps(
+                {"versus": args.versus, "medians": lines, "reached": reached, "runs": runs}, indent=1, default=str
+            )
+        )
     return 0 if all(r["reached"] for rs in runs.values() for r in rs) else 1
 
 
@@ -682,8 +815,12 @@ def main(argv=None) -> int:
     for mode in ("run", "compare"):
         r = sub.choices[mode]
         r.add_argument("--checkpoint-every", type=int, default=1000, help="learner steps between checkpoints")
-        r.add_argument("--eval-every-env-steps", type=int, default=5000,
-                       help="evaluation grid of synchronous algorithms and IMPALA, in env steps trained on")
+        r.add_argument(
+            "--eval-every-env-steps",
+            type=int,
+            default=5000,
+            help="evaluation grid of synchronous algorithms and IMPALA, in env steps trained on",
+        )
         r.add_argument("--budget-s", type=float, default=1800.0, help="interrupt the run after this many seconds")
         r.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
         r.add_argument("--run-dir", help="run directory (default: a fresh temporary one)")
@@ -701,8 +838,13 @@ def main(argv=None) -> int:
     t.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
     sub.choices["eval-cost"].add_argument("--pairs", type=int, default=3, help="alternating (with, without) pairs")
     r = sub.choices["run"]
-    r.add_argument("--versus", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="also run with these overrides and compare times to threshold; repeatable")
+    r.add_argument(
+        "--versus",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="also run with these overrides and compare times to threshold; repeatable",
+    )
     r.add_argument("--pairs", type=int, default=1, help="with --versus: alternating (reference, variant) pairs")
     args = parser.parse_args(argv)
     if args.mode in ("table", "eval-cost"):

@@ -23,6 +23,7 @@ transition costs on the actor -> memory wire (array payload); and the learner st
 Nature CNN (Ape-X DQN, dueling, double Q) on CPU for batches of 32, 64 and 512, fed from a
 frame-layout replay, in steps/s and samples/s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,9 @@ PIXEL_LEARNER_BATCH = 64
 PIXEL_CORE_BATCHES = (32, 64, 512)
 
 
-def _reference_actor(seconds: float, seed: int, out: mp.Queue, sample_batch: int = SAMPLE_BATCH,
-                     env: dict = ENV) -> None:
+def _reference_actor(
+    seconds: float, seed: int, out: mp.Queue, sample_batch: int = SAMPLE_BATCH, env: dict = ENV
+) -> None:
     """One actor's loop without transport: the same env runner, random policy and n-step, and
     for stacked frames the same frame sender building the same messages, never sent."""
     from aiorl.config import load_config
@@ -63,8 +65,9 @@ def _reference_actor(seconds: float, seed: int, out: mp.Queue, sample_batch: int
     from aiorl.replay.frames import frame_layout
     from aiorl.runtime.algorithm import build_algorithm
 
-    cfg = load_config(data={"algo": "random_agent", "env": env, "model": {"n_step": 3},
-                            "agent": {"sample_batch_size": sample_batch}})
+    cfg = load_config(
+        data={"algo": "random_agent", "env": env, "model": {"n_step": 3}, "agent": {"sample_batch_size": sample_batch}}
+    )
     algo = build_algorithm(cfg)
     policy = algo.make_actor(0, 1, seed)
     layout = frame_layout(cfg, algo)
@@ -120,9 +123,17 @@ def _running_rows(run_dir: Path) -> list[dict]:
     return [r for r in rows if r["phase"] == "RUNNING"]
 
 
-def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = True,
-                  batch_size: int = LEARNER_BATCH, env: dict = ENV, sample_batch: int | None = None,
-                  buffer_size: int = 100_000, compression: str = "none") -> dict:
+def pipeline_rate(
+    actors: int,
+    seconds: float,
+    workdir: Path,
+    metrics: bool = True,
+    batch_size: int = LEARNER_BATCH,
+    env: dict = ENV,
+    sample_batch: int | None = None,
+    buffer_size: int = 100_000,
+    compression: str = "none",
+) -> dict:
     """Env steps/s of `aiorl run` (the first metrics row skipped: actors may still be starting),
     and each role's share of a core over the same stretch."""
     run_dir = workdir / f"pipeline-{actors}-{batch_size}-{'m' if metrics else 'nm'}"
@@ -130,12 +141,21 @@ def pipeline_rate(actors: int, seconds: float, workdir: Path, metrics: bool = Tr
         "algo": "random_agent",
         "env": env,
         "cluster": {"actors": actors, "memories": 1, "learners": 1, "frame_compression": compression},
-        "agent": {"sample_batch_size": SAMPLE_BATCH if sample_batch is None else sample_batch,
-                  "batch_size": batch_size, "buffer_size": buffer_size,
-                  "learning_starts": 1000, "samples_per_insert": 1.0},
+        "agent": {
+            "sample_batch_size": SAMPLE_BATCH if sample_batch is None else sample_batch,
+            "batch_size": batch_size,
+            "buffer_size": buffer_size,
+            "learning_starts": 1000,
+            "samples_per_insert": 1.0,
+        },
         "model": {"n_step": 3},
-        "run": {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.5, "metrics": metrics,
-                "tensorboard": metrics},
+        "run": {
+            "dir": str(run_dir),
+            "max_seconds": seconds,
+            "metrics_interval_s": 0.5,
+            "metrics": metrics,
+            "tensorboard": metrics,
+        },
     }
     return measure_run(config, workdir / f"pipeline-{actors}.json", seconds)
 
@@ -146,8 +166,12 @@ def measure_run(config: dict, path: Path, seconds: float) -> dict:
     run_dir = Path(config["run"]["dir"])
     shutil.rmtree(run_dir, ignore_errors=True)
     path.write_text(json.dumps(config))
-    proc = subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     cpu = None
     try:
         # CPU from the second RUNNING row to a second before the run stops.
@@ -168,8 +192,9 @@ def measure_run(config: dict, path: Path, seconds: float) -> dict:
             proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"aiorl run failed ({proc.returncode}):\n{output}")
-    running = _running_rows(run_dir) + [json.loads(line) for line in
-                                        (run_dir / "metrics.jsonl").read_text().splitlines()[-1:]]
+    running = _running_rows(run_dir) + [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()[-1:]
+    ]
     running = [r for r in running if r["phase"] == "RUNNING"]
     first, last = running[1], running[-1]  # skip the first row: actors may still be starting
     rate = (last["env_steps"] - first["env_steps"]) / (last["time_s"] - first["time_s"])
@@ -182,9 +207,14 @@ def measure_run(config: dict, path: Path, seconds: float) -> dict:
     sent = sum(sum(m["transitions"] for m in st["memories"]) for st in actor_stats)
     payload = sum(st.get("payload_bytes") or 0 for st in actor_stats)
     idle = [st["idle_fraction"] for st in actor_stats if st.get("idle_fraction") is not None]
-    return {"env_steps_per_s": rate, "learner_steps": summary["learner_steps"], "env_steps": summary["env_steps"],
-            "cpu_cores": by_kind, "wire_bytes_per_transition": payload / sent if sent else None,
-            "actor_idle_fraction": statistics.mean(idle) if idle else None}
+    return {
+        "env_steps_per_s": rate,
+        "learner_steps": summary["learner_steps"],
+        "env_steps": summary["env_steps"],
+        "cpu_cores": by_kind,
+        "wire_bytes_per_transition": payload / sent if sent else None,
+        "actor_idle_fraction": statistics.mean(idle) if idle else None,
+    }
 
 
 def paired(pipeline, reference, repeats: int) -> dict:
@@ -199,19 +229,48 @@ def paired(pipeline, reference, repeats: int) -> dict:
         refs.append(reference())
     ratios = [p["env_steps_per_s"] / ((refs[i] + refs[i + 1]) / 2) for i, p in enumerate(pipes)]
     mid = sorted(range(repeats), key=lambda i: ratios[i])[repeats // 2]
-    return {"reference_env_steps_per_s": (refs[mid] + refs[mid + 1]) / 2, **pipes[mid], "ratio": ratios[mid],
-            "ratios": ratios, "references": refs}
+    return {
+        "reference_env_steps_per_s": (refs[mid] + refs[mid + 1]) / 2,
+        **pipes[mid],
+        "ratio": ratios[mid],
+        "ratios": ratios,
+        "references": refs,
+    }
 
 
-def paired_ratio(actors: int, seconds: float, workdir: Path, repeats: int, batch_size: int, env: dict = ENV,
-                 sample_batch: int | None = None, buffer_size: int = 100_000, compression: str = "none") -> dict:
+def paired_ratio(
+    actors: int,
+    seconds: float,
+    workdir: Path,
+    repeats: int,
+    batch_size: int,
+    env: dict = ENV,
+    sample_batch: int | None = None,
+    buffer_size: int = 100_000,
+    compression: str = "none",
+) -> dict:
     """`paired` runs of the Ape-X pipeline (random actors, a learner of `batch_size`) and its actors alone."""
-    row = paired(lambda: pipeline_rate(actors, seconds, workdir, batch_size=batch_size, env=env,
-                                       sample_batch=sample_batch, buffer_size=buffer_size, compression=compression),
-                 lambda: reference_rate(actors, seconds, env, sample_batch), repeats)
+    row = paired(
+        lambda: pipeline_rate(
+            actors,
+            seconds,
+            workdir,
+            batch_size=batch_size,
+            env=env,
+            sample_batch=sample_batch,
+            buffer_size=buffer_size,
+            compression=compression,
+        ),
+        lambda: reference_rate(actors, seconds, env, sample_batch),
+        repeats,
+    )
     per_actor_ref, per_actor_pipe = row["reference_env_steps_per_s"] / actors, row["env_steps_per_s"] / actors
-    return {"actors": actors, "learner_batch": batch_size, **row,
-            "overhead_us_per_transition": 1e6 * (1 / per_actor_pipe - 1 / per_actor_ref)}
+    return {
+        "actors": actors,
+        "learner_batch": batch_size,
+        **row,
+        "overhead_us_per_transition": 1e6 * (1 / per_actor_pipe - 1 / per_actor_ref),
+    }
 
 
 # --------------------------------------------------------------------------- pixels
@@ -220,7 +279,6 @@ def paired_ratio(actors: int, seconds: float, workdir: Path, repeats: int, batch
 def nature_cnn_steps(batches=PIXEL_CORE_BATCHES, seconds: float = 5.0) -> list[dict]:
     """Learner steps/s of Ape-X DQN's Nature CNN on CPU, batches sampled from a frame-layout
     replay filled by the Pong preset (one torch thread: a core of this 2-core machine)."""
-    import numpy as np
 
     from aiorl.config import load_config
     from aiorl.envs import EnvRunner
@@ -228,8 +286,14 @@ def nature_cnn_steps(batches=PIXEL_CORE_BATCHES, seconds: float = 5.0) -> list[d
     from aiorl.replay.frames import FrameReplayBuffer, frame_layout
     from aiorl.runtime.algorithm import build_algorithm
 
-    cfg = load_config(data={"algo": "apex_dqn", "env": PIXEL_ENV, "agent": {"sample_batch_size": PIXEL_SAMPLE_BATCH},
-                            "model": {"torch_threads": 1}})
+    cfg = load_config(
+        data={
+            "algo": "apex_dqn",
+            "env": PIXEL_ENV,
+            "agent": {"sample_batch_size": PIXEL_SAMPLE_BATCH},
+            "model": {"torch_threads": 1},
+        }
+    )
     algo = build_algorithm(cfg)
     layout = frame_layout(cfg, algo)
     sender = FrameSender(layout, PIXEL_ENV["num_envs"], 1, algo.lookback_steps())
@@ -254,8 +318,14 @@ def nature_cnn_steps(batches=PIXEL_CORE_BATCHES, seconds: float = 5.0) -> list[d
             replay.update_priorities(sampled["indices"], result.priorities, sampled["generations"])
             steps += 1
         elapsed = time.perf_counter() - start
-        out.append({"batch": batch, "steps_per_s": steps / elapsed, "samples_per_s": steps * batch / elapsed,
-                    "loss": result.metrics["losses/td_loss"]})
+        out.append(
+            {
+                "batch": batch,
+                "steps_per_s": steps / elapsed,
+                "samples_per_s": steps * batch / elapsed,
+                "loss": result.metrics["losses/td_loss"],
+            }
+        )
     return out
 
 
@@ -268,27 +338,45 @@ def pixel_rows(args, workdir: Path) -> dict | None:
     rows = []
     for actors in args.actors:
         print(f"measuring pixels, {actors} actor(s) ...", file=sys.stderr, flush=True)
-        rows.append(paired_ratio(actors, args.seconds, workdir, args.repeats, PIXEL_LEARNER_BATCH, env=PIXEL_ENV,
-                                 sample_batch=PIXEL_SAMPLE_BATCH, buffer_size=50_000,
-                                 compression=args.pixel_compression))
+        rows.append(
+            paired_ratio(
+                actors,
+                args.seconds,
+                workdir,
+                args.repeats,
+                PIXEL_LEARNER_BATCH,
+                env=PIXEL_ENV,
+                sample_batch=PIXEL_SAMPLE_BATCH,
+                buffer_size=50_000,
+                compression=args.pixel_compression,
+            )
+        )
     print("measuring the Nature CNN learner on CPU ...", file=sys.stderr, flush=True)
     return {"pipeline": rows, "compression": args.pixel_compression, "nature_cnn": nature_cnn_steps()}
 
 
 def print_pixels(p: dict) -> None:
-    print(f"\nALE/Pong-v5, atari preset, {PIXEL_ENV['num_envs']} envs per actor, learner batch {PIXEL_LEARNER_BATCH}, "
-          f"frame compression {p['compression']}:")
-    print(f"{'actors':>6} {'no transport (frames/s)':>24} {'pipeline (frames/s)':>20} {'ratio':>6} {'ratios':>16} "
-          f"{'wire bytes/transition':>22}  cores used")
+    print(
+        f"\nALE/Pong-v5, atari preset, {PIXEL_ENV['num_envs']} envs per actor, learner batch {PIXEL_LEARNER_BATCH}, "
+        f"frame compression {p['compression']}:"
+    )
+    print(
+        f"{'actors':>6} {'no transport (frames/s)':>24} {'pipeline (frames/s)':>20} {'ratio':>6} {'ratios':>16} "
+        f"{'wire bytes/transition':>22}  cores used"
+    )
     for r in p["pipeline"]:
         cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cpu_cores"].items()))
-        print(f"{r['actors']:>6} {4 * r['reference_env_steps_per_s']:>24,.0f} {4 * r['env_steps_per_s']:>20,.0f} "
-              f"{r['ratio']:>6.2f} {' '.join(f'{x:.2f}' for x in r['ratios']):>16} "
-              f"{r['wire_bytes_per_transition']:>22,.0f}  {cores}")
+        print(
+            f"{r['actors']:>6} {4 * r['reference_env_steps_per_s']:>24,.0f} {4 * r['env_steps_per_s']:>20,.0f} "
+            f"{r['ratio']:>6.2f} {' '.join(f'{x:.2f}' for x in r['ratios']):>16} "
+            f"{r['wire_bytes_per_transition']:>22,.0f}  {cores}"
+        )
     for r in p["pipeline"]:
         met = "met" if r["wire_bytes_per_transition"] <= 8192 else "MISSED"
-        print(f"target wire bytes per transition <= 8 KB (before compression), {r['actors']} actor(s): "
-              f"{r['wire_bytes_per_transition']:,.0f} {met}")
+        print(
+            f"target wire bytes per transition <= 8 KB (before compression), {r['actors']} actor(s): "
+            f"{r['wire_bytes_per_transition']:,.0f} {met}"
+        )
     print("Nature CNN learner on CPU (1 torch thread), Ape-X DQN step on frame-layout batches:")
     for r in p["nature_cnn"]:
         print(f"  batch {r['batch']:>4}: {r['steps_per_s']:7.2f} learner steps/s, {r['samples_per_s']:7.0f} samples/s")
@@ -344,23 +432,32 @@ def impala_rows(args, workdir: Path) -> list[dict]:
     for full in args.impala_full:
         for actors in args.actors:
             print(f"measuring IMPALA fragments, {actors} actor(s), queue_full {full} ...", file=sys.stderr, flush=True)
-            row = paired(lambda: impala_pipeline_rate(actors, args.seconds, workdir, full),
-                         lambda: spawn_rates(_reference_impala_actor, actors, args.seconds), args.repeats)
+            row = paired(
+                lambda: impala_pipeline_rate(actors, args.seconds, workdir, full),
+                lambda: spawn_rates(_reference_impala_actor, actors, args.seconds),
+                args.repeats,
+            )
             rows.append({"actors": actors, "queue_full": full, **row})
     return rows
 
 
 def print_impala(rows: list[dict]) -> None:
-    print(f"\nIMPALA fragments ({IMPALA_EXAMPLE.name}: CartPole-v1, 8 envs x 20 steps per actor message, learner "
-          "batch 8 fragments, training as it goes):")
-    print(f"{'actors':>6} {'queue_full':>11} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} {'ratio':>6} "
-          f"{'ratios':>16} {'trained':>8} {'actor idle':>10}  cores used")
+    print(
+        f"\nIMPALA fragments ({IMPALA_EXAMPLE.name}: CartPole-v1, 8 envs x 20 steps per actor message, learner "
+        "batch 8 fragments, training as it goes):"
+    )
+    print(
+        f"{'actors':>6} {'queue_full':>11} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} {'ratio':>6} "
+        f"{'ratios':>16} {'trained':>8} {'actor idle':>10}  cores used"
+    )
     for r in rows:
         cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cpu_cores"].items()))
         idle = r["actor_idle_fraction"]
-        print(f"{r['actors']:>6} {r['queue_full']:>11} {r['reference_env_steps_per_s']:>23,.0f} "
-              f"{r['env_steps_per_s']:>19,.0f} {r['ratio']:>6.2f} {' '.join(f'{x:.2f}' for x in r['ratios']):>16} "
-              f"{r['trained_fraction']:>8.2f} {'-' if idle is None else format(idle, '.3f'):>10}  {cores}")
+        print(
+            f"{r['actors']:>6} {r['queue_full']:>11} {r['reference_env_steps_per_s']:>23,.0f} "
+            f"{r['env_steps_per_s']:>19,.0f} {r['ratio']:>6.2f} {' '.join(f'{x:.2f}' for x in r['ratios']):>16} "
+            f"{r['trained_fraction']:>8.2f} {'-' if idle is None else format(idle, '.3f'):>10}  {cores}"
+        )
 
 
 # --------------------------------------------------------------------------- metrics cost
@@ -401,8 +498,11 @@ def metrics_cpu_cost(workdir: Path, repeats: int = 2000) -> dict:
     # A 1-actor pipeline: 3 roles heartbeating every 0.5 s (the default), one row per s,
     # on about 1.6 busy cores (measured with ps during the pipeline runs above).
     per_second = 3 * 2 * extra_heartbeat_s + 1 * row_s
-    return {"heartbeat_gauges_us": 1e6 * extra_heartbeat_s, "metrics_row_us": 1e6 * row_s,
-            "cpu_cost_fraction": per_second / 1.6}
+    return {
+        "heartbeat_gauges_us": 1e6 * extra_heartbeat_s,
+        "metrics_row_us": 1e6 * row_s,
+        "cpu_cost_fraction": per_second / 1.6,
+    }
 
 
 # --------------------------------------------------------------------------- control plane
@@ -412,9 +512,18 @@ def _control_config(actors: int):
     """The cluster the coordinator serves and the simulated actors join (same config hash)."""
     from aiorl.config import load_config
 
-    return load_config(data={"algo": "random_agent", "env": ENV,
-                             "cluster": {"actors": actors, "heartbeat_interval_s": 0.05,
-                                         "heartbeat_timeout_s": 2.0, "start_timeout_s": 600}})
+    return load_config(
+        data={
+            "algo": "random_agent",
+            "env": ENV,
+            "cluster": {
+                "actors": actors,
+                "heartbeat_interval_s": 0.05,
+                "heartbeat_timeout_s": 2.0,
+                "start_timeout_s": 600,
+            },
+        }
+    )
 
 
 def _coordinator_process(port_out: mp.Queue, actors: int, token: bytes, run_dir: str) -> None:
@@ -437,16 +546,18 @@ def _coordinator_process(port_out: mp.Queue, actors: int, token: bytes, run_dir:
         runner.run(main())
 
 
-async def _control_plane(port: int, token: bytes, actors: int, seconds: float, interval_s: float,
-                         config_hash: str) -> dict:
+async def _control_plane(
+    port: int, token: bytes, actors: int, seconds: float, interval_s: float, config_hash: str
+) -> dict:
     from aiorl.status import status_of
     from aiorl.wire import connect
 
     conns = []
     for i in range(actors):
         conn = await connect("127.0.0.1", port, token=token, name=f"actor-{i}")
-        await conn.request("register", {"role": f"actor-{i}", "pid": os.getpid(), "config_hash": config_hash},
-                           timeout_s=10)
+        await conn.request(
+            "register", {"role": f"actor-{i}", "pid": os.getpid(), "config_hash": config_hash}, timeout_s=10
+        )
         conns.append(conn)
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
@@ -456,8 +567,9 @@ async def _control_plane(port: int, token: bytes, actors: int, seconds: float, i
         next_t = loop.time()
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
-            await conn.request("heartbeat", {"counters": {"env_steps": i}, "metrics": {"loop_lag_s": 0.0}},
-                               timeout_s=10)
+            await conn.request(
+                "heartbeat", {"counters": {"env_steps": i}, "metrics": {"loop_lag_s": 0.0}}, timeout_s=10
+            )
             latencies.append(time.perf_counter() - t0)
             next_t += interval_s
             await asyncio.sleep(max(0.0, next_t - loop.time()))
@@ -509,24 +621,45 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per configuration")
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--json", default=None, help="write results here")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="pipeline runs per configuration, each between two reference runs (median ratio)")
-    parser.add_argument("--sample-batch", type=int, default=SAMPLE_BATCH,
-                        help="env steps per actor batch, in the pipeline and the reference alike")
-    parser.add_argument("--stress-batch", type=int, default=64,
-                        help="also measure with this learner batch (0: skip)")
-    parser.add_argument("--overhead-repeats", type=int, default=3,
-                        help="alternating with/without-metrics runs (medians are compared; 0: skip)")
-    parser.add_argument("--no-control", dest="control", action="store_false",
-                        help="skip the 64-connection coordinator measurement")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="pipeline runs per configuration, each between two reference runs (median ratio)",
+    )
+    parser.add_argument(
+        "--sample-batch",
+        type=int,
+        default=SAMPLE_BATCH,
+        help="env steps per actor batch, in the pipeline and the reference alike",
+    )
+    parser.add_argument("--stress-batch", type=int, default=64, help="also measure with this learner batch (0: skip)")
+    parser.add_argument(
+        "--overhead-repeats",
+        type=int,
+        default=3,
+        help="alternating with/without-metrics runs (medians are compared; 0: skip)",
+    )
+    parser.add_argument(
+        "--no-control", dest="control", action="store_false", help="skip the 64-connection coordinator measurement"
+    )
     parser.add_argument("--no-pixels", dest="pixels", action="store_false", help="skip the pixel rows")
     parser.add_argument("--pixels-only", action="store_true", help="only the pixel rows")
-    parser.add_argument("--pixel-compression", default="none", choices=("none", "lz4"),
-                        help="cluster.frame_compression of the pixel pipeline (wire bytes are counted as sent)")
+    parser.add_argument(
+        "--pixel-compression",
+        default="none",
+        choices=("none", "lz4"),
+        help="cluster.frame_compression of the pixel pipeline (wire bytes are counted as sent)",
+    )
     parser.add_argument("--no-impala", dest="impala", action="store_false", help="skip the IMPALA fragment rows")
     parser.add_argument("--impala-only", action="store_true", help="only the IMPALA fragment rows")
-    parser.add_argument("--impala-full", nargs="+", default=["throttle", "drop_oldest"],
-                        choices=("throttle", "drop_oldest"), help="IMPALA queue policies to measure")
+    parser.add_argument(
+        "--impala-full",
+        nargs="+",
+        default=["throttle", "drop_oldest"],
+        choices=("throttle", "drop_oldest"),
+        help="IMPALA queue policies to measure",
+    )
     args = parser.parse_args()
     SAMPLE_BATCH = args.sample_batch  # (passed on explicitly to the spawned reference actors)
 
@@ -562,31 +695,41 @@ def main() -> int:
             without_m.append(pipeline_rate(1, args.seconds, Path(tmp), metrics=False)["env_steps_per_s"])
         results["metrics_overhead"] = metrics_cpu_cost(Path(tmp))
         if with_m:
-            results["metrics_overhead"].update({
-                "with_metrics_env_steps_per_s": statistics.median(with_m),
-                "without_metrics_env_steps_per_s": statistics.median(without_m),
-                "end_to_end_cost_fraction": 1 - statistics.median(with_m) / statistics.median(without_m),
-            })
+            results["metrics_overhead"].update(
+                {
+                    "with_metrics_env_steps_per_s": statistics.median(with_m),
+                    "without_metrics_env_steps_per_s": statistics.median(without_m),
+                    "end_to_end_cost_fraction": 1 - statistics.median(with_m) / statistics.median(without_m),
+                }
+            )
     results["control"] = control_plane() if args.control else None
 
-    print(f"{'actors':>6} {'learner batch':>13} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} "
-          f"{'ratio':>6} {'ratios':>16} {'overhead us/transition':>23} {'learner steps':>13}  cores used")
+    print(
+        f"{'actors':>6} {'learner batch':>13} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} "
+        f"{'ratio':>6} {'ratios':>16} {'overhead us/transition':>23} {'learner steps':>13}  cores used"
+    )
     for r in results["pipeline"]:
         cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cpu_cores"].items()))
-        print(f"{r['actors']:>6} {r['learner_batch']:>13} {r['reference_env_steps_per_s']:>23,.0f} "
-              f"{r['env_steps_per_s']:>19,.0f} {r['ratio']:>6.2f} {' '.join(f'{x:.2f}' for x in r['ratios']):>16} "
-              f"{r['overhead_us_per_transition']:>23.1f} {r['learner_steps']:>13}  {cores}")
+        print(
+            f"{r['actors']:>6} {r['learner_batch']:>13} {r['reference_env_steps_per_s']:>23,.0f} "
+            f"{r['env_steps_per_s']:>19,.0f} {r['ratio']:>6.2f} {' '.join(f'{x:.2f}' for x in r['ratios']):>16} "
+            f"{r['overhead_us_per_transition']:>23.1f} {r['learner_steps']:>13}  {cores}"
+        )
     for r in results["pipeline"]:
         if r["learner_batch"] == LEARNER_BATCH:
             met = "met" if r["ratio"] >= 0.8 else "MISSED"
             print(f"target pipeline/no-transport >= 0.8, {r['actors']} actor(s): {r['ratio']:.2f} {met}")
     m = results["metrics_overhead"]
     if "with_metrics_env_steps_per_s" in m:
-        print(f"\nmetrics reporting, 1 actor: {m['with_metrics_env_steps_per_s']:,.0f} steps/s with, "
-              f"{m['without_metrics_env_steps_per_s']:,.0f} without (end to end "
-              f"{100 * m['end_to_end_cost_fraction']:+.1f}%, within run-to-run noise)")
-    print(f"metrics CPU, measured directly: gauges {m['heartbeat_gauges_us']:.1f} us per heartbeat, "
-          f"row {m['metrics_row_us']:.0f} us per row = {100 * m['cpu_cost_fraction']:.3f}% of the pipeline's CPU")
+        print(
+            f"\nmetrics reporting, 1 actor: {m['with_metrics_env_steps_per_s']:,.0f} steps/s with, "
+            f"{m['without_metrics_env_steps_per_s']:,.0f} without (end to end "
+            f"{100 * m['end_to_end_cost_fraction']:+.1f}%, within run-to-run noise)"
+        )
+    print(
+        f"metrics CPU, measured directly: gauges {m['heartbeat_gauges_us']:.1f} us per heartbeat, "
+        f"row {m['metrics_row_us']:.0f} us per row = {100 * m['cpu_cost_fraction']:.3f}% of the pipeline's CPU"
+    )
     if results["pixels"]:
         print_pixels(results["pixels"])
     if results["impala"]:
@@ -596,10 +739,12 @@ def main() -> int:
     c = results["control"]
     if c is None:
         return 0
-    print(f"\ncoordinator, {c['connections']} actor connections: {c['heartbeats_per_s']:,.0f} heartbeats/s "
-          f"(target {c['target_per_s']:,.0f}/s), reply latency p50 {c['latency_p50_ms']:.2f} ms, "
-          f"p99 {c['latency_p99_ms']:.2f} ms, max {c['latency_max_ms']:.2f} ms; missed heartbeats "
-          f"{c['missed_heartbeats']}; coordinator loop lag max {c['coordinator_loop_lag_max_ms']:.2f} ms")
+    print(
+        f"\ncoordinator, {c['connections']} actor connections: {c['heartbeats_per_s']:,.0f} heartbeats/s "
+        f"(target {c['target_per_s']:,.0f}/s), reply latency p50 {c['latency_p50_ms']:.2f} ms, "
+        f"p99 {c['latency_p99_ms']:.2f} ms, max {c['latency_max_ms']:.2f} ms; missed heartbeats "
+        f"{c['missed_heartbeats']}; coordinator loop lag max {c['coordinator_loop_lag_max_ms']:.2f} ms"
+    )
     return 0
 
 

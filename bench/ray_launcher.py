@@ -14,6 +14,7 @@ launcher and with the Ray launcher, each Ray run between two local runs. Per run
 It prints a table and the median over repeats of ray / mean(local before, local after) for
 each; writes JSON. The Ray cluster is shut down at the end, whatever happens. Needs the ray extra.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,20 @@ def config(run_dir: Path, actors: int, memories: int, seconds: float, ray_addres
     cluster = {"actors": actors, "memories": memories, "learners": 1}
     if ray_address is not None:
         cluster.update(launcher="ray", ray_address=ray_address)
-    return {"algo": "random_agent", "env": {"id": "CartPole-v1", "num_envs": 1}, "cluster": cluster,
-            "agent": {"sample_batch_size": SAMPLE_BATCH, "batch_size": LEARNER_BATCH, "buffer_size": 100_000,
-                      "learning_starts": 1000, "samples_per_insert": 1.0},
-            "model": {"n_step": 3},
-            "run": {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.2}}
+    return {
+        "algo": "random_agent",
+        "env": {"id": "CartPole-v1", "num_envs": 1},
+        "cluster": cluster,
+        "agent": {
+            "sample_batch_size": SAMPLE_BATCH,
+            "batch_size": LEARNER_BATCH,
+            "buffer_size": 100_000,
+            "learning_starts": 1000,
+            "samples_per_insert": 1.0,
+        },
+        "model": {"n_step": 3},
+        "run": {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.2},
+    }
 
 
 def measure(workdir: Path, name: str, cfg: dict, seconds: float) -> dict:
@@ -50,8 +60,12 @@ def measure(workdir: Path, name: str, cfg: dict, seconds: float) -> dict:
     path = workdir / f"{name}.json"
     path.write_text(json.dumps(cfg))
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     startup = None
     try:
         give_up = started + seconds + 300
@@ -87,8 +101,9 @@ def main() -> int:
         print("bench/ray_launcher.py needs Ray: pip install 'aiorl[ray]'", file=sys.stderr)
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="aiorl-bench-ray-"))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "node_ip_address": "127.0.0.1",
-                                                            "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 4, "node_ip_address": "127.0.0.1", "include_dashboard": False}
+    )
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=4, node_ip_address="127.0.0.1")
@@ -100,12 +115,16 @@ def main() -> int:
             address = cluster.address if kind == "ray" else None
             cfg = config(workdir / f"run-{n[0]}", args.actors, args.memories, args.seconds, address)
             result = measure(workdir, f"{kind}-{n[0]}", cfg, args.seconds)
-            print(f"  {kind:5s} start-up {result['startup_s']:6.2f} s   {result['env_steps_per_s']:9.0f} env steps/s",
-                  flush=True)
+            print(
+                f"  {kind:5s} start-up {result['startup_s']:6.2f} s   {result['env_steps_per_s']:9.0f} env steps/s",
+                flush=True,
+            )
             return {"launcher": kind, **result}
 
-        print(f"aiorl run, random_agent CartPole-v1, {args.actors} actor(s), {args.memories} memory host(s), "
-              f"1 learner, {args.seconds:g} s per run; Ray: 3 nodes on loopback")
+        print(
+            f"aiorl run, random_agent CartPole-v1, {args.actors} actor(s), {args.memories} memory host(s), "
+            f"1 learner, {args.seconds:g} s per run; Ray: 3 nodes on loopback"
+        )
         locals_, rays = [run("local")], []
         for _ in range(args.repeats):
             rays.append(run("ray"))
@@ -119,8 +138,10 @@ def main() -> int:
         per = [r[key] / ((locals_[i][key] + locals_[i + 1][key]) / 2) for i, r in enumerate(rays)]
         ratios[key] = {"median": statistics.median(per), "each": per}
     print(f"\n{'':24s}{'local (median)':>16s}{'ray (median)':>14s}{'ray / local':>13s}")
-    for key, label, fmt in (("startup_s", "start-up to RUNNING, s", "{:.2f}"),
-                            ("env_steps_per_s", "env steps/s", "{:.0f}")):
+    for key, label, fmt in (
+        ("startup_s", "start-up to RUNNING, s", "{:.2f}"),
+        ("env_steps_per_s", "env steps/s", "{:.0f}"),
+    ):
         local = statistics.median(r[key] for r in locals_)
         ray_ = statistics.median(r[key] for r in rays)
         print(f"{label:24s}{fmt.format(local):>16s}{fmt.format(ray_):>14s}{ratios[key]['median']:>13.2f}")

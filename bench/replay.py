@@ -38,6 +38,7 @@ table shows each implementation's best round; a ratio is the median over
 rounds of the two rates measured back to back in that round (large buffers,
 timed one implementation at a time, compare best rounds).
 """
+
 import os
 
 # BLAS threads spin between calls and would steal the (two) cores from the
@@ -48,12 +49,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
+import multiprocessing as mp  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-
-import multiprocessing as mp  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -83,8 +83,13 @@ TARGETS = [
 
 
 def spec_for(obs_shape, obs_dtype):
-    return {"obs": (obs_shape, obs_dtype), "action": ((), "int64"), "reward": ((), "float32"),
-            "next_obs": (obs_shape, obs_dtype), "done": ((), "bool")}
+    return {
+        "obs": (obs_shape, obs_dtype),
+        "action": ((), "int64"),
+        "reward": ((), "float32"),
+        "next_obs": (obs_shape, obs_dtype),
+        "done": ((), "bool"),
+    }
 
 
 def make_batch(spec, n, rng):
@@ -154,7 +159,7 @@ class AiorlPER:
 
     def fields(self):
         state = self.buf.state_dict()
-        return {key[len("field."):]: arr for key, arr in state.items() if key.startswith("field.")}
+        return {key[len("field.") :]: arr for key, arr in state.items() if key.startswith("field.")}
 
 
 class NumpyPER(AiorlPER):
@@ -209,8 +214,11 @@ def bench_buffers(case, capacity, spec, timer, rows, rng, impls):
     results = {op: {} for op in ("add", "sample", "update", "learner step")}
     # Small buffers are measured side by side (interleaved rounds); large ones
     # one implementation at a time, so that only one ~2 GiB buffer is alive.
-    groups = [impls] if capacity * sum(int(np.prod(s or (1,))) * np.dtype(d).itemsize
-                                       for s, d in spec.values()) < 512 << 20 else [[i] for i in impls]
+    groups = (
+        [impls]
+        if capacity * sum(int(np.prod(s or (1,))) * np.dtype(d).itemsize for s, d in spec.values()) < 512 << 20
+        else [[i] for i in impls]
+    )
     for group in groups:
         built_impls = {label: built(cls) for label, cls in group}
         floor = None
@@ -240,32 +248,55 @@ def bench_buffers(case, capacity, spec, timer, rows, rng, impls):
 def bench_nstep(timer, rows, rng):
     T, E = NSTEP_T, 1
     obs = rng.random((T + 1, E, 4)).astype(np.float32)
-    traj = dict(obs=obs[:-1], actions=rng.integers(0, 2, (T, E)), rewards=rng.random((T, E)).astype(np.float32),
-                next_obs=obs[1:], terminated=rng.random((T, E)) < 0.01, truncated=rng.random((T, E)) < 0.005)
-    res = timer.run({
-        "aiorl": lambda: replay.n_step_adjustment(**traj, n=NSTEP_N, gamma=GAMMA),
-        "numpy": lambda: reference.n_step_adjustment(**traj, n=NSTEP_N, gamma=GAMMA),
-    }, T)
+    traj = dict(
+        obs=obs[:-1],
+        actions=rng.integers(0, 2, (T, E)),
+        rewards=rng.random((T, E)).astype(np.float32),
+        next_obs=obs[1:],
+        terminated=rng.random((T, E)) < 0.01,
+        truncated=rng.random((T, E)) < 0.005,
+    )
+    res = timer.run(
+        {
+            "aiorl": lambda: replay.n_step_adjustment(**traj, n=NSTEP_N, gamma=GAMMA),
+            "numpy": lambda: reference.n_step_adjustment(**traj, n=NSTEP_N, gamma=GAMMA),
+        },
+        T,
+    )
     rows.append(make_row("trajectory 1024 x 1, obs (4,) f32", "n-step", "transitions/s", res))
 
 
 def bench_gae(timer, rows, rng):
     T, E = GAE_T, GAE_ENVS
-    args = (rng.random((T, E)).astype(np.float32), rng.random((T, E)).astype(np.float32),
-            rng.random(E).astype(np.float32), rng.random((T, E)) < 0.01, rng.random((T, E)) < 0.005)
+    args = (
+        rng.random((T, E)).astype(np.float32),
+        rng.random((T, E)).astype(np.float32),
+        rng.random(E).astype(np.float32),
+        rng.random((T, E)) < 0.01,
+        rng.random((T, E)) < 0.005,
+    )
     tv = rng.random((T, E)).astype(np.float32)
-    res = timer.run({
-        "aiorl": lambda: replay.gae(*args, GAMMA, LAM, truncated_values=tv),
-        "numpy": lambda: reference.gae(*args, GAMMA, LAM, truncated_values=tv),
-    }, T * E)
+    res = timer.run(
+        {
+            "aiorl": lambda: replay.gae(*args, GAMMA, LAM, truncated_values=tv),
+            "numpy": lambda: reference.gae(*args, GAMMA, LAM, truncated_values=tv),
+        },
+        T * E,
+    )
     rows.append(make_row(f"rollout {T} x {E} f32", "gae", "steps/s", res))
 
 
 # --------------------------------------------------------------------------- frame layout
 
 FRAME_K, FRAME_HW, FRAME_ENVS, FRAME_T, FRAME_N, EPISODE_STEPS = 4, (84, 84), 4, 50, 3, 1000
-ATARI_SPEC = {"obs": ((FRAME_K,) + FRAME_HW, "uint8"), "action": ((), "int64"), "reward": ((), "float32"),
-              "next_obs": ((FRAME_K,) + FRAME_HW, "uint8"), "done": ((), "bool"), "discount": ((), "float32")}
+ATARI_SPEC = {
+    "obs": ((FRAME_K,) + FRAME_HW, "uint8"),
+    "action": ((), "int64"),
+    "reward": ((), "float32"),
+    "next_obs": ((FRAME_K,) + FRAME_HW, "uint8"),
+    "done": ((), "bool"),
+    "discount": ((), "float32"),
+}
 FRAME_BATCHES = (32, 64, 512)
 FRAME_TARGETS = [("RSS per stored transition <= 8 KB", 8192.0), ("learner step >= 1x naive layout", 1.0)]
 
@@ -300,9 +331,15 @@ def atari_stream(total, seed, decode=False):
                     stacks[e], refs[e] = new, nxt[j, e]
             sender.note_current(refs)
         t += FRAME_T
-        rows = nstep.add(obs, rng.integers(0, 6, (FRAME_T, E)), rng.random((FRAME_T, E)).astype(np.float32),
-                         nxt, ended, np.zeros((FRAME_T, E), bool))
-        rows = {key: val[:total - made] for key, val in rows.items()}
+        rows = nstep.add(
+            obs,
+            rng.integers(0, 6, (FRAME_T, E)),
+            rng.random((FRAME_T, E)).astype(np.float32),
+            nxt,
+            ended,
+            np.zeros((FRAME_T, E), bool),
+        )
+        rows = {key: val[: total - made] for key, val in rows.items()}
         made += len(rows["reward"])
         naive = sender.decode(rows) if decode else None
         arrays, keep_from = sender.message(0, rows)
@@ -335,8 +372,16 @@ def _rss_child(kind, capacity, out):
     gc.collect()
     grown = psutil.Process().memory_info().rss - base
     frames = len(buf.pool) if kind == "frames" else None
-    out.put({"layout": kind, "capacity": capacity, "stored": len(buf), "rss_bytes": grown,
-             "bytes_per_transition": grown / len(buf), "frames_per_transition": frames and frames / len(buf)})
+    out.put(
+        {
+            "layout": kind,
+            "capacity": capacity,
+            "stored": len(buf),
+            "rss_bytes": grown,
+            "bytes_per_transition": grown / len(buf),
+            "frames_per_transition": frames and frames / len(buf),
+        }
+    )
 
 
 def _chain(first, rest):
@@ -374,11 +419,18 @@ def bench_frames(timer, capacity, frames_cap, naive_cap, quick):
             sampled = buf.sample(batch, BETA)
             buf.update_priorities(sampled["indices"], new, sampled["generations"])
 
-        res = timer.run({"frames": lambda: step(frames), "naive": lambda: step(naive)}, 1)
+        # The lambdas run inside this iteration, before the `del` below that ruff sees.
+        res = timer.run({"frames": lambda: step(frames), "naive": lambda: step(naive)}, 1)  # noqa: F821
         ratio = statistics.median(a / b for a, b in zip(res["frames"][1], res["naive"][1]))
-        steps.append({"case": f"cap 2^{capacity.bit_length() - 1}, stacks 4x84x84 u8", "batch": batch,
-                      "frames_steps_per_s": res["frames"][0], "naive_steps_per_s": res["naive"][0],
-                      "ratio": ratio})
+        steps.append(
+            {
+                "case": f"cap 2^{capacity.bit_length() - 1}, stacks 4x84x84 u8",
+                "batch": batch,
+                "frames_steps_per_s": res["frames"][0],
+                "naive_steps_per_s": res["naive"][0],
+                "ratio": ratio,
+            }
+        )
     del frames, naive
     gc.collect()
     return {"rss": rss, "learner_step": steps}
@@ -389,15 +441,20 @@ def print_frames(result):
     print(f"{'layout':<8} {'stored':>8} {'RSS growth':>12} {'bytes/transition':>17} {'frames/transition':>18}")
     for r in result["rss"]:
         fpt = "-" if r["frames_per_transition"] is None else f"{r['frames_per_transition']:.3f}"
-        print(f"{r['layout']:<8} {r['stored']:>8,} {r['rss_bytes'] / 2**20:>10,.0f} M {r['bytes_per_transition']:>17,.0f} "
-              f"{fpt:>18}")
+        print(
+            f"{r['layout']:<8} {r['stored']:>8,} {r['rss_bytes'] / 2**20:>10,.0f} M "
+            f"{r['bytes_per_transition']:>17,.0f} "
+            f"{fpt:>18}"
+        )
     ratio = result["rss"][1]["bytes_per_transition"] / result["rss"][0]["bytes_per_transition"]
     print(f"naive / frames: {ratio:.1f}x the memory per stored transition")
     print()
     print(f"{'case':<30} {'batch':>5} {'frames steps/s':>15} {'naive steps/s':>14} {'frames/naive':>13}")
     for r in result["learner_step"]:
-        print(f"{r['case']:<30} {r['batch']:>5} {fmt(r['frames_steps_per_s']):>15} {fmt(r['naive_steps_per_s']):>14} "
-              f"{fmt(r['ratio'], True):>13}")
+        print(
+            f"{r['case']:<30} {r['batch']:>5} {fmt(r['frames_steps_per_s']):>15} {fmt(r['naive_steps_per_s']):>14} "
+            f"{fmt(r['ratio'], True):>13}"
+        )
     print()
     bpt = result["rss"][0]["bytes_per_transition"]
     print(f"target {FRAME_TARGETS[0][0]:<40} {bpt:>8,.0f}  {'met' if bpt <= FRAME_TARGETS[0][1] else 'MISSED'}")
@@ -438,9 +495,21 @@ def fmt(x, ratio=False):
 
 def print_table(rows, targets):
     header = ["case", "op", "unit", "aiorl", "numpy", "aiorl/np", "cpprb", "aiorl/cpprb", "floor", "aiorl/floor"]
-    table = [header] + [[r["case"], r["op"], r["unit"], fmt(r["aiorl"]), fmt(r["numpy"]), fmt(r["vs_numpy"], True),
-                         fmt(r["cpprb"]), fmt(r["vs_cpprb"], True), fmt(r["floor"]), fmt(r["vs_floor"], True)]
-                        for r in rows]
+    table = [header] + [
+        [
+            r["case"],
+            r["op"],
+            r["unit"],
+            fmt(r["aiorl"]),
+            fmt(r["numpy"]),
+            fmt(r["vs_numpy"], True),
+            fmt(r["cpprb"]),
+            fmt(r["vs_cpprb"], True),
+            fmt(r["floor"]),
+            fmt(r["vs_floor"], True),
+        ]
+        for r in rows
+    ]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for i, line in enumerate(table):
         print("  ".join(cell.ljust(w) if j < 3 else cell.rjust(w) for j, (cell, w) in enumerate(zip(line, widths))))
@@ -458,8 +527,15 @@ def check_targets(rows):
         for row in rows:
             if row["op"] == op:
                 ratio = row.get(f"vs_{column}")
-                out.append({"name": name, "case": row["case"], "target": target, "ratio": ratio,
-                            "met": None if ratio is None else ratio >= target})
+                out.append(
+                    {
+                        "name": name,
+                        "case": row["case"],
+                        "target": target,
+                        "ratio": ratio,
+                        "met": None if ratio is None else ratio >= target,
+                    }
+                )
     return out
 
 
@@ -483,9 +559,10 @@ def main(argv=None):
     impls = [("aiorl", AiorlPER), ("numpy", NumpyPER)] + ([("cpprb", CpprbPER)] if use_cpprb else [])
     skipped = {}  # comparison -> why it was left out
     if not use_cpprb:
-        skipped["cpprb"] = ("--no-cpprb" if args.no_cpprb else
-                            "cpprb is not installed (make bench, or pip install 'aiorl[bench]')")
-    small_cap, large_cap = (2 ** 12, 2 ** 10) if args.quick else (2 ** 20, 2 ** 17)
+        skipped["cpprb"] = (
+            "--no-cpprb" if args.no_cpprb else "cpprb is not installed (make bench, or pip install 'aiorl[bench]')"
+        )
+    small_cap, large_cap = (2**12, 2**10) if args.quick else (2**20, 2**17)
     cases = [(f"cap 2^{small_cap.bit_length() - 1}, obs (4,) f32", small_cap, spec_for((4,), "float32"))]
     if not args.no_large:
         cases.append((f"cap 2^{large_cap.bit_length() - 1}, obs (7056,) u8", large_cap, spec_for((7056,), "uint8")))
@@ -501,7 +578,7 @@ def main(argv=None):
     frames = None
     if not args.no_frames:
         print("measuring RSS per transition, frame (fresh process) vs naive layout ...", file=sys.stderr, flush=True)
-        sizes = (2 ** 10, 2 ** 12, 2 ** 10) if args.quick else (2 ** 15, 200_000, 20_000)
+        sizes = (2**10, 2**12, 2**10) if args.quick else (2**15, 200_000, 20_000)
         frames = bench_frames(timer, *sizes, args.quick)
 
     targets = check_targets(rows)
@@ -513,12 +590,24 @@ def main(argv=None):
         print(f"skipped: the {name} comparisons ({why})")
     if args.json:
         result = {
-            "benchmark": "replay", "quick": args.quick, "batch": BATCH, "add_chunk": ADD_CHUNK,
-            "alpha": ALPHA, "beta": BETA, "rounds": rounds, "round_seconds": round_s,
-            "backend": replay.BACKEND, "numpy": np.__version__,
+            "benchmark": "replay",
+            "quick": args.quick,
+            "batch": BATCH,
+            "add_chunk": ADD_CHUNK,
+            "alpha": ALPHA,
+            "beta": BETA,
+            "rounds": rounds,
+            "round_seconds": round_s,
+            "backend": replay.BACKEND,
+            "numpy": np.__version__,
             "cpprb": getattr(cpprb, "__version__", "installed") if use_cpprb else None,
-            "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "rows": rows, "targets": targets, "frames": frames, "skipped": skipped,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "rows": rows,
+            "targets": targets,
+            "frames": frames,
+            "skipped": skipped,
         }
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

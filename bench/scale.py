@@ -57,15 +57,16 @@ Grounded in this bench on the 2-core machine (shared, load 12-22; numbers in
 the closing note of issue 14):
 - Heartbeats relayed and batched by memory hosts. With heartbeats only, memory
   host 0's process used 0.015 of a core at 64 actors and 0.074 at 512: about
-  66 us of CPU per extra heartbeat (wire, check, reply), so 4,096 actors at two
-  heartbeats a second cost some 0.55 of a core before memory 0 ingests
-  anything, and a stall of the loop delays all 8,192 heartbeats a second; with the coordinator sharing memory 0's loop, ingest delays
-  heartbeats (loop lag p99 36 ms at 64 actors with data, 389 ms at 256). Actors
-  would heartbeat to a memory host they already hold a connection to, each
-  memory host would send the coordinator one batched heartbeat per interval
-  (counter deltas, returns, its actors' liveness), and the coordinator would
-  handle M messages per interval instead of N. Or: the coordinator in its own
-  process, off memory 0's loop.
+  66 us of CPU per extra heartbeat (wire, check, reply), so 4,096 actors at
+  two heartbeats a second cost some 0.55 of a core before memory 0 ingests
+  anything, and a stall of the loop delays all 8,192 heartbeats a second; with
+  the coordinator sharing memory 0's loop, ingest delays heartbeats (loop lag
+  p99 36 ms at 64 actors with data, 389 ms at 256). Actors would heartbeat to
+  a memory host they already hold a connection to, each memory host would send
+  the coordinator one batched heartbeat per interval (counter deltas, returns,
+  its actors' liveness), and the coordinator would handle M messages per
+  interval instead of N. Or: the coordinator in its own process, off memory
+  0's loop.
 - Less memory per connection. An authenticated connection holds a 512 KiB
   staging buffer (``aiorl.wire.protocol``): measured 540-580 KB of RSS per
   connection in memory host 0; 4,096 control connections plus 4,096/M data
@@ -80,6 +81,7 @@ the closing note of issue 14):
   process. Memory hosts (or a tree of them) should cache each version and
   serve their actors.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,20 +113,38 @@ def bench_config(run_dir: Path, actors: int, memories: int, args) -> dict:
     return {
         "algo": "apex_dqn",
         "env": {"id": "CartPole-v1", "num_envs": 1},
-        "cluster": {"actors": actors, "memories": memories, "learners": 1,
-                    "heartbeat_interval_s": args.heartbeat_interval_s,
-                    "heartbeat_timeout_s": args.heartbeat_timeout_s, "coordinator_timeout_s": 10.0,
-                    "start_timeout_s": 120.0, "phase_timeout_s": 30.0},
-        "agent": {"sample_batch_size": args.rows, "batch_size": 64, "buffer_size": 200_000,
-                  "learning_starts": 1000, "prioritized_replay_alpha": 0.6, "prioritized_replay_beta": 0.4,
-                  "scheduled_global_steps": 1},  # the simulated learner's one step, after the window
+        "cluster": {
+            "actors": actors,
+            "memories": memories,
+            "learners": 1,
+            "heartbeat_interval_s": args.heartbeat_interval_s,
+            "heartbeat_timeout_s": args.heartbeat_timeout_s,
+            "coordinator_timeout_s": 10.0,
+            "start_timeout_s": 120.0,
+            "phase_timeout_s": 30.0,
+        },
+        "agent": {
+            "sample_batch_size": args.rows,
+            "batch_size": 64,
+            "buffer_size": 200_000,
+            "learning_starts": 1000,
+            "prioritized_replay_alpha": 0.6,
+            "prioritized_replay_beta": 0.4,
+            "scheduled_global_steps": 1,
+        },  # the simulated learner's one step, after the window
         "model": {"network": ["linear:64", "relu"], "n_step": 3, "gamma": 0.99},
-        "run": {"dir": str(run_dir), "max_seconds": 600.0,  # the bench asks for the stop after its window
-                "tensorboard": False, "log_level": "WARNING", "metrics_interval_s": 0.5},
+        "run": {
+            "dir": str(run_dir),
+            "max_seconds": 600.0,  # the bench asks for the stop after its window
+            "tensorboard": False,
+            "log_level": "WARNING",
+            "metrics_interval_s": 0.5,
+        },
     }
 
 
 # ---------------------------------------------------------------------- simulated roles (worker processes)
+
 
 def _sim_classes():
     from aiorl.runtime.actor import ActorRole
@@ -218,10 +238,14 @@ async def _worker_main(args) -> dict:
     cfg = load_config(args.config, [f"cluster.port={args.port}"])
     run_dir = Path(cfg.run.dir)
     token = cluster_token(cfg, run_dir)
-    lo, hi = (float(x) for x in args.batch_every_s.split(":")) if ":" in args.batch_every_s else (
-        float(args.batch_every_s),) * 2
-    actors = [SimActor(cfg, i, run_dir, token, every_s=(lo, hi))
-              for i in range(args.worker, cfg.cluster.actors, args.workers)]
+    lo, hi = (
+        (float(x) for x in args.batch_every_s.split(":"))
+        if ":" in args.batch_every_s
+        else (float(args.batch_every_s),) * 2
+    )
+    actors = [
+        SimActor(cfg, i, run_dir, token, every_s=(lo, hi)) for i in range(args.worker, cfg.cluster.actors, args.workers)
+    ]
     roles = [*actors, *([SimLearner(cfg, 0, run_dir, token)] if args.worker == 0 else [])]
     probe = LoopLagProbe(0.01)
     probe_task = asyncio.get_running_loop().create_task(probe.run())
@@ -259,8 +283,11 @@ def worker(args) -> int:
 
     from aiorl.runtime.resources import raise_open_file_limit
 
-    logging.basicConfig(filename=args.log, level=logging.WARNING,
-                        format=f"%(asctime)s sim-{args.worker} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        filename=args.log,
+        level=logging.WARNING,
+        format=f"%(asctime)s sim-{args.worker} %(levelname)s %(name)s: %(message)s",
+    )
     raise_open_file_limit()
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         result = runner.run(_worker_main(args))
@@ -269,6 +296,7 @@ def worker(args) -> int:
 
 
 # ---------------------------------------------------------------------- the driver
+
 
 def _status(port: int, token: bytes) -> dict:
     """The coordinator's status reply; retried while its handshake slots are taken by the actors."""
@@ -322,43 +350,105 @@ def measure(n: int, args, tmp: Path) -> dict:
 
     def spawn(cmd, log_name):
         with open(logs / log_name, "ab") as log_file:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env,
-                                    cwd=tmp)
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env, cwd=tmp)
         procs.append(proc)
         return proc
 
     role_cmd = [sys.executable, "-m", "aiorl", "run", str(config_path), "--role", "memory"]
     try:
         memory0 = spawn([*role_cmd, "--index", "0"], "memory-0.out")
-        port = _wait(lambda: (run_dir / "coordinator.json").exists()
-                     and json.loads((run_dir / "coordinator.json").read_text())["port"],
-                     60, "the coordinator's address", procs)
-        memories = [memory0] + [spawn([*role_cmd, "--index", str(i), "--set", f"cluster.port={port}"],
-                                      f"memory-{i}.out") for i in range(1, args.memories)]
-        _wait(lambda: all(r["status"] == "running" for name, r in _status(port, token)["roles"].items()
-                          if name.startswith("memory")), 60, "the memory hosts' registration", procs)
+        port = _wait(
+            lambda: (
+                (run_dir / "coordinator.json").exists()
+                and json.loads((run_dir / "coordinator.json").read_text())["port"]
+            ),
+            60,
+            "the coordinator's address",
+            procs,
+        )
+        memories = [memory0] + [
+            spawn([*role_cmd, "--index", str(i), "--set", f"cluster.port={port}"], f"memory-{i}.out")
+            for i in range(1, args.memories)
+        ]
+        _wait(
+            lambda: all(
+                r["status"] == "running"
+                for name, r in _status(port, token)["roles"].items()
+                if name.startswith("memory")
+            ),
+            60,
+            "the memory hosts' registration",
+            procs,
+        )
         base = [_proc_usage(p.pid) for p in memories]
         workers = []
         outs = []
         for k in range(min(args.workers, n)):
             out = tmp / f"n{n}-worker{k}.json"
             outs.append(out)
-            workers.append(spawn([sys.executable, str(Path(__file__).resolve()), "--worker", str(k),
-                                  "--workers", str(min(args.workers, n)), "--config", str(config_path),
-                                  "--port", str(port), "--out", str(out), "--log", str(logs / f"sim-{k}.log"),
-                                  "--batch-every-s", args.batch_every_s], f"sim-{k}.out"))
+            workers.append(
+                spawn(
+                    [
+                        sys.executable,
+                        str(Path(__file__).resolve()),
+                        "--worker",
+                        str(k),
+                        "--workers",
+                        str(min(args.workers, n)),
+                        "--config",
+                        str(config_path),
+                        "--port",
+                        str(port),
+                        "--out",
+                        str(out),
+                        "--log",
+                        str(logs / f"sim-{k}.log"),
+                        "--batch-every-s",
+                        args.batch_every_s,
+                    ],
+                    f"sim-{k}.out",
+                )
+            )
         _wait(lambda: _status(port, token)["phase"] == "RUNNING", 180, "the run to start", procs)
         t_running = time.monotonic()
         # Every actor attaches to every memory host once the run starts: the window is steady state.
-        _wait(lambda: sum(r["metrics"].get("actor_connections", 0) for name, r in _status(port, token)["roles"].items()
-                          if name.startswith("memory")) >= n * args.memories, 180, "every actor's attach", procs)
+        _wait(
+            lambda: (
+                sum(
+                    r["metrics"].get("actor_connections", 0)
+                    for name, r in _status(port, token)["roles"].items()
+                    if name.startswith("memory")
+                )
+                >= n * args.memories
+            ),
+            180,
+            "every actor's attach",
+            procs,
+        )
         attach_s = time.monotonic() - t_running
         time.sleep(args.warmup_s)
         if args.py_spy:  # where memory host 0's process spends the window (py-spy is not a dependency)
-            procs.append(subprocess.Popen([args.py_spy, "record", "--pid", str(memory0.pid), "--format", "raw",
-                                           "--duration", str(int(args.duration_s)), "--rate", "200", "--nonblocking",
-                                           "--output", str(tmp / f"n{n}-memory-0.stacks")],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        args.py_spy,
+                        "record",
+                        "--pid",
+                        str(memory0.pid),
+                        "--format",
+                        "raw",
+                        "--duration",
+                        str(int(args.duration_s)),
+                        "--rate",
+                        "200",
+                        "--nonblocking",
+                        "--output",
+                        str(tmp / f"n{n}-memory-0.stacks"),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         (run_dir / "window_start").touch()
         cpu_before = psutil.Process(memory0.pid).cpu_times()
         t_start, before = time.monotonic(), _status(port, token)
@@ -393,14 +483,20 @@ def measure(n: int, args, tmp: Path) -> dict:
     connect = [t for r in results for t in r["t_connect"]]
     lost = sorted(name for name, r in summary["roles"].items() if r["status"] in LOST)
     return {
-        "actors": n, "memories": args.memories, "window_s": round(dt, 3),
+        "actors": n,
+        "memories": args.memories,
+        "window_s": round(dt, 3),
         "heartbeats": len(rtts),
-        "heartbeat_p50_ms": _ms(_pct(rtts, 50)), "heartbeat_p99_ms": _ms(_pct(rtts, 99)),
+        "heartbeat_p50_ms": _ms(_pct(rtts, 50)),
+        "heartbeat_p99_ms": _ms(_pct(rtts, 99)),
         "heartbeat_max_ms": _ms(max(rtts) if rtts else None),
         "heartbeats_failed": sum(r["heartbeats_failed"] for r in results),
-        "coordinator_lag_p50_ms": _ms(quantile_s(lag, 0.5)), "coordinator_lag_p99_ms": _ms(quantile_s(lag, 0.99)),
-        "coordinator_lag_max_ms": _ms(quantile_s(lag, 1.0)), "coordinator_lag_samples": sum(lag),
-        "sim_lag_p50_ms": _ms(quantile_s(sim_lag, 0.5)), "sim_lag_p99_ms": _ms(quantile_s(sim_lag, 0.99)),
+        "coordinator_lag_p50_ms": _ms(quantile_s(lag, 0.5)),
+        "coordinator_lag_p99_ms": _ms(quantile_s(lag, 0.99)),
+        "coordinator_lag_max_ms": _ms(quantile_s(lag, 1.0)),
+        "coordinator_lag_samples": sum(lag),
+        "sim_lag_p50_ms": _ms(quantile_s(sim_lag, 0.5)),
+        "sim_lag_p99_ms": _ms(quantile_s(sim_lag, 0.99)),
         "sim_cpu_s": round(sum(r["cpu_s"] for r in results), 2),
         "registration_s": round(max(registered) - min(connect), 3) if registered and connect else None,
         "refused_busy": summary.get("connections_refused_busy"),
@@ -409,10 +505,15 @@ def measure(n: int, args, tmp: Path) -> dict:
         "memory0_cpu": round((cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / dt, 3),
         "memory0_rss_mb": round(usage[0]["rss_bytes"] / 2**20, 1),
         "memory0_connections": usage[0]["connections"],
-        "rss_kb_per_connection": round((usage[0]["rss_bytes"] - base[0]["rss_bytes"]) / 1024 / conns, 1) if conns > 0 else None,
+        "rss_kb_per_connection": round((usage[0]["rss_bytes"] - base[0]["rss_bytes"]) / 1024 / conns, 1)
+        if conns > 0
+        else None,
         "fds_per_connection": round((usage[0]["fds"] - base[0]["fds"]) / conns, 2) if conns > 0 else None,
-        "memory_usage": usage, "memory_baseline": base,
-        "lost": lost, "lost_count": len(lost), "outcome": summary.get("outcome"),
+        "memory_usage": usage,
+        "memory_baseline": base,
+        "lost": lost,
+        "lost_count": len(lost),
+        "outcome": summary.get("outcome"),
         "exit_codes_nonzero": {k: v for k, v in codes.items() if v != 0},
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
@@ -422,13 +523,28 @@ def _ms(seconds):
     return None if seconds is None else round(seconds * 1000, 2)
 
 
-COLUMNS = [("actors", "N", 5), ("heartbeat_p50_ms", "hb p50", 7), ("heartbeat_p99_ms", "hb p99", 7),
-           ("heartbeat_max_ms", "hb max", 7), ("coordinator_lag_p50_ms", "lag p50", 7),
-           ("coordinator_lag_p99_ms", "lag p99", 7), ("coordinator_lag_max_ms", "lag max", 7),
-           ("sim_lag_p99_ms", "sim p99", 7), ("registration_s", "reg s", 6), ("attach_s", "att s", 6), ("refused_busy", "busy", 5),
-           ("ingest_per_s", "ingest/s", 9), ("ingest_ratio", "ratio", 6), ("memory0_cpu", "m0 cpu", 6), ("memory0_rss_mb", "rss MB", 7),
-           ("rss_kb_per_connection", "KB/conn", 7), ("fds_per_connection", "fd/conn", 7),
-           ("lost_count", "lost", 4), ("heartbeats_failed", "hbfail", 6), ("load_avg_1m", "load", 5)]
+COLUMNS = [
+    ("actors", "N", 5),
+    ("heartbeat_p50_ms", "hb p50", 7),
+    ("heartbeat_p99_ms", "hb p99", 7),
+    ("heartbeat_max_ms", "hb max", 7),
+    ("coordinator_lag_p50_ms", "lag p50", 7),
+    ("coordinator_lag_p99_ms", "lag p99", 7),
+    ("coordinator_lag_max_ms", "lag max", 7),
+    ("sim_lag_p99_ms", "sim p99", 7),
+    ("registration_s", "reg s", 6),
+    ("attach_s", "att s", 6),
+    ("refused_busy", "busy", 5),
+    ("ingest_per_s", "ingest/s", 9),
+    ("ingest_ratio", "ratio", 6),
+    ("memory0_cpu", "m0 cpu", 6),
+    ("memory0_rss_mb", "rss MB", 7),
+    ("rss_kb_per_connection", "KB/conn", 7),
+    ("fds_per_connection", "fd/conn", 7),
+    ("lost_count", "lost", 4),
+    ("heartbeats_failed", "hbfail", 6),
+    ("load_avg_1m", "load", 5),
+]
 
 
 def print_table(rows: list[dict]) -> None:
@@ -446,8 +562,11 @@ def main(argv=None) -> int:
     parser.add_argument("--actors", default="1,8,64,256,512", help="comma-separated N (default %(default)s)")
     parser.add_argument("--memories", type=int, default=2, help="memory hosts, memory 0 included (default 2)")
     parser.add_argument("--workers", type=int, default=2, help="processes of simulated actors (default 2)")
-    parser.add_argument("--batch-every-s", default="0.02:0.05",
-                        help="seconds between an actor's batches, LO:HI uniform; 0: heartbeats only")
+    parser.add_argument(
+        "--batch-every-s",
+        default="0.02:0.05",
+        help="seconds between an actor's batches, LO:HI uniform; 0: heartbeats only",
+    )
     parser.add_argument("--rows", type=int, default=64, help="transitions per batch (default 64)")
     parser.add_argument("--heartbeat-interval-s", type=float, default=0.5)
     parser.add_argument("--heartbeat-timeout-s", type=float, default=10.0)
@@ -470,8 +589,11 @@ def main(argv=None) -> int:
         if any(n < 1 for n in counts) or args.memories < 1 or args.workers < 1:
             raise ValueError
     except ValueError:
-        print(f"scale.py: --actors expects positive integers like 1,8,64 (got {args.actors!r}); "
-              "--memories and --workers at least 1", file=sys.stderr)
+        print(
+            f"scale.py: --actors expects positive integers like 1,8,64 (got {args.actors!r}); "
+            "--memories and --workers at least 1",
+            file=sys.stderr,
+        )
         return 2
     rows = []
     with tempfile.TemporaryDirectory(prefix="aiorl-scale-") as tmp:
@@ -484,11 +606,21 @@ def main(argv=None) -> int:
                 rows.append(measure(n, args, Path(tmp)))
             except Exception as exc:  # the run itself broke (a role crashed): say so, go on with the next N
                 print(f"N={n}: the run broke: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-                rows.append({"actors": n, "error": f"{type(exc).__name__}: {exc}", "ingest_per_s": 0,
-                             "lost_count": None, "heartbeats_failed": None, "exit_codes_nonzero": None})
+                rows.append(
+                    {
+                        "actors": n,
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "ingest_per_s": 0,
+                        "lost_count": None,
+                        "heartbeats_failed": None,
+                        "exit_codes_nonzero": None,
+                    }
+                )
     one = next((r["ingest_per_s"] for r in rows if r["actors"] == 1), None)
     for row in rows:
-        row["ingest_ratio"] = round(row["ingest_per_s"] / (one * row["actors"]), 3) if one and not row.get("error") else None
+        row["ingest_ratio"] = (
+            round(row["ingest_per_s"] / (one * row["actors"]), 3) if one and not row.get("error") else None
+        )
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
@@ -497,8 +629,11 @@ def main(argv=None) -> int:
         if r.get("error"):
             print(f"N={r['actors']}: {r['error']}", file=sys.stderr)
             continue
-        print(f"N={r['actors']}: lost {len(r['lost'])} ({', '.join(r['lost'][:5])}...), heartbeats failed "
-              f"{r['heartbeats_failed']}, non-zero exits {len(r['exit_codes_nonzero'])}", file=sys.stderr)
+        print(
+            f"N={r['actors']}: lost {len(r['lost'])} ({', '.join(r['lost'][:5])}...), heartbeats failed "
+            f"{r['heartbeats_failed']}, non-zero exits {len(r['exit_codes_nonzero'])}",
+            file=sys.stderr,
+        )
     return 1 if bad else 0
 
 

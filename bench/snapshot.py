@@ -9,6 +9,7 @@ loop without snapshots, measured in the same run (alternating rounds).
 
     python bench/snapshot.py --size 1000000 --json out.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,14 @@ sys.path.insert(0, str(ROOT))
 from aiorl.replay import PrioritizedReplayBuffer  # noqa: E402
 from aiorl.runtime.snapshot import ReplaySnapshots  # noqa: E402
 
-SPEC = {"obs": ((4,), "<f4"), "action": ((), "<i8"), "reward": ((), "<f4"), "next_obs": ((4,), "<f4"),
-        "done": ((), "|b1"), "discount": ((), "<f4")}
+SPEC = {
+    "obs": ((4,), "<f4"),
+    "action": ((), "<i8"),
+    "reward": ((), "<f4"),
+    "next_obs": ((4,), "<f4"),
+    "done": ((), "|b1"),
+    "discount": ((), "<f4"),
+}
 
 
 def filled(size: int, seed: int = 0) -> PrioritizedReplayBuffer:
@@ -38,10 +45,17 @@ def filled(size: int, seed: int = 0) -> PrioritizedReplayBuffer:
     chunk = 65_536
     for start in range(0, size, chunk):
         n = min(chunk, size - start)
-        replay.add({"obs": rng.standard_normal((n, 4), np.float32), "action": rng.integers(0, 2, n),
-                    "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, 4), np.float32),
-                    "done": rng.random(n) < 0.01, "discount": np.full(n, 0.97, np.float32)},
-                   rng.random(n) + 0.1)
+        replay.add(
+            {
+                "obs": rng.standard_normal((n, 4), np.float32),
+                "action": rng.integers(0, 2, n),
+                "reward": np.ones(n, np.float32),
+                "next_obs": rng.standard_normal((n, 4), np.float32),
+                "done": rng.random(n) < 0.01,
+                "discount": np.full(n, 0.97, np.float32),
+            },
+            rng.random(n) + 0.1,
+        )
     return replay
 
 
@@ -81,15 +95,29 @@ async def main_async(args) -> dict:
                 await snapshots.save(replay)
 
             snap_gap, snap_n = await sample_gaps(replay, args.seconds, args.batch, during=snapshot)
-            rows.append({"round": r, "reference_gap_max_s": ref_gap, "snapshot_gap_max_s": snap_gap,
-                         "copy_pause_s": snapshots.pause_max_s, "reference_samples": ref_n,
-                         "snapshot_samples": snap_n, "snapshot_wall_s": time.perf_counter() - t_snap})
+            rows.append(
+                {
+                    "round": r,
+                    "reference_gap_max_s": ref_gap,
+                    "snapshot_gap_max_s": snap_gap,
+                    "copy_pause_s": snapshots.pause_max_s,
+                    "reference_samples": ref_n,
+                    "snapshot_samples": snap_n,
+                    "snapshot_wall_s": time.perf_counter() - t_snap,
+                }
+            )
             snapshots.pause_max_s = max(before, snapshots.pause_max_s)
         size_mb = (Path(tmp) / "replay-memory-0.npz").stat().st_size / 1e6
-    return {"size": args.size, "batch": args.batch, "fill_s": round(fill_s, 2), "file_mb": round(size_mb, 1),
-            "rows": rows, "snapshot_gap_max_s": max(r["snapshot_gap_max_s"] for r in rows),
-            "reference_gap_max_s": max(r["reference_gap_max_s"] for r in rows),
-            "copy_pause_max_s": max(r["copy_pause_s"] for r in rows)}
+    return {
+        "size": args.size,
+        "batch": args.batch,
+        "fill_s": round(fill_s, 2),
+        "file_mb": round(size_mb, 1),
+        "rows": rows,
+        "snapshot_gap_max_s": max(r["snapshot_gap_max_s"] for r in rows),
+        "reference_gap_max_s": max(r["reference_gap_max_s"] for r in rows),
+        "copy_pause_max_s": max(r["copy_pause_s"] for r in rows),
+    }
 
 
 def main(argv=None) -> int:
@@ -102,15 +130,21 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))
-    print(f"replay of {result['size']:,} CartPole transitions (filled in {result['fill_s']} s); "
-          f"snapshot file {result['file_mb']} MB")
+    print(
+        f"replay of {result['size']:,} CartPole transitions (filled in {result['fill_s']} s); "
+        f"snapshot file {result['file_mb']} MB"
+    )
     print(f"{'round':>5} {'ref gap max s':>14} {'snapshot gap max s':>19} {'copy pause s':>13} {'snapshot s':>11}")
     for row in result["rows"]:
-        print(f"{row['round']:>5} {row['reference_gap_max_s']:>14.4f} {row['snapshot_gap_max_s']:>19.4f} "
-              f"{row['copy_pause_s']:>13.4f} {row['snapshot_wall_s']:>11.2f}")
+        print(
+            f"{row['round']:>5} {row['reference_gap_max_s']:>14.4f} {row['snapshot_gap_max_s']:>19.4f} "
+            f"{row['copy_pause_s']:>13.4f} {row['snapshot_wall_s']:>11.2f}"
+        )
     ratio = result["snapshot_gap_max_s"] / max(result["reference_gap_max_s"], 1e-9)
-    print(f"longest pause in sampling during a snapshot: {result['snapshot_gap_max_s']:.3f} s "
-          f"({ratio:.1f}x the longest gap without one); the copy itself: {result['copy_pause_max_s']:.3f} s")
+    print(
+        f"longest pause in sampling during a snapshot: {result['snapshot_gap_max_s']:.3f} s "
+        f"({ratio:.1f}x the longest gap without one); the copy itself: {result['copy_pause_max_s']:.3f} s"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

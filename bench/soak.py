@@ -10,6 +10,7 @@ RSS at the end of the warm-up: the table shows how far it moved since.
 
     python bench/soak.py --minutes 10 --json soak.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="aiorl-soak-")) / "run"
     seconds = args.minutes * 60
-    sets = [f"run.dir={run_dir}", f"run.max_seconds={seconds}", "agent.scheduled_global_steps=null",
-            "agent.scheduled_timesteps=null", *args.set]
+    sets = [
+        f"run.dir={run_dir}",
+        f"run.max_seconds={seconds}",
+        "agent.scheduled_global_steps=null",
+        "agent.scheduled_timesteps=null",
+        *args.set,
+    ]
     command = [sys.executable, "-m", "aiorl", "run", args.config, "--quiet", *sum((["--set", s] for s in sets), [])]
     print(f"$ {' '.join(command)}", flush=True)
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -101,21 +107,43 @@ def main(argv=None) -> int:
     for name, points in sorted(samples.items()):
         after = [(t, m) for t, m in points if t >= args.warmup_s]
         slope = slope_mb_per_min(after)
-        rows.append({"role": name, "samples": len(after), "rss_at_warmup_mb": round(after[0][1], 1) if after else None,
-                     "rss_end_mb": round(after[-1][1], 1) if after else None,
-                     "slope_mb_per_min": None if slope is None else round(slope, 3), "points": points})
-    ok = proc.returncode == 0 and all(r["slope_mb_per_min"] is not None and r["slope_mb_per_min"] < LIMIT_MB_PER_MIN
-                                      for r in rows)
+        rows.append(
+            {
+                "role": name,
+                "samples": len(after),
+                "rss_at_warmup_mb": round(after[0][1], 1) if after else None,
+                "rss_end_mb": round(after[-1][1], 1) if after else None,
+                "slope_mb_per_min": None if slope is None else round(slope, 3),
+                "points": points,
+            }
+        )
+    ok = proc.returncode == 0 and all(
+        r["slope_mb_per_min"] is not None and r["slope_mb_per_min"] < LIMIT_MB_PER_MIN for r in rows
+    )
     print(f"{'role':<11} {'samples':>7} {'RSS at warm-up MB':>18} {'RSS end MB':>11} {'slope MB/min':>13}")
     for r in rows:
-        print(f"{r['role']:<11} {r['samples']:>7} {r['rss_at_warmup_mb']!s:>18} {r['rss_end_mb']!s:>11} "
-              f"{r['slope_mb_per_min']!s:>13}")
-    print(f"soak {'passed' if ok else 'FAILED'}: every role under {LIMIT_MB_PER_MIN} MB/min after "
-          f"{args.warmup_s:g} s of warm-up (run exit code {proc.returncode}, run directory {run_dir})")
+        print(
+            f"{r['role']:<11} {r['samples']:>7} {r['rss_at_warmup_mb']!s:>18} {r['rss_end_mb']!s:>11} "
+            f"{r['slope_mb_per_min']!s:>13}"
+        )
+    print(
+        f"soak {'passed' if ok else 'FAILED'}: every role under {LIMIT_MB_PER_MIN} MB/min after "
+        f"{args.warmup_s:g} s of warm-up (run exit code {proc.returncode}, run directory {run_dir})"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"minutes": args.minutes, "warmup_s": args.warmup_s, "ok": ok,
-                                               "exit_code": proc.returncode, "run_dir": str(run_dir), "rows": rows},
-                                              indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "minutes": args.minutes,
+                    "warmup_s": args.warmup_s,
+                    "ok": ok,
+                    "exit_code": proc.returncode,
+                    "run_dir": str(run_dir),
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
     return 0 if ok else 1
 
 

@@ -182,8 +182,9 @@ def wire_receiver(case: str, loop_name: str, tls_dir: str | None, conn) -> None:
     run_loop(loop_name, main())
 
 
-def wire_sender(case: str, loop_name: str, tls_dir: str | None, port: int, seconds: float, max_messages: int,
-                conn) -> None:
+def wire_sender(
+    case: str, loop_name: str, tls_dir: str | None, port: int, seconds: float, max_messages: int, conn
+) -> None:
     from aiorl.wire import connect
 
     async def main() -> None:
@@ -302,8 +303,12 @@ def main(argv: list[str] | None = None) -> int:
                 for transport in transports:  # alternate so drifting load hits all alike
                     r = measure(case, transport, args.seconds, tls_dir)
                     results[case][transport].append(r)
-                    print(f"  {case:<11} {transport:<12} run {rep + 1}: {r['bytes_per_s'] / 1e9:7.3f} GB/s "
-                          f"{r['messages_per_s']:>11,.0f} msg/s", file=sys.stderr, flush=True)
+                    print(
+                        f"  {case:<11} {transport:<12} run {rep + 1}: {r['bytes_per_s'] / 1e9:7.3f} GB/s "
+                        f"{r['messages_per_s']:>11,.0f} msg/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
     rows = []
     for case in cases:
@@ -314,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
             # Each run is compared with the baseline run measured just before it,
             # so load that drifts over the benchmark cancels out; median over repeats.
             paired = [r["bytes_per_s"] / base["bytes_per_s"] for r, base in zip(runs, raw_runs)]
-            paired_tls = ([r["bytes_per_s"] / base["bytes_per_s"] for r, base in zip(runs, raw_tls_runs)]
-                          if raw_tls_runs and transport.endswith("+tls") else None)
+            paired_tls = (
+                [r["bytes_per_s"] / base["bytes_per_s"] for r, base in zip(runs, raw_tls_runs)]
+                if raw_tls_runs and transport.endswith("+tls")
+                else None
+            )
             mps = statistics.median(r["messages_per_s"] for r in runs)
             # CPU efficiency: both processes' CPU time per message, raw over this
             # (a second view that depends less on how the scheduler shares the cores).
@@ -336,8 +344,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
 
     print()
-    header = (f"{'case':<11} {'transport':<12} {'msgs/s':>11} {'transitions/s':>14} {'GB/s':>7} {'x raw':>6} "
-              f"{'x raw+tls':>9} {'cpu x raw':>9}  target")
+    header = (
+        f"{'case':<11} {'transport':<12} {'msgs/s':>11} {'transitions/s':>14} {'GB/s':>7} {'x raw':>6} "
+        f"{'x raw+tls':>9} {'cpu x raw':>9}  target"
+    )
     print(header)
     print("-" * len(header))
     missed = []
@@ -350,8 +360,10 @@ def main(argv: list[str] | None = None) -> int:
             target = f">= {row['target']:.2f} {'ok' if ok else 'MISSED'}"
             if not ok:
                 missed.append(row)
-        print(f"{row['case']:<11} {row['transport']:<12} {row['messages_per_s']:>11,.0f} {transitions} "
-              f"{row['gb_per_s']:>7.3f} {row['ratio_vs_raw']:>6.2f} {vs_tls} {row['cpu_ratio_vs_raw']:>9.2f}  {target}")
+        print(
+            f"{row['case']:<11} {row['transport']:<12} {row['messages_per_s']:>11,.0f} {transitions} "
+            f"{row['gb_per_s']:>7.3f} {row['ratio_vs_raw']:>6.2f} {vs_tls} {row['cpu_ratio_vs_raw']:>9.2f}  {target}"
+        )
 
     report = {
         "benchmark": "transport",

@@ -1,4 +1,5 @@
 """Helpers for the Ape-X tests: configs, tiny registered envs, constant networks."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -53,9 +54,12 @@ def register_test_envs() -> None:
 
 
 def make_config(algo: str, env_id: str, model: dict | None = None, **sections):
-    data = {"algo": algo, "env": {"id": env_id},
-            "agent": {"batch_size": 8, "buffer_size": 1000, "learning_starts": 10, "sample_batch_size": 8},
-            "model": dict(model or {})}
+    data = {
+        "algo": algo,
+        "env": {"id": env_id},
+        "agent": {"batch_size": 8, "buffer_size": 1000, "learning_starts": 10, "sample_batch_size": 8},
+        "model": dict(model or {}),
+    }
     for key, value in sections.items():
         data.setdefault(key, {}).update(value)
     return load_config(data=data)
@@ -96,9 +100,12 @@ def episode_rollout(rewards, terminated_at=None, truncated_at=None, obs_dim=4, a
 def replay_batch(rows: dict[str, np.ndarray], weights=None) -> dict[str, np.ndarray]:
     """Rows as a learner receives them: + indices, IS weights, generations; read-only like wire views."""
     n = len(rows["reward"])
-    batch = {**rows, "indices": np.arange(n, dtype=np.int64),
-             "weights": np.ones(n, np.float32) if weights is None else np.asarray(weights, np.float32),
-             "generations": np.ones(n, np.uint64)}
+    batch = {
+        **rows,
+        "indices": np.arange(n, dtype=np.int64),
+        "weights": np.ones(n, np.float32) if weights is None else np.asarray(weights, np.float32),
+        "generations": np.ones(n, np.uint64),
+    }
     for value in batch.values():
         value.flags.writeable = False
     return batch

@@ -1,4 +1,5 @@
 """Start real `aiorl run` clusters (real processes, real TCP on loopback) for tests."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,13 @@ import psutil
 ASYNC = {
     "algo": "random_agent",
     "env": {"id": "CartPole-v1", "num_envs": 2},
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200,
-              "publish_interval": 5},
+    "agent": {
+        "sample_batch_size": 16,
+        "batch_size": 32,
+        "buffer_size": 4000,
+        "learning_starts": 200,
+        "publish_interval": 5,
+    },
     "model": {"n_step": 3, "gamma": 0.99},
 }
 
@@ -50,8 +56,13 @@ def write_config(tmp_path: Path, config: dict) -> tuple[Path, Path]:
 
 def start(tmp_path: Path, config: dict, *extra: str) -> tuple[subprocess.Popen, Path]:
     path, run_dir = write_config(tmp_path, config)
-    proc = subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--quiet", *extra],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiorl", "run", str(path), "--quiet", *extra],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return proc, run_dir
 
 
@@ -61,7 +72,7 @@ def finish(proc: subprocess.Popen, timeout_s: float = 180.0) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-        raise AssertionError(f"aiorl run did not finish within {timeout_s} s:\n{out}")
+        raise AssertionError(f"aiorl run did not finish within {timeout_s} s:\n{out}") from None
     return proc.returncode, out
 
 
@@ -87,8 +98,7 @@ def read_json(path: Path):
 
 
 def pids(run_dir: Path) -> dict[str, int]:
-    return wait_for(lambda: (run_dir / "pids.json").exists() and read_json(run_dir / "pids.json"),
-                    60, "pids.json")
+    return wait_for(lambda: (run_dir / "pids.json").exists() and read_json(run_dir / "pids.json"), 60, "pids.json")
 
 
 def alive(pid: int) -> bool:

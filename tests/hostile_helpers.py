@@ -4,6 +4,7 @@ The test plays the other roles (or an attacker) with real wire connections,
 so it can send what a real actor or learner never would and look at the
 memory host's and coordinator's state while it does.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,11 +22,23 @@ HANG_S = 30.0  # only bounds a hang
 CONFIG = {
     "algo": "random_agent",
     "env": {"id": "CartPole-v1", "num_envs": 1},
-    "cluster": {"actors": 1, "memories": 1, "learners": 1, "heartbeat_interval_s": 0.2,
-                "heartbeat_timeout_s": 60.0, "coordinator_timeout_s": 5.0, "start_timeout_s": 30.0,
-                "phase_timeout_s": 5.0},
-    "agent": {"sample_batch_size": 4, "batch_size": 8, "buffer_size": 1000, "learning_starts": 8,
-              "scheduled_timesteps": 10**9},
+    "cluster": {
+        "actors": 1,
+        "memories": 1,
+        "learners": 1,
+        "heartbeat_interval_s": 0.2,
+        "heartbeat_timeout_s": 60.0,
+        "coordinator_timeout_s": 5.0,
+        "start_timeout_s": 30.0,
+        "phase_timeout_s": 5.0,
+    },
+    "agent": {
+        "sample_batch_size": 4,
+        "batch_size": 8,
+        "buffer_size": 1000,
+        "learning_starts": 8,
+        "scheduled_timesteps": 10**9,
+    },
     "run": {"metrics_interval_s": 0.5, "tensorboard": False},
 }
 
@@ -41,7 +54,7 @@ class Memory0:
         self.conns = []
         self.tasks = []
 
-    async def __aenter__(self) -> "Memory0":
+    async def __aenter__(self) -> Memory0:
         self.coordinator = Coordinator(self.cfg, self.run_dir, self.token)
         self.cfg.cluster.port = await self.coordinator.start("127.0.0.1", 0)
         self.memory = MemoryRole(self.cfg, 0, self.run_dir, self.token, coordinator=self.coordinator)
@@ -74,8 +87,11 @@ class Memory0:
     async def register(self, name: str) -> tuple[object, str]:
         """Register `name` with the coordinator; returns (control connection, session)."""
         conn = await self.connect(("127.0.0.1", self.cfg.cluster.port), name)
-        reply = await conn.request("register", {"role": name, "pid": 1, "host": "test",
-                                                "config_hash": self.cfg.config_hash()}, timeout_s=HANG_S)
+        reply = await conn.request(
+            "register",
+            {"role": name, "pid": 1, "host": "test", "config_hash": self.cfg.config_hash()},
+            timeout_s=HANG_S,
+        )
         return conn, reply.meta["session"]
 
     async def running(self) -> None:
@@ -98,6 +114,11 @@ class Memory0:
 def batch(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Rows in random_agent's asynchronous CartPole spec."""
     rng = np.random.default_rng(seed)
-    return {"obs": rng.standard_normal((rows, 4)).astype(np.float32), "action": rng.integers(0, 2, rows),
-            "reward": np.ones(rows, np.float32), "next_obs": rng.standard_normal((rows, 4)).astype(np.float32),
-            "done": np.zeros(rows, np.bool_), "discount": np.full(rows, 0.99, np.float32)}
+    return {
+        "obs": rng.standard_normal((rows, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, rows),
+        "reward": np.ones(rows, np.float32),
+        "next_obs": rng.standard_normal((rows, 4)).astype(np.float32),
+        "done": np.zeros(rows, np.bool_),
+        "discount": np.full(rows, 0.99, np.float32),
+    }

@@ -28,6 +28,7 @@ of `make test`; its own unit test is (tests/test_mutants.py).
 Exit code: 0 when every mutant was killed, 1 when one survived or errored,
 2 when a definition is refused, 130 when interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,25 +97,32 @@ def _load_file(path: Path) -> list:
 def _check(raw, source: str, position: int, root: Path) -> Mutant:
     where = f"{source}[{position}]"
     if not isinstance(raw, dict):
-        raise DefinitionError(f"{where}: expected dict(name=..., path=..., old=..., new=..., tests=[...]), "
-                              f"got {type(raw).__name__}")
+        raise DefinitionError(
+            f"{where}: expected dict(name=..., path=..., old=..., new=..., tests=[...]), got {type(raw).__name__}"
+        )
     name = raw.get("name")
     if isinstance(name, str) and name:
         where = f"{source}: mutant {name!r}"
     missing = [k for k in KEYS if k not in raw]
     extra = sorted(set(raw) - set(KEYS))
     if missing or extra:
-        raise DefinitionError(f"{where}: " + "; ".join(
-            ([f"missing key(s) {', '.join(missing)}"] if missing else [])
-            + ([f"unknown key(s) {', '.join(extra)}"] if extra else [])))
+        raise DefinitionError(
+            f"{where}: "
+            + "; ".join(
+                ([f"missing key(s) {', '.join(missing)}"] if missing else [])
+                + ([f"unknown key(s) {', '.join(extra)}"] if extra else [])
+            )
+        )
     for key in ("name", "path", "old", "new"):
         if not isinstance(raw[key], str) or (key != "new" and not raw[key]):
             raise DefinitionError(f"{where}: {key} must be a non-empty string, got {raw[key]!r}")
     tests = raw["tests"]
-    if (not isinstance(tests, (list, tuple)) or not tests
-            or not all(isinstance(t, str) and t.startswith("tests/") for t in tests)):
-        raise DefinitionError(f"{where}: tests must be a non-empty list of pytest ids under tests/, "
-                              f"got {tests!r}")
+    if (
+        not isinstance(tests, (list, tuple))
+        or not tests
+        or not all(isinstance(t, str) and t.startswith("tests/") for t in tests)
+    ):
+        raise DefinitionError(f"{where}: tests must be a non-empty list of pytest ids under tests/, got {tests!r}")
     if raw["old"] == raw["new"]:
         raise DefinitionError(f"{where}: old and new are the same text")
     target = root / raw["path"]
@@ -122,8 +130,9 @@ def _check(raw, source: str, position: int, root: Path) -> Mutant:
         raise DefinitionError(f"{where}: path {raw['path']!r} is not a file under {root}")
     count = target.read_text().count(raw["old"])
     if count != 1:
-        raise DefinitionError(f"{where}: old text occurs {count} times in {raw['path']}, expected exactly once: "
-                              f"{raw['old'][:80]!r}")
+        raise DefinitionError(
+            f"{where}: old text occurs {count} times in {raw['path']}, expected exactly once: {raw['old'][:80]!r}"
+        )
     return Mutant(raw["name"], raw["path"], raw["old"], raw["new"], tuple(tests), source)
 
 
@@ -167,8 +176,10 @@ def select(mutants: list[Mutant], only: list[str]) -> list[Mutant]:
         chosen += [m for m in hits if m not in chosen]
     if unknown:
         files = sorted({Path(m.source).stem for m in mutants})
-        raise DefinitionError(f"--only {', '.join(unknown)}: no mutant or definition file of that name "
-                              f"(files: {', '.join(files)}; --list shows the mutants)")
+        raise DefinitionError(
+            f"--only {', '.join(unknown)}: no mutant or definition file of that name "
+            f"(files: {', '.join(files)}; --list shows the mutants)"
+        )
     return chosen
 
 
@@ -207,8 +218,9 @@ def restore_leftovers(root: Path) -> list[str]:
 
 
 def _rebuild(root: Path, python: str) -> subprocess.CompletedProcess:
-    return subprocess.run([python, "setup.py", "--quiet", "build_ext", "--inplace"], cwd=root,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [python, "setup.py", "--quiet", "build_ext", "--inplace"], cwd=root, capture_output=True, text=True
+    )
 
 
 def _run_tests(tests: tuple[str, ...], root: Path, python: str, timeout_s: float) -> tuple[int | None, str]:
@@ -216,8 +228,15 @@ def _run_tests(tests: tuple[str, ...], root: Path, python: str, timeout_s: float
     role processes the tests start too: from their own working directory they would otherwise import
     whichever aiorl the interpreter has installed, which need not be this tree."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([python, "-m", "pytest", *PYTEST_ARGS, *tests], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        [python, "-m", "pytest", *PYTEST_ARGS, *tests],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         return proc.returncode, out
@@ -297,14 +316,23 @@ def baseline(tests: tuple[str, ...], root: Path, python: str, timeout_s: float) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", action="append", default=[], metavar="NAME_OR_FILE",
-                        help="run only this mutant, or the mutants of this definition file; repeatable")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME_OR_FILE",
+        help="run only this mutant, or the mutants of this definition file; repeatable",
+    )
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--json", metavar="OUT", help="write every outcome here")
-    parser.add_argument("--baseline", action="store_true",
-                        help="first check that each mutant's tests pass without it")
-    parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
-                        help="seconds one mutant's tests may run; a timeout counts as killed (default 1800)")
+    parser.add_argument("--baseline", action="store_true", help="first check that each mutant's tests pass without it")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="seconds one mutant's tests may run; a timeout counts as killed (default 1800)",
+    )
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--defs", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -349,16 +377,26 @@ def main(argv: list[str] | None = None) -> int:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
         if args.json:
-            Path(args.json).write_text(json.dumps({
-                "outcomes": [asdict(o) for o in outcomes], "seconds": round(time.monotonic() - t0, 1),
-                "python": sys.version.split()[0]}, indent=1) + "\n")
+            Path(args.json).write_text(
+                json.dumps(
+                    {
+                        "outcomes": [asdict(o) for o in outcomes],
+                        "seconds": round(time.monotonic() - t0, 1),
+                        "python": sys.version.split()[0],
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
     killed = sum(o.status == "killed" for o in outcomes)
     survived = [o.name for o in outcomes if o.status == "survived"]
     errors = [o.name for o in outcomes if o.status == "error"]
     rate = killed / len(outcomes) if outcomes else 1.0
-    print(f"kill rate {killed}/{len(outcomes)} ({100 * rate:.0f}%) in {time.monotonic() - t0:.0f} s"
-          + (f"; survived: {', '.join(survived)}" if survived else "")
-          + (f"; errors: {', '.join(errors)}" if errors else ""))
+    print(
+        f"kill rate {killed}/{len(outcomes)} ({100 * rate:.0f}%) in {time.monotonic() - t0:.0f} s"
+        + (f"; survived: {', '.join(survived)}" if survived else "")
+        + (f"; errors: {', '.join(errors)}" if errors else "")
+    )
     return 0 if killed == len(outcomes) else 1
 
 

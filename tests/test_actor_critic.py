@@ -1,4 +1,5 @@
 """Actor-critic networks and policy distributions (aiorl/algos/_actor_critic.py)."""
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -7,11 +8,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiorl.algos._actor_critic import (
-    ActorCritic, CategoricalHead, DeterministicPolicy, GaussianHead, ObsNormalizer, SDEHead, batch_moments,
+    ActorCritic,
+    CategoricalHead,
+    DeterministicPolicy,
+    GaussianHead,
+    ObsNormalizer,
+    SDEHead,
+    batch_moments,
 )
-from aiorl.export import save_policy
 from aiorl.algos._networks import parse_network
 from aiorl.evaluate import load_policy
+from aiorl.export import save_policy
 
 BOX_OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 BOX_ACT = gym.spaces.Box(np.array([-2.0, -1.0], np.float32), np.array([2.0, 1.0], np.float32))
@@ -96,7 +103,9 @@ def test_sde_noise_is_a_linear_function_of_the_features_held_for_sample_freq_ste
 def test_sde_needs_a_box_action_space():
     from aiorl.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"model.sde: state-dependent exploration needs a Box action space, got Discrete\(3\)"):
+    with pytest.raises(
+        ConfigError, match=r"model.sde: state-dependent exploration needs a Box action space, got Discrete\(3\)"
+    ):
         ActorCritic(BOX_OBS, gym.spaces.Discrete(3), LAYERS, sde_sample_freq=4)
 
 
@@ -145,8 +154,9 @@ def test_exported_policy_is_greedy_or_the_clipped_mean_and_loads_with_plain_torc
         for p in net.parameters():
             p.normal_(0, 3.0)  # large outputs: the clip must matter
     net.normalizer.update(*batch_moments(np.random.default_rng(0).normal(size=(10, 3))))
-    path = save_policy(DeterministicPolicy(net), str(tmp_path),
-                       {"algo": "test", "observation_shape": [3], "observation_dtype": "<f4"})
+    path = save_policy(
+        DeterministicPolicy(net), str(tmp_path), {"algo": "test", "observation_shape": [3], "observation_dtype": "<f4"}
+    )
     loaded = load_policy(path)
     obs = torch.randn(64, 3)
     out = loaded(obs)

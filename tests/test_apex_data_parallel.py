@@ -1,13 +1,13 @@
 """Two data-parallel learners (torch.distributed, gloo) in real processes:
 averaged gradients equal one learner on the whole batch, the stop protocol
 leaves no learner waiting in a collective, and a NaN loss stops both."""
+
 import multiprocessing as mp
 import socket
 import traceback
 
 import numpy as np
 import pytest
-
 from apex_helpers import episode_rollout, make_algo, replay_batch
 
 JOIN_TIMEOUT_S = 120  # only bounds a hang; the processes normally finish in seconds
@@ -26,8 +26,7 @@ def halves(algo_name: str):
         rollout = episode_rollout([1.0] * 18, terminated_at=17)
     else:
         algo = make_algo(algo_name, "Pendulum-v1", {"actor_learning_rate": 0.01, "critic_learning_rate": 0.01})
-        rollout = episode_rollout([-1.0] * 18, truncated_at=17, obs_dim=3,
-                                  action=np.full((18, 1, 1), 0.3, np.float32))
+        rollout = episode_rollout([-1.0] * 18, truncated_at=17, obs_dim=3, action=np.full((18, 1, 1), 0.3, np.float32))
     rows, _ = algo.make_actor(0, 1, seed=0).postprocess(rollout)
     rows = {k: v[:16] for k, v in rows.items()}
     return algo, rows, [{k: v[:8] for k, v in rows.items()}, {k: v[8:] for k, v in rows.items()}]
@@ -50,9 +49,12 @@ def worker(rank: int, ports: list[int], out) -> None:
             # Different seeds: learner 1's own initial weights must be replaced by learner 0's.
             core = algo.make_learner(rank, 2, seed=rank, rendezvous=f"tcp://127.0.0.1:{port}")
             result = core.step(replay_batch(parts[rank]))
-            results[algo_name] = {"weights": flat_weights(core), "grads": flat_grads(core),
-                                  "priorities": result.priorities,
-                                  "stop": result.stop}
+            results[algo_name] = {
+                "weights": flat_weights(core),
+                "grads": flat_grads(core),
+                "priorities": result.priorities,
+                "stop": result.stop,
+            }
             core.finish()
             core.close()
 

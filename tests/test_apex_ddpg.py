@@ -1,24 +1,30 @@
 """Ape-X DDPG: n-step critic target with gamma^m, bounded actor, exploration noise,
 priorities, checkpoints, export and config errors."""
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from apex_helpers import make_algo, make_config, make_constant, replay_batch
 
 from aiorl import checkpoint
 from aiorl.algos._networks import Critic, parse_network, split_at_flat
 from aiorl.algos.apex_ddpg import GaussianNoise, OUNoise, n_step_critic_target
 from aiorl.config import ConfigError
 from aiorl.envs import EnvRunner
-from apex_helpers import make_algo, make_config, make_constant, replay_batch
 
 
 def pendulum_rollout(rewards, terminated_at=None, truncated_at=None):
     T = len(rewards)
     obs = np.repeat(np.linspace(-1, 1, T, dtype=np.float32)[:, None, None], 3, axis=2)
-    rollout = {"obs": obs, "action": np.full((T, 1, 1), 0.5, np.float32),
-               "reward": np.asarray(rewards, np.float32).reshape(T, 1), "next_obs": obs + 0.1,
-               "terminated": np.zeros((T, 1), bool), "truncated": np.zeros((T, 1), bool)}
+    rollout = {
+        "obs": obs,
+        "action": np.full((T, 1, 1), 0.5, np.float32),
+        "reward": np.asarray(rewards, np.float32).reshape(T, 1),
+        "next_obs": obs + 0.1,
+        "terminated": np.zeros((T, 1), bool),
+        "truncated": np.zeros((T, 1), bool),
+    }
     if terminated_at is not None:
         rollout["terminated"][terminated_at, 0] = True
     if truncated_at is not None:
@@ -31,16 +37,29 @@ def test_critic_target_uses_the_row_discount():
     assert torch.allclose(y, torch.tensor([1.0 + 7.29, 2.0]))
 
 
-@pytest.mark.parametrize("end, expected", [
-    # gamma 0.5, n 3, rewards -1, Q' = -4 everywhere; priorities |y - Q| with Q = -4.
-    # EasyRL bootstrapped with gamma (0.5) whatever m; the right factor is gamma^m.
-    ("terminated", [abs(-1.75 + 0.125 * -4 + 4), abs(-1.75 + 4), abs(-1.5 + 4), abs(-1.0 + 4)]),
-    ("truncated", [abs(-1.75 + 0.125 * -4 + 4), abs(-1.75 + 0.125 * -4 + 4), abs(-1.5 + 0.25 * -4 + 4),
-                   abs(-1.0 + 0.5 * -4 + 4)]),
-])
+@pytest.mark.parametrize(
+    "end, expected",
+    [
+        # gamma 0.5, n 3, rewards -1, Q' = -4 everywhere; priorities |y - Q| with Q = -4.
+        # EasyRL bootstrapped with gamma (0.5) whatever m; the right factor is gamma^m.
+        ("terminated", [abs(-1.75 + 0.125 * -4 + 4), abs(-1.75 + 4), abs(-1.5 + 4), abs(-1.0 + 4)]),
+        (
+            "truncated",
+            [
+                abs(-1.75 + 0.125 * -4 + 4),
+                abs(-1.75 + 0.125 * -4 + 4),
+                abs(-1.5 + 0.25 * -4 + 4),
+                abs(-1.0 + 0.5 * -4 + 4),
+            ],
+        ),
+    ],
+)
 def test_learner_target_is_gamma_power_m(end, expected):
-    algo = make_algo("apex_ddpg", "Pendulum-v1", {"n_step": 3, "gamma": 0.5, "actor_network": ["linear:8", "relu"],
-                                                  "critic_network": ["linear:8", "relu"]})
+    algo = make_algo(
+        "apex_ddpg",
+        "Pendulum-v1",
+        {"n_step": 3, "gamma": 0.5, "actor_network": ["linear:8", "relu"], "critic_network": ["linear:8", "relu"]},
+    )
     learner = algo.make_learner(0, 1, seed=0)
     for critic in (learner.critic, learner.critic_target):
         make_constant(critic.out, -4.0)
@@ -69,8 +88,13 @@ def test_actions_stay_within_bounds_and_noise_explores():
         greedy = actor.actor(torch.from_numpy(obs)).numpy()
     assert np.abs(actions - greedy).mean() > 0.1
     quiet = make_algo("apex_ddpg", "Pendulum-v1", {"exploration_sigma": 0.0}).make_actor(0, 1, seed=0)
-    quiet.set_weights({**{f"actor.{k}": v.numpy() for k, v in actor.actor.state_dict().items()},
-                       **{f"critic.{k}": v.numpy() for k, v in actor.critic.state_dict().items()}}, 1)
+    quiet.set_weights(
+        {
+            **{f"actor.{k}": v.numpy() for k, v in actor.actor.state_dict().items()},
+            **{f"critic.{k}": v.numpy() for k, v in actor.critic.state_dict().items()},
+        },
+        1,
+    )
     assert np.allclose(quiet.act(obs), greedy, atol=1e-6)
 
 
@@ -83,7 +107,7 @@ def test_noise_processes():
     samples = np.stack([ou() for _ in range(4000)])
     # AR(1) with coefficient 1 - theta: strongly correlated, stationary std sigma / sqrt(1 - (1-theta)^2)
     assert np.corrcoef(samples[:-1, 0, 0], samples[1:, 0, 0])[0, 1] == pytest.approx(0.85, abs=0.05)
-    assert samples.std() == pytest.approx(0.3 / np.sqrt(1 - 0.85 ** 2), rel=0.2)
+    assert samples.std() == pytest.approx(0.3 / np.sqrt(1 - 0.85**2), rel=0.2)
     algo = make_algo("apex_ddpg", "Pendulum-v1", {"exploration": "ou"}, env={"num_envs": 2})
     actor = algo.make_actor(0, 1, seed=0)
     EnvRunner(algo.cfg.env, 2, seed=0).rollout(actor.act, 4)
@@ -118,8 +142,16 @@ def test_checkpoint_contents_and_restore(tmp_path):
     learner.step(replay_batch(rows))
     path = learner.save_checkpoint(str(tmp_path), {"learner_steps": 1})
     meta, state = checkpoint.load(path)
-    assert {"actor", "critic", "actor_target", "critic_target", "actor_optimizer", "critic_optimizer",
-            "learner_steps", "torch_rng"} <= set(state)
+    assert {
+        "actor",
+        "critic",
+        "actor_target",
+        "critic_target",
+        "actor_optimizer",
+        "critic_optimizer",
+        "learner_steps",
+        "torch_rng",
+    } <= set(state)
     assert meta["learner_steps"] == 1 and state["learner_steps"] == 1 and state["actor_optimizer"]["state"]
     fresh = algo.make_learner(0, 1, seed=5)
     fresh.load_checkpoint(path)
@@ -150,8 +182,9 @@ def test_exported_policy_round_trip(tmp_path):
 
 
 def test_critic_action_joins_where_features_become_flat():
-    critic = make_algo("apex_ddpg", "MountainCarContinuous-v0", {"critic_network": ["linear:16", "relu"]}
-                       ).critic_network()
+    critic = make_algo(
+        "apex_ddpg", "MountainCarContinuous-v0", {"critic_network": ["linear:16", "relu"]}
+    ).critic_network()
     assert critic.post[0].in_features == 2 + 1  # vector obs (2) + action (1) at the input
     layers = parse_network(["conv:8:4:2", "relu", "linear:32", "relu"], "model.critic_network")
     image, flat = split_at_flat(layers)
@@ -163,16 +196,19 @@ def test_critic_action_joins_where_features_become_flat():
     assert q.shape == (4,)
 
 
-@pytest.mark.parametrize("env, model, message", [
-    ("CartPole-v1", {}, "apex_ddpg needs a Box action space; CartPole-v1 has Discrete(2)"),
-    ("Pendulum-v1", {"tau": 0}, "model.tau: expected a value in (0, 1], got 0"),
-    ("Pendulum-v1", {"exploration": "uniform"}, "model.exploration: expected 'gaussian' or 'ou'"),
-    ("Pendulum-v1", {"exploration_sigma": -0.1}, "model.exploration_sigma: must be >= 0"),
-    ("Pendulum-v1", {"n_step": 0}, "model.n_step: must be at least 1, got 0"),
-    ("Pendulum-v1", {"gamma": -0.5}, "model.gamma: expected a value in (0, 1]"),
-    ("Pendulum-v1", {"critic_network": ["linear:64", "sigmoidd"]}, "model.critic_network[1]: unknown layer"),
-    ("Pendulum-v1", {"actor_learning_rate": 0}, "model.actor_learning_rate: must be > 0"),
-])
+@pytest.mark.parametrize(
+    "env, model, message",
+    [
+        ("CartPole-v1", {}, "apex_ddpg needs a Box action space; CartPole-v1 has Discrete(2)"),
+        ("Pendulum-v1", {"tau": 0}, "model.tau: expected a value in (0, 1], got 0"),
+        ("Pendulum-v1", {"exploration": "uniform"}, "model.exploration: expected 'gaussian' or 'ou'"),
+        ("Pendulum-v1", {"exploration_sigma": -0.1}, "model.exploration_sigma: must be >= 0"),
+        ("Pendulum-v1", {"n_step": 0}, "model.n_step: must be at least 1, got 0"),
+        ("Pendulum-v1", {"gamma": -0.5}, "model.gamma: expected a value in (0, 1]"),
+        ("Pendulum-v1", {"critic_network": ["linear:64", "sigmoidd"]}, "model.critic_network[1]: unknown layer"),
+        ("Pendulum-v1", {"actor_learning_rate": 0}, "model.actor_learning_rate: must be > 0"),
+    ],
+)
 def test_config_errors(env, model, message):
     with pytest.raises(ConfigError) as info:
         make_algo("apex_ddpg", env, model)

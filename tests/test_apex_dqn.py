@@ -1,8 +1,18 @@
 """Ape-X DQN: double-Q n-step targets, dueling head, IS-weighted loss, per-actor
 epsilon, priorities, checkpoints, export and config errors."""
+
 import numpy as np
 import pytest
 import torch
+from apex_helpers import (
+    DISCRETE_OBS_ENV,
+    IMAGE_ENV,
+    episode_rollout,
+    make_algo,
+    make_config,
+    make_constant,
+    replay_batch,
+)
 
 from aiorl import checkpoint
 from aiorl.algos._common import td_loss
@@ -10,9 +20,6 @@ from aiorl.algos._networks import DuelingHead
 from aiorl.algos.apex_dqn import actor_epsilon, n_step_q_target
 from aiorl.config import ConfigError
 from aiorl.envs import EnvRunner
-from apex_helpers import (
-    DISCRETE_OBS_ENV, IMAGE_ENV, episode_rollout, make_algo, make_config, make_constant, replay_batch,
-)
 
 
 def constant_q_learner(algo, value: float):
@@ -57,8 +64,14 @@ def test_learner_step_is_double_q_when_online_and_target_disagree():
     reward = np.array([1.0, 0.5, 2.0], np.float32)
     discount = np.array([0.5, 0.99, 0.0], np.float32)  # the last row terminated: no bootstrap
     action = np.array([0, 1, 1], np.int64)
-    rows = {"obs": np.zeros((3, 4), np.float32), "action": action, "reward": reward,
-            "next_obs": np.ones((3, 4), np.float32), "done": discount == 0, "discount": discount}
+    rows = {
+        "obs": np.zeros((3, 4), np.float32),
+        "action": action,
+        "reward": reward,
+        "next_obs": np.ones((3, 4), np.float32),
+        "done": discount == 0,
+        "discount": discount,
+    }
     result = learner.step(replay_batch(rows))
     expected = np.abs(reward + discount * q_target[np.argmax(q_online)] - q_online[action])
     assert np.allclose(result.priorities, expected, atol=1e-5)
@@ -67,19 +80,25 @@ def test_learner_step_is_double_q_when_online_and_target_disagree():
 
 
 def test_zero_discount_means_no_bootstrap():
-    y = n_step_q_target(torch.tensor([3.0]), torch.tensor([0.0]), torch.tensor([[1e6, 1e6]]),
-                        torch.tensor([[0.0, 1.0]]))
+    y = n_step_q_target(
+        torch.tensor([3.0]), torch.tensor([0.0]), torch.tensor([[1e6, 1e6]]), torch.tensor([[0.0, 1.0]])
+    )
     assert y.item() == 3.0
 
 
-@pytest.mark.parametrize("end, expected_priorities", [
-    # gamma 0.5, n 3, rewards 1, Q = 4 everywhere; priorities are |y - 4|.
-    # terminated at t=3: rows t=1..3 end in the termination, no bootstrap.
-    ("terminated", [abs(1.75 + 0.125 * 4 - 4), abs(1.75 - 4), abs(1.5 - 4), abs(1.0 - 4)]),
-    # truncated at t=3: every window bootstraps from the final obs with gamma^m.
-    ("truncated", [abs(1.75 + 0.125 * 4 - 4), abs(1.75 + 0.125 * 4 - 4), abs(1.5 + 0.25 * 4 - 4),
-                   abs(1.0 + 0.5 * 4 - 4)]),
-])
+@pytest.mark.parametrize(
+    "end, expected_priorities",
+    [
+        # gamma 0.5, n 3, rewards 1, Q = 4 everywhere; priorities are |y - 4|.
+        # terminated at t=3: rows t=1..3 end in the termination, no bootstrap.
+        ("terminated", [abs(1.75 + 0.125 * 4 - 4), abs(1.75 - 4), abs(1.5 - 4), abs(1.0 - 4)]),
+        # truncated at t=3: every window bootstraps from the final obs with gamma^m.
+        (
+            "truncated",
+            [abs(1.75 + 0.125 * 4 - 4), abs(1.75 + 0.125 * 4 - 4), abs(1.5 + 0.25 * 4 - 4), abs(1.0 + 0.5 * 4 - 4)],
+        ),
+    ],
+)
 def test_learner_n_step_target_uses_gamma_power_m(end, expected_priorities):
     algo = make_algo("apex_dqn", "CartPole-v1", {"n_step": 3, "gamma": 0.5, "learning_rate": 1e-9})
     learner = constant_q_learner(algo, 4.0)
@@ -133,7 +152,7 @@ def test_importance_weighted_loss():
     w = torch.tensor([1.0, 0.0, 0.5])
     huber = torch.tensor([0.5 * 0.25, 3.0 - 0.5, 2.0 - 0.5])
     assert torch.isclose(td_loss(td, w, "huber", 1.0), (w * huber).mean())
-    assert torch.isclose(td_loss(td, w, "mse", 1.0), (w * 0.5 * td ** 2).mean())
+    assert torch.isclose(td_loss(td, w, "mse", 1.0), (w * 0.5 * td**2).mean())
 
 
 def test_zero_weight_rows_do_not_move_the_network():
@@ -155,7 +174,7 @@ def test_per_actor_epsilon():
     assert actor_epsilon(0, 1, 0.4, 7.0) == 0.4
     assert actor_epsilon(0, 8, 0.4, 7.0) == pytest.approx(0.4)
     assert actor_epsilon(3, 8, 0.4, 7.0) == pytest.approx(0.4 ** (1 + 7.0 * 3 / 7))
-    assert actor_epsilon(7, 8, 0.4, 7.0) == pytest.approx(0.4 ** 8)
+    assert actor_epsilon(7, 8, 0.4, 7.0) == pytest.approx(0.4**8)
     algo = make_algo("apex_dqn", "CartPole-v1", {"exploration_eps": 0.5, "exploration_alpha": 3.0})
     assert algo.make_actor(1, 3, seed=0).epsilons == pytest.approx([0.5 ** (1 + 3.0 * 1 / 2)])
 
@@ -253,8 +272,10 @@ def test_checkpoint_contents_and_restore(tmp_path):
     for _ in range(3):
         learner.step(replay_batch(rows))
     paths = [learner.save_checkpoint(str(tmp_path), {"learner_steps": s}, keep=2) for s in (1, 2, 3)]
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["checkpoint-000000002.pt",
-                                                                      "checkpoint-000000003.pt"]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "checkpoint-000000002.pt",
+        "checkpoint-000000003.pt",
+    ]
     meta, state = checkpoint.load(paths[-1])  # torch.load(weights_only=True) inside
     assert {"algo", "model", "target", "optimizer", "learner_steps", "torch_rng"} <= set(state)
     assert state["algo"] == "apex_dqn" and state["learner_steps"] == 3 and meta["learner_steps"] == 3
@@ -280,8 +301,13 @@ def test_hard_and_soft_target_updates():
     algo = make_algo("apex_dqn", "CartPole-v1", {"sync_target_frequency": 2, "learning_rate": 0.01})
     actor, learner = algo.make_actor(0, 1, seed=0), algo.make_learner(0, 1, seed=0)
     batch = replay_batch(actor.postprocess(episode_rollout([1.0] * 8, terminated_at=7))[0])
-    same = lambda: all(torch.equal(a, b) for a, b in zip(learner.online.parameters(),  # noqa: E731
-                                                          learner.target.parameters()))
+    same = lambda: all(
+        torch.equal(a, b)
+        for a, b in zip(
+            learner.online.parameters(),  # noqa: E731
+            learner.target.parameters(),
+        )
+    )
     learner.step(batch)
     assert not same()
     learner.step(batch)
@@ -310,8 +336,9 @@ def test_exported_policy_round_trip(tmp_path):
 
 
 def test_image_observations_stay_uint8_until_the_network(tmp_path):
-    algo = make_algo("apex_dqn", IMAGE_ENV, {"network": ["conv:8:4:2", "relu", "flatten", "linear:32", "relu"]},
-                     env={"num_envs": 2})
+    algo = make_algo(
+        "apex_dqn", IMAGE_ENV, {"network": ["conv:8:4:2", "relu", "flatten", "linear:32", "relu"]}, env={"num_envs": 2}
+    )
     assert algo.transition_spec()["obs"] == ((36, 36, 3), "|u1")
     actor, learner = algo.make_actor(0, 1, seed=0), algo.make_learner(0, 1, seed=0)
     runner = EnvRunner(algo.cfg.env, 2, seed=0)
@@ -345,36 +372,45 @@ def test_discrete_observations_are_one_hot():
 # --------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("model, message", [
-    ({"n_step": 0}, "model.n_step: must be at least 1, got 0"),
-    ({"gamma": 0.0}, "model.gamma: expected a value in (0, 1], got 0.0"),
-    ({"gamma": 1.01}, "model.gamma: expected a value in (0, 1], got 1.01"),
-    ({"network": ["linear:64", "lineer:64"]}, "model.network[1]: unknown layer 'lineer:64'; did you mean 'linear'?"),
-    ({"network": ["linear"]}, "model.network[0]: 'linear' takes 1 argument(s)"),
-    ({"network": ["linear:x"]}, "model.network[0]: layer arguments must be integers"),
-    ({"network": "linear:64"}, "model.network: expected list"),
-    ({"loss": "l1"}, "model.loss: expected 'huber' or 'mse', got 'l1'"),
-    ({"tau": 0.0}, "model.tau: expected a value in (0, 1]"),
-    ({"sync_target_frequency": 0}, "model.sync_target_frequency: must be at least 1"),
-    ({"exploration_eps": 1.5}, "model.exploration_eps: expected a value in [0, 1]"),
-    ({"learning_rate": 0}, "model.learning_rate: must be > 0"),
-    ({"grad_clip_norm": -1}, "model.grad_clip_norm: must be > 0"),
-    ({"device": "tpu"}, "model.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N'"),
-    ({"dueling": "yes"}, "model.dueling: expected bool"),
-    ({"n_setp": 3}, "unknown key 'model.n_setp'; did you mean 'model.n_step'?"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ({"n_step": 0}, "model.n_step: must be at least 1, got 0"),
+        ({"gamma": 0.0}, "model.gamma: expected a value in (0, 1], got 0.0"),
+        ({"gamma": 1.01}, "model.gamma: expected a value in (0, 1], got 1.01"),
+        (
+            {"network": ["linear:64", "lineer:64"]},
+            "model.network[1]: unknown layer 'lineer:64'; did you mean 'linear'?",
+        ),
+        ({"network": ["linear"]}, "model.network[0]: 'linear' takes 1 argument(s)"),
+        ({"network": ["linear:x"]}, "model.network[0]: layer arguments must be integers"),
+        ({"network": "linear:64"}, "model.network: expected list"),
+        ({"loss": "l1"}, "model.loss: expected 'huber' or 'mse', got 'l1'"),
+        ({"tau": 0.0}, "model.tau: expected a value in (0, 1]"),
+        ({"sync_target_frequency": 0}, "model.sync_target_frequency: must be at least 1"),
+        ({"exploration_eps": 1.5}, "model.exploration_eps: expected a value in [0, 1]"),
+        ({"learning_rate": 0}, "model.learning_rate: must be > 0"),
+        ({"grad_clip_norm": -1}, "model.grad_clip_norm: must be > 0"),
+        ({"device": "tpu"}, "model.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+        ({"dueling": "yes"}, "model.dueling: expected bool"),
+        ({"n_setp": 3}, "unknown key 'model.n_setp'; did you mean 'model.n_step'?"),
+    ],
+)
 def test_bad_model_values_name_the_key(model, message):
     with pytest.raises(ConfigError) as info:
         make_config("apex_dqn", "CartPole-v1", model)
     assert message in str(info.value)
 
 
-@pytest.mark.parametrize("env, model, message", [
-    ("Pendulum-v1", {}, "apex_dqn needs a Discrete action space; Pendulum-v1 has Box"),
-    ("Blackjack-v1", {}, "unsupported observation space Tuple"),
-    ("CartPole-v1", {"network": ["conv:32:8:4"]}, "model.network[0]: conv:32:8:4 needs image observations"),
-    (IMAGE_ENV, {"network": ["conv:8:64:1"]}, "model.network[0]: conv:8:64:1 does not fit its input"),
-])
+@pytest.mark.parametrize(
+    "env, model, message",
+    [
+        ("Pendulum-v1", {}, "apex_dqn needs a Discrete action space; Pendulum-v1 has Box"),
+        ("Blackjack-v1", {}, "unsupported observation space Tuple"),
+        ("CartPole-v1", {"network": ["conv:32:8:4"]}, "model.network[0]: conv:32:8:4 needs image observations"),
+        (IMAGE_ENV, {"network": ["conv:8:64:1"]}, "model.network[0]: conv:8:64:1 does not fit its input"),
+    ],
+)
 def test_unsupported_spaces_and_shapes_are_config_errors(env, model, message):
     with pytest.raises(ConfigError) as info:
         make_algo("apex_dqn", env, model)

@@ -1,6 +1,7 @@
 """Ape-X through the real runtime (`aiorl run`, then `aiorl eval`): the
 examples learn (slow, CI-sized budgets), two learners train one model, and a
 NaN loss ends the run non-zero through the normal shutdown."""
+
 import json
 import subprocess
 import sys
@@ -8,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from cluster_helpers import alive, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,8 +22,12 @@ def example(name: str, **agent) -> dict:
 
 
 def evaluate(run_dir: Path, episodes: int = 20) -> dict:
-    out = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(episodes),
-                          "--json"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(episodes), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -31,9 +35,21 @@ def evaluate(run_dir: Path, episodes: int = 20) -> dict:
 def harness(tmp_path, config: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     """bench/learning.py's single-process harness on an example: deterministic for a seed."""
     out_json = tmp_path / f"harness-{len(list(tmp_path.glob('harness-*')))}.json"
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "harness",
-                          str(ROOT / "examples" / config), *args, "--json", str(out_json)],
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "learning.py"),
+            "harness",
+            str(ROOT / "examples" / config),
+            *args,
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     return out, json.loads(out_json.read_text()) if out_json.exists() else {}
 
 
@@ -42,22 +58,37 @@ def test_dqn_reaches_cartpole_v1s_threshold_on_the_deterministic_harness(tmp_pat
     """The exact bar, 475 (CartPole-v1's reward threshold), on a path that is the same
     every time for a seed: one actor, one replay, one learner, 0.25 learner steps per
     env step. Seed 0 gets there after 52k env steps (13k learner steps)."""
-    out, result = harness(tmp_path, "apex_dqn_cartpole.yaml", "--threshold", "475", "--stop-at-threshold",
-                          "--max-env-steps", "80000", "--eval-every", "4000", "--eval-episodes", "10",
-                          "--updates-per-step", "0.25")
+    out, result = harness(
+        tmp_path,
+        "apex_dqn_cartpole.yaml",
+        "--threshold",
+        "475",
+        "--stop-at-threshold",
+        "--max-env-steps",
+        "80000",
+        "--eval-every",
+        "4000",
+        "--eval-episodes",
+        "10",
+        "--updates-per-step",
+        "0.25",
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert result["reached"]["eval_mean"] >= 475, result["rows"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config, learner_steps, threshold", [
-    # Through the whole runtime. Ape-X is asynchronous, so how many env steps a learner
-    # step sees depends on the machine's load: for DQN this is a smoke test of learning
-    # through the cluster (the exact bar is on the harness above), for DDPG the
-    # literature's -200 with the example's budget, which leaves margin.
-    ("apex_dqn_cartpole.yaml", 5000, 100),  # an untrained policy scores about 10
-    ("apex_ddpg_pendulum.yaml", 5000, -200),
-])
+@pytest.mark.parametrize(
+    "config, learner_steps, threshold",
+    [
+        # Through the whole runtime. Ape-X is asynchronous, so how many env steps a learner
+        # step sees depends on the machine's load: for DQN this is a smoke test of learning
+        # through the cluster (the exact bar is on the harness above), for DDPG the
+        # literature's -200 with the example's budget, which leaves margin.
+        ("apex_dqn_cartpole.yaml", 5000, 100),  # an untrained policy scores about 10
+        ("apex_ddpg_pendulum.yaml", 5000, -200),
+    ],
+)
 def test_ci_sized_run_learns(tmp_path, config, learner_steps, threshold):
     code, out, run_dir = run(tmp_path, example(config, scheduled_global_steps=learner_steps), timeout_s=600)
     assert code == 0, out
@@ -72,8 +103,11 @@ def test_two_learners_train_one_model_and_learner_0_writes_the_outputs(tmp_path)
     code, out, run_dir = run(tmp_path, config, timeout_s=300)
     assert code == 0, out
     summary = json.loads((run_dir / "summary.json").read_text())
-    steps = {name: role["counters"].get("learner_steps", 0) for name, role in summary["roles"].items()
-             if name.startswith("learner")}
+    steps = {
+        name: role["counters"].get("learner_steps", 0)
+        for name, role in summary["roles"].items()
+        if name.startswith("learner")
+    }
     assert set(steps) == {"learner-0", "learner-1"} and all(s > 0 for s in steps.values()), steps
     # Data-parallel: both learners apply the same number of steps (one all-reduce each).
     assert abs(steps["learner-0"] - steps["learner-1"]) <= 1, steps
@@ -97,8 +131,18 @@ def test_nan_loss_ends_the_run_nonzero_naming_step_and_memory(tmp_path):
     assert not any(alive(pid) for pid in pids.values())
 
 
-HARNESS_SMOKE = ("--max-env-steps", "640", "--eval-every", "320", "--eval-episodes", "1",
-                 "--updates-per-step", "0.1", "--set", "agent.learning_starts=100")
+HARNESS_SMOKE = (
+    "--max-env-steps",
+    "640",
+    "--eval-every",
+    "320",
+    "--eval-episodes",
+    "1",
+    "--updates-per-step",
+    "0.1",
+    "--set",
+    "agent.learning_starts=100",
+)
 
 
 @pytest.mark.parametrize("config", ["apex_dqn_cartpole.yaml", "apex_ddpg_pendulum.yaml"])

@@ -1,4 +1,5 @@
 """The Python API (aiorl.run, load_config, load_policy) and custom environments (issue 15)."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cluster_helpers import FAST_CLUSTER
 
 import aiorl
-from cluster_helpers import FAST_CLUSTER
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 
@@ -20,16 +21,23 @@ SMALL = {
     "algo": "random_agent",
     "env": {"id": "CartPole-v1", "num_envs": 2},
     "cluster": dict(FAST_CLUSTER),
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200,
-              "scheduled_timesteps": 3000},
+    "agent": {
+        "sample_batch_size": 16,
+        "batch_size": 32,
+        "buffer_size": 4000,
+        "learning_starts": 200,
+        "scheduled_timesteps": 3000,
+    },
     "run": {"metrics_interval_s": 0.2},
 }
 
 
 def test_import_is_cheap_and_dir_shows_the_api():
-    code = ("import sys, aiorl; names = dir(aiorl); "
-            "assert {'run', 'RunResult', 'load_config', 'load_policy'} <= set(names), names; "
-            "assert 'torch' not in sys.modules and 'aiorl.api' not in sys.modules")
+    code = (
+        "import sys, aiorl; names = dir(aiorl); "
+        "assert {'run', 'RunResult', 'load_config', 'load_policy'} <= set(names), names; "
+        "assert 'torch' not in sys.modules and 'aiorl.api' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -132,8 +140,9 @@ def test_custom_env_from_the_current_directory_gets_its_kwargs(tmp_path, env_id)
     (tmp_path / "cfg.json").write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     script = Path(sys.executable).with_name("aiorl")
-    result = subprocess.run([str(script), "run", "cfg.json", "--quiet"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [str(script), "run", "cfg.json", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     made = list(tmp_path.glob("made.*"))
     assert len(made) >= 2  # the launcher's check and the actor at least

@@ -1,5 +1,6 @@
 """Envs from config: env.wrappers, the Atari preset (training vs evaluation variant), the native
 ALE vector backend against the Gymnasium path, the atari extra, and config errors."""
+
 import json
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from aiorl.envs import EnvRunner, make_env
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
 
-pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
+]
 
 
 def chain(env):
@@ -33,8 +36,14 @@ def chain(env):
 
 
 def test_wrappers_apply_in_order_with_their_keywords():
-    cfg = EnvConfig(id="CartPole-v1", wrappers=[{"TimeLimit": {"max_episode_steps": 3}},
-                                                {"ClipReward": {"max_reward": 0.5}}, "RecordEpisodeStatistics"])
+    cfg = EnvConfig(
+        id="CartPole-v1",
+        wrappers=[
+            {"TimeLimit": {"max_episode_steps": 3}},
+            {"ClipReward": {"max_reward": 0.5}},
+            "RecordEpisodeStatistics",
+        ],
+    )
     env = make_env(cfg)
     assert chain(env)[:3] == ["RecordEpisodeStatistics", "ClipReward", "TimeLimit"]
     env.reset(seed=0)
@@ -42,14 +51,23 @@ def test_wrappers_apply_in_order_with_their_keywords():
     assert [s[1] for s in steps] == [0.5, 0.5, 0.5] and steps[-1][3] is True  # clipped, cut at 3 steps
 
 
-@pytest.mark.parametrize("wrappers, message", [
-    (["Nope"], r"env.wrappers\[0\]: unknown wrapper 'Nope'"),
-    (["ClipReward", "FrameStackObservatio"], r"env.wrappers\[1\]: unknown wrapper .*did you mean 'FrameStackObservation'"),
-    ([{"TimeLimit": {"max_step": 3}}], r"env.wrappers\[0\].TimeLimit: unknown keyword 'max_step'; did you mean 'max_episode_steps'"),
-    ([{"FrameStackObservation": {}}], r"env.wrappers\[0\].FrameStackObservation: missing keyword\(s\) stack_size"),
-    ([{"ClipReward": {"min_reward": 0}, "TimeLimit": {}}], r"env.wrappers\[0\]: expected a wrapper name"),
-    ("ClipReward", r"env.wrappers: expected list"),
-])
+@pytest.mark.parametrize(
+    "wrappers, message",
+    [
+        (["Nope"], r"env.wrappers\[0\]: unknown wrapper 'Nope'"),
+        (
+            ["ClipReward", "FrameStackObservatio"],
+            r"env.wrappers\[1\]: unknown wrapper .*did you mean 'FrameStackObservation'",
+        ),
+        (
+            [{"TimeLimit": {"max_step": 3}}],
+            r"env.wrappers\[0\].TimeLimit: unknown keyword 'max_step'; did you mean 'max_episode_steps'",
+        ),
+        ([{"FrameStackObservation": {}}], r"env.wrappers\[0\].FrameStackObservation: missing keyword\(s\) stack_size"),
+        ([{"ClipReward": {"min_reward": 0}, "TimeLimit": {}}], r"env.wrappers\[0\]: expected a wrapper name"),
+        ("ClipReward", r"env.wrappers: expected list"),
+    ],
+)
 def test_bad_wrappers_are_config_errors_naming_the_item(wrappers, message):
     with pytest.raises(ConfigError, match=message):
         load_config(data={"algo": "random_agent", "env": {"wrappers": wrappers}})
@@ -57,27 +75,44 @@ def test_bad_wrappers_are_config_errors_naming_the_item(wrappers, message):
 
 def test_bad_wrapper_from_the_cli_is_one_line_and_exit_2(tmp_path, capsys):
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"algo": "random_agent", "env": {"wrappers": [{"TimeLimit": {"steps": 1}}]},
-                                "run": {"dir": str(tmp_path / "run")}}))
+    path.write_text(
+        json.dumps(
+            {
+                "algo": "random_agent",
+                "env": {"wrappers": [{"TimeLimit": {"steps": 1}}]},
+                "run": {"dir": str(tmp_path / "run")},
+            }
+        )
+    )
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "env.wrappers[0].TimeLimit: unknown keyword 'steps'" in err
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"id": "ALE/Pong-v5", "preset": "atar"}, "env.preset: expected one of atari"),
-    ({"id": "ALE/Pong-v5", "preset": "atari", "preset_options": {"noop": 0}}, "env.preset_options.noop_max"),
-    ({"id": "ALE/Pong-v5", "preset": "atari", "preset_options": {"frame_stack": 0}}, "frame_stack: must be at least 1"),
-    ({"id": "ALE/Pong-v5", "preset": "atari", "kwargs": {"frameskip": 4}}, "env.kwargs.frameskip"),
-    ({"id": "ALE/Pong-v5", "backend": "ale_vector"}, "set env.preset: atari"),
-    ({"id": "ALE/Pong-v5", "preset": "atari", "backend": "envpool"}, "env.backend: unknown backend 'envpool'"),
-    ({"id": "ALE/Pong-v5", "preset": "atari", "backend": "ale_vector", "wrappers": ["ClipReward"]},
-     "cannot apply Gymnasium wrappers"),
-    ({"id": "ALE/Pong-v5", "preset": "atari", "backend": "ale_vector", "kwargs": {"mode": 1}},
-     "env.kwargs.mode: not an ale_vector option"),
-    ({"id": "CartPole-v1", "preset_options": {"noop_max": 0}}, "set env.preset too"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"id": "ALE/Pong-v5", "preset": "atar"}, "env.preset: expected one of atari"),
+        ({"id": "ALE/Pong-v5", "preset": "atari", "preset_options": {"noop": 0}}, "env.preset_options.noop_max"),
+        (
+            {"id": "ALE/Pong-v5", "preset": "atari", "preset_options": {"frame_stack": 0}},
+            "frame_stack: must be at least 1",
+        ),
+        ({"id": "ALE/Pong-v5", "preset": "atari", "kwargs": {"frameskip": 4}}, "env.kwargs.frameskip"),
+        ({"id": "ALE/Pong-v5", "backend": "ale_vector"}, "set env.preset: atari"),
+        ({"id": "ALE/Pong-v5", "preset": "atari", "backend": "envpool"}, "env.backend: unknown backend 'envpool'"),
+        (
+            {"id": "ALE/Pong-v5", "preset": "atari", "backend": "ale_vector", "wrappers": ["ClipReward"]},
+            "cannot apply Gymnasium wrappers",
+        ),
+        (
+            {"id": "ALE/Pong-v5", "preset": "atari", "backend": "ale_vector", "kwargs": {"mode": 1}},
+            "env.kwargs.mode: not an ale_vector option",
+        ),
+        ({"id": "CartPole-v1", "preset_options": {"noop_max": 0}}, "set env.preset too"),
+    ],
+)
 def test_bad_atari_settings_are_config_errors(env, message):
     with pytest.raises(ConfigError, match=message):
         load_config(data={"algo": "apex_dqn", "env": env})
@@ -92,10 +127,22 @@ def atari_cfg(env_id="ALE/Breakout-v5", **options):
 
 def test_preset_training_and_evaluation_variants():
     train, evaluation = make_env(atari_cfg()), make_env(atari_cfg(), evaluation=True)
-    assert chain(train) == ["FrameStackObservation", "ClipReward", "EpisodicLife", "RecordEpisodeStatistics",
-                            "AtariPreprocessing", "OrderEnforcing", "PassiveEnvChecker"]
-    assert chain(evaluation) == ["FrameStackObservation", "RecordEpisodeStatistics", "AtariPreprocessing",
-                                 "OrderEnforcing", "PassiveEnvChecker"]
+    assert chain(train) == [
+        "FrameStackObservation",
+        "ClipReward",
+        "EpisodicLife",
+        "RecordEpisodeStatistics",
+        "AtariPreprocessing",
+        "OrderEnforcing",
+        "PassiveEnvChecker",
+    ]
+    assert chain(evaluation) == [
+        "FrameStackObservation",
+        "RecordEpisodeStatistics",
+        "AtariPreprocessing",
+        "OrderEnforcing",
+        "PassiveEnvChecker",
+    ]
     for env in (train, evaluation):
         assert env.observation_space.shape == (4, 84, 84) and env.observation_space.dtype == np.uint8
         assert env.unwrapped._frameskip == 1 and env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
@@ -131,8 +178,12 @@ def write_fire_policy(path):
 
 
 def test_eval_plays_full_games_with_raw_rewards(tmp_path, capsys):
-    cfg = load_config(data={"algo": "apex_dqn", "env": {"id": "ALE/Breakout-v5", "preset": "atari",
-                                                         "preset_options": {"noop_max": 0}}})
+    cfg = load_config(
+        data={
+            "algo": "apex_dqn",
+            "env": {"id": "ALE/Breakout-v5", "preset": "atari", "preset_options": {"noop_max": 0}},
+        }
+    )
     cfg.dump(tmp_path / "config.yaml")
     write_fire_policy(tmp_path / "fire.pt")
     assert main(["eval", str(tmp_path), "--policy", str(tmp_path / "fire.pt"), "--episodes", "1", "--json"]) == 0
@@ -152,8 +203,7 @@ def test_eval_plays_full_games_with_raw_rewards(tmp_path, capsys):
 
 
 def rollout(backend, steps, seed=3):
-    cfg = EnvConfig(id="ALE/Breakout-v5", preset="atari", num_envs=2, backend=backend,
-                    preset_options={"noop_max": 0})
+    cfg = EnvConfig(id="ALE/Breakout-v5", preset="atari", num_envs=2, backend=backend, preset_options={"noop_max": 0})
     runner = EnvRunner(cfg, 2, seed=seed)
     rng = np.random.default_rng(seed)
     try:
@@ -195,12 +245,14 @@ def test_without_the_extra_atari_is_one_line_naming_it(tmp_path):
     for i, env in enumerate([{"id": "ALE/Pong-v5"}, {"id": "ALE/Pong-v5", "preset": "atari"}]):
         paths.append(tmp_path / f"c{i}.json")
         paths[-1].write_text(json.dumps({"algo": "apex_dqn", "env": env, "run": {"dir": str(tmp_path / "run")}}))
-    code = ("import contextlib, io, sys; sys.modules['ale_py'] = None; from aiorl.cli import main\n"
-            f"for path in {[str(p) for p in paths]!r}:\n"
-            "    err = io.StringIO()\n"
-            "    with contextlib.redirect_stderr(err):\n"
-            "        code = main(['run', path])\n"
-            "    print(code, repr(err.getvalue()))\n")
+    code = (
+        "import contextlib, io, sys; sys.modules['ale_py'] = None; from aiorl.cli import main\n"
+        f"for path in {[str(p) for p in paths]!r}:\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        code = main(['run', path])\n"
+        "    print(code, repr(err.getvalue()))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr

@@ -1,13 +1,14 @@
 """CI smoke test of pixels end to end: the Pong example, with a tiny budget, starts, streams
 frames (each sent once), trains, checkpoints, exports, evaluates, and exits 0."""
+
 import json
 from pathlib import Path
 
 import pytest
 import yaml
+from cluster_helpers import read_json, run
 
 from aiorl.cli import main
-from cluster_helpers import read_json, run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cluster]
@@ -17,8 +18,9 @@ def test_pong_example_trains_checkpoints_and_evaluates(tmp_path, capsys):
     config = yaml.safe_load((ROOT / "examples" / "apex_dqn_pong.yaml").read_text())
     config["env"]["num_envs"] = 2
     config["cluster"]["memories"] = 2  # every actor batch goes to the other memory than the last
-    config["agent"].update(buffer_size=2000, learning_starts=200,
-                           scheduled_global_steps=12, scheduled_timesteps=None, target_return=None)
+    config["agent"].update(
+        buffer_size=2000, learning_starts=200, scheduled_global_steps=12, scheduled_timesteps=None, target_return=None
+    )
     config["model"].update(device="cpu", sync_target_frequency=5)
     config["run"] = {"checkpoint_every": 6}
     code, out, run_dir = run(tmp_path, config, timeout_s=240)

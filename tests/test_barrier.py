@@ -1,4 +1,5 @@
 """The coordinator's reusable barrier with generations (in-process, on uvloop)."""
+
 import asyncio
 
 import pytest

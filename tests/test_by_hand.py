@@ -1,5 +1,6 @@
 """Roles started by hand (`aiorl run CFG --role KIND --index N`) write complete run directories
 of their own kind, or share one `run.dir`, and say when they connect, change phase and exit."""
+
 from __future__ import annotations
 
 import json
@@ -8,18 +9,24 @@ import subprocess
 import sys
 
 import pytest
-
-from aiorl.cli import main
 from cluster_helpers import FAST_CLUSTER
 
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")]
+from aiorl.cli import main
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning"),
+]
 
 ROLES = [("memory", 0), ("learner", 0), ("actor", 0)]
-DPPO = {"algo": "dppo", "env": {"id": "CartPole-v1", "num_envs": 2},
-        "cluster": dict(FAST_CLUSTER), "agent": {"sample_batch_size": 16, "batch_size": 32,
-                                                 "scheduled_timesteps": 640},
-        "model": {"network": ["linear:16", "tanh"], "epochs": 1}, "run": {"metrics_interval_s": 0.2}}
+DPPO = {
+    "algo": "dppo",
+    "env": {"id": "CartPole-v1", "num_envs": 2},
+    "cluster": dict(FAST_CLUSTER),
+    "agent": {"sample_batch_size": 16, "batch_size": 32, "scheduled_timesteps": 640},
+    "model": {"network": ["linear:16", "tanh"], "epochs": 1},
+    "run": {"metrics_interval_s": 0.2},
+}
 
 
 def start_cluster(tmp_path, *extra: str) -> tuple[list[subprocess.Popen], list[str]]:
@@ -29,9 +36,14 @@ def start_cluster(tmp_path, *extra: str) -> tuple[list[subprocess.Popen], list[s
     env.pop("AIORL_LAUNCH_ID", None)
 
     def role(kind, index, *more):
-        return subprocess.Popen([sys.executable, "-m", "aiorl", "run", "cfg.json", "--role", kind, "--index",
-                                 str(index), *extra, *more], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "aiorl", "run", "cfg.json", "--role", kind, "--index", str(index), *extra, *more],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     memory = role("memory", 0)
     first = memory.stdout.readline()  # "aiorl memory-0: coordinator listening on 127.0.0.1:PORT"
@@ -89,14 +101,37 @@ def test_roles_by_hand_share_one_run_dir_without_clobbering_and_refuse_another_c
     capsys.readouterr()
     assert main(["eval", str(shared), "--episodes", "1"]) == 0
     # A role of another cluster (another config) is refused before it writes anything there.
-    result = subprocess.run([sys.executable, "-m", "aiorl", "run", "cfg.json", "--role", "actor", "--set",
-                             "cluster.port=1", "--set", f"run.dir={shared}", "--set", "agent.batch_size=64"],
-                            cwd=tmp_path, env={**os.environ, "AIORL_TOKEN": "k" * 64}, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aiorl",
+            "run",
+            "cfg.json",
+            "--role",
+            "actor",
+            "--set",
+            "cluster.port=1",
+            "--set",
+            f"run.dir={shared}",
+            "--set",
+            "agent.batch_size=64",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "AIORL_TOKEN": "k" * 64},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "config hash mismatch" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     # A second run of the same cluster there would write over the first one's results: refused.
-    again = subprocess.run([sys.executable, "-m", "aiorl", "run", "cfg.json", "--role", "memory", "--set",
-                            f"run.dir={shared}"], cwd=tmp_path, env={**os.environ, "AIORL_TOKEN": "k" * 64},
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "cfg.json", "--role", "memory", "--set", f"run.dir={shared}"],
+        cwd=tmp_path,
+        env={**os.environ, "AIORL_TOKEN": "k" * 64},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 2 and "earlier run's memory-0 results" in again.stderr, again.stderr

@@ -1,4 +1,5 @@
 """Checkpoint files: whole or refused, named when bad, newest kept, weights_only on read."""
+
 import os
 
 import pytest
@@ -21,15 +22,20 @@ def test_round_trip_keeps_meta_and_state(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda data: data[:-1] + bytes([data[-1] ^ 1]), "corrupt (SHA-256 mismatch)"),
-    (lambda data: data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:],
-     "corrupt (SHA-256 mismatch)"),
-    (lambda data: data[:len(data) - 100], "truncated"),
-    (lambda data: data[:30], "truncated"),
-    (lambda data: data + b"x", "trailing bytes"),
-    (lambda data: b"not a checkpoint at all", "not an aiorl checkpoint"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda data: data[:-1] + bytes([data[-1] ^ 1]), "corrupt (SHA-256 mismatch)"),
+        (
+            lambda data: data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1 :],
+            "corrupt (SHA-256 mismatch)",
+        ),
+        (lambda data: data[: len(data) - 100], "truncated"),
+        (lambda data: data[:30], "truncated"),
+        (lambda data: data + b"x", "trailing bytes"),
+        (lambda data: b"not a checkpoint at all", "not an aiorl checkpoint"),
+    ],
+)
 def test_a_damaged_file_is_refused_by_name(tmp_path, damage, message):
     path = checkpoint.save(tmp_path, 5, state(2.0), {}, keep=3)
     path.write_bytes(damage(path.read_bytes()))
@@ -52,8 +58,10 @@ def test_newest_good_falls_back_past_bad_files_and_says_which(tmp_path):
 def test_only_the_newest_are_kept_ordered_by_steps(tmp_path):
     for steps in (9, 10, 100, 11):
         checkpoint.save(tmp_path, steps, state(0.0), {}, keep=2)
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [checkpoint.checkpoint_name(11),
-                                                                      checkpoint.checkpoint_name(100)]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        checkpoint.checkpoint_name(11),
+        checkpoint.checkpoint_name(100),
+    ]
 
 
 class Gadget:

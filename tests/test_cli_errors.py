@@ -4,6 +4,7 @@ Each case runs the real `aiorl` command in a subprocess, in a scratch directory,
 and checks: exit code 2, no traceback, the bad key or value named, and no run
 directory left behind.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,9 @@ CFG = "algo: random_agent\nagent: {scheduled_timesteps: 100}\n"
 def aiorl(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "AIORL_TOKEN"}
     environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "aiorl", *args], cwd=cwd, env=environ, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "aiorl", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture
@@ -46,15 +48,26 @@ def scratch(tmp_path):
 CASES = [
     ("max-episode-steps-0", ["run", "cfg.yaml", "--set", "env.max_episode_steps=0"], {}, "env.max_episode_steps"),
     ("unimportable-env-module", ["run", "cfg.yaml", "--set", "env.id=mymod:MyEnv-v0"], {}, "'mymod'"),
-    ("cuda-without-cuda", ["run", "cfg.yaml", "--set", "algo=apex_dqn", "--set", "model.device=cuda"], {},
-     "model.device"),
+    (
+        "cuda-without-cuda",
+        ["run", "cfg.yaml", "--set", "algo=apex_dqn", "--set", "model.device=cuda"],
+        {},
+        "model.device",
+    ),
     ("role-with-port-0", ["run", "cfg.yaml", "--role", "actor"], {"AIORL_TOKEN": LONG_TOKEN}, "cluster.port"),
-    ("role-without-token", ["run", "cfg.yaml", "--role", "actor", "--set", "cluster.port=7000"], {},
-     "AIORL_TOKEN"),
-    ("role-short-token", ["run", "cfg.yaml", "--role", "learner", "--set", "cluster.port=7000"],
-     {"AIORL_TOKEN": "short"}, "AIORL_TOKEN"),
-    ("role-index-out-of-range", ["run", "cfg.yaml", "--role", "actor", "--index", "3", "--set",
-                                 "cluster.port=7000"], {"AIORL_TOKEN": LONG_TOKEN}, "--index 3"),
+    ("role-without-token", ["run", "cfg.yaml", "--role", "actor", "--set", "cluster.port=7000"], {}, "AIORL_TOKEN"),
+    (
+        "role-short-token",
+        ["run", "cfg.yaml", "--role", "learner", "--set", "cluster.port=7000"],
+        {"AIORL_TOKEN": "short"},
+        "AIORL_TOKEN",
+    ),
+    (
+        "role-index-out-of-range",
+        ["run", "cfg.yaml", "--role", "actor", "--index", "3", "--set", "cluster.port=7000"],
+        {"AIORL_TOKEN": LONG_TOKEN},
+        "--index 3",
+    ),
     ("config-is-a-directory", ["run", "somedir/"], {}, "is a directory"),
     ("missing-config", ["run", "nope.yaml"], {}, "does not exist"),
     ("no-algo", ["run", "noalgo.yaml"], {}, "algo: required"),

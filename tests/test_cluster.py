@@ -1,13 +1,24 @@
 """Acceptance tests of the runtime: real role processes over real TCP on loopback."""
+
 from __future__ import annotations
 
 import os
 import signal
 
 import pytest
-
-from cluster_helpers import (alive, check_tls_only, cluster, finish, last_metrics, live_status, pids, read_json, run,
-                             start, wait_for)
+from cluster_helpers import (
+    alive,
+    check_tls_only,
+    cluster,
+    finish,
+    last_metrics,
+    live_status,
+    pids,
+    read_json,
+    run,
+    start,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -73,10 +84,12 @@ def test_learners_outnumbering_memories_all_get_batches(tmp_path):
     # learners before a slow-starting one attaches, which is not starvation.
     proc, run_dir = start(tmp_path, cluster(1, 1, 3, scheduled_global_steps=10**9))
     try:
+
         def every_learner_stepped():
             roles = (live_status(run_dir) or {}).get("roles") or {}
-            return all(((roles.get(f"learner-{i}") or {}).get("counters") or {}).get("learner_steps", 0) > 0
-                       for i in range(3))
+            return all(
+                ((roles.get(f"learner-{i}") or {}).get("counters") or {}).get("learner_steps", 0) > 0 for i in range(3)
+            )
 
         wait_for(every_learner_stepped, 180, "every learner to take a step", 0.5)
         proc.send_signal(signal.SIGINT)
@@ -191,10 +204,13 @@ def test_heartbeats_flow_while_a_learner_step_runs_longer_than_the_heartbeat_tim
     assert summary["learner_steps"] >= 3
 
 
-@pytest.mark.parametrize("stop, expected", [
-    ({"agent": {"target_return": 15.0}}, "target_return"),
-    ({"run": {"max_seconds": 2.0}}, "run.max_seconds"),
-])
+@pytest.mark.parametrize(
+    "stop, expected",
+    [
+        ({"agent": {"target_return": 15.0}}, "target_return"),
+        ({"run": {"max_seconds": 2.0}}, "run.max_seconds"),
+    ],
+)
 def test_other_stop_criteria(tmp_path, stop, expected):
     config = cluster(1, 1, 1)
     for section, values in stop.items():
@@ -210,22 +226,34 @@ def test_one_role_per_process_deployment_and_config_hash_refusal(tmp_path):
     import subprocess
     import sys
 
-    from aiorl.wire import generate_token
     from cluster_helpers import write_config
+
+    from aiorl.wire import generate_token
 
     config = cluster(1, 2, 1, scheduled_timesteps=3000)
     path, run_dir = write_config(tmp_path, config)
     env = {**os.environ, "AIORL_TOKEN": generate_token().decode()}
 
     def role(kind, index, *extra):
-        return subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--role", kind,
-                                 "--index", str(index), *extra], env=env, cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "aiorl", "run", str(path), "--role", kind, "--index", str(index), *extra],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     procs = [role("memory", 0)]
     try:
-        port = wait_for(lambda: (run_dir / "coordinator.json").exists()
-                        and json.loads((run_dir / "coordinator.json").read_text())["port"], 60, "coordinator")
+        port = wait_for(
+            lambda: (
+                (run_dir / "coordinator.json").exists()
+                and json.loads((run_dir / "coordinator.json").read_text())["port"]
+            ),
+            60,
+            "coordinator",
+        )
         at = f"cluster.port={port}"
         intruder = role("actor", 0, "--set", at, "--set", "agent.batch_size=16")
         assert intruder.wait(60) == 2

@@ -4,6 +4,7 @@ roles, a stalled or silent coordinator, missed deadlines, a second Ctrl-C.
 Whatever goes wrong, the run ends, names what went wrong (stderr, summary.json,
 exit codes) and leaves no process behind.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,9 @@ import time
 
 import psutil
 import pytest
+from cluster_helpers import alive, cluster, finish, last_metrics, pids, read_json, start, wait_for, write_config
 
 from aiorl.wire import generate_token
-from cluster_helpers import alive, cluster, finish, last_metrics, pids, read_json, start, wait_for, write_config
 
 pytestmark = pytest.mark.cluster
 
@@ -34,8 +35,10 @@ def waited(run_dir, predicate, timeout_s: float, what: str):
         return wait_for(predicate, timeout_s, what)
     except AssertionError as exc:
         summary = run_dir / "summary.json"
-        raise AssertionError(f"{exc}; last metrics row: {last_metrics(run_dir)}; summary: "
-                             f"{summary.read_text()[:3000] if summary.exists() else None}") from None
+        raise AssertionError(
+            f"{exc}; last metrics row: {last_metrics(run_dir)}; summary: "
+            f"{summary.read_text()[:3000] if summary.exists() else None}"
+        ) from None
 
 
 def running(run_dir, key: str = "learner_steps", above: int = 5):
@@ -75,8 +78,14 @@ def test_losing_an_actor_in_synchronous_mode_leaves_the_others_iterating(tmp_pat
         started = pids(run_dir)
         running(run_dir, "env_steps", 200)
         os.kill(started["actor-1"], signal.SIGKILL)
-        lost_at = waited(run_dir, lambda: (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"]
-                         and last_metrics(run_dir)["env_steps"], 60, "actor-1 lost")
+        lost_at = waited(
+            run_dir,
+            lambda: (
+                (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"] and last_metrics(run_dir)["env_steps"]
+            ),
+            60,
+            "actor-1 lost",
+        )
         running(run_dir, "env_steps", lost_at + 2000)  # 2 actors x 16 env steps per iteration go on
         proc.send_signal(signal.SIGINT)
         code, out = finish(proc, timeout_s=120)
@@ -114,7 +123,9 @@ def test_a_missed_phase_deadline_fails_the_run_and_names_the_role(tmp_path):
     assert summary["failures"] == ["learner-0 failed: missed the DRAINING deadline (1.5 s)"]
     assert summary["roles"]["learner-0"]["status"] == "failed"
     assert {n: r["status"] for n, r in summary["roles"].items() if n != "learner-0"} == {
-        "actor-0": "done", "memory-0": "done"}
+        "actor-0": "done",
+        "memory-0": "done",
+    }
     exits = read_json(run_dir / "exits.json")
     assert exits == {"memory-0": 2, "learner-0": 2, "actor-0": 0}
     assert code == 1 and "learner-0 failed: missed the DRAINING deadline" in out
@@ -128,10 +139,22 @@ def test_start_timeout_ends_a_coordinator_alone_and_a_role_without_coordinator(t
         s.bind(("127.0.0.1", 0))
         nobody = s.getsockname()[1]
     cmd = [sys.executable, "-m", "aiorl", "run", str(path), "--role"]
-    alone = subprocess.Popen([*cmd, "memory", "--index", "0"], env=env, cwd=tmp_path, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    orphan = subprocess.Popen([*cmd, "actor", "--index", "0", "--set", f"cluster.port={nobody}"], env=env,
-                              cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    alone = subprocess.Popen(
+        [*cmd, "memory", "--index", "0"],
+        env=env,
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    orphan = subprocess.Popen(
+        [*cmd, "actor", "--index", "0", "--set", f"cluster.port={nobody}"],
+        env=env,
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         outs = [p.communicate(timeout=120)[0] for p in (alone, orphan)]
     finally:
@@ -139,8 +162,9 @@ def test_start_timeout_ends_a_coordinator_alone_and_a_role_without_coordinator(t
         orphan.kill()
     assert alone.returncode == 2, outs[0]
     summary = read_json(run_dir / "summary.json")
-    assert summary["stop_reason"] == ("roles did not register within cluster.start_timeout_s (1.5 s): "
-                                      "actor-0, learner-0")
+    assert summary["stop_reason"] == (
+        "roles did not register within cluster.start_timeout_s (1.5 s): actor-0, learner-0"
+    )
     assert summary["roles"]["learner-0"]["reason"] == "never registered"
     # Its own memory role, registered, was told the run would never start (not "lost the coordinator").
     assert "the run stopped before it started" in (run_dir / "logs" / "memory-0.log").read_text()
@@ -187,8 +211,14 @@ def test_silence_is_judged_against_the_coordinators_own_stalls(tmp_path):
         time.sleep(1.4)  # the stall itself, not a wait for a condition
         os.kill(started["memory-0"], signal.SIGCONT)
         # The coordinator saw its own stall; then 2 s of rows (10 at 0.2 s) lose nobody.
-        seen = waited(run_dir, lambda: next((i for i, r in enumerate(metrics_rows(run_dir))
-                                             if i >= before and r["loop_lag_max_s"] >= 1.0), None), 60, "the stall")
+        seen = waited(
+            run_dir,
+            lambda: next(
+                (i for i, r in enumerate(metrics_rows(run_dir)) if i >= before and r["loop_lag_max_s"] >= 1.0), None
+            ),
+            60,
+            "the stall",
+        )
         waited(run_dir, lambda: len(metrics_rows(run_dir)) > seen + 10, 60, "rows after the stall")
         after = metrics_rows(run_dir)[seen:]
         assert all(r["phase"] == "RUNNING" and r["roles_lost"] == [] for r in after), after[-1]
@@ -223,8 +253,11 @@ def test_a_second_ctrl_c_kills_every_role(tmp_path):
         started = pids(run_dir)
         running(run_dir, above=0)
         proc.send_signal(signal.SIGINT)
-        wait_for(lambda: "stopping: interrupted by SIG" in (run_dir / "logs" / "memory-0.log").read_text(), 60,
-                 "the clean stop to begin")
+        wait_for(
+            lambda: "stopping: interrupted by SIG" in (run_dir / "logs" / "memory-0.log").read_text(),
+            60,
+            "the clean stop to begin",
+        )
         proc.send_signal(signal.SIGINT)
         code, out = finish(proc, timeout_s=60)
     finally:

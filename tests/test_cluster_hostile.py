@@ -5,6 +5,7 @@ run's own token where the attack needs one), then stops it with SIGINT and
 checks that the run ended cleanly, that nothing the attacker sent joined it,
 and what was counted and logged.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,13 +17,13 @@ import sys
 import time
 
 import pytest
+from cluster_helpers import finish, last_metrics, read_json, wait_for, write_config
 
 from aiorl.config import load_config
 from aiorl.status import fetch_status
 from aiorl.wire import RemoteError, connect, load_token
 from aiorl.wire.auth import handshake_frame, new_nonce
 from aiorl.wire.codec import FrameType
-from cluster_helpers import finish, last_metrics, read_json, wait_for, write_config
 
 pytestmark = pytest.mark.cluster
 
@@ -30,8 +31,13 @@ CONFIG = {
     "algo": "random_agent",
     "env": {"id": "CartPole-v1", "num_envs": 1},
     "cluster": {"actors": 1, "memories": 1, "learners": 1},
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200,
-              "scheduled_timesteps": 10**9},
+    "agent": {
+        "sample_batch_size": 16,
+        "batch_size": 32,
+        "buffer_size": 4000,
+        "learning_starts": 200,
+        "scheduled_timesteps": 10**9,
+    },
     "model": {"learner_step_sleep_s": 0.002},
     "run": {"tensorboard": False},
 }
@@ -45,8 +51,14 @@ def start_run(tmp_path, nofile: int | None = None):
         if nofile is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    proc = subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--quiet"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=limit)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=limit,
+    )
     return proc, run_dir
 
 
@@ -80,8 +92,7 @@ def test_phantom_duplicate_and_forged_names_never_join_a_running_cluster(tmp_pat
             for name in ("actor-99", "actor-0", "learner-0"):  # a phantom, then two live names
                 conn = await connect(*coordinator, token=token, name=name)
                 try:  # a name the run lacks is an error; a live name's other process is not admitted
-                    reply = await conn.request("register", {"role": name, "config_hash": config_hash},
-                                               timeout_s=30)
+                    reply = await conn.request("register", {"role": name, "config_hash": config_hash}, timeout_s=30)
                     assert reply.meta.get("admitted") is False, reply.meta
                     refusals.append(str(reply.meta["reason"]))
                 except RemoteError as exc:

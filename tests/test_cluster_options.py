@@ -1,14 +1,15 @@
 """Config options through a real run (real role processes over loopback TCP): each
 option must change what the run does, as seen in its summary, metrics and files."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from cluster_helpers import cluster, last_metrics, read_json, run
 
 from aiorl.config import load_config
 from aiorl.replay import ReplayBuffer
 from aiorl.runtime.algorithm import build_algorithm
-from cluster_helpers import cluster, last_metrics, read_json, run
 
 pytestmark = pytest.mark.cluster
 
@@ -65,8 +66,15 @@ def test_learning_starts_holds_learners_back(tmp_path):
 
 
 def test_beta_anneals_to_its_final_value_and_sync_interval_spaces_weight_pulls(tmp_path):
-    config = cluster(1, 1, 1, scheduled_global_steps=200, prioritized_replay_beta=0.4,
-                     prioritized_replay_beta_final=1.0, sync_interval=10**6)
+    config = cluster(
+        1,
+        1,
+        1,
+        scheduled_global_steps=200,
+        prioritized_replay_beta=0.4,
+        prioritized_replay_beta_final=1.0,
+        sync_interval=10**6,
+    )
     config["model"]["learner_step_sleep_s"] = 0.01  # a run of a few heartbeats: newer weights get announced
     code, out, run_dir = run(tmp_path, config)
     assert code == 0, out

@@ -1,4 +1,5 @@
 """Run config: typed loading, key paths in errors, overrides, impossible values."""
+
 import json
 import subprocess
 import sys
@@ -56,8 +57,10 @@ def test_bad_values_name_the_key(path, value, message):
 def test_set_overrides_parse_yaml_scalars(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(json.dumps(BASE))
-    cfg = load_config(path, ["cluster.actors=3", "agent.prioritized_replay=false", "run.max_seconds=2.5",
-                             "env.kwargs.render_mode=null"])
+    cfg = load_config(
+        path,
+        ["cluster.actors=3", "agent.prioritized_replay=false", "run.max_seconds=2.5", "env.kwargs.render_mode=null"],
+    )
     assert cfg.cluster.actors == 3 and cfg.agent.prioritized_replay is False
     assert cfg.run.max_seconds == 2.5 and cfg.env.kwargs == {"render_mode": None}
     with pytest.raises(ConfigError, match="expected key.path=value"):
@@ -95,8 +98,13 @@ def test_config_hash_ignores_ports_and_paths_only():
 def test_cli_refuses_bad_config_before_starting_anything(tmp_path, override, message):
     path = tmp_path / "c.yaml"
     path.write_text(json.dumps(BASE))
-    proc = subprocess.run([sys.executable, "-m", "aiorl", "run", str(path), "--set", override],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", str(path), "--set", override],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert not (tmp_path / "runs").exists()  # no run directory, so no process was started

@@ -1,4 +1,5 @@
 """`aiorl config`: the reference is generated from the dataclasses and loads back (issue 15)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,8 +63,9 @@ def test_config_keys_lists_every_dotted_key_once_and_model_keys_by_algorithm(cap
 
 
 def test_every_algorithm_in_the_registry_is_listed_by_run_help_and_config():
-    out = subprocess.run([sys.executable, "-m", "aiorl", "run", "--help"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for name in available_algorithms():
         assert name in out
     assert "aiorl config ALGO" in out and "examples:" in out

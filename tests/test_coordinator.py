@@ -1,4 +1,5 @@
 """The coordinator in process, over real loopback TCP: who may register, and when."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,17 @@ async def register(port: int, cfg, role: str, **meta):
 
 
 async def test_registration_refuses_unknown_duplicate_mismatched_and_late_roles(tmp_path):
-    cfg = load_config(data={"algo": "random_agent", "cluster": {
-        "start_timeout_s": 1.0, "phase_timeout_s": 0.5, "heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 5.0}})
+    cfg = load_config(
+        data={
+            "algo": "random_agent",
+            "cluster": {
+                "start_timeout_s": 1.0,
+                "phase_timeout_s": 0.5,
+                "heartbeat_interval_s": 0.1,
+                "heartbeat_timeout_s": 5.0,
+            },
+        }
+    )
     coordinator = Coordinator(cfg, tmp_path, TOKEN)
     port = await coordinator.start("127.0.0.1", 0)
     run = asyncio.create_task(coordinator.run())
@@ -54,7 +64,9 @@ async def test_registration_refuses_unknown_duplicate_mismatched_and_late_roles(
         async with asyncio.timeout(HANG_S):
             while coordinator.phase == Phase.STARTING:
                 await asyncio.sleep(0.01)
-        with pytest.raises(NotAdmitted, match=r"learner-0 registered too late: the run is in phase (STOPPING|DRAINING|CLOSING)"):
+        with pytest.raises(
+            NotAdmitted, match=r"learner-0 registered too late: the run is in phase (STOPPING|DRAINING|CLOSING)"
+        ):
             await register(port, cfg, "learner-0")
         async with asyncio.timeout(HANG_S):
             ok = await run
@@ -75,9 +87,17 @@ async def test_a_stall_of_the_coordinators_own_loop_is_granted_to_silent_roles_t
     """Roles that never heartbeat, and a coordinator whose loop blocks for 1.5 s (a GC pause, an
     overloaded host) with heartbeat_timeout_s 1.0: right after the stall nobody is lost (the
     stall was the coordinator's, not the roles' silence); a second later they are."""
-    cfg = load_config(data={"algo": "random_agent", "cluster": {
-        "start_timeout_s": 30.0, "heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 1.0,
-        "coordinator_timeout_s": 30.0}})
+    cfg = load_config(
+        data={
+            "algo": "random_agent",
+            "cluster": {
+                "start_timeout_s": 30.0,
+                "heartbeat_interval_s": 0.1,
+                "heartbeat_timeout_s": 1.0,
+                "coordinator_timeout_s": 30.0,
+            },
+        }
+    )
     coordinator = Coordinator(cfg, tmp_path, TOKEN)
     port = await coordinator.start("127.0.0.1", 0)
     run = asyncio.create_task(coordinator.run())
@@ -97,8 +117,7 @@ async def test_a_stall_of_the_coordinators_own_loop_is_granted_to_silent_roles_t
         async with asyncio.timeout(HANG_S):  # silent on past the grace: lost
             while any(r.status == "running" for r in coordinator.roles.values()):
                 await asyncio.sleep(0.05)
-        assert all(r.status == "lost" and r.reason.startswith("no heartbeat for ")
-                   for r in coordinator.roles.values())
+        assert all(r.status == "lost" and r.reason.startswith("no heartbeat for ") for r in coordinator.roles.values())
     finally:
         run.cancel()
         for conn in conns:

@@ -1,4 +1,5 @@
 """DPPO's pieces in one process: rollout rows and GAE for vector envs, the clipped loss, the learner step."""
+
 import numpy as np
 import pytest
 import torch
@@ -11,9 +12,12 @@ from aiorl.runtime.algorithm import build_algorithm
 
 
 def config(agent=None, **model):
-    data = {"algo": "dppo", "env": {"id": "CartPole-v1", "num_envs": 3, "max_episode_steps": 5},
-            "agent": {"sample_batch_size": 7, "batch_size": 8, **(agent or {})},
-            "model": {"network": ["linear:16", "tanh"], **model}}
+    data = {
+        "algo": "dppo",
+        "env": {"id": "CartPole-v1", "num_envs": 3, "max_episode_steps": 5},
+        "agent": {"sample_batch_size": 7, "batch_size": 8, **(agent or {})},
+        "model": {"network": ["linear:16", "tanh"], **model},
+    }
     return load_config(data=data)
 
 
@@ -29,8 +33,14 @@ def test_rollout_rows_and_gae_for_vector_envs_bootstrap_on_truncation_only():
     assert priorities is None and actor.steps == []
     T, E = 7, 3
     assert rollout["truncated"].any()  # the 5-step time limit cuts episodes inside the rollout
-    expect = {"obs": (T * E, 4), "action": (T * E,), "logp": (T * E,), "value": (T * E,),
-              "advantage": (T * E,), "value_target": (T * E,)}
+    expect = {
+        "obs": (T * E, 4),
+        "action": (T * E,),
+        "logp": (T * E,),
+        "value": (T * E,),
+        "advantage": (T * E,),
+        "value_target": (T * E,),
+    }
     assert {k: v.shape for k, v in rows.items()} == expect
     assert rows["action"].dtype == np.int64 and rows["obs"].dtype == np.float32
     # Row t * E + e is step t of env e.
@@ -38,8 +48,16 @@ def test_rollout_rows_and_gae_for_vector_envs_bootstrap_on_truncation_only():
     np.testing.assert_array_equal(rows["action"].reshape(T, E), rollout["action"])
     with torch.no_grad():
         v_next = actor.net.value(torch.as_tensor(rollout["next_obs"].reshape(T * E, 4))).numpy().reshape(T, E)
-    adv, target = reference.gae(rollout["reward"], values, v_next[T - 1], rollout["terminated"],
-                                rollout["truncated"], 0.9, 0.8, truncated_values=v_next)
+    adv, target = reference.gae(
+        rollout["reward"],
+        values,
+        v_next[T - 1],
+        rollout["terminated"],
+        rollout["truncated"],
+        0.9,
+        0.8,
+        truncated_values=v_next,
+    )
     np.testing.assert_allclose(rows["advantage"].reshape(T, E), adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(rows["value_target"].reshape(T, E), target, rtol=1e-5, atol=1e-5)
     runner.close()
@@ -47,9 +65,14 @@ def test_rollout_rows_and_gae_for_vector_envs_bootstrap_on_truncation_only():
 
 def _tiny_batch(algo, n=16, seed=0):
     rng = np.random.default_rng(seed)
-    return {"obs": rng.normal(size=(n, 4)).astype(np.float32), "action": rng.integers(0, 2, n),
-            "logp": np.full(n, np.log(0.5), np.float32), "value": np.zeros(n, np.float32),
-            "advantage": rng.normal(size=n).astype(np.float32), "value_target": rng.normal(size=n).astype(np.float32)}
+    return {
+        "obs": rng.normal(size=(n, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, n),
+        "logp": np.full(n, np.log(0.5), np.float32),
+        "value": np.zeros(n, np.float32),
+        "advantage": rng.normal(size=n).astype(np.float32),
+        "value_target": rng.normal(size=n).astype(np.float32),
+    }
 
 
 def test_the_surrogate_is_clipped_where_the_ratio_left_the_trust_region():
@@ -68,8 +91,9 @@ def test_the_surrogate_is_clipped_where_the_ratio_left_the_trust_region():
         norm = float(sum(g.norm() for g in grads))
         assert float(metrics["losses/clip_fraction"]) == (1.0 if ratio != 1.1 else 0.0)
         assert (norm == 0.0) == clipped, (ratio, advantage, norm)
-        expected = -advantage * (min(ratio, 1.2) if advantage > 0 else max(ratio, 0.8)) if clipped else \
-            -advantage * ratio
+        expected = (
+            -advantage * (min(ratio, 1.2) if advantage > 0 else max(ratio, 0.8)) if clipped else -advantage * ratio
+        )
         assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
 
 
@@ -84,7 +108,7 @@ def test_value_clipping_takes_the_larger_error():
         old_value, target = v - 1.0, v + 0.05  # the new value moved 1.0 from the old one
         _, metrics = ppo_loss(net, cfg.model, obs, action, logp, old_value, torch.zeros(4), target)
         # Unclipped error 0.05; clipped: V_old + 0.1 is 0.95 short of the target.
-        expected = 0.5 * (0.95 ** 2 if value_clip else 0.05 ** 2)
+        expected = 0.5 * (0.95**2 if value_clip else 0.05**2)
         assert float(metrics["losses/value_loss"]) == pytest.approx(expected, rel=1e-4)
 
 
@@ -105,15 +129,22 @@ def test_learner_step_takes_epochs_times_minibatches_and_anneals_the_step_size_t
     assert changed == []
 
 
-@pytest.mark.parametrize("model, env, message", [
-    ({"lr_annealing": True}, {}, "agent.scheduled_timesteps, which is not set"),
-    ({"clip_ratio": 1.5}, {}, "model.clip_ratio"),
-    ({"obs_norm": True}, {"id": "FrozenLake-v1"}, "model.obs_norm: observation normalization needs vector"),
-    ({"network": ["linear:0"]}, {}, "model.network[0]"),
-    ({}, {"id": "Blackjack-v1"}, "unsupported observation space"),
-    ({"sde": True}, {}, "model.sde: state-dependent exploration needs a Box action space, got Discrete(2)"),
-    ({"sde": True, "sde_sample_freq": 0}, {"id": "Pendulum-v1"}, "model.sde_sample_freq: must be at least 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "model, env, message",
+    [
+        ({"lr_annealing": True}, {}, "agent.scheduled_timesteps, which is not set"),
+        ({"clip_ratio": 1.5}, {}, "model.clip_ratio"),
+        ({"obs_norm": True}, {"id": "FrozenLake-v1"}, "model.obs_norm: observation normalization needs vector"),
+        ({"network": ["linear:0"]}, {}, "model.network[0]"),
+        ({}, {"id": "Blackjack-v1"}, "unsupported observation space"),
+        ({"sde": True}, {}, "model.sde: state-dependent exploration needs a Box action space, got Discrete(2)"),
+        (
+            {"sde": True, "sde_sample_freq": 0},
+            {"id": "Pendulum-v1"},
+            "model.sde_sample_freq: must be at least 1, got 0",
+        ),
+    ],
+)
 def test_config_errors_name_the_key(model, env, message):
     data = {"algo": "dppo", "env": {"id": "CartPole-v1", **env}, "model": model}
     with pytest.raises(ConfigError) as info:
@@ -125,18 +156,31 @@ def test_fewer_rows_per_actor_than_learners_is_refused_before_anything_starts(tm
     from aiorl.cli import main
 
     path = tmp_path / "c.yaml"
-    path.write_text("algo: dppo\nenv: {id: CartPole-v1}\ncluster: {learners: 3}\nagent: {sample_batch_size: 2}\n"
-                    f"run: {{dir: {tmp_path / 'run'}}}\n")
+    path.write_text(
+        "algo: dppo\nenv: {id: CartPole-v1}\ncluster: {learners: 3}\nagent: {sample_batch_size: 2}\n"
+        f"run: {{dir: {tmp_path / 'run'}}}\n"
+    )
     assert main(["run", str(path)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "(2 rows per actor) must be at least cluster.learners (3)" in lines[0], lines
     assert not (tmp_path / "run").exists()
 
+
 def test_gaussian_policy_on_a_shared_torso_steps_clipped_learns_from_unclipped_and_moves_log_std():
-    cfg = load_config(data={"algo": "dppo", "env": {"id": "Pendulum-v1", "num_envs": 2},
-                            "agent": {"sample_batch_size": 50, "batch_size": 50},
-                            "model": {"network": ["linear:16", "tanh"], "shared_torso": True, "log_std_init": 0.5,
-                                      "obs_norm": True, "epochs": 2}})
+    cfg = load_config(
+        data={
+            "algo": "dppo",
+            "env": {"id": "Pendulum-v1", "num_envs": 2},
+            "agent": {"sample_batch_size": 50, "batch_size": 50},
+            "model": {
+                "network": ["linear:16", "tanh"],
+                "shared_torso": True,
+                "log_std_init": 0.5,
+                "obs_norm": True,
+                "epochs": 2,
+            },
+        }
+    )
     algo = build_algorithm(cfg)
     learner = algo.make_learner(0, 1, 0)
     assert learner.net.v_torso is None
@@ -157,9 +201,14 @@ def test_gaussian_policy_on_a_shared_torso_steps_clipped_learns_from_unclipped_a
 
 
 def test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights():
-    cfg = load_config(data={"algo": "dppo", "env": {"id": "Pendulum-v1", "num_envs": 2},
-                            "agent": {"sample_batch_size": 6, "batch_size": 12},
-                            "model": {"network": ["linear:16", "tanh"], "sde": True, "sde_sample_freq": 3}})
+    cfg = load_config(
+        data={
+            "algo": "dppo",
+            "env": {"id": "Pendulum-v1", "num_envs": 2},
+            "agent": {"sample_batch_size": 6, "batch_size": 12},
+            "model": {"network": ["linear:16", "tanh"], "sde": True, "sde_sample_freq": 3},
+        }
+    )
     algo = build_algorithm(cfg)
     learner = algo.make_learner(0, 1, 0)
     actor = algo.make_actor(0, 1, seed=0)
@@ -179,8 +228,12 @@ def test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_
     runner.close()
     with torch.no_grad():
         params, _ = learner.net(torch.as_tensor(rows["obs"]))
-        np.testing.assert_allclose(learner.net.head.log_prob(params, torch.as_tensor(rows["action"])).numpy(),
-                                   rows["logp"], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            learner.net.head.log_prob(params, torch.as_tensor(rows["action"])).numpy(),
+            rows["logp"],
+            rtol=1e-4,
+            atol=1e-4,
+        )
     log_std = learner.net.head.log_std.detach().clone()
     assert log_std.shape == (16, 1)
     learner.step(rows)

@@ -1,6 +1,7 @@
 """Evaluation during training and bench/learning.py's grid step their episodes side by side
 (`run_episodes_together`): they must score exactly the episodes `aiorl eval` plays one at a
 time (episode k from seed + k)."""
+
 import pytest
 import torch
 
@@ -22,8 +23,7 @@ class Linear(torch.nn.Module):
         return x.argmax(dim=1) if self.discrete else x.clamp(-2.0, 2.0)
 
 
-@pytest.mark.parametrize("env_id, obs_dim, out, discrete", [("CartPole-v1", 4, 2, True),
-                                                             ("Pendulum-v1", 3, 1, False)])
+@pytest.mark.parametrize("env_id, obs_dim, out, discrete", [("CartPole-v1", 4, 2, True), ("Pendulum-v1", 3, 1, False)])
 def test_lockstep_episodes_equal_the_one_at_a_time_episodes(env_id, obs_dim, out, discrete):
     policy = Linear(obs_dim, out, discrete)
     env = EnvConfig(id=env_id)

@@ -1,4 +1,5 @@
 """ES's pieces in one process: the shared noise table, fitness shaping, the update, the numpy policy."""
+
 import subprocess
 import sys
 
@@ -16,14 +17,24 @@ TABLE = "from aiorl.algos.es import NoiseTable; print(NoiseTable({seed}, {size})
 
 
 def config(env="CartPole-v1", **model):
-    return load_config(data={"algo": "es", "env": {"id": env},
-                             "model": {"network": ["linear:8", "tanh"], "noise_table_size": 4096, **model}})
+    return load_config(
+        data={
+            "algo": "es",
+            "env": {"id": env},
+            "model": {"network": ["linear:8", "tanh"], "noise_table_size": 4096, **model},
+        }
+    )
 
 
 def test_noise_table_is_identical_in_every_process():
     here = NoiseTable(7, 1 << 16)
-    there = subprocess.run([sys.executable, "-c", TABLE.format(seed=7, size=1 << 16)], capture_output=True,
-                           text=True, check=True, timeout=120).stdout.strip()
+    there = subprocess.run(
+        [sys.executable, "-c", TABLE.format(seed=7, size=1 << 16)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.strip()
     assert there == here.digest()
     assert NoiseTable(8, 1 << 16).digest() != here.digest()
     assert here.noise.dtype == np.float32 and abs(float(here.noise.std()) - 1.0) < 0.01
@@ -41,8 +52,9 @@ def test_es_gradient_is_the_rank_weighted_sum_of_the_pairs_noise():
     indices = np.array([5, 100, 700])
     returns = np.array([[1.0, 0.0], [5.0, 6.0], [2.0, -3.0]])
     ranks = centered_ranks(returns)
-    expected = sum((ranks[i, 0] - ranks[i, 1]) * table.noise[j:j + 10].astype(np.float64)
-                   for i, j in enumerate(indices)) / 6
+    expected = (
+        sum((ranks[i, 0] - ranks[i, 1]) * table.noise[j : j + 10].astype(np.float64) for i, j in enumerate(indices)) / 6
+    )
     np.testing.assert_allclose(es_gradient(table, indices, returns, 10), expected, rtol=1e-12)
 
 
@@ -90,22 +102,30 @@ def test_learner_step_moves_theta_toward_the_better_perturbation():
     learner = algo.make_learner(0, 1, 0)
     theta0 = learner.theta.copy()
     dim = len(theta0)
-    batch = {"noise_index": np.array([0, 50]), "returns": np.array([[10.0, 0.0], [3.0, 4.0]]),
-             "lengths": np.array([[10, 1], [3, 4]]), "obs_count": np.zeros(2), "obs_sum": np.zeros((2, 1)),
-             "obs_sumsq": np.zeros((2, 1))}
+    batch = {
+        "noise_index": np.array([0, 50]),
+        "returns": np.array([[10.0, 0.0], [3.0, 4.0]]),
+        "lengths": np.array([[10, 1], [3, 4]]),
+        "obs_count": np.zeros(2),
+        "obs_sum": np.zeros((2, 1)),
+        "obs_sumsq": np.zeros((2, 1)),
+    }
     learner.step(batch)
     g = es_gradient(learner.noise, batch["noise_index"], batch["returns"], dim)
     assert np.dot(learner.theta - theta0, g) > 0  # ascent on the shaped returns
     assert learner.env_steps_trained == 18
 
 
-@pytest.mark.parametrize("cluster, env, model, message", [
-    ({"learners": 2}, {}, {}, "cluster.learners: es combines every result on one learner"),
-    ({"memories": 4}, {}, {"population": 3}, "model.population (3) must be at least cluster.memories (4)"),
-    ({}, {"num_envs": 2}, {}, "env.num_envs: es evaluates each perturbation on one env"),
-    ({}, {}, {"network": ["layernorm"]}, "es actors run the policy in numpy"),
-    ({}, {}, {"noise_table_size": 10}, "model.noise_table_size (10) must be at least"),
-])
+@pytest.mark.parametrize(
+    "cluster, env, model, message",
+    [
+        ({"learners": 2}, {}, {}, "cluster.learners: es combines every result on one learner"),
+        ({"memories": 4}, {}, {"population": 3}, "model.population (3) must be at least cluster.memories (4)"),
+        ({}, {"num_envs": 2}, {}, "env.num_envs: es evaluates each perturbation on one env"),
+        ({}, {}, {"network": ["layernorm"]}, "es actors run the policy in numpy"),
+        ({}, {}, {"noise_table_size": 10}, "model.noise_table_size (10) must be at least"),
+    ],
+)
 def test_config_errors_name_the_key(cluster, env, model, message):
     data = {"algo": "es", "cluster": cluster, "env": {"id": "CartPole-v1", **env}, "model": model}
     with pytest.raises(ConfigError) as info:

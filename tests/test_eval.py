@@ -1,4 +1,5 @@
 """`aiorl eval RUN_DIR`: text and JSON output, reproducible episodes, clear errors."""
+
 import json
 import subprocess
 import sys
@@ -7,9 +8,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from apex_helpers import make_algo
 
 from aiorl.cli import main
-from apex_helpers import make_algo
+
 
 def make_run_dir(tmp_path, algo_name="apex_dqn", env_id="CartPole-v1"):
     algo = make_algo(algo_name, env_id)
@@ -51,7 +53,9 @@ def test_text_output_and_same_seed_same_episodes(tmp_path, capsys):
     run_dir, _ = make_run_dir(tmp_path)
     assert main(["eval", str(run_dir), "--episodes", "3", "--seed", "1"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith(f"CartPole-v1: 3 episodes (seed 1) with the final policy {run_dir / 'policy' / 'policy.pt2'}")
+    assert text.startswith(
+        f"CartPole-v1: 3 episodes (seed 1) with the final policy {run_dir / 'policy' / 'policy.pt2'}"
+    )
     assert "return mean " in text and " std " in text and " min " in text and " max " in text
     main(["eval", str(run_dir), "--episodes", "3", "--seed", "1", "--json"])
     first = json.loads(capsys.readouterr().out)
@@ -82,8 +86,12 @@ def test_errors_exit_2_with_a_reason(tmp_path, capsys):
 
 def test_console_command(tmp_path):
     run_dir, _ = make_run_dir(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "1", "--json"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["episodes"] == 1
 

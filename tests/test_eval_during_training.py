@@ -1,5 +1,6 @@
 """Evaluation during training (aiorl.runtime.evaluator): the best policy kept, resume, the eval/* rows,
 target_return on the evaluation return, `aiorl eval --best/--final`, `aiorl plot --metric eval/...`."""
+
 import json
 import re
 import subprocess
@@ -10,14 +11,15 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from apex_helpers import make_algo
+from cluster_helpers import read_json, run
 
 from aiorl.cli import main
 from aiorl.config import load_config
 from aiorl.evaluate import run_episodes, run_episodes_together
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.evaluator import BEST_DIR, EVAL_SEED_BASE, Evaluator, evaluation_metrics, read_best
-from apex_helpers import make_algo
-from cluster_helpers import read_json, run
+
 
 class Balance(torch.nn.Module):
     """Push toward the side the pole falls to: CartPole's classic hand policy (returns in the hundreds)."""
@@ -173,9 +175,16 @@ time.sleep(600)
             worker.kill()  # a failed test leaves nothing behind either
 
 
-@pytest.mark.parametrize("algo_name, env_id", [("apex_dqn", "CartPole-v1"), ("apex_ddpg", "Pendulum-v1"),
-                                               ("dppo", "CartPole-v1"), ("es", "CartPole-v1"),
-                                               ("impala", "CartPole-v1")])
+@pytest.mark.parametrize(
+    "algo_name, env_id",
+    [
+        ("apex_dqn", "CartPole-v1"),
+        ("apex_ddpg", "Pendulum-v1"),
+        ("dppo", "CartPole-v1"),
+        ("es", "CartPole-v1"),
+        ("impala", "CartPole-v1"),
+    ],
+)
 def test_every_algorithms_export_evaluates(tmp_path, algo_name, env_id):
     algo = make_algo(algo_name, env_id)
     algo.cfg.run.eval_every, algo.cfg.run.eval_episodes = 1, 1
@@ -202,8 +211,15 @@ DQN = {
     "algo": "apex_dqn",
     "env": {"id": "CartPole-v1", "num_envs": 1},
     "cluster": {"actors": 1, "memories": 1, "learners": 1},
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 5000, "learning_starts": 200,
-              "publish_interval": 10, "scheduled_global_steps": 1_000_000, "target_return": 1.0},
+    "agent": {
+        "sample_batch_size": 16,
+        "batch_size": 32,
+        "buffer_size": 5000,
+        "learning_starts": 200,
+        "publish_interval": 10,
+        "scheduled_global_steps": 1_000_000,
+        "target_return": 1.0,
+    },
     "model": {"network": ["linear:16", "relu"]},
     "run": {"eval_every": 40, "eval_episodes": 2, "seed": 3, "max_seconds": 90},
 }
@@ -216,7 +232,9 @@ def test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best(tmp_p
     code, out, run_dir = run(tmp_path, DQN, timeout_s=200)
     assert code == 0, out
     summary = read_json(run_dir / "summary.json")
-    stop = re.match(r"evaluation (\d+) \(learner step (\d+)\): mean return [-\d.]+ >= target_return 1", summary["stop_detail"])
+    stop = re.match(
+        r"evaluation (\d+) \(learner step (\d+)\): mean return [-\d.]+ >= target_return 1", summary["stop_detail"]
+    )
     assert stop is not None, summary["stop_detail"]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = [r for r in rows if "eval/return_mean" in r]
@@ -247,7 +265,10 @@ def test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best(tmp_p
     assert f"with the final policy {run_dir / 'policy' / 'policy.pt2'}" in capsys.readouterr().out
     assert main(["eval", str(run_dir), "--episodes", "2", "--best"]) == 0
     text = capsys.readouterr().out
-    assert "with the best policy" in text and f"chosen by evaluation {best['n']} at learner step {best['learner_steps']}" in text
+    assert (
+        "with the best policy" in text
+        and f"chosen by evaluation {best['n']} at learner step {best['learner_steps']}" in text
+    )
 
     # aiorl plot --metric eval/return_mean draws the evaluation rows
     assert main(["plot", str(run_dir), "--metric", "eval/return_mean", "-o", str(tmp_path / "eval.png")]) == 0
@@ -270,10 +291,12 @@ def test_best_on_a_run_without_a_best_policy_is_one_line_exit_2(tmp_path, capsys
 def test_eval_keys_are_checked(tmp_path):
     from aiorl.config import ConfigError
 
-    for key, value, expected in [("eval_every", 0, "run.eval_every: must be at least 1"),
-                                 ("eval_interval_s", 0, "run.eval_interval_s: must be > 0"),
-                                 ("eval_episodes", 0, "run.eval_episodes: must be at least 1"),
-                                 ("eval_nice", 20, "run.eval_nice: expected 0 to 19, got 20")]:
+    for key, value, expected in [
+        ("eval_every", 0, "run.eval_every: must be at least 1"),
+        ("eval_interval_s", 0, "run.eval_interval_s: must be > 0"),
+        ("eval_episodes", 0, "run.eval_episodes: must be at least 1"),
+        ("eval_nice", 20, "run.eval_nice: expected 0 to 19, got 20"),
+    ]:
         path = tmp_path / f"{key}.json"
         path.write_text(json.dumps({**DQN, "run": {key: value}}))
         with pytest.raises(ConfigError, match=expected):
@@ -290,8 +313,17 @@ def test_the_panel_shows_the_last_evaluation_until_the_next(tmp_path):
     cfg = load_config(data={"algo": "apex_dqn"})
     progress = Progress(cfg, tmp_path, stream=io.StringIO())
     base = {"phase": "RUNNING", "env_steps": 100, "learner_steps": 10, "roles_alive": 3}
-    rows = [{**base, "time_s": 1.0, "eval/return_mean": 321.5, "eval/return_std": 4.0, "eval/learner_steps": 1000,
-             "eval/best_return_mean": 400.25}, {**base, "time_s": 2.0}]  # the second row has no evaluation
+    rows = [
+        {
+            **base,
+            "time_s": 1.0,
+            "eval/return_mean": 321.5,
+            "eval/return_std": 4.0,
+            "eval/learner_steps": 1000,
+            "eval/best_return_mean": 400.25,
+        },
+        {**base, "time_s": 2.0},
+    ]  # the second row has no evaluation
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     progress.update()
     console = Console(record=True, width=300, file=io.StringIO(), color_system=None)
@@ -311,8 +343,13 @@ def test_a_resumed_run_keeps_the_best_of_its_earlier_launch(tmp_path):
     meta["evaluation"]["return_mean"] = 1e6  # a best that no evaluation of the second launch beats
     record.write_text(json.dumps(meta))
 
-    resumed = subprocess.run([sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     summary = read_json(run_dir / "summary.json")
     assert summary["attempt"] == 2 and summary["learner_steps"] > first["learner_steps"]

@@ -1,5 +1,6 @@
 """The exported policy: torch.export (.pt2), loadable with plain torch and no aiorl, for every algorithm;
 older runs' TorchScript policy.pt still evaluates."""
+
 import json
 import subprocess
 import sys
@@ -7,13 +8,18 @@ import sys
 import numpy as np
 import pytest
 import torch
+from apex_helpers import make_algo
 
 from aiorl.cli import main
 from aiorl.evaluate import EvalError, load_policy
-from apex_helpers import make_algo
 
-EXPORTING = [("apex_dqn", "CartPole-v1"), ("apex_ddpg", "Pendulum-v1"), ("dppo", "CartPole-v1"),
-             ("dppo", "Pendulum-v1"), ("es", "CartPole-v1")]
+EXPORTING = [
+    ("apex_dqn", "CartPole-v1"),
+    ("apex_ddpg", "Pendulum-v1"),
+    ("dppo", "CartPole-v1"),
+    ("dppo", "Pendulum-v1"),
+    ("es", "CartPole-v1"),
+]
 
 # Runs in `python -I` (no PYTHONPATH, no cwd on sys.path) with aiorl made unimportable even
 # through the editable install's path hook: only torch reads the files.
@@ -47,8 +53,14 @@ def test_every_algorithms_exported_policy_loads_with_plain_torch_and_no_aiorl(tm
         assert meta["format"] == "torch.export" and meta["file"] == "policy.pt2" and meta["env_id"] == env_id
         # The batch dimension stays dynamic, size 1 included.
         jobs.append((path, [rng.normal(size=(b, *meta["observation_shape"])).astype(np.float32) for b in (1, 3)]))
-    out = subprocess.run([sys.executable, "-I", "-c", PLAIN_TORCH], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, input=json.dumps([(p, [o.tolist() for o in obs]) for p, obs in jobs]))
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", PLAIN_TORCH],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        input=json.dumps([(p, [o.tolist() for o in obs]) for p, obs in jobs]),
+    )
     assert out.returncode == 0, out.stderr
     results = json.loads(out.stdout)
     for (path, batches), actions_by_batch in zip(jobs, results, strict=True):

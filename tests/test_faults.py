@@ -1,6 +1,7 @@
 """Surviving faults, with real role processes over loopback: restarts under SIGKILL, resume
 after every process is killed, a stalled coordinator, a dropped control connection, a run
 directory that already holds a run."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,17 +17,22 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, start, wait_for, write_config
 
 from aiorl import checkpoint
-from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, start, wait_for, write_config
 
 pytestmark = pytest.mark.cluster
 
 APEX = {
     "algo": "apex_dqn",
     "env": {"id": "CartPole-v1"},
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 20_000, "learning_starts": 300,
-              "publish_interval": 10},
+    "agent": {
+        "sample_batch_size": 16,
+        "batch_size": 32,
+        "buffer_size": 20_000,
+        "learning_starts": 300,
+        "publish_interval": 10,
+    },
     "model": {"network": ["linear:32", "relu"], "n_step": 3, "learning_rate": 0.0005, "tau": 0.01},
 }
 RANDOM = {
@@ -85,9 +91,18 @@ def registered(run_dir: Path, name: str, pid: int) -> bool:
 
 def test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_lost(tmp_path):
     seconds = 24.0  # the stop criterion: the run's length does not depend on the machine's speed
-    cfg = config(APEX, cluster={"actors": 2, "memories": 2, "learners": 1, "max_restarts": 3,
-                                "restart_backoff_s": 0.2, "restart_backoff_max_s": 1.0},
-                 run={"max_seconds": seconds, "snapshot_replay": True, "snapshot_interval_s": 1.0})
+    cfg = config(
+        APEX,
+        cluster={
+            "actors": 2,
+            "memories": 2,
+            "learners": 1,
+            "max_restarts": 3,
+            "restart_backoff_s": 0.2,
+            "restart_backoff_max_s": 1.0,
+        },
+        run={"max_seconds": seconds, "snapshot_replay": True, "snapshot_interval_s": 1.0},
+    )
     proc, run_dir = start(tmp_path, cfg)
     rng = random.Random(12)
     budget = {"actor-0": 2, "actor-1": 2}
@@ -101,10 +116,17 @@ def test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_
             running = pids(run_dir)
             status = (live_status(run_dir) or {}).get("roles", {})
             candidates = ["memory-1"] if not victims else [n for n, left in budget.items() if left]
-            ready = [n for n in candidates if status.get(n, {}).get("pid") == running[n]
-                     and status[n]["status"] == "running"
-                     and (status[n]["counters"].get("env_steps", 0) > 0 if n != "memory-1"  # stepping
-                          else (run_dir / "replay-memory-1.npz").exists())]  # it has a snapshot to come back to
+            ready = [
+                n
+                for n in candidates
+                if status.get(n, {}).get("pid") == running[n]
+                and status[n]["status"] == "running"
+                and (
+                    status[n]["counters"].get("env_steps", 0) > 0
+                    if n != "memory-1"  # stepping
+                    else (run_dir / "replay-memory-1.npz").exists()
+                )
+            ]  # it has a snapshot to come back to
             if not ready:
                 time.sleep(0.2)
                 continue
@@ -133,8 +155,11 @@ def test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_
         assert values == sorted(values), key
     assert [h["role"] for h in read_json(run_dir / "restarts.json")["restarts"]] == victims
     # Counters add up over incarnations: the run's env steps are every actor process's.
-    assert summary["env_steps"] == sum(r["counters"].get("env_steps", 0) + r["retired_counters"].get("env_steps", 0)
-                                       for name, r in roles.items() if name.startswith("actor"))
+    assert summary["env_steps"] == sum(
+        r["counters"].get("env_steps", 0) + r["retired_counters"].get("env_steps", 0)
+        for name, r in roles.items()
+        if name.startswith("actor")
+    )
     assert roles["memory-1"]["stats"]["snapshot_restored_rows"] > 0  # it rejoined from its snapshot
     actors = ["actor-0", "actor-1"]
     # memory-1 restarted: what it accepted before lives on in its snapshot, not its counters;
@@ -153,14 +178,28 @@ def test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_
 
 
 def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(tmp_path):
-    cfg = config(APEX, agent={"scheduled_global_steps": 400},
-                 run={"checkpoint_every": 50, "checkpoint_interval_s": None, "keep_checkpoints": 3,
-                      "snapshot_replay": True, "snapshot_interval_s": 1.0})
+    cfg = config(
+        APEX,
+        agent={"scheduled_global_steps": 400},
+        run={
+            "checkpoint_every": 50,
+            "checkpoint_interval_s": None,
+            "keep_checkpoints": 3,
+            "snapshot_replay": True,
+            "snapshot_interval_s": 1.0,
+        },
+    )
     proc, run_dir = start(tmp_path, cfg)
     try:
         started = pids(run_dir)
-        wait_for(lambda: len(checkpoint.list_checkpoints(run_dir / "checkpoints")) >= 3
-                 and (run_dir / "replay-memory-0.npz").exists(), 180, "three checkpoints and a replay snapshot")
+        wait_for(
+            lambda: (
+                len(checkpoint.list_checkpoints(run_dir / "checkpoints")) >= 3
+                and (run_dir / "replay-memory-0.npz").exists()
+            ),
+            180,
+            "three checkpoints and a replay snapshot",
+        )
         for pid in [*started.values(), proc.pid]:  # every process of the run, no clean shutdown anywhere
             kill(pid)
         proc.wait(30)
@@ -175,8 +214,13 @@ def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(t
     saved = checkpoint.read_meta(previous)
     assert saved["run"]["env_steps"] > 0 and saved["run"]["learner_steps"] > 0
 
-    resumed = subprocess.run([sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"{newest} is corrupt (SHA-256 mismatch); falling back to the previous checkpoint" in resumed.stderr
     summary = read_json(run_dir / "summary.json")
@@ -187,7 +231,10 @@ def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(t
     second = [r for r in rows if r["attempt"] == 2]
     # The resumed counters start at the checkpointed values, and only grow from there.
     assert (second[0]["env_steps"], second[0]["learner_steps"], second[0]["episodes"]) == (
-        saved["run"]["env_steps"], saved["run"]["learner_steps"], saved["run"]["episodes"])
+        saved["run"]["env_steps"],
+        saved["run"]["learner_steps"],
+        saved["run"]["episodes"],
+    )
     for key in ("env_steps", "learner_steps", "episodes", "time_s"):
         values = [r[key] for r in second]
         assert values == sorted(values), key
@@ -204,8 +251,10 @@ def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(t
 def stalled_run(tmp_path_factory):
     """A run whose coordinator is SIGSTOPped (and never continued) while it is RUNNING."""
     tmp_path = tmp_path_factory.mktemp("stalled")
-    proc, run_dir = start(tmp_path, config(RANDOM, cluster={"actors": 1, "memories": 2, "learners": 1},
-                                           agent={"scheduled_timesteps": 10**9}))
+    proc, run_dir = start(
+        tmp_path,
+        config(RANDOM, cluster={"actors": 1, "memories": 2, "learners": 1}, agent={"scheduled_timesteps": 10**9}),
+    )
     stopped = None
     try:
         started = pids(run_dir)
@@ -239,19 +288,28 @@ def test_running_twice_into_one_run_directory_is_refused_and_changes_nothing(sta
     tmp_path, run_dir, _, _, _ = stalled_run
 
     def tree() -> dict:
-        return {str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-                for p in sorted(run_dir.rglob("*")) if p.is_file()}
+        return {
+            str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(run_dir.rglob("*"))
+            if p.is_file()
+        }
 
     before = tree()
-    again = subprocess.run([sys.executable, "-m", "aiorl", "run", str(tmp_path / "config.json"), "--quiet"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", str(tmp_path / "config.json"), "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 2 and again.stdout == ""
     lines = again.stderr.strip().splitlines()
     assert len(lines) == 1 and "already holds a run" in lines[0] and f"aiorl run --resume {run_dir}" in lines[0]
     assert tree() == before
     # `aiorl status` reports that run's own summary (the launcher's), proven by its launch id.
-    status = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"], capture_output=True, text=True, timeout=60
+    )
     summary = json.loads(status.stdout)
     assert summary["launch_id"] == read_json(run_dir / "run.json")["attempts"][-1]["launch_id"]
     assert summary["written_by"] == "launcher"
@@ -311,23 +369,37 @@ class CuttableProxy:
 def test_a_role_started_by_hand_rejoins_after_its_connection_drops(tmp_path):
     from aiorl.wire import generate_token
 
-    path, run_dir = write_config(tmp_path, config(RANDOM, cluster={"actors": 1, "memories": 1, "learners": 1},
-                                                   agent={"scheduled_timesteps": 20_000}))
+    path, run_dir = write_config(
+        tmp_path,
+        config(RANDOM, cluster={"actors": 1, "memories": 1, "learners": 1}, agent={"scheduled_timesteps": 20_000}),
+    )
     env = {**os.environ, "AIORL_TOKEN": generate_token().decode()}
 
     def role(kind, *extra):
-        return subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--role", kind, "--index", "0",
-                                 *extra], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "aiorl", "run", str(path), "--role", kind, "--index", "0", *extra],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     procs = [role("memory")]
     proxy = None
     try:
-        port = wait_for(lambda: (read_json(run_dir / "coordinator.json") if (run_dir / "coordinator.json").exists()
-                                 else {}).get("port"), 60, "coordinator")
+        port = wait_for(
+            lambda: (read_json(run_dir / "coordinator.json") if (run_dir / "coordinator.json").exists() else {}).get(
+                "port"
+            ),
+            60,
+            "coordinator",
+        )
         proxy = CuttableProxy(port)
-        procs += [role("learner", "--set", f"cluster.port={port}"),
-                  role("actor", "--set", f"cluster.port={proxy.port}")]  # its control connection via the proxy
+        procs += [
+            role("learner", "--set", f"cluster.port={port}"),
+            role("actor", "--set", f"cluster.port={proxy.port}"),
+        ]  # its control connection via the proxy
         wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 2000, 120, "env steps")
         assert proxy.cut() == 1  # the actor's control connection drops; the proxy still listens
         codes = [p.wait(120) for p in procs]

@@ -1,17 +1,18 @@
 """Per-connection frame limits: what each role legitimately sends fits, a little more does not."""
+
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
 import pytest
+from apex_helpers import make_algo
+from hostile_helpers import Memory0, batch
 
 from aiorl.envs import EnvRunner
 from aiorl.replay import AggregateBuffer, PrioritizedReplayBuffer
 from aiorl.runtime import frame_limits
 from aiorl.wire import Limits
-from apex_helpers import make_algo
-from hostile_helpers import Memory0, batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -30,8 +31,9 @@ def fits(arrays: dict, limits: Limits) -> bool:
 
 @pytest.mark.parametrize("algo_name, env_id, n_step", [("apex_dqn", "CartPole-v1", 5), ("apex_ddpg", "Pendulum-v1", 3)])
 def test_the_largest_actor_batch_and_the_weights_fit(algo_name, env_id, n_step):
-    algo = make_algo(algo_name, env_id, {"n_step": n_step}, env={"num_envs": 3},
-                     agent={"sample_batch_size": 32, "batch_size": 16})
+    algo = make_algo(
+        algo_name, env_id, {"n_step": n_step}, env={"num_envs": 3}, agent={"sample_batch_size": 32, "batch_size": 16}
+    )
     cfg = algo.cfg
     actor = algo.make_actor(0, 1, seed=0)
     runner = EnvRunner(cfg.env, 3, seed=0)
@@ -60,14 +62,23 @@ def test_the_largest_actor_batch_and_the_weights_fit(algo_name, env_id, n_step):
     replay.add(full, np.ones(len(full["reward"])))
     sample = replay.sample(cfg.agent.batch_size, 0.4)
     assert fits(sample, frame_limits.memory_to_learner(cfg, algo))
-    update = {"indices": sample["indices"], "generations": sample["generations"],
-              "priorities": np.ones(cfg.agent.batch_size)}
+    update = {
+        "indices": sample["indices"],
+        "generations": sample["generations"],
+        "priorities": np.ones(cfg.agent.batch_size),
+    }
     assert fits(update, frame_limits.learner_to_memory(cfg, algo))
 
 
 def test_synchronous_rollouts_and_aggregates_fit():
-    algo = make_algo("random_agent", "CartPole-v1", {"synchronous": True}, env={"num_envs": 4},
-                     cluster={"actors": 3, "memories": 2}, agent={"sample_batch_size": 16})
+    algo = make_algo(
+        "random_agent",
+        "CartPole-v1",
+        {"synchronous": True},
+        env={"num_envs": 4},
+        cluster={"actors": 3, "memories": 2},
+        agent={"sample_batch_size": 16},
+    )
     cfg = algo.cfg
     policy = algo.make_actor(0, 3, seed=0)
     runner = EnvRunner(cfg.env, 4, seed=0)

@@ -1,12 +1,12 @@
 """The compiled frame store (FramePool, FrameStream) against its numpy oracle, and its edges."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiorl._ext import framestore
-from aiorl.replay import FramePool, FrameStream
-from aiorl.replay import reference
+from aiorl.replay import FramePool, FrameStream, reference
 
 
 def test_the_compiled_module_is_what_replay_exports():
@@ -138,8 +138,16 @@ def operations(draw):
                 ids = [draw(st.integers(max(0, next_id[s] - 3), next_id[s] + 2))] + ids
             next_id[s] += count
             refs = draw(st.lists(st.integers(keep[s], max(keep[s], next_id[s] + 1)), max_size=4))
-            ops.append(("message", s, ids, refs, keep[s] - draw(st.integers(0, 1)) * draw(st.booleans()),
-                        draw(st.integers(0, 255))))
+            ops.append(
+                (
+                    "message",
+                    s,
+                    ids,
+                    refs,
+                    keep[s] - draw(st.integers(0, 1)) * draw(st.booleans()),
+                    draw(st.integers(0, 255)),
+                )
+            )
         else:
             ops.append((kind, s, draw(st.integers(0, 10**6))))
     return window, ops
@@ -149,10 +157,14 @@ def operations(draw):
 @given(operations(), st.sampled_from([1, 2, 3, 64]), st.sampled_from([1, 2, 16]), st.integers(1, 3))
 def test_compiled_store_matches_the_oracle(case, max_frames, run_frames, stack):
     window, ops = case
-    pools = [FramePool((1, 2), "uint8", max_frames, block_frames=2, run_frames=run_frames),
-             reference.FramePool((1, 2), "uint8", max_frames, block_frames=2, run_frames=run_frames)]
-    streams = [[FrameStream(pools[0], window, stack) for _ in range(2)],
-               [reference.FrameStream(pools[1], window, stack) for _ in range(2)]]
+    pools = [
+        FramePool((1, 2), "uint8", max_frames, block_frames=2, run_frames=run_frames),
+        reference.FramePool((1, 2), "uint8", max_frames, block_frames=2, run_frames=run_frames),
+    ]
+    streams = [
+        [FrameStream(pools[0], window, stack) for _ in range(2)],
+        [reference.FrameStream(pools[1], window, stack) for _ in range(2)],
+    ]
     rows = [[], []]  # slot references each side took, as rows of a replay would
     for op in ops:
         outcomes = []
@@ -186,5 +198,6 @@ def test_compiled_store_matches_the_oracle(case, max_frames, run_frames, stack):
     assert np.array_equal(pools[0].take(live), pools[1].take(live))
     for r in rows[0]:
         table = r.reshape(-1, 1)
-        assert np.array_equal(pools[0].gather([table, table], np.arange(r.size)),
-                              pools[1].gather([table, table], np.arange(r.size)))
+        assert np.array_equal(
+            pools[0].gather([table, table], np.arange(r.size)), pools[1].gather([table, table], np.arange(r.size))
+        )

@@ -1,18 +1,22 @@
 """GAE: the compiled kernel against the numpy oracle, hand-computed cases and truncation."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiorl.replay import gae
-from aiorl.replay import reference
+from aiorl.replay import gae, reference
 
 
 def rollout(T, E, seed=0, dtype=np.float32):
     rng = np.random.default_rng(seed)
-    return dict(rewards=rng.normal(size=(T, E)).astype(dtype), values=rng.normal(size=(T, E)).astype(dtype),
-                bootstrap_value=rng.normal(size=E).astype(dtype), terminated=np.zeros((T, E), bool),
-                truncated=np.zeros((T, E), bool)), rng.normal(size=(T, E)).astype(dtype)
+    return dict(
+        rewards=rng.normal(size=(T, E)).astype(dtype),
+        values=rng.normal(size=(T, E)).astype(dtype),
+        bootstrap_value=rng.normal(size=E).astype(dtype),
+        terminated=np.zeros((T, E), bool),
+        truncated=np.zeros((T, E), bool),
+    ), rng.normal(size=(T, E)).astype(dtype)
 
 
 def loop_gae(r, v, boot, term, trunc, tv, gamma, lam):
@@ -39,14 +43,15 @@ def loop_gae(r, v, boot, term, trunc, tv, gamma, lam):
 @pytest.mark.parametrize("position", range(6))
 def test_every_episode_end_position(position, kind):
     args, tv = rollout(6, 2, seed=position)
-    for flag in (("terminated", "truncated") if kind == "both" else (kind,)):
+    for flag in ("terminated", "truncated") if kind == "both" else (kind,):
         args[flag][position, 0] = True
     adv, targets = gae(**args, gamma=0.9, lam=0.8, truncated_values=tv)
     want_adv, want_targets = reference.gae(**args, gamma=0.9, lam=0.8, truncated_values=tv)
     np.testing.assert_array_equal(adv, want_adv)
     np.testing.assert_array_equal(targets, want_targets)
-    loop_adv, loop_targets = loop_gae(args["rewards"], args["values"], args["bootstrap_value"], args["terminated"],
-                                      args["truncated"], tv, 0.9, 0.8)
+    loop_adv, loop_targets = loop_gae(
+        args["rewards"], args["values"], args["bootstrap_value"], args["terminated"], args["truncated"], tv, 0.9, 0.8
+    )
     np.testing.assert_allclose(adv, loop_adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(targets, loop_targets, rtol=1e-5, atol=1e-5)
 
@@ -72,9 +77,15 @@ def test_hand_computed():
 
 
 @settings(max_examples=80, deadline=None)
-@given(T=st.integers(1, 40), E=st.integers(1, 5), gamma=st.sampled_from([0.0, 0.9, 0.99, 1.0]),
-       lam=st.sampled_from([0.0, 0.95, 1.0]), end_rate=st.sampled_from([0.0, 0.1, 0.5]),
-       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2 ** 32 - 1))
+@given(
+    T=st.integers(1, 40),
+    E=st.integers(1, 5),
+    gamma=st.sampled_from([0.0, 0.9, 0.99, 1.0]),
+    lam=st.sampled_from([0.0, 0.95, 1.0]),
+    end_rate=st.sampled_from([0.0, 0.1, 0.5]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_matches_reference(T, E, gamma, lam, end_rate, dtype, seed):
     args, tv = rollout(T, E, seed, dtype)
     rng = np.random.default_rng(seed + 1)
@@ -92,14 +103,15 @@ def test_truncation_needs_final_values():
     args["truncated"][2, 1] = True
     with pytest.raises(ValueError, match=r"truncated\[2, 1\] is set .* truncated_values was not given"):
         gae(**args, gamma=0.9, lam=0.9)
-    args["terminated"][2, 1] = True            # terminated wins: nothing to bootstrap
+    args["terminated"][2, 1] = True  # terminated wins: nothing to bootstrap
     adv, targets = gae(**args, gamma=0.9, lam=0.9)
     want_adv, want_targets = reference.gae(**args, gamma=0.9, lam=0.9)
     np.testing.assert_array_equal(adv, want_adv)
     np.testing.assert_array_equal(targets, want_targets)
     zeros = np.zeros((4, 2), np.float32)
-    loop_adv, _ = loop_gae(args["rewards"], args["values"], args["bootstrap_value"], args["terminated"],
-                           args["truncated"], zeros, 0.9, 0.9)
+    loop_adv, _ = loop_gae(
+        args["rewards"], args["values"], args["bootstrap_value"], args["terminated"], args["truncated"], zeros, 0.9, 0.9
+    )
     np.testing.assert_allclose(adv, loop_adv, rtol=1e-5, atol=1e-5)
     # Final values, when given, are not read where the episode terminated.
     huge, _ = gae(**args, gamma=0.9, lam=0.9, truncated_values=np.full((4, 2), 1e6, np.float32))

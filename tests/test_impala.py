@@ -1,5 +1,6 @@
 """IMPALA without sockets: fragments from the acting policy, the V-trace loss and its episode
 edges, the learner step, checkpoints and export, config refusals."""
+
 import numpy as np
 import pytest
 import torch
@@ -15,9 +16,14 @@ T, E = 6, 3
 
 
 def config(env="CartPole-v1", **model):
-    return load_config(data={"algo": "impala", "env": {"id": env, "num_envs": E},
-                             "agent": {"sample_batch_size": T, "batch_size": 2 * T},
-                             "model": {"network": ["linear:16", "tanh"], **model}})
+    return load_config(
+        data={
+            "algo": "impala",
+            "env": {"id": env, "num_envs": E},
+            "agent": {"sample_batch_size": T, "batch_size": 2 * T},
+            "model": {"network": ["linear:16", "tanh"], **model},
+        }
+    )
 
 
 def rollout_fragments(cfg, seed=0, steps=T):
@@ -85,8 +91,7 @@ def test_loss_bootstraps_from_the_right_observations():
         return impala_loss(net, m, b, learner.device)[0].item()
 
     base = loss_of(batch)
-    for (e, t), matters in [((0, 2), False), ((0, T - 1), True), ((1, 3), True), ((1, 2), False),
-                            ((2, T - 1), False)]:
+    for (e, t), matters in [((0, 2), False), ((0, T - 1), True), ((1, 3), True), ((1, 2), False), ((2, T - 1), False)]:
         changed = {k: v.copy() for k, v in batch.items()}
         changed["next_obs"][e, t] += 0.5
         assert (loss_of(changed) != base) == matters, (e, t)
@@ -95,15 +100,23 @@ def test_loss_bootstraps_from_the_right_observations():
         flat = torch.as_tensor(batch["obs"].reshape(E * T, -1))
         logits, values = net(flat)
         logp = net.head.log_prob(logits, torch.as_tensor(batch["action"].reshape(-1)))
-        blogp = net.head.log_prob(torch.as_tensor(batch["behaviour_logits"].reshape(E * T, -1)),
-                                  torch.as_tensor(batch["action"].reshape(-1)))
+        blogp = net.head.log_prob(
+            torch.as_tensor(batch["behaviour_logits"].reshape(E * T, -1)), torch.as_tensor(batch["action"].reshape(-1))
+        )
         v_next = net.value(torch.as_tensor(batch["next_obs"].reshape(E * T, -1))).numpy().reshape(E, T)
     values = values.numpy().reshape(E, T)
-    vs, pg = reference.vtrace((logp - blogp).numpy().reshape(E, T), batch["reward"], values, v_next[:, -1],
-                              batch["terminated"], batch["truncated"], 0.9, truncated_values=v_next)
+    vs, pg = reference.vtrace(
+        (logp - blogp).numpy().reshape(E, T),
+        batch["reward"],
+        values,
+        v_next[:, -1],
+        batch["terminated"],
+        batch["truncated"],
+        0.9,
+        truncated_values=v_next,
+    )
     entropy = float(net.head.entropy(logits).mean())
-    want = (-(pg.reshape(-1) * logp.numpy()).mean() + 0.5 * 0.5 * ((vs - values) ** 2).mean()
-            - 0.01 * entropy)
+    want = -(pg.reshape(-1) * logp.numpy()).mean() + 0.5 * 0.5 * ((vs - values) ** 2).mean() - 0.01 * entropy
     assert base == pytest.approx(float(want), rel=1e-5)
 
 
@@ -136,20 +149,27 @@ def test_learner_step_checkpoint_and_export(tmp_path):
     assert torch.equal(exported(obs), greedy)
 
 
-@pytest.mark.parametrize("override, match", [
-    ({"agent": {"batch_size": 2 * T + 1}}, r"agent.batch_size \(13 transitions .*\) must be a multiple"),
-    ({"model": {"queue_capacity": 3}}, r"model.queue_capacity \(3 fragments\) must be at least 4: .*room for a"),
-    ({"model": {"queue_capacity": 2, "queue_full": "drop_oldest"}}, r"must be at least 3"),
-    ({"model": {"queue_full": "block"}}, r"model.queue_full: expected 'throttle' or 'drop_oldest', got 'block'"),
-    ({"model": {"rho_bar": 0}}, r"model.rho_bar: must be > 0"),
-    ({"model": {"max_policy_lag": -1}}, r"model.max_policy_lag: must be >= 0"),
-    ({"model": {"optimizer": "sgd"}}, r"model.optimizer: expected 'rmsprop' or 'adam', got 'sgd'"),
-    ({"agent": {"samples_per_insert": 1.0}}, r"impala trains on each fragment once"),
-    ({"model": {"lr_annealing": True}}, r"anneals over agent.scheduled_timesteps"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ({"agent": {"batch_size": 2 * T + 1}}, r"agent.batch_size \(13 transitions .*\) must be a multiple"),
+        ({"model": {"queue_capacity": 3}}, r"model.queue_capacity \(3 fragments\) must be at least 4: .*room for a"),
+        ({"model": {"queue_capacity": 2, "queue_full": "drop_oldest"}}, r"must be at least 3"),
+        ({"model": {"queue_full": "block"}}, r"model.queue_full: expected 'throttle' or 'drop_oldest', got 'block'"),
+        ({"model": {"rho_bar": 0}}, r"model.rho_bar: must be > 0"),
+        ({"model": {"max_policy_lag": -1}}, r"model.max_policy_lag: must be >= 0"),
+        ({"model": {"optimizer": "sgd"}}, r"model.optimizer: expected 'rmsprop' or 'adam', got 'sgd'"),
+        ({"agent": {"samples_per_insert": 1.0}}, r"impala trains on each fragment once"),
+        ({"model": {"lr_annealing": True}}, r"anneals over agent.scheduled_timesteps"),
+    ],
+)
 def test_config_refusals(override, match):
-    data = {"algo": "impala", "env": {"id": "CartPole-v1", "num_envs": E},
-            "agent": {"sample_batch_size": T, "batch_size": 2 * T}, "model": {"queue_capacity": 4}}
+    data = {
+        "algo": "impala",
+        "env": {"id": "CartPole-v1", "num_envs": E},
+        "agent": {"sample_batch_size": T, "batch_size": 2 * T},
+        "model": {"queue_capacity": 4},
+    }
     load_config(data=data)  # 2 fragments per batch + 3 envs - 1: just enough
     for section, values in override.items():
         data[section].update(values)
@@ -185,14 +205,20 @@ def test_idle_clock_counts_finished_waits_and_the_one_in_progress(monkeypatch):
 def test_a_fragment_message_a_batch_of_fragments_and_the_weights_fit_their_frame_limits(steps):
     """What each IMPALA connection carries fits the limits the wire holds it to, also for
     fragments of one step (as many fragments as rows, each with its origin)."""
-    from aiorl.replay.trajectory_queue import TrajectoryQueue
-    from aiorl.runtime import frame_limits
     from test_frame_limits import fits
 
+    from aiorl.replay.trajectory_queue import TrajectoryQueue
+    from aiorl.runtime import frame_limits
+
     per_batch = 128  # fragments: well over the floor every limit has (4 KiB)
-    cfg = load_config(data={"algo": "impala", "env": {"id": "CartPole-v1", "num_envs": E},
-                            "agent": {"sample_batch_size": steps, "batch_size": per_batch * steps},
-                            "model": {"network": ["linear:16", "tanh"], "queue_capacity": per_batch + E}})
+    cfg = load_config(
+        data={
+            "algo": "impala",
+            "env": {"id": "CartPole-v1", "num_envs": E},
+            "agent": {"sample_batch_size": steps, "batch_size": per_batch * steps},
+            "model": {"network": ["linear:16", "tanh"], "queue_capacity": per_batch + E},
+        }
+    )
     algo, _, learner, _, message, _ = rollout_fragments(cfg, steps=steps)
     assert fits(message, frame_limits.actor_to_memory(cfg, algo))
     queue = TrajectoryQueue(per_batch + E, algo.transition_spec(), steps)

@@ -2,6 +2,7 @@
 actor each, batches that later traffic never changes, the policy-lag bound, and what a full
 trajectory queue does under each policy (throttle: actors wait; drop_oldest: they go on and the
 oldest fragments are dropped), seen by stopping the learner."""
+
 import json
 import os
 import signal
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from cluster_helpers import finish, last_metrics, pids, read_json, start, wait_for, write_config
 
 pytestmark = pytest.mark.cluster
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cluster
 # A counting env: its observation is (uid, steps taken so far), its uid the seed of its first
 # reset (run seed + 10000 * (actor + 1) + env index), so every step names the env stream it came
 # from and where in it. Episodes end where the count says (varying lengths, truncations too).
-COUNTING_ENV = '''
+COUNTING_ENV = """
 import gymnasium as gym
 import numpy as np
 
@@ -48,12 +48,12 @@ class Counting(gym.Env):
 
 
 gym.register("Counting-v0", entry_point=Counting)
-'''
+"""
 
 # The learner role with its core's step wrapped: every batch is saved, and every batch it still
 # holds is compared with its saved copy at each later step (a view into memory that later
 # traffic reuses would change under it).
-RECORDING_LEARNER = '''
+RECORDING_LEARNER = """
 import sys
 from pathlib import Path
 
@@ -81,7 +81,7 @@ def recording_step(self, batch):
 
 impala.ImpalaLearner.step = recording_step
 sys.exit(main(sys.argv[1:]))
-'''
+"""
 
 NUM_ENVS, STEPS = 3, 7
 
@@ -113,15 +113,27 @@ def test_fragments_are_whole_across_the_wire_and_batches_stay_unchanged(tmp_path
     env = {**os.environ, "AIORL_TOKEN": "ab" * 32}
 
     def role(kind, index, *extra):
-        prefix = ([sys.executable, str(tmp_path / "recording_learner.py"), str(batches)] if kind == "learner"
-                  else [sys.executable, "-m", "aiorl"])
-        return subprocess.Popen([*prefix, "run", str(path), "--role", kind, "--index", str(index), *extra],
-                                env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        prefix = (
+            [sys.executable, str(tmp_path / "recording_learner.py"), str(batches)]
+            if kind == "learner"
+            else [sys.executable, "-m", "aiorl"]
+        )
+        return subprocess.Popen(
+            [*prefix, "run", str(path), "--role", kind, "--index", str(index), *extra],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     procs = [role("memory", 0)]
     try:
-        port = wait_for(lambda: (run_dir / "coordinator.json").exists()
-                        and read_json(run_dir / "coordinator.json")["port"], 60, "the coordinator")
+        port = wait_for(
+            lambda: (run_dir / "coordinator.json").exists() and read_json(run_dir / "coordinator.json")["port"],
+            60,
+            "the coordinator",
+        )
         at = ("--set", f"cluster.port={port}")
         procs += [role("memory", 1, *at), role("learner", 0, *at), role("actor", 0, *at), role("actor", 1, *at)]
         codes = [p.wait(180) for p in procs]
@@ -154,8 +166,11 @@ def test_fragments_are_whole_across_the_wire_and_batches_stay_unchanged(tmp_path
     assert all(q["handoff_lag_max"] <= 1 for q in queues), queues
     assert sum(q["dropped_lag"] for q in queues) > 0, queues
     for q in queues:  # every fragment accounted for
-        assert q["pushed"] == q["messages"] * NUM_ENVS == q["taken"] + q["dropped_lag"] + q["dropped_full"] \
-            + q["left_at_end"], q
+        assert (
+            q["pushed"]
+            == q["messages"] * NUM_ENVS
+            == q["taken"] + q["dropped_lag"] + q["dropped_full"] + q["left_at_end"]
+        ), q
     lag = summary["roles"]["learner-0"]["stats"]["policy_lag"]
     assert lag["fragments"] == sum(q["taken"] for q in queues) and lag["max"] >= 0
 
@@ -195,8 +210,11 @@ def test_a_full_queue_throttles_actors_or_drops_the_oldest(tmp_path, full):
                 assert row["queue/dropped_full"] == 0 and row["queue/fragments"] <= 8
                 assert (row["actor_idle_fraction"] or 0) > 0, row
             else:
-                wait_for(lambda: (last_metrics(run_dir) or {}).get("queue/dropped_full", 0) > 0, 20,
-                         "the queue to drop its oldest fragments")
+                wait_for(
+                    lambda: (last_metrics(run_dir) or {}).get("queue/dropped_full", 0) > 0,
+                    20,
+                    "the queue to drop its oldest fragments",
+                )
                 steps = rows(run_dir)[-1]["env_steps"]
                 wait_for(lambda: rows(run_dir)[-1]["env_steps"] > steps, 20, "actors to go on")
         finally:
@@ -229,8 +247,12 @@ def test_ci_sized_run_learns(tmp_path):
     proc, run_dir = start(tmp_path, config)
     code, out = finish(proc, 300)
     assert code == 0, out
-    result = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "20", "--json"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "20", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["mean"] >= 400, result.stdout
 

@@ -1,6 +1,7 @@
 """IMPALA survives faults as Ape-X does, with real role processes over loopback: a SIGKILLed
 actor is restarted and its successor sends fragments against fresh credits; a run whose every
 process was SIGKILLed resumes from its newest checkpoint."""
+
 from __future__ import annotations
 
 import os
@@ -9,11 +10,11 @@ import subprocess
 import sys
 
 import pytest
-
-from aiorl import checkpoint
 from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, start, wait_for
 from test_faults import metrics_rows
 from test_impala_cluster import impala_config
+
+from aiorl import checkpoint
 
 pytestmark = pytest.mark.cluster
 
@@ -51,8 +52,11 @@ def test_a_sigkilled_actor_is_restarted_and_its_successor_gets_credits(tmp_path)
 
         def stepped() -> bool:
             role = (live_status(run_dir) or {}).get("roles", {}).get("actor-0", {})
-            return (role.get("pid") == successor and role.get("status") == "running"
-                    and role.get("counters", {}).get("env_steps", 0) >= 4 * per_message)
+            return (
+                role.get("pid") == successor
+                and role.get("status") == "running"
+                and role.get("counters", {}).get("env_steps", 0) >= 4 * per_message
+            )
 
         wait_for(stepped, 60, "the successor stepping")
         proc.send_signal(signal.SIGINT)
@@ -91,15 +95,22 @@ def test_sigkill_every_process_then_resume_from_the_newest_checkpoint(tmp_path):
     newest, saved, _ = checkpoint.newest_good(run_dir / "checkpoints")
     assert saved["algo"] == "impala" and saved["run"]["env_steps"] > 0
 
-    resumed = subprocess.run([sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     summary = read_json(run_dir / "summary.json")
     assert summary["outcome"] == "finished" and summary["attempt"] == 2 and summary["learner_steps"] >= 400
     assert summary["resumed_from"]["checkpoint"] == str(newest)
     second = [r for r in metrics_rows(run_dir) if r["attempt"] == 2]
-    assert (second[0]["env_steps"], second[0]["learner_steps"]) == (saved["run"]["env_steps"],
-                                                                    saved["run"]["learner_steps"])
+    assert (second[0]["env_steps"], second[0]["learner_steps"]) == (
+        saved["run"]["env_steps"],
+        saved["run"]["learner_steps"],
+    )
     learner = summary["roles"]["learner-0"]["stats"]
     assert learner["total_learner_steps"] - learner["learner_steps"] == saved["learner_steps"]
     assert learner["policy_lag"]["fragments"] > 0  # it trained on fragments of the resumed actors

@@ -1,30 +1,40 @@
 """An IMPALA memory host against a hand-played actor, in the test's loop over real TCP: credits
 go out as the trajectory queue has room (throttle) or always (drop_oldest), and a fragment
 message without a credit closes that connection."""
+
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
 import pytest
-
 from hostile_helpers import HANG_S, Memory0
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 T, CAPACITY = 4, 4
-IMPALA = ["algo=impala", f"agent.sample_batch_size={T}", f"agent.batch_size={2 * T}",
-          f"model.queue_capacity={CAPACITY}", "model.network=[linear:8]"]
+IMPALA = [
+    "algo=impala",
+    f"agent.sample_batch_size={T}",
+    f"agent.batch_size={2 * T}",
+    f"model.queue_capacity={CAPACITY}",
+    "model.network=[linear:8]",
+]
 
 
 def fragment(seed: int) -> dict[str, np.ndarray]:
     """One env's fragment of T CartPole steps in IMPALA's spec ([1, T, ...])."""
     rng = np.random.default_rng(seed)
     obs = rng.standard_normal((1, T, 4)).astype(np.float32)
-    return {"obs": obs, "next_obs": obs + 1, "action": rng.integers(0, 2, (1, T)),
-            "reward": np.ones((1, T), np.float32), "terminated": np.zeros((1, T), np.bool_),
-            "truncated": np.zeros((1, T), np.bool_),
-            "behaviour_logits": rng.standard_normal((1, T, 2)).astype(np.float32)}
+    return {
+        "obs": obs,
+        "next_obs": obs + 1,
+        "action": rng.integers(0, 2, (1, T)),
+        "reward": np.ones((1, T), np.float32),
+        "terminated": np.zeros((1, T), np.bool_),
+        "truncated": np.zeros((1, T), np.bool_),
+        "behaviour_logits": rng.standard_normal((1, T, 2)).astype(np.float32),
+    }
 
 
 async def actor_attached(m: Memory0):
@@ -45,7 +55,7 @@ async def test_throttle_grants_credits_as_the_queue_has_room_and_refuses_a_messa
     assert "actor-0 sent a fragment message without a credit" in caplog.text
     assert m.memory.bad_messages == 1
     assert len(hub.queue) == CAPACITY and hub.queue.dropped_full == 0
-    link, = m.memory.actor_links
+    (link,) = m.memory.actor_links
     assert link.granted == CAPACITY and hub.room.throttled == 0 and hub.room.reserved == 0
 
 

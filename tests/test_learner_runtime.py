@@ -4,6 +4,7 @@ These drive `LearnerRole` methods in-process (a unit test of the role, not of
 the transport: the cluster tests cover that); the fakes record what the
 learner sends.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -12,19 +13,25 @@ import time
 
 import numpy as np
 import pytest
+from cluster_helpers import read_json, run
 
 from aiorl.config import load_config
 from aiorl.runtime.algorithm import LearnerCore, LearnerResult
 from aiorl.runtime.learner import _END, LearnerRole
 from aiorl.wire import Message
-from cluster_helpers import read_json, run
 
 CONFIG = {
     "algo": "random_agent",
     "env": {"id": "CartPole-v1"},
-    "agent": {"batch_size": 4, "buffer_size": 100, "learning_starts": 4, "publish_interval": 1,
-              "scheduled_global_steps": 1000, "prioritized_replay_beta": 0.4,
-              "prioritized_replay_beta_final": 1.0},
+    "agent": {
+        "batch_size": 4,
+        "buffer_size": 100,
+        "learning_starts": 4,
+        "publish_interval": 1,
+        "scheduled_global_steps": 1000,
+        "prioritized_replay_beta": 0.4,
+        "prioritized_replay_beta_final": 1.0,
+    },
     "run": {"tensorboard": False},
 }
 
@@ -148,9 +155,15 @@ def test_two_learners_reach_the_final_beta_when_the_run_ends(tmp_path):
         "algo": "random_agent",
         "env": {"id": "CartPole-v1", "num_envs": 2},
         "cluster": {"actors": 1, "memories": 1, "learners": 2},
-        "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200,
-                  "scheduled_global_steps": 600, "prioritized_replay_beta": 0.4,
-                  "prioritized_replay_beta_final": 1.0},
+        "agent": {
+            "sample_batch_size": 16,
+            "batch_size": 32,
+            "buffer_size": 4000,
+            "learning_starts": 200,
+            "scheduled_global_steps": 600,
+            "prioritized_replay_beta": 0.4,
+            "prioritized_replay_beta_final": 1.0,
+        },
         "model": {"learner_step_sleep_s": 0.004},
         "run": {"tensorboard": False},
     }

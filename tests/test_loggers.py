@@ -1,6 +1,7 @@
 """run.loggers: TensorBoard (with hparams), Weights & Biases (offline) and MLflow (local file store), each
 fed the resolved config as hyper-parameters and the metrics rows; unknown or uninstalled loggers are
 one-line config errors."""
+
 import subprocess
 import sys
 
@@ -10,8 +11,17 @@ from aiorl.config import ConfigError, load_config
 from aiorl.loggers import check_installed, flat_hparams
 from aiorl.metrics import MetricsWriter
 
-ROWS = [{"time_s": 0.5 * k, "env_steps": 100 * k, "learner_steps": 10 * k, "return_mean_100": float(k),
-         "phase": "RUNNING", "learner/losses/td_loss": 1.0 / (k + 1)} for k in range(1, 4)]
+ROWS = [
+    {
+        "time_s": 0.5 * k,
+        "env_steps": 100 * k,
+        "learner_steps": 10 * k,
+        "return_mean_100": float(k),
+        "phase": "RUNNING",
+        "learner/losses/td_loss": 1.0 / (k + 1),
+    }
+    for k in range(1, 4)
+]
 
 
 def config():
@@ -20,8 +30,9 @@ def config():
 
 def write_rows(tmp_path, loggers):
     writer = MetricsWriter(tmp_path, loggers=loggers, config=config())
-    assert [type(lg).__name__ for lg in writer.loggers] == [f"{name.capitalize()}Logger".replace(
-        "Tensorboard", "TensorBoard") for name in loggers]
+    assert [type(lg).__name__ for lg in writer.loggers] == [
+        f"{name.capitalize()}Logger".replace("Tensorboard", "TensorBoard") for name in loggers
+    ]
     for row in ROWS:
         writer.write(row)
     writer.close()
@@ -78,27 +89,36 @@ def test_mlflow_local_store_in_the_run_holds_params_and_metrics(tmp_path, monkey
 
 
 def test_unknown_or_missing_logger_is_a_config_error(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match=r"run.loggers: unknown logger 'wandbb' \(available: tensorboard, wandb, "
-                                          r"mlflow\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"run.loggers: unknown logger 'wandbb' \(available: tensorboard, wandb, "
+        r"mlflow\)",
+    ):
         load_config(data={"algo": "apex_dqn", "run": {"loggers": ["wandbb"]}})
     monkeypatch.setitem(sys.modules, "mlflow", None)
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
-    assert check_installed(["tensorboard", "mlflow"]) == \
-        "run.loggers: 'mlflow' needs the mlflow package: pip install 'aiorl[mlflow]'"
+    assert (
+        check_installed(["tensorboard", "mlflow"])
+        == "run.loggers: 'mlflow' needs the mlflow package: pip install 'aiorl[mlflow]'"
+    )
 
 
 def test_aiorl_run_refuses_a_missing_logger_package_before_anything_starts(tmp_path):
-    code = ("import importlib.util, sys; real = importlib.util.find_spec; "
-            "importlib.util.find_spec = lambda n, *a: None if n == 'wandb' else real(n, *a); "
-            "from aiorl.cli import main; sys.exit(main(sys.argv[1:]))")
+    code = (
+        "import importlib.util, sys; real = importlib.util.find_spec; "
+        "importlib.util.find_spec = lambda n, *a: None if n == 'wandb' else real(n, *a); "
+        "from aiorl.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"algo: apex_dqn\nrun: {{dir: {tmp_path / 'run'}, loggers: [tensorboard, wandb]}}\n")
-    out = subprocess.run([sys.executable, "-c", code, "run", str(cfg)], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", code, "run", str(cfg)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip() == ("aiorl: config error: run.loggers: 'wandb' needs the wandb package: "
-                                  "pip install 'aiorl[wandb]'")
+    assert out.stderr.strip() == (
+        "aiorl: config error: run.loggers: 'wandb' needs the wandb package: pip install 'aiorl[wandb]'"
+    )
     assert not (tmp_path / "run").exists()

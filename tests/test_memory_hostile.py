@@ -6,6 +6,7 @@ real actor or learner never would. Each case checks the memory host's
 answer (refuse, drop rows, close that one connection) and that it keeps
 serving, or, for its own failures, that it fails loudly through the phases.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,9 +14,9 @@ import logging
 
 import numpy as np
 import pytest
+from hostile_helpers import HANG_S, Memory0, batch
 
 from aiorl.wire import ConnectionClosed, RemoteError
-from hostile_helpers import HANG_S, Memory0, batch
 
 MEMORY_LOG = "aiorl.memory-0"
 
@@ -111,21 +112,25 @@ async def test_a_rollout_on_an_asynchronous_run_closes_only_that_connection(memo
     assert not m.memory._fatal.done()
 
 
-@pytest.mark.parametrize("arrays, match", [
-    ({**batch(4), "extra": np.zeros(4)}, "unexpected \\['extra'\\]"),
-    ({k: v for k, v in batch(4).items() if k != "reward"}, "missing \\['reward'\\]"),
-    ({**batch(4), "obs": np.zeros((4, 5), np.float32)}, "batch.obs is float32\\[4, 5\\]"),
-    ({**batch(4), "reward": np.ones(3, np.float32)}, "has 3 rows"),
-    ({**batch(4), "priorities": np.ones(4, np.float32)}, "batch.priorities is float32"),
-])
+@pytest.mark.parametrize(
+    "arrays, match",
+    [
+        ({**batch(4), "extra": np.zeros(4)}, "unexpected \\['extra'\\]"),
+        ({k: v for k, v in batch(4).items() if k != "reward"}, "missing \\['reward'\\]"),
+        ({**batch(4), "obs": np.zeros((4, 5), np.float32)}, "batch.obs is float32\\[4, 5\\]"),
+        ({**batch(4), "reward": np.ones(3, np.float32)}, "has 3 rows"),
+        ({**batch(4), "priorities": np.ones(4, np.float32)}, "batch.priorities is float32"),
+    ],
+)
 async def test_batches_that_do_not_match_the_replay_spec_are_protocol_errors(memory0, caplog, arrays, match):
     m = memory0
     actor = await m.attach("actor-0", m.actor_session)
     await actor.send("batch", {"actor": 0, "seq": 0}, arrays)
     async with asyncio.timeout(HANG_S):
         await actor.wait_closed()
-    assert any(r.levelno >= logging.WARNING and __import__("re").search(match, r.getMessage())
-               for r in caplog.records), caplog.text[-2000:]
+    assert any(
+        r.levelno >= logging.WARNING and __import__("re").search(match, r.getMessage()) for r in caplog.records
+    ), caplog.text[-2000:]
     assert m.memory.inserted == 0 and not m.memory._fatal.done()
 
 
@@ -179,17 +184,19 @@ async def test_a_dead_sampler_fails_the_memory_host_and_the_run_through_the_phas
     record = m.coordinator.roles["memory-0"]  # the run lists failed roles in its summary at the end
     assert record.status == "failed" and "sampler for learner-0" in record.reason and "replay broke" in record.reason
     assert m.coordinator.stopped_by_failure
-    assert any("sampler for learner-0 failed" in r.getMessage() and r.levelno == logging.ERROR
-               for r in caplog.records)
+    assert any("sampler for learner-0 failed" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
 
 
-@pytest.mark.parametrize("kind, meta, match", [
-    ("heartbeat", {"counters": {"env_steps": "lots"}}, "heartbeat.counters[env_steps] must be an integer"),
-    ("heartbeat", {"episode_returns": [1.0, float("nan")]}, "heartbeat.episode_returns[1] must be a finite"),
-    ("barrier", {"generation": -1}, "barrier.generation must be an integer"),
-    ("get_weights", {"have": 1.5}, "get_weights.have must be an integer"),
-    ("nonsense", {}, "unexpected message 'nonsense'"),
-])
+@pytest.mark.parametrize(
+    "kind, meta, match",
+    [
+        ("heartbeat", {"counters": {"env_steps": "lots"}}, "heartbeat.counters[env_steps] must be an integer"),
+        ("heartbeat", {"episode_returns": [1.0, float("nan")]}, "heartbeat.episode_returns[1] must be a finite"),
+        ("barrier", {"generation": -1}, "barrier.generation must be an integer"),
+        ("get_weights", {"have": 1.5}, "get_weights.have must be an integer"),
+        ("nonsense", {}, "unexpected message 'nonsense'"),
+    ],
+)
 async def test_a_registered_role_sending_a_bad_control_message_is_cut_off_loudly(memory0, caplog, kind, meta, match):
     m = memory0
     with pytest.raises((RemoteError, ConnectionClosed, TimeoutError)):
@@ -211,8 +218,11 @@ async def test_a_learners_non_finite_priorities_are_ignored_and_out_of_range_ind
     indices, generations = sample.arrays["indices"], sample.arrays["generations"]
     priorities = np.full(len(indices), 2.0)
     priorities[:3] = [np.nan, np.inf, -1.0]
-    await learner.send("priorities", {"credit": 1, "beta": 0.4},
-                       {"indices": indices, "generations": generations, "priorities": priorities})
+    await learner.send(
+        "priorities",
+        {"credit": 1, "beta": 0.4},
+        {"indices": indices, "generations": generations, "priorities": priorities},
+    )
     link = m.memory.learners["learner-0"]
     await m.until(lambda: link.priority_messages == 1, "the update")
     assert link.priorities_rejected == 3 and link.priorities_applied == len(indices) - 3

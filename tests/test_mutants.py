@@ -1,6 +1,7 @@
 """The mutants runner (tests/mutants.py) on a tiny project of its own: it reports killed and
 survived mutants, always restores the file byte for byte (also on Ctrl-C), and refuses a
 definition whose `old` text is not found exactly once."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import mutants
 import psutil
 import pytest
-
-import mutants
 from cluster_helpers import wait_for
 
 RUNNER = Path(mutants.__file__)
@@ -29,14 +29,16 @@ def project(tmp_path: Path, defs: dict[str, list[dict]]) -> tuple[Path, Path]:
     (root / "conftest.py").write_text("")  # puts the root on sys.path
     (root / "calc.py").write_bytes(CALC)
     (root / "tests" / "test_calc.py").write_text("from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n")
-    (root / "tests" / "test_slow.py").write_text(textwrap.dedent("""
+    (root / "tests" / "test_slow.py").write_text(
+        textwrap.dedent("""
         import os, pathlib, time
         import calc
 
         def test_waits():
             pathlib.Path(os.environ["MUTANT_STARTED"]).write_text("started")
             time.sleep(120)
-    """))
+    """)
+    )
     d = root / "defs"
     d.mkdir()
     for name, items in defs.items():
@@ -63,8 +65,10 @@ def test_killed_and_survived_mutants_and_the_file_restored(tmp_path, capsys):
     assert (root / "calc.py").read_bytes() == CALC
     assert not (root / mutants.BACKUP_DIR).exists()  # the backup and its folders are gone
     result = json.loads(out.read_text())
-    assert {o["name"]: o["status"] for o in result["outcomes"]} == {"add_subtracts": "killed",
-                                                                   "add_commutes": "survived"}
+    assert {o["name"]: o["status"] for o in result["outcomes"]} == {
+        "add_subtracts": "killed",
+        "add_commutes": "survived",
+    }
     assert "kill rate 1/2 (50%)" in printed and "survived: add_commutes" in printed
     assert printed.splitlines()[0].startswith("killed ") and printed.splitlines()[0].endswith("add_subtracts")
     # --only picks one mutant by name, or a definition file by name.
@@ -76,9 +80,13 @@ def test_killed_and_survived_mutants_and_the_file_restored(tmp_path, capsys):
 
 
 def test_an_old_text_found_twice_or_never_is_refused_by_name(tmp_path, capsys):
-    root, defs = project(tmp_path, {"bad": [mutant("twice", old="x = 1", new="x = 2"),
-                                            mutant("never", old="return a * b")],
-                                    "good": [mutant("fine")]})
+    root, defs = project(
+        tmp_path,
+        {
+            "bad": [mutant("twice", old="x = 1", new="x = 2"), mutant("never", old="return a * b")],
+            "good": [mutant("fine")],
+        },
+    )
     with pytest.raises(mutants.DefinitionError) as info:
         mutants.load_definitions(defs, root)
     message = str(info.value)
@@ -91,25 +99,34 @@ def test_an_old_text_found_twice_or_never_is_refused_by_name(tmp_path, capsys):
     assert mutants.main(["--root", str(root), "--defs", str(defs), "--only", "nope"]) == 2
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(name="x", path="calc.py", old="return a + b", new="y"), "missing key(s) tests"),
-    (mutant("x", path="../calc.py"), "path '../calc.py' is not a file under"),
-    (mutant("x", new="return a + b"), "old and new are the same text"),
-    (mutant("x", tests=["test_calc.py"]), "tests must be a non-empty list of pytest ids under tests/"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(name="x", path="calc.py", old="return a + b", new="y"), "missing key(s) tests"),
+        (mutant("x", path="../calc.py"), "path '../calc.py' is not a file under"),
+        (mutant("x", new="return a + b"), "old and new are the same text"),
+        (mutant("x", tests=["test_calc.py"]), "tests must be a non-empty list of pytest ids under tests/"),
+    ],
+)
 def test_malformed_definitions_are_refused(tmp_path, bad, message):
     root, defs = project(tmp_path, {"bad": [bad]})
-    with pytest.raises(mutants.DefinitionError, match=r"bad\.py: mutant 'x': " + message.replace("(", r"\(")
-                       .replace(")", r"\)").replace(".", r"\.")):
+    with pytest.raises(
+        mutants.DefinitionError,
+        match=r"bad\.py: mutant 'x': " + message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\."),
+    ):
         mutants.load_definitions(defs, root)
 
 
 def test_ctrl_c_while_a_mutant_runs_restores_the_file_and_ends_its_tests(tmp_path):
     root, defs = project(tmp_path, {"slow": [mutant("slow_one", tests=["tests/test_slow.py"])]})
     marker = tmp_path / "started"
-    proc = subprocess.Popen([sys.executable, str(RUNNER), "--root", str(root), "--defs", str(defs)],
-                            env={**os.environ, "MUTANT_STARTED": str(marker)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(RUNNER), "--root", str(root), "--defs", str(defs)],
+        env={**os.environ, "MUTANT_STARTED": str(marker)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(marker.exists, 60, "the mutant's tests to start")
         assert (root / "calc.py").read_bytes() != CALC  # the mutant is applied now
@@ -122,8 +139,11 @@ def test_ctrl_c_while_a_mutant_runs_restores_the_file_and_ends_its_tests(tmp_pat
     assert proc.returncode == 130, (out, err)
     assert "interrupted by SIGINT; every file is restored" in err
     assert (root / "calc.py").read_bytes() == CALC
-    wait_for(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children), 30,
-             "the mutant's test run to end")
+    wait_for(
+        lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children),
+        30,
+        "the mutant's test run to end",
+    )
 
 
 def test_a_killed_runner_leaves_a_backup_the_next_run_restores(tmp_path, capsys):

@@ -1,11 +1,11 @@
 """n-step adjustment: the compiled kernel against the numpy oracle and a per-transition loop."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiorl.replay import NStep, NStepCarry, n_step_adjustment, n_step_flush
-from aiorl.replay import reference
+from aiorl.replay import NStep, NStepCarry, n_step_adjustment, n_step_flush, reference
 
 KEYS = ("obs", "action", "reward", "next_obs", "done", "discount")
 
@@ -15,9 +15,14 @@ def trajectory(T, E, seed=0, obs_dtype=np.uint8, action_shape=()):
     rng = np.random.default_rng(seed)
     ids = np.arange(T * E).reshape(T, E)
     obs = np.stack([ids, ids // 7], axis=-1).astype(obs_dtype)
-    return dict(obs=obs, actions=rng.integers(0, 5, (T, E) + action_shape),
-                rewards=rng.normal(size=(T, E)).astype(np.float32), next_obs=(obs + 100).astype(obs_dtype),
-                terminated=np.zeros((T, E), bool), truncated=np.zeros((T, E), bool))
+    return dict(
+        obs=obs,
+        actions=rng.integers(0, 5, (T, E) + action_shape),
+        rewards=rng.normal(size=(T, E)).astype(np.float32),
+        next_obs=(obs + 100).astype(obs_dtype),
+        terminated=np.zeros((T, E), bool),
+        truncated=np.zeros((T, E), bool),
+    )
 
 
 def naive(traj, n, gamma):
@@ -29,7 +34,7 @@ def naive(traj, n, gamma):
         for e in range(E):
             ret, m, done, closed = 0.0, 0, False, False
             while t + m < T:
-                ret += gamma ** m * float(traj["rewards"][t + m, e])
+                ret += gamma**m * float(traj["rewards"][t + m, e])
                 m += 1
                 if traj["terminated"][t + m - 1, e] or traj["truncated"][t + m - 1, e]:
                     done, closed = bool(traj["terminated"][t + m - 1, e]), True
@@ -40,8 +45,16 @@ def naive(traj, n, gamma):
             if not closed:
                 pending += 1
                 continue
-            out.append((traj["obs"][t, e], traj["actions"][t, e], ret, traj["next_obs"][t + m - 1, e], done,
-                        0.0 if done else gamma ** m))
+            out.append(
+                (
+                    traj["obs"][t, e],
+                    traj["actions"][t, e],
+                    ret,
+                    traj["next_obs"][t + m - 1, e],
+                    done,
+                    0.0 if done else gamma**m,
+                )
+            )
     return out, pending
 
 
@@ -68,9 +81,9 @@ def assert_matches_naive(batch, rows):
 def test_every_episode_end_position(position, kind):
     T, n, gamma = 7, 3, 0.9
     traj = trajectory(T, 2, seed=position)
-    for flag in (("terminated", "truncated") if kind == "both" else (kind,)):
+    for flag in ("terminated", "truncated") if kind == "both" else (kind,):
         traj[flag][position, 0] = True
-    traj["terminated"][(position + 3) % T, 1] = True          # the second env ends elsewhere
+    traj["terminated"][(position + 3) % T, 1] = True  # the second env ends elsewhere
     batch, carry = n_step_adjustment(**traj, n=n, gamma=gamma)
     want, oracle_carry = reference.n_step_adjustment(**traj, n=n, gamma=gamma)
     assert_same_batch(batch, want)
@@ -101,7 +114,7 @@ def test_hand_computed_cases():
     traj["rewards"][:, 0] = [1.0, 1.0, 1.0, 1.0]
     traj["truncated"][1, 0] = True
     batch, carry = n_step_adjustment(**traj, n=3, gamma=g)
-    assert batch["reward"].tolist() == [1.5, 1.0]           # t=2, 3 still open
+    assert batch["reward"].tolist() == [1.5, 1.0]  # t=2, 3 still open
     assert batch["done"].tolist() == [False, False] and batch["discount"].tolist() == [0.25, 0.5]
     assert batch["next_obs"][:, 0].tolist() == [101, 101] and carry.pending.tolist() == [2]
     # Full windows: gamma^n and the observation n steps later.
@@ -122,14 +135,14 @@ def test_windows_span_calls_and_flush_cuts_them():
     g = 0.5
     traj = trajectory(4, 1)
     traj["rewards"][:, 0] = [1.0, 2.0, 4.0, 8.0]
-    steps = [{k: v[t:t + 1] for k, v in traj.items()} for t in range(4)]
+    steps = [{k: v[t : t + 1] for k, v in traj.items()} for t in range(4)]
     batch, carry = n_step_adjustment(**steps[0], n=3, gamma=g)
     assert len(batch["reward"]) == 0 and len(carry) == 1 and isinstance(carry, NStepCarry)
     batch, carry = n_step_adjustment(**steps[1], n=3, gamma=g, carry=carry)
     assert len(batch["reward"]) == 0 and carry.pending.tolist() == [2]
     batch, carry = n_step_adjustment(**steps[2], n=3, gamma=g, carry=carry)
     assert batch["reward"].tolist() == [1 + 1 + 1] and batch["next_obs"][:, 0].tolist() == [102]
-    flushed = n_step_flush(carry, g)                         # windows from t=1 and t=2, cut at t=2
+    flushed = n_step_flush(carry, g)  # windows from t=1 and t=2, cut at t=2
     assert flushed["reward"].tolist() == [2 + 2, 4.0] and flushed["discount"].tolist() == [0.25, 0.5]
     assert flushed["next_obs"][:, 0].tolist() == [102, 102] and flushed["done"].tolist() == [False, False]
     # The carry is not consumed: the stream can go on from it instead.
@@ -141,11 +154,20 @@ CHUNKS = st.lists(st.integers(0, 6), min_size=1, max_size=6)
 
 
 @settings(max_examples=150, deadline=None)
-@given(T=st.integers(0, 16), E=st.integers(1, 4), n=st.integers(1, 5), gamma=st.sampled_from([0.0, 0.5, 0.99, 1.0]),
-       end_rate=st.sampled_from([0.0, 0.2, 0.6]), chunks=CHUNKS, seed=st.integers(0, 2 ** 32 - 1),
-       obs_dtype=st.sampled_from([np.uint8, np.float32]), action_shape=st.sampled_from([(), (2,)]))
-def test_chunked_stream_matches_reference_and_loses_nothing(T, E, n, gamma, end_rate, chunks, seed, obs_dtype,
-                                                             action_shape):
+@given(
+    T=st.integers(0, 16),
+    E=st.integers(1, 4),
+    n=st.integers(1, 5),
+    gamma=st.sampled_from([0.0, 0.5, 0.99, 1.0]),
+    end_rate=st.sampled_from([0.0, 0.2, 0.6]),
+    chunks=CHUNKS,
+    seed=st.integers(0, 2**32 - 1),
+    obs_dtype=st.sampled_from([np.uint8, np.float32]),
+    action_shape=st.sampled_from([(), (2,)]),
+)
+def test_chunked_stream_matches_reference_and_loses_nothing(
+    T, E, n, gamma, end_rate, chunks, seed, obs_dtype, action_shape
+):
     traj = trajectory(T, E, seed, obs_dtype, action_shape)
     rng = np.random.default_rng(seed)
     traj["terminated"] = rng.random((T, E)) < end_rate / 2

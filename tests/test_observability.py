@@ -1,4 +1,5 @@
 """Seeing a run: metrics.jsonl, `aiorl plot`, `aiorl status`, plain progress output."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ import sys
 
 import numpy as np
 import pytest
+from cluster_helpers import finish, pids, read_json, run, start, wait_for
 
 from aiorl.metrics import ROW_KEYS
-from cluster_helpers import finish, pids, read_json, run, start, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -22,8 +23,13 @@ CONFIG = {
     "algo": "random_agent",
     "env": {"id": "CartPole-v1", "num_envs": 2},
     "cluster": {"actors": 2, "memories": 1, "learners": 1},
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200,
-              "samples_per_insert": SAMPLES_PER_INSERT},
+    "agent": {
+        "sample_batch_size": 16,
+        "batch_size": 32,
+        "buffer_size": 4000,
+        "learning_starts": 200,
+        "samples_per_insert": SAMPLES_PER_INSERT,
+    },
     "run": {"metrics_interval_s": 0.1},
 }
 
@@ -83,11 +89,15 @@ def test_summary_json_stays_compact(finished_run):
 
 def test_plain_progress_output_is_line_oriented(tmp_path):
     path = tmp_path / "c.json"
-    config = {**CONFIG, "agent": {**CONFIG["agent"], "scheduled_timesteps": 20_000},
-              "run": {"dir": str(tmp_path / "run")}}
+    config = {
+        **CONFIG,
+        "agent": {**CONFIG["agent"], "scheduled_timesteps": 20_000},
+        "run": {"dir": str(tmp_path / "run")},
+    }
     path.write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, "-m", "aiorl", "run", str(path)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", proc.stdout)  # no escapes, no carriage returns
     progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
@@ -99,16 +109,36 @@ def test_plot_writes_a_png_of_the_requested_size(finished_run, tmp_path):
 
     run_dir, _ = finished_run
     out = tmp_path / "curve.png"
-    proc = subprocess.run([sys.executable, "-m", "aiorl", "plot", str(run_dir), str(run_dir), "-o", str(out),
-                           "--size", "800x500", "--metric", "return_mean_100"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aiorl",
+            "plot",
+            str(run_dir),
+            str(run_dir),
+            "-o",
+            str(out),
+            "--size",
+            "800x500",
+            "--metric",
+            "return_mean_100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     image = Image.open(out)
     assert image.format == "PNG" and image.size == (800, 500)
     pixels = np.asarray(image.convert("L"))
     assert pixels.std() > 5  # not blank
-    proc = subprocess.run([sys.executable, "-m", "aiorl", "plot", str(run_dir), "-o", str(out),
-                           "--metric", "no_such_metric"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiorl", "plot", str(run_dir), "-o", str(out), "--metric", "no_such_metric"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "--metric 'no_such_metric': no run has values of it" in proc.stderr
 
 
@@ -120,16 +150,21 @@ def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
         wait_for(lambda: (run_dir / "coordinator.json").exists(), 60, "coordinator.json")
 
         def live_status():
-            out = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             status = json.loads(out.stdout) if out.returncode == 0 else None
             return status if status and status["phase"] == "RUNNING" and status["env_steps"] > 0 else None
 
         status = wait_for(live_status, 120, "a RUNNING status", interval_s=0.5)
         assert set(status["roles"]) == set(started)
         assert all(r["status"] == "running" and r["heartbeat_age_s"] is not None for r in status["roles"].values())
-        text = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir)],
-                              capture_output=True, text=True, timeout=60).stdout
+        text = subprocess.run(
+            [sys.executable, "-m", "aiorl", "status", str(run_dir)], capture_output=True, text=True, timeout=60
+        ).stdout
         assert "phase RUNNING" in text and "learner-0" in text
         proc.send_signal(2)
         code, out = finish(proc, 60)
@@ -137,8 +172,13 @@ def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
         proc.kill()
     assert code == 130, out  # interrupted by SIGINT, cleanly
     (run_dir / "token").unlink()  # a finished run's summary is a file: no token, no coordinator needed
-    final = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-                           capture_output=True, text=True, timeout=60, env={**os.environ, "AIORL_TOKEN": ""})
+    final = subprocess.run(
+        [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "AIORL_TOKEN": ""},
+    )
     summary = json.loads(final.stdout)
     assert summary["live"] is False and summary["ok"] and set(summary["roles"]) == set(started)
     assert read_json(run_dir / "summary.json")["ok"]

@@ -1,4 +1,5 @@
 """The launcher's live panel, rendered from recorded metrics rows, and role stderr routed into the logs."""
+
 import io
 import json
 import os
@@ -14,15 +15,32 @@ from aiorl.config import load_config
 from aiorl.progress import PanelState, Progress, RateWindow, render_panel
 from aiorl.role_logs import RoleLogWatch
 
-DQN_METRICS = (("td loss", "learner/losses/td_loss"), ("epsilon (sampled)", "learner/values/sampled_epsilon_mean"),
-               ("weights lag", "weights_lag_max"))
+DQN_METRICS = (
+    ("td loss", "learner/losses/td_loss"),
+    ("epsilon (sampled)", "learner/values/sampled_epsilon_mean"),
+    ("weights lag", "weights_lag_max"),
+)
 
 
 def rows(n=12, dt=1.0, env_per_s=1000, learner_per_s=50):
-    return [{"time_s": k * dt, "phase": "RUNNING", "env_steps": k * env_per_s, "learner_steps": k * learner_per_s,
-             "episodes": 3 * k, "return_mean_100": 20.5, "roles_alive": 3, "replay_size": 100 * k,
-             "replay_fill": 0.1, "weights_version": k, "weights_lag_max": 1,
-             "learner/losses/td_loss": 0.0123, "learner/values/sampled_epsilon_mean": 0.25} for k in range(n)]
+    return [
+        {
+            "time_s": k * dt,
+            "phase": "RUNNING",
+            "env_steps": k * env_per_s,
+            "learner_steps": k * learner_per_s,
+            "episodes": 3 * k,
+            "return_mean_100": 20.5,
+            "roles_alive": 3,
+            "replay_size": 100 * k,
+            "replay_fill": 0.1,
+            "weights_version": k,
+            "weights_lag_max": 1,
+            "learner/losses/td_loss": 0.0123,
+            "learner/values/sampled_epsilon_mean": 0.25,
+        }
+        for k in range(n)
+    ]
 
 
 def frame(state) -> str:
@@ -36,8 +54,17 @@ def state_from(recorded, **kw):
     for row in recorded:
         window.add(row)
     env_rate, learner_rate = window.rates()
-    return PanelState("aiorl apex_dqn on CartPole-v1", kw.pop("run_dir", "RUN"), "env_steps", 20_000,
-                      DQN_METRICS, row=recorded[-1], env_rate=env_rate, learner_rate=learner_rate, **kw)
+    return PanelState(
+        "aiorl apex_dqn on CartPole-v1",
+        kw.pop("run_dir", "RUN"),
+        "env_steps",
+        20_000,
+        DQN_METRICS,
+        row=recorded[-1],
+        env_rate=env_rate,
+        learner_rate=learner_rate,
+        **kw,
+    )
 
 
 def test_running_frame_shows_totals_rates_loss_exploration_lag_and_eta():
@@ -64,9 +91,16 @@ def test_rates_are_smoothed_over_a_window_not_the_last_short_interval():
 def test_last_frame_says_exited_with_the_summary_counters_and_the_next_command(tmp_path):
     (tmp_path / "policy").mkdir()
     (tmp_path / "policy" / "policy.pt2").write_bytes(b"")
-    final = {"outcome": "finished", "ok": True, "stop_detail": "reached scheduled_timesteps (20016 >= 20000)",
-             "stopped_at": {"env_steps": 20016, "learner_steps": 800}, "env_steps": 20_512,
-             "learner_steps": 812, "episodes": 999, "return_mean_100": 31.25}
+    final = {
+        "outcome": "finished",
+        "ok": True,
+        "stop_detail": "reached scheduled_timesteps (20016 >= 20000)",
+        "stopped_at": {"env_steps": 20016, "learner_steps": 800},
+        "env_steps": 20_512,
+        "learner_steps": 812,
+        "episodes": 999,
+        "return_mean_100": 31.25,
+    }
     text = frame(state_from(rows(), run_dir=tmp_path, final=final, roles_alive=0))
     assert "EXITED" in text and "RUNNING" not in text
     assert re.search(r"roles alive\s+0\b", text)
@@ -91,7 +125,9 @@ def write_log(path, text):
 def test_role_log_problems_counted_once_each_with_the_latest_first_line(tmp_path):
     logs = tmp_path / "logs"
     watch = RoleLogWatch(logs)
-    write_log(logs / "actor-0.log", """
+    write_log(
+        logs / "actor-0.log",
+        """
         2026-12-01 15:00:00,001 actor-0 INFO aiorl.actor: started
         2026-12-01 15:00:00,002 actor-0 WARNING py.warnings: /x/y.py:3: UserWarning: knob is deprecated
         /lib/mod.py:12: DeprecationWarning: raw warning on stderr
@@ -100,21 +136,26 @@ def test_role_log_problems_counted_once_each_with_the_latest_first_line(tmp_path
         Traceback (most recent call last):
           File "a.py", line 1, in <module>
         ValueError: counted with its record
-        """)
+        """,
+    )
     assert len(watch.poll()) == 3
-    write_log(logs / "learner-0.log", """
+    write_log(
+        logs / "learner-0.log",
+        """
         Traceback (most recent call last):
           File "b.py", line 2, in <module>
             boom()
         RuntimeError: CUDA out of memory
         second line of the message
-        """)
+        """,
+    )
     new = watch.poll()
     assert [(p.role, p.kind, p.message) for p in new] == [("learner-0", "error", "RuntimeError: CUDA out of memory")]
     assert watch.counts == {"warning": 2, "error": 2}
     summary = watch.summary()
-    assert summary.startswith("2 warning(s), 2 error(s) in the role logs; latest: learner-0 error: RuntimeError: "
-                              "CUDA out of memory (see ") and summary.endswith("learner-0.log)")
+    assert summary.startswith(
+        "2 warning(s), 2 error(s) in the role logs; latest: learner-0 error: RuntimeError: CUDA out of memory (see "
+    ) and summary.endswith("learner-0.log)")
     write_log(logs / "learner-0.log", "2026-12-01 15:00:02,000 learner-0 WARN")  # half a line: not yet
     assert watch.poll() == []
     write_log(logs / "learner-0.log", "ING aiorl.learner: slow\n")
@@ -155,15 +196,29 @@ if "--role" in sys.argv and sys.argv[sys.argv.index("--role") + 1:][:1] == ["act
 def test_a_role_writing_to_stderr_goes_to_its_log_and_the_launcher_reports_it(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    config = {"algo": "random_agent", "env": {"id": "CartPole-v1", "num_envs": 2},
-              "cluster": {"actors": 1, "memories": 1, "learners": 1},
-              "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200,
-                        "scheduled_timesteps": 5000},
-              "run": {"dir": str(tmp_path / "run"), "metrics_interval_s": 0.1}}
+    config = {
+        "algo": "random_agent",
+        "env": {"id": "CartPole-v1", "num_envs": 2},
+        "cluster": {"actors": 1, "memories": 1, "learners": 1},
+        "agent": {
+            "sample_batch_size": 16,
+            "batch_size": 32,
+            "buffer_size": 4000,
+            "learning_starts": 200,
+            "scheduled_timesteps": 5000,
+        },
+        "run": {"dir": str(tmp_path / "run"), "metrics_interval_s": 0.1},
+    }
     (tmp_path / "c.json").write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
-    proc = subprocess.run([sys.executable, "-m", "aiorl", "run", str(tmp_path / "c.json")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", str(tmp_path / "c.json")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert "STRAY" not in output  # nothing raw from the role
@@ -191,8 +246,18 @@ def test_live_panel_last_frame_is_the_end_not_the_last_running_row(tmp_path):
     progress.start()
     progress.update()
     progress.interrupted()
-    progress.stop({"outcome": "interrupted", "ok": True, "stop_detail": "interrupted by SIGINT (launcher)",
-                   "env_steps": 11_500, "learner_steps": 560, "episodes": 40, "return_mean_100": 20.5}, roles_alive=0)
+    progress.stop(
+        {
+            "outcome": "interrupted",
+            "ok": True,
+            "stop_detail": "interrupted by SIGINT (launcher)",
+            "env_steps": 11_500,
+            "learner_steps": 560,
+            "episodes": 40,
+            "return_mean_100": 20.5,
+        },
+        roles_alive=0,
+    )
     last = out.getvalue().rsplit("aiorl apex_dqn on CartPole-v1", 1)[1]
     assert "EXITED" in last and re.search(r"roles alive\s+0\b", last) and "eta" not in last
     assert "11,500" in last and "stopped: interrupted by SIGINT (launcher)" in last

@@ -1,4 +1,5 @@
 """`aiorl plot`: centred smoothing, bands only across runs of one config, x axes, formats, unknown metrics."""
+
 import json
 
 import numpy as np
@@ -11,10 +12,19 @@ from aiorl.plot import across_runs, group_runs, series, smooth
 
 def fake_run(path, seed=0, algo="apex_dqn", n=40, offset=0.0):
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(yaml.safe_dump({"algo": algo, "env": {"id": "CartPole-v1"},
-                                                       "run": {"dir": str(path), "seed": seed}}))
-    rows = [{"time_s": 0.5 * k, "env_steps": 100 * k, "learner_steps": 10 * k, "return_mean_100": k + offset,
-             "phase": "RUNNING"} for k in range(n)]
+    (path / "config.yaml").write_text(
+        yaml.safe_dump({"algo": algo, "env": {"id": "CartPole-v1"}, "run": {"dir": str(path), "seed": seed}})
+    )
+    rows = [
+        {
+            "time_s": 0.5 * k,
+            "env_steps": 100 * k,
+            "learner_steps": 10 * k,
+            "return_mean_100": k + offset,
+            "phase": "RUNNING",
+        }
+        for k in range(n)
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -50,8 +60,7 @@ def test_format_follows_the_extension(tmp_path, name, magic, capsys):
 
 
 def test_x_learner_steps_reads_learner_steps():
-    x, y = series([{"learner_steps": 3, "env_steps": 300, "return_mean_100": 1.0}], "learner_steps",
-                  "return_mean_100")
+    x, y = series([{"learner_steps": 3, "env_steps": 300, "return_mean_100": 1.0}], "learner_steps", "return_mean_100")
     assert list(x) == [3.0] and list(y) == [1.0]
 
 

@@ -1,22 +1,28 @@
 """Samples-per-insert limiter: the band holds, neither side can be stuck, and through the
 real runtime it holds actors back by credits without dropping anything."""
+
 import pytest
+from cluster_helpers import read_json, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiorl.config import ConfigError, load_config
 from aiorl.runtime.ratelimit import SampleToInsertRatio
-from cluster_helpers import read_json, run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @settings(max_examples=200, deadline=None)
-@given(spi=st.floats(0.25, 16), min_size=st.integers(1, 2000), learner_batch=st.integers(1, 256),
-       batch_rows=st.integers(1, 128), tolerance=st.floats(0, 0.5), seed=st.integers(0, 2**32 - 1),
-       steps=st.integers(50, 400))
-def test_the_band_holds_and_someone_can_always_move(spi, min_size, learner_batch, batch_rows, tolerance,
-                                                    seed, steps):
+@given(
+    spi=st.floats(0.25, 16),
+    min_size=st.integers(1, 2000),
+    learner_batch=st.integers(1, 256),
+    batch_rows=st.integers(1, 128),
+    tolerance=st.floats(0, 0.5),
+    seed=st.integers(0, 2**32 - 1),
+    steps=st.integers(50, 400),
+)
+def test_the_band_holds_and_someone_can_always_move(spi, min_size, learner_batch, batch_rows, tolerance, seed, steps):
     import random
 
     rng = random.Random(seed)
@@ -59,16 +65,20 @@ def test_a_restored_shard_starts_in_the_middle_of_the_band():
     assert limiter.diff == pytest.approx(4 * 100) and limiter.can_sample(5000) and limiter.can_grant()
 
 
-BASE = {"algo": "random_agent", "env": {"id": "CartPole-v1"},
-        "agent": {"batch_size": 16, "buffer_size": 1000, "learning_starts": 100}}
+BASE = {
+    "algo": "random_agent",
+    "env": {"id": "CartPole-v1"},
+    "agent": {"batch_size": 16, "buffer_size": 1000, "learning_starts": 100},
+}
 
 
 def test_config_errors_name_the_new_key_and_the_synchronous_case():
     with pytest.raises(ConfigError, match="max_samples_per_insert was replaced by agent.samples_per_insert"):
         load_config(data={**BASE, "agent": {**BASE["agent"], "max_samples_per_insert": 2.0}})
     with pytest.raises(ConfigError, match="synchronous .* nothing to rate limit"):
-        load_config(data={**BASE, "agent": {**BASE["agent"], "samples_per_insert": 2.0},
-                          "model": {"synchronous": True}})
+        load_config(
+            data={**BASE, "agent": {**BASE["agent"], "samples_per_insert": 2.0}, "model": {"synchronous": True}}
+        )
     with pytest.raises(ConfigError, match="cluster.max_restarts: random_agent is synchronous"):
         load_config(data={**BASE, "cluster": {"max_restarts": 1}, "model": {"synchronous": True}})
 
@@ -76,11 +86,20 @@ def test_config_errors_name_the_new_key_and_the_synchronous_case():
 @pytest.mark.cluster
 def test_a_slow_learner_holds_the_actors_back_by_credits_and_nothing_is_dropped(tmp_path):
     spi = 4.0
-    config = {"algo": "random_agent", "env": {"id": "CartPole-v1", "num_envs": 2},
-              "cluster": {"actors": 2, "memories": 2, "learners": 1},
-              "agent": {"sample_batch_size": 8, "batch_size": 32, "buffer_size": 20_000, "learning_starts": 200,
-                        "samples_per_insert": spi, "scheduled_global_steps": 150},
-              "model": {"learner_step_sleep_s": 0.01}}
+    config = {
+        "algo": "random_agent",
+        "env": {"id": "CartPole-v1", "num_envs": 2},
+        "cluster": {"actors": 2, "memories": 2, "learners": 1},
+        "agent": {
+            "sample_batch_size": 8,
+            "batch_size": 32,
+            "buffer_size": 20_000,
+            "learning_starts": 200,
+            "samples_per_insert": spi,
+            "scheduled_global_steps": 150,
+        },
+        "model": {"learner_step_sleep_s": 0.01},
+    }
     code, out, run_dir = run(tmp_path, config)
     assert code == 0, out
     summary = read_json(run_dir / "summary.json")

@@ -3,6 +3,7 @@ a head and two worker nodes, each with a custom resource naming it), real role p
 
 One cluster serves the module; the test that removes a node runs last and adds it back.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-
 from cluster_helpers import alive, check_tls_only, cluster, finish, last_metrics, read_json, wait_for, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning"),
+]
 # Ray on Linux would otherwise advertise the host's non-loopback address.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 NODES = ("node_head", "node_w1", "node_w2")
@@ -40,10 +42,19 @@ def ray_cluster():
     os.environ["AIORL_TOKEN"] = NODE_TOKEN
     try:
         # Logical CPUs: placement is what is tested, not the 2 physical cores.
-        c = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 3, "resources": {NODES[0]: 1}, "include_dashboard": True, "node_ip_address": "127.0.0.1"})
-        workers = {name: c.add_node(num_cpus=3, resources={name: 1, ACTOR_SLOT: 4}, node_ip_address="127.0.0.1")
-                   for name in NODES[1:]}
+        c = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 3,
+                "resources": {NODES[0]: 1},
+                "include_dashboard": True,
+                "node_ip_address": "127.0.0.1",
+            },
+        )
+        workers = {
+            name: c.add_node(num_cpus=3, resources={name: 1, ACTOR_SLOT: 4}, node_ip_address="127.0.0.1")
+            for name in NODES[1:]
+        }
     finally:
         if had is None:
             os.environ.pop("AIORL_TOKEN")
@@ -56,10 +67,14 @@ def ray_cluster():
     finally:
         ray.shutdown()  # this process's own connection (the state API) first: else shutdown refuses
         c.shutdown()
+
         # Nothing Ray started for this module survives it (its processes exit within seconds).
         def left():
-            return [p for p in psutil.process_iter(["pid", "cmdline"])
-                    if p.pid not in before and p.pid != os.getpid() and _is_ray_process(p)]
+            return [
+                p
+                for p in psutil.process_iter(["pid", "cmdline"])
+                if p.pid not in before and p.pid != os.getpid() and _is_ray_process(p)
+            ]
 
         try:
             wait_for(lambda: not left(), 30, "Ray's processes to exit", 0.2)
@@ -67,14 +82,16 @@ def ray_cluster():
             survivors = left()
             for p in survivors:
                 p.kill()
-            raise AssertionError(f"Ray processes outlived the cluster: {[p.info['cmdline'] for p in survivors]}")
+            cmdlines = [p.info["cmdline"] for p in survivors]
+            raise AssertionError(f"Ray processes outlived the cluster: {cmdlines}") from None
 
 
 def _is_ray_process(p) -> bool:
     try:
         cmd = " ".join(p.info["cmdline"] or [])
-        return ("ray" in cmd and ("raylet" in cmd or "gcs_server" in cmd or "default_worker" in cmd
-                                  or "dashboard" in cmd)) and alive(p.pid)
+        return (
+            "ray" in cmd and ("raylet" in cmd or "gcs_server" in cmd or "default_worker" in cmd or "dashboard" in cmd)
+        ) and alive(p.pid)
     except (psutil.Error, TypeError):
         return False
 
@@ -89,9 +106,26 @@ def node_of(placed: dict) -> str:
 def start_ray(tmp_path: Path, ray_cluster, config: dict, *extra: str, env: dict | None = None):
     path, run_dir = write_config(tmp_path, config)
     env = {**os.environ, **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "aiorl", "run", str(path), "--quiet", "--launcher", "ray",
-                             "--address", ray_cluster.address, *extra],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiorl",
+            "run",
+            str(path),
+            "--quiet",
+            "--launcher",
+            "ray",
+            "--address",
+            ray_cluster.address,
+            *extra,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     return proc, run_dir
 
 
@@ -109,8 +143,9 @@ def role_processes(run_dir: Path) -> list[psutil.Process]:
 def alive_actors() -> list:
     from ray.util.state import list_actors
 
-    return list_actors(filters=[("state", "=", "ALIVE"), ("class_name", "=", "RoleHost")],
-                       raise_on_missing_output=False)
+    return list_actors(
+        filters=[("state", "=", "ALIVE"), ("class_name", "=", "RoleHost")], raise_on_missing_output=False
+    )
 
 
 def nothing_left(run_dir: Path) -> None:
@@ -127,37 +162,54 @@ def connect_state_api(ray_cluster):
 
 def test_missing_ray_is_one_line_and_exit_2(tmp_path):
     path, _ = write_config(tmp_path, cluster(1, 1, 1))
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "from aiorl.cli import main\n"
-            f"sys.exit(main(['run', {str(path)!r}, '--launcher', 'ray']))")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from aiorl.cli import main\n"
+        f"sys.exit(main(['run', {str(path)!r}, '--launcher', 'ray']))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
-        "aiorl: config error: cluster.launcher is 'ray' but Ray is not installed: pip install 'aiorl[ray]'"]
+        "aiorl: config error: cluster.launcher is 'ray' but Ray is not installed: pip install 'aiorl[ray]'"
+    ]
     assert not (tmp_path / "run").exists()
 
 
 def test_the_local_launcher_runs_without_ray(tmp_path):
     path, run_dir = write_config(tmp_path, cluster(1, 1, 1, scheduled_timesteps=400))
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "from aiorl.cli import main\n"
-            f"sys.exit(main(['run', {str(path)!r}, '--quiet']))")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from aiorl.cli import main\n"
+        f"sys.exit(main(['run', {str(path)!r}, '--quiet']))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert read_json(run_dir / "summary.json")["outcome"] == "finished"
 
 
-@pytest.mark.parametrize("cluster_keys, message", [
-    ({"launcher": "slurm"}, "cluster.launcher: expected 'local' or 'ray', got 'slurm'"),
-    ({"resources": {"actors": {"num_cpus": 1}}},
-     "cluster.resources.actors: unknown role kind 'actors'; expected memory, learner or actor"),
-    ({"resources": {"learner": {"gpus": 1}}},
-     "cluster.resources.learner.gpus: unknown key; expected one of num_cpus, num_gpus, memory, resources"),
-    ({"resources": {"actor": {"num_cpus": -1}}}, "cluster.resources.actor.num_cpus: expected a number >= 0, got -1"),
-    ({"resources": {"memory": {"resources": {"ssd": "lots"}}}},
-     "cluster.resources.memory.resources.ssd: expected a number >= 0, got 'lots'"),
-    ({"resources": {"memory": {"num_cpus": 0}}}, "cluster.resources.memory: a memory needs some resource"),
-])
+@pytest.mark.parametrize(
+    "cluster_keys, message",
+    [
+        ({"launcher": "slurm"}, "cluster.launcher: expected 'local' or 'ray', got 'slurm'"),
+        (
+            {"resources": {"actors": {"num_cpus": 1}}},
+            "cluster.resources.actors: unknown role kind 'actors'; expected memory, learner or actor",
+        ),
+        (
+            {"resources": {"learner": {"gpus": 1}}},
+            "cluster.resources.learner.gpus: unknown key; expected one of num_cpus, num_gpus, memory, resources",
+        ),
+        (
+            {"resources": {"actor": {"num_cpus": -1}}},
+            "cluster.resources.actor.num_cpus: expected a number >= 0, got -1",
+        ),
+        (
+            {"resources": {"memory": {"resources": {"ssd": "lots"}}}},
+            "cluster.resources.memory.resources.ssd: expected a number >= 0, got 'lots'",
+        ),
+        ({"resources": {"memory": {"num_cpus": 0}}}, "cluster.resources.memory: a memory needs some resource"),
+    ],
+)
 def test_bad_launcher_keys_are_config_errors_naming_the_key(cluster_keys, message):
     from aiorl.config import ConfigError, load_config
 
@@ -188,13 +240,29 @@ def test_an_unreachable_ray_address_is_one_line_and_exit_2(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     path, run_dir = write_config(tmp_path, cluster(1, 1, 1))
-    out = subprocess.run([sys.executable, "-m", "aiorl", "run", str(path), "--quiet", "--launcher", "ray",
-                          "--address", f"127.0.0.1:{port}"], capture_output=True, text=True, cwd=tmp_path,
-                         timeout=180)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aiorl",
+            "run",
+            str(path),
+            "--quiet",
+            "--launcher",
+            "ray",
+            "--address",
+            f"127.0.0.1:{port}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=180,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
-        f"aiorl: cannot reach the Ray cluster at cluster.ray_address='127.0.0.1:{port}'"), lines
+        f"aiorl: cannot reach the Ray cluster at cluster.ray_address='127.0.0.1:{port}'"
+    ), lines
     assert not list((run_dir / "logs").glob("*.log")) if (run_dir / "logs").exists() else True
 
 
@@ -205,7 +273,8 @@ def watch_running(run_dir: Path, seen: dict) -> bool:
             seen.setdefault(p.pid, {"cmdline": p.cmdline(), "environ": p.environ(), "connections": set()})
             seen[p.pid]["connections"].update(
                 (c.laddr.ip if c.laddr else None, c.raddr.ip if c.raddr else None)
-                for c in p.net_connections(kind="inet"))
+                for c in p.net_connections(kind="inet")
+            )
         except psutil.Error:
             pass
     return (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5 and len(seen) >= 5
@@ -234,8 +303,13 @@ def test_apex_dqn_cartpole_on_three_nodes_reaches_the_threshold(tmp_path, ray_cl
     seen: dict = {}
     try:
         wait_for(lambda: watch_running(run_dir, seen), 300, "the run to be RUNNING with every role", 0.5)
-        status = subprocess.run([sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-                                capture_output=True, text=True, timeout=60, env={**os.environ, "AIORL_TOKEN": TOKEN})
+        status = subprocess.run(
+            [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "AIORL_TOKEN": TOKEN},
+        )
         assert status.returncode == 0, status.stdout + status.stderr
         assert json.loads(status.stdout)["phase"] == "RUNNING"
         code, out = finish(proc, timeout_s=1500)
@@ -252,12 +326,20 @@ def test_apex_dqn_cartpole_on_three_nodes_reaches_the_threshold(tmp_path, ray_cl
         assert (run_dir / name).exists(), name
     assert list((run_dir / "checkpoints").iterdir())
     assert {p.stem for p in (run_dir / "logs").glob("*.log")} == set(placement)
-    result = subprocess.run([sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "20", "--json"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "20", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["mean"] >= 475, result.stdout
-    plot = subprocess.run([sys.executable, "-m", "aiorl", "plot", str(run_dir), "-o", str(tmp_path / "p.png")],
-                          capture_output=True, text=True, timeout=120)
+    plot = subprocess.run(
+        [sys.executable, "-m", "aiorl", "plot", str(run_dir), "-o", str(tmp_path / "p.png")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert plot.returncode == 0 and (tmp_path / "p.png").stat().st_size > 0, plot.stderr
     connect_state_api(ray_cluster)
     nothing_left(run_dir)
@@ -320,11 +402,13 @@ def test_a_second_signal_kills_every_role_and_leaves_nothing(tmp_path, ray_clust
     config["model"]["learner_step_sleep_s"] = 1.0  # DRAINING waits for a step in flight
     proc, run_dir = start_ray(tmp_path, ray_cluster, config)
     try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 300, "the run to be RUNNING",
-                 0.2)
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 300, "the run to be RUNNING", 0.2)
         proc.send_signal(signal.SIGINT)
-        wait_for(lambda: "stopping: interrupted by SIG" in (run_dir / "logs" / "memory-0.log").read_text(), 60,
-                 "the clean stop to begin")
+        wait_for(
+            lambda: "stopping: interrupted by SIG" in (run_dir / "logs" / "memory-0.log").read_text(),
+            60,
+            "the clean stop to begin",
+        )
         proc.send_signal(signal.SIGINT)
         code, out = finish(proc, timeout_s=120)
     finally:
@@ -359,8 +443,9 @@ def test_a_run_dir_that_nodes_do_not_share_is_refused_before_any_role_starts(tmp
 
 
 def add_back(ray_cluster, name: str) -> None:
-    ray_cluster.workers[name] = ray_cluster.add_node(num_cpus=3, resources={name: 1, ACTOR_SLOT: 4},
-                                                     node_ip_address="127.0.0.1")
+    ray_cluster.workers[name] = ray_cluster.add_node(
+        num_cpus=3, resources={name: 1, ACTOR_SLOT: 4}, node_ip_address="127.0.0.1"
+    )
     ray_cluster.wait_for_nodes()
 
 
@@ -369,24 +454,32 @@ def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(tmp_pa
     policy in new RoleHosts, which Ray places on the node left; they rejoin, and the run then stops
     cleanly (SIGTERM once they are back: a stop criterion could come before a slow restart rejoins)."""
     config = cluster(2, 1, 1, scheduled_timesteps=10**9)
-    config["cluster"].update(max_restarts=2, restart_backoff_s=0.5, resources={
-        "memory": {"num_cpus": 1, "resources": {NODES[0]: 0.1}},
-        "learner": {"num_cpus": 1, "resources": {NODES[0]: 0.1}},
-        "actor": {"num_cpus": 1, "resources": {ACTOR_SLOT: 1}}})
+    config["cluster"].update(
+        max_restarts=2,
+        restart_backoff_s=0.5,
+        resources={
+            "memory": {"num_cpus": 1, "resources": {NODES[0]: 0.1}},
+            "learner": {"num_cpus": 1, "resources": {NODES[0]: 0.1}},
+            "actor": {"num_cpus": 1, "resources": {ACTOR_SLOT: 1}},
+        },
+    )
     config["env"]["max_episode_steps"] = 50
     proc, run_dir = start_ray(tmp_path, ray_cluster, config)
     removed = None
     try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 300, "the run to be RUNNING",
-                 0.2)
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 300, "the run to be RUNNING", 0.2)
         before = read_json(run_dir / "placement.json")
         removed = node_of(before["actor-0"])
         assert removed in NODES[1:], before
         gone = sorted(name for name, p in before.items() if node_of(p) == removed)
         ray_cluster.remove_node(ray_cluster.workers[removed])
         log = run_dir / "logs" / "memory-0.log"
-        wait_for(lambda: all(f"{name} restarted (restart 1" in log.read_text() for name in gone), 300,
-                 "the restarted actors to register again", 0.2)
+        wait_for(
+            lambda: all(f"{name} restarted (restart 1" in log.read_text() for name in gone),
+            300,
+            "the restarted actors to register again",
+            0.2,
+        )
         proc.send_signal(signal.SIGTERM)
         code, out = finish(proc, timeout_s=180)
     finally:

@@ -1,5 +1,6 @@
 """The README tells the truth (issue 15): its keys, metric names, algorithms and cheap commands
 are checked against the code, so it cannot drift."""
+
 from __future__ import annotations
 
 import re
@@ -79,8 +80,7 @@ def test_the_readme_and_pyproject_name_only_algorithms_that_exist():
     names = set(available_algorithms())
     assert set(code_spans(table_keys_row("algo"))) == names  # every one, and nothing else
     description = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
-    families = {"Ape-X": {"apex_dqn", "apex_ddpg"}, "distributed PPO": {"dppo"}, "ES": {"es"},
-                "IMPALA": {"impala"}}
+    families = {"Ape-X": {"apex_dqn", "apex_ddpg"}, "distributed PPO": {"dppo"}, "ES": {"es"}, "IMPALA": {"impala"}}
     for phrase, algos in families.items():
         if phrase in description or phrase in README.split("## Running")[0]:
             assert algos & names, f"{phrase!r} is advertised, but no such algorithm is registered"
@@ -92,14 +92,17 @@ def table_keys_row(section: str) -> str:
 
 def learner_metric_names() -> set[str]:
     """Names learners report (`learner/<name>`): string literals of the algorithms and the learner runtime."""
-    sources = [*(ROOT / "aiorl" / "algos").glob("*.py"), ROOT / "aiorl" / "runtime" / "learner.py",
-               ROOT / "aiorl" / "runtime" / "fragments.py"]  # the policy lag learners report (IMPALA)
+    sources = [
+        *(ROOT / "aiorl" / "algos").glob("*.py"),
+        ROOT / "aiorl" / "runtime" / "learner.py",
+        ROOT / "aiorl" / "runtime" / "fragments.py",
+    ]  # the policy lag learners report (IMPALA)
     return {m for path in sources for m in re.findall(r"[\"']([\w/]+)[\"']", path.read_text())}
 
 
 def test_metric_names_the_readme_gives_are_real_keys():
-    paragraph = README[README.index("`metrics.jsonl` gets one row"):]
-    paragraph = paragraph[:paragraph.index("so metrics cost no extra messages")]
+    paragraph = README[README.index("`metrics.jsonl` gets one row") :]
+    paragraph = paragraph[: paragraph.index("so metrics cost no extra messages")]
     shown = [s for s in code_spans(paragraph) if re.fullmatch(r"[\w/]*\w", s) and s not in available_algorithms()]
     assert len(shown) > 10
     emitted = learner_metric_names()
@@ -128,8 +131,9 @@ def cheap_commands() -> list[str]:
 @pytest.mark.parametrize("command", cheap_commands())
 def test_the_readmes_cheap_commands_work_as_written(command):
     argv = shlex.split(command)
-    result = subprocess.run([sys.executable, "-m", "aiorl", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "aiorl", *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout
 
@@ -137,8 +141,13 @@ def test_the_readmes_cheap_commands_work_as_written(command):
 def test_the_readmes_config_error_transcript_is_what_aiorl_prints():
     transcript = re.search(r"^\$ (aiorl run [^\n]*batch_sise[^\n]*)\n([^\n]+)\n", README, flags=re.M)
     command, expected = transcript.groups()
-    result = subprocess.run([sys.executable, "-m", "aiorl", *shlex.split(command)[1:]], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "aiorl", *shlex.split(command)[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.startswith(expected.removesuffix("...)")), (expected, result.stderr)
 

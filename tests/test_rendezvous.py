@@ -1,4 +1,5 @@
 """The learners' torch.distributed rendezvous listens on the learners' address only."""
+
 from __future__ import annotations
 
 import json

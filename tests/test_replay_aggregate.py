@@ -1,4 +1,5 @@
 """AggregateBuffer: exactly one part per producer per round, handed out in producer-id order."""
+
 import numpy as np
 import pytest
 
@@ -31,7 +32,7 @@ def test_parts_are_copied_and_the_aggregate_is_fresh():
     agg = AggregateBuffer(1, SPEC)
     given = part(0, 2)
     agg.add(0, given)
-    given["obs"][:] = 9                       # the caller reuses its buffer
+    given["obs"][:] = 9  # the caller reuses its buffer
     out = agg.take()
     assert out["obs"].tolist() == [[0, 0], [0, 0]]
     assert not np.shares_memory(out["obs"], given["obs"])
@@ -55,8 +56,8 @@ def test_dropped_producer_is_not_waited_for():
     agg = AggregateBuffer(3, SPEC)
     agg.add(0, part(0, 1))
     agg.add(1, part(1, 1))
-    agg.drop(1)                               # died after delivering: its part is kept
-    agg.drop(2)                               # died before delivering
+    agg.drop(1)  # died after delivering: its part is kept
+    agg.drop(2)  # died before delivering
     assert agg.complete and agg.live == [0]
     assert agg.take()["reward"].tolist() == [0, 1]
     with pytest.raises(ValueError, match="producer 2 was dropped"):

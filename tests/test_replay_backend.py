@@ -1,4 +1,5 @@
 """aiorl.replay is the compiled extension, never a silent numpy fallback; the bench still runs."""
+
 import importlib.machinery
 import importlib.util
 import json
@@ -18,15 +19,25 @@ def test_public_api_is_backed_by_the_compiled_modules():
     compiled = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     for module in (buffers, gae, nstep, sumtree):
         assert module.__file__.endswith(compiled), module.__file__
-    for name in ("SumTree", "ReplayBuffer", "PrioritizedReplayBuffer", "AggregateBuffer", "NStep",
-                 "n_step_adjustment", "n_step_flush", "gae"):
+    for name in (
+        "SumTree",
+        "ReplayBuffer",
+        "PrioritizedReplayBuffer",
+        "AggregateBuffer",
+        "NStep",
+        "n_step_adjustment",
+        "n_step_flush",
+        "gae",
+    ):
         assert getattr(replay, name).__module__.startswith("aiorl._ext."), name
 
 
 def test_missing_extension_is_an_import_error_that_says_how_to_build():
-    code = ("import sys; sys.modules['aiorl._ext.sumtree'] = None\n"
-            "try:\n    import aiorl.replay\nexcept ImportError as exc:\n    print('IMPORT-ERROR', exc)\n"
-            "else:\n    print('IMPORTED', aiorl.replay.BACKEND)\n")
+    code = (
+        "import sys; sys.modules['aiorl._ext.sumtree'] = None\n"
+        "try:\n    import aiorl.replay\nexcept ImportError as exc:\n    print('IMPORT-ERROR', exc)\n"
+        "else:\n    print('IMPORTED', aiorl.replay.BACKEND)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "IMPORT-ERROR" in out.stdout, out.stdout + out.stderr
     assert "build_ext --inplace" in out.stdout and "not a fallback" in out.stdout
@@ -39,9 +50,22 @@ def test_bench_quick_run_writes_its_table_and_json(tmp_path):
     # cpprb is a bench-only comparison (`make bench`): left out, the run says so and why.
     installed = importlib.util.find_spec("cpprb") is not None
     why = "--no-cpprb" if installed else "cpprb is not installed (make bench, or pip install 'aiorl[bench]')"
-    out = subprocess.run([sys.executable, "bench/replay.py", "--quick", "--no-large", "--json", str(path),
-                          *(["--no-cpprb"] if installed else [])],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "bench/replay.py",
+            "--quick",
+            "--no-large",
+            "--json",
+            str(path),
+            *(["--no-cpprb"] if installed else []),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert "learner step" in out.stdout and "aiorl/floor" in out.stdout
     result = json.loads(path.read_text())

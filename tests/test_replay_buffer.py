@@ -1,20 +1,23 @@
 """ReplayBuffer (uniform) and the batch validation every buffer shares."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
-from aiorl.replay import reference
+from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer, reference
 
 SPEC = {"obs": ((2, 3), "uint8"), "action": ((), "int64"), "reward": ((), "float32"), "done": ((), "bool")}
 
 
 def make_batch(n, start=0):
     rows = np.arange(start, start + n)
-    return {"obs": (rows[:, None, None] + np.zeros((1, 2, 3), int)).astype(np.uint8) % 251,
-            "action": rows.astype(np.int64), "reward": rows.astype(np.float32) / 2,
-            "done": rows % 3 == 0}
+    return {
+        "obs": (rows[:, None, None] + np.zeros((1, 2, 3), int)).astype(np.uint8) % 251,
+        "action": rows.astype(np.int64),
+        "reward": rows.astype(np.float32) / 2,
+        "done": rows % 3 == 0,
+    }
 
 
 def test_storage_keeps_each_fields_dtype_and_sample_copies():
@@ -94,13 +97,20 @@ def test_same_kind_casts_are_accepted():
 BAD_BATCHES = [
     (lambda b: b.pop("reward"), r"missing fields \['reward'\]"),
     (lambda b: b.update(extra=np.zeros(4)), r"unexpected fields \['extra'\]"),
-    (lambda b: b.update(obs=np.zeros((4, 3, 2), np.uint8)),
-     r"field 'obs': expected shape \(n, 2, 3\) uint8, got shape \(4, 3, 2\) uint8"),
-    (lambda b: b.update(obs=np.zeros((4, 2, 3), np.float32)),
-     r"field 'obs': expected \(n, 2, 3\) uint8 \(or a dtype that casts to it same_kind\), got \(4, 2, 3\) float32"),
+    (
+        lambda b: b.update(obs=np.zeros((4, 3, 2), np.uint8)),
+        r"field 'obs': expected shape \(n, 2, 3\) uint8, got shape \(4, 3, 2\) uint8",
+    ),
+    (
+        lambda b: b.update(obs=np.zeros((4, 2, 3), np.float32)),
+        r"field 'obs': expected \(n, 2, 3\) uint8 \(or a dtype that casts to it same_kind\), got \(4, 2, 3\) float32",
+    ),
     (lambda b: b.update(action=np.zeros(4, np.float64)), r"field 'action'.*got \(4,\) float64"),
     (lambda b: b.update(action=np.zeros(3, np.int64)), r"field 'action' has 3 rows but field 'obs' has 4"),
-    (lambda b: b.update(reward=np.float32(1.0)), r"field 'reward': expected shape \(n,\) float32, got shape \(\) float32"),
+    (
+        lambda b: b.update(reward=np.float32(1.0)),
+        r"field 'reward': expected shape \(n,\) float32, got shape \(\) float32",
+    ),
 ]
 
 
@@ -129,14 +139,17 @@ def test_batch_larger_than_capacity_and_non_dict():
         buf.sample(0)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({}, "spec must be a non-empty dict"),
-    ({"obs": ((4,), "object")}, r"spec\['obs'\] dtype must be bool or numeric, got object"),
-    ({"obs": ((0,), "float32")}, r"spec\['obs'\] must be \(shape tuple of positive ints, dtype\)"),
-    ({"obs": (4, "float32")}, r"spec\['obs'\] must be \(shape tuple"),
-    ({"indices": ((), "int64")}, "clashes with a key sample"),
-    ({"obs": ((4,), "not-a-dtype")}, r"spec\['obs'\] must be"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({}, "spec must be a non-empty dict"),
+        ({"obs": ((4,), "object")}, r"spec\['obs'\] dtype must be bool or numeric, got object"),
+        ({"obs": ((0,), "float32")}, r"spec\['obs'\] must be \(shape tuple of positive ints, dtype\)"),
+        ({"obs": (4, "float32")}, r"spec\['obs'\] must be \(shape tuple"),
+        ({"indices": ((), "int64")}, "clashes with a key sample"),
+        ({"obs": ((4,), "not-a-dtype")}, r"spec\['obs'\] must be"),
+    ],
+)
 def test_bad_specs(spec, message):
     with pytest.raises(ValueError, match=message):
         ReplayBuffer(4, spec)
@@ -145,8 +158,11 @@ def test_bad_specs(spec, message):
 
 
 @settings(max_examples=40, deadline=None)
-@given(capacity=st.one_of(st.sampled_from([1, 2, 8, 64]), st.integers(1, 300)),
-       chunks=st.lists(st.integers(0, 300), min_size=1, max_size=8), seed=st.integers(0, 2 ** 32 - 1))
+@given(
+    capacity=st.one_of(st.sampled_from([1, 2, 8, 64]), st.integers(1, 300)),
+    chunks=st.lists(st.integers(0, 300), min_size=1, max_size=8),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_matches_reference(capacity, chunks, seed):
     buf, oracle = ReplayBuffer(capacity, SPEC, seed=seed), reference.ReplayBuffer(capacity, SPEC, seed=seed)
     start = 0
@@ -164,7 +180,7 @@ def test_matches_reference(capacity, chunks, seed):
 def test_snapshot_round_trip(tmp_path):
     buf = ReplayBuffer(6, SPEC, seed=3)
     buf.add(make_batch(4))
-    buf.add(make_batch(4, start=50))            # wrapped: slots hold rows 52, 53, 2, 3, 50, 51
+    buf.add(make_batch(4, start=50))  # wrapped: slots hold rows 52, 53, 2, 3, 50, 51
     path = tmp_path / "uniform.npz"
     buf.save(path)
     restored = ReplayBuffer(6, SPEC, seed=99)

@@ -1,5 +1,6 @@
 """The frame layout end to end (env runner -> FrameSender -> messages -> FrameReplayBuffer)
 against the naive layout (every row stores its obs and next_obs stacks)."""
+
 import gymnasium as gym
 import lz4.block
 import numpy as np
@@ -82,19 +83,30 @@ class Actor:
         out = []
         for side, runner in enumerate((self.naive, self.framed)):
             r = runner.rollout(lambda obs, it=it[side]: next(it), steps)
-            out.append(self.nsteps[side].add(r["obs"], r["action"], r["reward"], r["next_obs"],
-                                             r["terminated"], r["truncated"]))
+            out.append(
+                self.nsteps[side].add(
+                    r["obs"], r["action"], r["reward"], r["next_obs"], r["terminated"], r["truncated"]
+                )
+            )
         return out
 
 
 @st.composite
 def scenarios(draw):
-    return dict(stack=draw(st.integers(1, 4)), envs=draw(st.integers(1, 3)), n=draw(st.integers(1, 4)),
-                actors=draw(st.integers(1, 2)), memories=draw(st.integers(1, 2)),
-                steps=draw(st.integers(1, 5)), rounds=draw(st.integers(1, 12)),
-                capacity=draw(st.sampled_from([16, 17, 32, 64])), prioritized=draw(st.booleans()),
-                jumbled=draw(st.booleans()), seed=draw(st.integers(0, 1000)),
-                compression=draw(st.sampled_from(["none", "lz4"])))
+    return dict(
+        stack=draw(st.integers(1, 4)),
+        envs=draw(st.integers(1, 3)),
+        n=draw(st.integers(1, 4)),
+        actors=draw(st.integers(1, 2)),
+        memories=draw(st.integers(1, 2)),
+        steps=draw(st.integers(1, 5)),
+        rounds=draw(st.integers(1, 12)),
+        capacity=draw(st.sampled_from([16, 17, 32, 64])),
+        prioritized=draw(st.booleans()),
+        jumbled=draw(st.booleans()),
+        seed=draw(st.integers(0, 1000)),
+        compression=draw(st.sampled_from(["none", "lz4"])),
+    )
 
 
 def check_counts(buffers, actors, memory):
@@ -118,10 +130,17 @@ def check_counts(buffers, actors, memory):
 @given(scenarios())
 def test_frame_layout_samples_exactly_what_the_naive_layout_samples(s):
     k, n, memories = s["stack"], s["n"], s["memories"]
-    spec = {"obs": ((k, 1, 2), "uint8"), "action": ((), "int64"), "reward": ((), "float32"),
-            "next_obs": ((k, 1, 2), "uint8"), "done": ((), "bool"), "discount": ((), "float32")}
-    actors = [Actor(i, k, s["envs"], n, memories, s["steps"], s["jumbled"], s["compression"])
-              for i in range(s["actors"])]
+    spec = {
+        "obs": ((k, 1, 2), "uint8"),
+        "action": ((), "int64"),
+        "reward": ((), "float32"),
+        "next_obs": ((k, 1, 2), "uint8"),
+        "done": ((), "bool"),
+        "discount": ((), "float32"),
+    }
+    actors = [
+        Actor(i, k, s["envs"], n, memories, s["steps"], s["jumbled"], s["compression"]) for i in range(s["actors"])
+    ]
     layout = actors[0].layout
     capacity = max(s["capacity"], s["steps"] * s["envs"] * 2)
     alpha = 0.6 if s["prioritized"] else None
@@ -132,8 +151,10 @@ def test_frame_layout_samples_exactly_what_the_naive_layout_samples(s):
         return PrioritizedReplayBuffer(capacity, spec, alpha=alpha, seed=s["seed"] + m)
 
     naive = [naive_buffer(m) for m in range(memories)]
-    framed = [FrameReplayBuffer(capacity, spec, layout, alpha=alpha, seed=s["seed"] + m, max_streams=2)
-              for m in range(memories)]
+    framed = [
+        FrameReplayBuffer(capacity, spec, layout, alpha=alpha, seed=s["seed"] + m, max_streams=2)
+        for m in range(memories)
+    ]
     for actor in actors:
         actor.streams = [buf.stream() for buf in framed]
     rng = np.random.default_rng(s["seed"])
@@ -167,22 +188,26 @@ def test_frame_layout_samples_exactly_what_the_naive_layout_samples(s):
                 assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
             if alpha:
                 new = rng.random(batch) * 3
-                assert (framed[mm].update_priorities(want["indices"], new, want["generations"])
-                        == naive[mm].update_priorities(want["indices"], new, want["generations"]))
+                assert framed[mm].update_priorities(want["indices"], new, want["generations"]) == naive[
+                    mm
+                ].update_priorities(want["indices"], new, want["generations"])
             check_counts(framed, actors, mm)
     for m, buf in enumerate(framed):
         # Frames alive stay within the rows' worth plus what the streams hold.
         assert len(buf.pool) <= len(buf) * 2 * k + sum(actor.streams[m].held for actor in actors)
         for actor in actors:
             actor.streams[m].release()
-        assert len(buf.pool) == len(np.unique(np.concatenate(
-            [t[:len(buf)].reshape(-1) for t in buf._tables.values()])))
+        assert len(buf.pool) == len(
+            np.unique(np.concatenate([t[: len(buf)].reshape(-1) for t in buf._tables.values()]))
+        )
 
 
 def make_message(layout, stream_refs, frames_ids, n=2):
-    rows = {"obs": np.array(stream_refs[0], np.int64).reshape(n, -1),
-            "next_obs": np.array(stream_refs[1], np.int64).reshape(n, -1),
-            "action": np.zeros(n, np.int64)}
+    rows = {
+        "obs": np.array(stream_refs[0], np.int64).reshape(n, -1),
+        "next_obs": np.array(stream_refs[1], np.int64).reshape(n, -1),
+        "action": np.zeros(n, np.int64),
+    }
     rows["frames"] = np.zeros((len(frames_ids),) + layout.frame_shape, layout.dtype)
     rows["frame_ids"] = np.array(frames_ids, np.int64)
     return rows
@@ -200,8 +225,11 @@ def test_a_bad_message_changes_nothing():
         (make_message(layout, ([2, 3, 3, 4], [3, 4, 4, 9]), [4]), 1, "neither held nor sent"),
         (make_message(layout, ([2, 3, 3, 4], [3, 4, 4, 5]), [4, 5]), 3, "below keep_from"),
         (make_message(layout, ([2, 3, 3, 4], [3, 4, 4, 5]), [4, 5]), "1", "keep_from must be an integer"),
-        ({**make_message(layout, ([2, 3, 3, 4], [3, 4, 4, 5]), [4, 5]), "action": np.zeros(3, np.int64)}, 1,
-         r"field 'obs': expected \(3, 2\)"),
+        (
+            {**make_message(layout, ([2, 3, 3, 4], [3, 4, 4, 5]), [4, 5]), "action": np.zeros(3, np.int64)},
+            1,
+            r"field 'obs': expected \(3, 2\)",
+        ),
         ({k: v for k, v in good.items() if k != "frame_ids"}, 1, "lacks 'frame_ids'"),
     ]
     for message, keep_from, match in bad:
@@ -244,8 +272,11 @@ def test_evicted_rows_release_their_frames():
     buf = FrameReplayBuffer(2, spec, layout)
     stream = buf.stream()
     for t in range(0, 40, 2):
-        message = make_message(layout, ([t, t + 1, t + 1, t + 2], [t + 1, t + 2, t + 2, t + 3]),
-                               [i for i in range(t, t + 4) if not stream.holds(i)])
+        message = make_message(
+            layout,
+            ([t, t + 1, t + 1, t + 2], [t + 1, t + 2, t + 2, t + 3]),
+            [i for i in range(t, t + 4) if not stream.holds(i)],
+        )
         buf.add(message, stream=stream, keep_from=t)
     # The two rows left reference ids 38..41, which the stream holds too (ids >= keep_from 38).
     assert len(buf) == 2 and len(buf.pool) == 4 and buf.pool.slots <= 2 * buf.pool.run_frames  # 20 messages later
@@ -260,7 +291,10 @@ def test_layout_window_covers_what_a_stream_references():
     assert layout.stack == 4 and layout.frame_shape == (84, 84) and layout.dtype == np.uint8
     assert layout.window == 4096  # 2 * 8 envs * 4 * (50 + 2 + 4) = 3584, rounded up
     assert layout.wire_spec({**spec, "action": ((), "<i8")}) == {
-        "obs": ((4,), "<i8"), "next_obs": ((4,), "<i8"), "action": ((), "<i8")}
+        "obs": ((4,), "<i8"),
+        "next_obs": ((4,), "<i8"),
+        "action": ((), "<i8"),
+    }
     assert layout.max_frames(10) == 80 and layout.frame_bytes == 7056
     with pytest.raises(ValueError, match="expected \\(stack, \\*frame\\)"):
         FrameLayout.for_spec({"obs": ((4,), "float32")}, ("obs",), 1, 1, 0)

@@ -1,12 +1,12 @@
 """PrioritizedReplayBuffer: distribution, weights, priorities, staleness, snapshots, oracle."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from aiorl.replay import PrioritizedReplayBuffer
-from aiorl.replay import reference
+from aiorl.replay import PrioritizedReplayBuffer, reference
 
 SPEC = {"obs": ((3,), "float32"), "action": ((), "int64")}
 
@@ -55,16 +55,16 @@ def test_importance_weights():
 def test_new_rows_get_the_running_max_priority():
     alpha, eps = 0.5, 1e-6
     buf = PrioritizedReplayBuffer(8, SPEC, alpha=alpha, eps=eps, seed=0)
-    buf.add(make_batch(2))                                  # nothing given yet: priority value 1
+    buf.add(make_batch(2))  # nothing given yet: priority value 1
     assert buf.tree.get([0, 1]).tolist() == [1.0, 1.0]
     buf.add(make_batch(2, 2), priorities=[3.0, 15.0])
     top = (15.0 + eps) ** alpha
     assert buf.max_priority == top
     buf.add(make_batch(1, 4))
     assert buf.tree.get([4])[0] == top
-    buf.update_priorities([4], [0.0])                       # the max never goes down
+    buf.update_priorities([4], [0.0])  # the max never goes down
     buf.add(make_batch(1, 5))
-    assert buf.tree.get([5])[0] == top and buf.tree.get([4])[0] == eps ** alpha
+    assert buf.tree.get([5])[0] == top and buf.tree.get([4])[0] == eps**alpha
 
 
 def test_update_uses_p_plus_eps_to_the_alpha_and_last_duplicate_wins():
@@ -80,7 +80,7 @@ def test_stale_updates_are_ignored():
     sampled = buf.sample(8, beta=0.4)
     assert sampled["generations"].dtype == np.uint64
     np.testing.assert_array_equal(sampled["generations"], sampled["indices"])  # first pass: generation = slot
-    buf.add(make_batch(2, 100), priorities=[0.5, 0.5])      # overwrites slots 0 and 1
+    buf.add(make_batch(2, 100), priorities=[0.5, 0.5])  # overwrites slots 0 and 1
     before = buf.tree.get(np.arange(4))
     fresh = ~np.isin(sampled["indices"], [0, 1])
     stale = buf.update_priorities(sampled["indices"], np.full(8, 50.0), sampled["generations"])
@@ -91,7 +91,9 @@ def test_stale_updates_are_ignored():
         assert after[slot] == 50.0 + 1e-6
     # Generations of the new rows continue the count: slots 0, 1 now hold rows 4 and 5.
     again = buf.sample(64, beta=0.4)
-    np.testing.assert_array_equal(again["generations"][again["indices"] < 2], again["indices"][again["indices"] < 2] + 4)
+    np.testing.assert_array_equal(
+        again["generations"][again["indices"] < 2], again["indices"][again["indices"] < 2] + 4
+    )
     # Without generations nothing is checked.
     assert buf.update_priorities(sampled["indices"], np.full(8, 1.0)) == 0
 
@@ -120,12 +122,15 @@ def test_single_element_batches():
     assert buf.update_priorities(np.array([], np.int64), np.array([])) == 0
 
 
-@pytest.mark.parametrize("priorities, message", [
-    ([1.0, np.nan], r"priorities\[1\] = nan; priorities must be finite and >= 0"),
-    ([-1.0, 1.0], r"priorities\[0\] = -1.0"),
-    ([np.inf, 1.0], r"priorities\[0\] = inf"),
-    ([1.0], r"priorities: expected shape \(2,\) real numbers, got \(1,\) float64"),
-])
+@pytest.mark.parametrize(
+    "priorities, message",
+    [
+        ([1.0, np.nan], r"priorities\[1\] = nan; priorities must be finite and >= 0"),
+        ([-1.0, 1.0], r"priorities\[0\] = -1.0"),
+        ([np.inf, 1.0], r"priorities\[0\] = inf"),
+        ([1.0], r"priorities: expected shape \(2,\) real numbers, got \(1,\) float64"),
+    ],
+)
 def test_bad_priorities_are_rejected_and_nothing_changes(priorities, message):
     buf = PrioritizedReplayBuffer(4, SPEC, alpha=0.6, seed=0)
     buf.add(make_batch(2))
@@ -162,7 +167,7 @@ def test_bad_update_indices_and_arguments():
 def test_snapshot_round_trip(tmp_path):
     buf = PrioritizedReplayBuffer(6, SPEC, alpha=0.6, eps=1e-4, seed=1)
     buf.add(make_batch(5), priorities=np.arange(5.0))
-    buf.add(make_batch(3, 10))                                 # wraps
+    buf.add(make_batch(3, 10))  # wraps
     sampled = buf.sample(16, beta=0.5)
     buf.update_priorities(sampled["indices"], np.linspace(0, 3, 16), sampled["generations"])
     path = tmp_path / "per.npz"
@@ -179,8 +184,9 @@ def test_snapshot_round_trip(tmp_path):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
     for target in (buf, restored):
         target.add(make_batch(2, 50))
-    assert buf.update_priorities(a["indices"], np.ones(32), a["generations"]) == \
-        restored.update_priorities(b["indices"], np.ones(32), b["generations"])
+    assert buf.update_priorities(a["indices"], np.ones(32), a["generations"]) == restored.update_priorities(
+        b["indices"], np.ones(32), b["generations"]
+    )
     np.testing.assert_array_equal(buf.tree.get(np.arange(6)), restored.tree.get(np.arange(6)))
 
 
@@ -195,13 +201,20 @@ def test_snapshot_checks_alpha_and_priorities():
         PrioritizedReplayBuffer(4, SPEC, alpha=0.6).load_state_dict(state)
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["add", "add_p", "sample_update", "overwrite_update"]),
-                         st.integers(1, 70)), min_size=1, max_size=12)
+OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "add_p", "sample_update", "overwrite_update"]), st.integers(1, 70)),
+    min_size=1,
+    max_size=12,
+)
 
 
 @settings(max_examples=50, deadline=None)
-@given(capacity=st.one_of(st.sampled_from([1, 2, 8, 64, 512]), st.integers(1, 600)),
-       alpha=st.sampled_from([0.0, 0.6, 1.0]), ops=OPS, seed=st.integers(0, 2 ** 32 - 1))
+@given(
+    capacity=st.one_of(st.sampled_from([1, 2, 8, 64, 512]), st.integers(1, 600)),
+    alpha=st.sampled_from([0.0, 0.6, 1.0]),
+    ops=OPS,
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_matches_reference(capacity, alpha, ops, seed):
     """Every returned array, the tree and the stale counts agree bitwise with the numpy oracle."""
     buf = PrioritizedReplayBuffer(capacity, SPEC, alpha=alpha, seed=seed)
@@ -225,8 +238,9 @@ def test_matches_reference(capacity, alpha, ops, seed):
                 buf.add(batch)
                 oracle.add(batch)
             priorities = rng.random(n) * 3
-            assert buf.update_priorities(got["indices"], priorities, got["generations"]) == \
-                oracle.update_priorities(want["indices"], priorities, want["generations"])
+            assert buf.update_priorities(got["indices"], priorities, got["generations"]) == oracle.update_priorities(
+                want["indices"], priorities, want["generations"]
+            )
         assert buf.tree.total == oracle.tree.total and buf.max_priority == oracle.max_priority
 
 

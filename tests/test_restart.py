@@ -1,4 +1,5 @@
 """Restart policy: budget per role, backoff, which roles and exits are restarted."""
+
 import signal
 
 import pytest
@@ -30,10 +31,17 @@ def test_clean_exits_lost_coordinators_and_refusals_are_not_restarted(code):
     assert RestartPolicy(max_restarts=5).decide("actor-0", code, 0.0) is None
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("actor-0", True), ("actor-7", True), ("memory-1", True), ("memory-0", False),
-    ("learner-0", False), ("learner-1", False),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("actor-0", True),
+        ("actor-7", True),
+        ("memory-1", True),
+        ("memory-0", False),
+        ("learner-0", False),
+        ("learner-1", False),
+    ],
+)
 def test_which_roles_are_restarted(name, expected):
     kind, _, index = name.rpartition("-")
     assert restartable(kind, int(index)) is expected

@@ -1,4 +1,5 @@
 """Housekeeping (heartbeat stats, metrics rows, limits) never kills a role."""
+
 from __future__ import annotations
 
 import errno

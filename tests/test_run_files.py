@@ -1,4 +1,5 @@
 """Run directories and the files in them: modes, atomic writes, token mistakes caught up front."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Run directories belong to one run: refusal, locking, resume, launch ownership of files."""
+
 import pytest
 import torch
 
@@ -72,8 +73,9 @@ def test_files_are_taken_only_from_this_launch(tmp_path):
         run.write_owned("summary.json", {"ok": True})
         assert run.read_owned("summary.json")["ok"] is True
         other = Identity(run.identity.run_id, "another-launch")
-        (tmp_path / "r" / "summary.json").write_text('{"ok": true, "run_id": "%s", "launch_id": "%s"}'
-                                                     % (other.run_id, other.launch_id))
+        (tmp_path / "r" / "summary.json").write_text(
+            '{"ok": true, "run_id": "%s", "launch_id": "%s"}' % (other.run_id, other.launch_id)
+        )
         assert run.read_owned("summary.json") is None
         (tmp_path / "r" / "summary.json").write_text('{"ok": tr')  # half written
         assert run.read_owned("summary.json") is None

@@ -1,5 +1,6 @@
 """How the coordinator holds up with many roles: totals kept per heartbeat, status of a big
 cluster, the loop-lag probe, and a CI-sized bench/scale.py run (64 actors over real TCP)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,14 @@ HANG_S = 30.0  # only bounds a hang
 
 async def register(port: int, cfg, role: str, incarnation: str):
     conn = await connect("127.0.0.1", port, token=TOKEN, name=role)
-    meta = {"role": role, "pid": 1, "host": "test", "config_hash": cfg.config_hash(), "address": None,
-            "incarnation": incarnation}
+    meta = {
+        "role": role,
+        "pid": 1,
+        "host": "test",
+        "config_hash": cfg.config_hash(),
+        "address": None,
+        "incarnation": incarnation,
+    }
     reply = await conn.request("register", meta, timeout_s=HANG_S)
     assert reply.meta.get("admitted") is not False, reply.meta
     return conn
@@ -46,9 +53,19 @@ async def until(predicate) -> None:
 async def test_run_totals_follow_each_roles_counters_through_a_restart(tmp_path):
     """The totals a heartbeat reply carries are kept as counters change (not summed per heartbeat):
     they must still be every role's counters plus what restarted incarnations counted."""
-    cfg = load_config(data={"algo": "random_agent", "cluster": {
-        "actors": 2, "max_restarts": 1, "start_timeout_s": 30.0, "heartbeat_interval_s": 0.05,
-        "heartbeat_timeout_s": 30.0, "coordinator_timeout_s": 0.2}})
+    cfg = load_config(
+        data={
+            "algo": "random_agent",
+            "cluster": {
+                "actors": 2,
+                "max_restarts": 1,
+                "start_timeout_s": 30.0,
+                "heartbeat_interval_s": 0.05,
+                "heartbeat_timeout_s": 30.0,
+                "coordinator_timeout_s": 0.2,
+            },
+        }
+    )
     coordinator = Coordinator(cfg, tmp_path, TOKEN)
     port = await coordinator.start("127.0.0.1", 0)
     run = asyncio.create_task(coordinator.run())
@@ -179,9 +196,26 @@ def test_bench_scale_64_actors_no_false_lost_verdict_every_heartbeat_answered(tm
     """The CI-sized bench: 64 simulated actors (the real actor's control and data connections)
     against real memory-host processes over TCP; nothing is asserted about time."""
     out = tmp_path / "scale.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--actors", "64", "--memories", "2",
-                           "--warmup-s", "0.5", "--duration-s", "2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "scale.py"),
+            "--actors",
+            "64",
+            "--memories",
+            "2",
+            "--warmup-s",
+            "0.5",
+            "--duration-s",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     row = json.loads(out.read_text())["rows"][0]
     assert row["lost_count"] == 0 and row["lost"] == []

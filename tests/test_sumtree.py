@@ -1,16 +1,15 @@
 """SumTree: the compiled tree against the numpy oracle, edge sizes, drift and bad input."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiorl.replay import SumTree
-from aiorl.replay import reference
+from aiorl.replay import SumTree, reference
 
 # Sizes the layout treats specially: 1, one group (8), a group boundary, powers of two.
 EDGE_CAPACITIES = [1, 2, 7, 8, 9, 63, 64, 65, 512, 4096, 4097]
-capacities = st.one_of(st.sampled_from(EDGE_CAPACITIES), st.integers(1, 5000),
-                       st.integers(0, 14).map(lambda k: 2 ** k))
+capacities = st.one_of(st.sampled_from(EDGE_CAPACITIES), st.integers(1, 5000), st.integers(0, 14).map(lambda k: 2**k))
 
 
 def build(capacity, indices, values):
@@ -25,7 +24,7 @@ def build(capacity, indices, values):
 def test_matches_reference(capacity, data):
     """Totals, minimum, leaves and stratified draws agree bitwise with the oracle."""
     n = data.draw(st.integers(1, 3 * capacity))
-    seed = data.draw(st.integers(0, 2 ** 32 - 1))
+    seed = data.draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     indices = rng.integers(0, capacity, n)
     values = rng.random(n) * 10 ** rng.uniform(-6, 6, n)
@@ -46,7 +45,7 @@ def test_matches_reference(capacity, data):
 
 
 @settings(max_examples=60, deadline=None)
-@given(capacity=capacities, seed=st.integers(0, 2 ** 32 - 1))
+@given(capacity=capacities, seed=st.integers(0, 2**32 - 1))
 def test_draws_fall_in_their_stratum(capacity, seed):
     """With dyadic values (exact sums) draw j is the leaf whose cumulative interval holds its target."""
     rng = np.random.default_rng(seed)
@@ -80,7 +79,7 @@ def test_capacity_one():
     assert tree.sample(5, np.random.default_rng(0)).tolist() == [0] * 5
 
 
-@pytest.mark.parametrize("capacity", [8, 64, 512, 2 ** 15])
+@pytest.mark.parametrize("capacity", [8, 64, 512, 2**15])
 def test_power_of_two_filled_exactly(capacity):
     """Every leaf of a full power-of-two tree is reachable, the last one included."""
     tree = SumTree(capacity)
@@ -95,7 +94,7 @@ def test_min_ignores_zero_leaves_and_follows_updates():
     tree = SumTree(10)
     tree.update([0, 1, 2], [3.0, 0.0, 5.0])
     assert tree.min == 3.0
-    tree.update([0], [7.0])            # the minimum can go up
+    tree.update([0], [7.0])  # the minimum can go up
     assert tree.min == 5.0
     tree.update([2, 0], [0.0, 0.0])
     assert tree.min == np.inf and tree.total == 0.0
@@ -104,7 +103,7 @@ def test_min_ignores_zero_leaves_and_follows_updates():
 
 
 @settings(max_examples=60, deadline=None)
-@given(capacity=st.sampled_from([1, 8, 9, 700, 4096, 40_000]), seed=st.integers(0, 2 ** 32 - 1))
+@given(capacity=st.sampled_from([1, 8, 9, 700, 4096, 40_000]), seed=st.integers(0, 2**32 - 1))
 def test_min_stays_exact_through_lazy_min_tree(capacity, seed):
     """The min tree is refreshed lazily: raising or zeroing the minimum leaf, lowering others,
     and queues that overflow (over a quarter of the leaf groups written) all keep `min` exact."""
@@ -145,16 +144,19 @@ def test_no_drift_after_two_million_updates():
     assert tree.total == pytest.approx(np.sum(leaves), rel=1e-12)
 
 
-@pytest.mark.parametrize("indices, values, message", [
-    ([0, 10], [1.0, 1.0], r"indices\[1\] = 10 is out of range \[0, 10\)"),
-    ([-1], [1.0], r"indices\[0\] = -1 is out of range"),
-    ([0, 1], [1.0, np.nan], r"values\[1\] = nan"),
-    ([0], [-0.5], r"values\[0\] = -0.5"),
-    ([0], [np.inf], r"values\[0\] = inf"),
-    ([0, 1], [1.0], r"values: expected shape \(2,\) real numbers, got \(1,\) float64"),
-    ([0.5], [1.0], r"indices: expected shape \(n,\) integers, got \(1,\) float64"),
-    ([[0, 1]], [1.0, 1.0], r"indices: expected shape \(n,\) integers, got \(1, 2\) int64"),
-])
+@pytest.mark.parametrize(
+    "indices, values, message",
+    [
+        ([0, 10], [1.0, 1.0], r"indices\[1\] = 10 is out of range \[0, 10\)"),
+        ([-1], [1.0], r"indices\[0\] = -1 is out of range"),
+        ([0, 1], [1.0, np.nan], r"values\[1\] = nan"),
+        ([0], [-0.5], r"values\[0\] = -0.5"),
+        ([0], [np.inf], r"values\[0\] = inf"),
+        ([0, 1], [1.0], r"values: expected shape \(2,\) real numbers, got \(1,\) float64"),
+        ([0.5], [1.0], r"indices: expected shape \(n,\) integers, got \(1,\) float64"),
+        ([[0, 1]], [1.0, 1.0], r"indices: expected shape \(n,\) integers, got \(1, 2\) int64"),
+    ],
+)
 def test_bad_update_is_rejected_untouched(indices, values, message):
     tree = SumTree(10)
     tree.update([2], [1.0])

@@ -1,5 +1,6 @@
 """DPPO and ES through the real runtime (role processes over loopback TCP): the barrier's
 ordering, data-parallel learners, lost actors, shutdown mid-iteration, work items."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,6 @@ import re
 import signal
 
 import pytest
-
 from cluster_helpers import alive, finish, last_metrics, pids, read_json, run, start, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -17,10 +17,13 @@ ROLLOUT = 2 * 16  # rows per actor per iteration: num_envs x sample_batch_size
 
 
 def dppo(actors, memories, learners, **agent):
-    return {"algo": "dppo", "env": {"id": "CartPole-v1", "num_envs": 2},
-            "cluster": {"actors": actors, "memories": memories, "learners": learners},
-            "agent": {"sample_batch_size": 16, "batch_size": 32, **agent},
-            "model": {"network": ["linear:16", "tanh"], "epochs": 2}}
+    return {
+        "algo": "dppo",
+        "env": {"id": "CartPole-v1", "num_envs": 2},
+        "cluster": {"actors": actors, "memories": memories, "learners": learners},
+        "agent": {"sample_batch_size": 16, "batch_size": 32, **agent},
+        "model": {"network": ["linear:16", "tanh"], "epochs": 2},
+    }
 
 
 def learner_steps(run_dir):
@@ -71,14 +74,15 @@ def test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learner
     for a in range(3):
         log = roles[f"actor-{a}"]["stats"]["iterations"]
         assert len(log) >= iterations and len(published) >= iterations
-        for k, entry in enumerate(log[:len(published)]):  # summary.json keeps the first 32 publications
+        for k, entry in enumerate(log[: len(published)]):  # summary.json keeps the first 32 publications
             assert entry["iteration"] == k and entry["weights_version"] == k
             assert entry["started_monotonic"] >= published[k]
     first, second = (roles[f"learner-{j}"]["stats"]["iterations"] for j in (0, 1))
     assert len(first) >= iterations and [e["iteration"] for e in first] == list(range(len(first)))
     # Both learners trained the same iterations and hold the same weights after each one.
-    assert [(e["iteration"], e["weights_digest"]) for e in first] == \
-        [(e["iteration"], e["weights_digest"]) for e in second]
+    assert [(e["iteration"], e["weights_digest"]) for e in first] == [
+        (e["iteration"], e["weights_digest"]) for e in second
+    ]
     for k, (a, b) in enumerate(zip(first, second)):
         assert a["policy_lag"] == b["policy_lag"] == 0 and a["versions"] == b["versions"] == [k, k]
         # The learners split each round evenly (each memory splits its share in two).
@@ -100,8 +104,11 @@ def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(
         wait_for(lambda: learner_steps(run_dir) >= 3, 120, "3 iterations")
         # A hung actor: its connections stay open, its heartbeats stop.
         os.kill(started["actor-2"], signal.SIGSTOP)
-        wait_for(lambda: "barrier 'iteration' goes on without actor-2" in log_text(run_dir, "memory-0"), 60,
-                 "actor-2 to leave the barrier")
+        wait_for(
+            lambda: "barrier 'iteration' goes on without actor-2" in log_text(run_dir, "memory-0"),
+            60,
+            "actor-2 to leave the barrier",
+        )
         wait_for(lambda: trained_with(run_dir, 2 * ROLLOUT) >= 3, 120, "iterations without actor-2 (still hung)")
         os.kill(started["actor-2"], signal.SIGCONT)  # it finds itself cut off and exits
         os.kill(started["actor-1"], signal.SIGKILL)  # mid-iteration, wherever it was
@@ -113,7 +120,9 @@ def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(
     assert code != 0 and "every actor is gone" in out
     summary = read_json(run_dir / "summary.json")
     assert [p["phase"] for p in summary["phases"]][-1] == "EXITED"
-    assert {summary["roles"][f"actor-{a}"]["status"] for a in range(3)} == {"lost"}, [(r["status"], r["reason"]) for r in summary["roles"].values()]
+    assert {summary["roles"][f"actor-{a}"]["status"] for a in range(3)} == {"lost"}, [
+        (r["status"], r["reason"]) for r in summary["roles"].values()
+    ]
     assert "no heartbeat for" in summary["roles"]["actor-2"]["reason"]
     assert summary["roles"]["learner-0"]["status"] == "done"
     exits = read_json(run_dir / "exits.json")
@@ -153,10 +162,13 @@ def test_dppo_sigint_mid_iteration_trains_every_delivered_rollout_and_writes_the
 
 def test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_redone(tmp_path):
     population = 5
-    config = {"algo": "es", "env": {"id": "Pendulum-v1"},
-              "cluster": {"actors": 3, "memories": 2, "learners": 1, "heartbeat_timeout_s": 2.0},
-              "agent": {"scheduled_timesteps": 10**9},
-              "model": {"network": ["linear:8", "tanh"], "population": population, "noise_table_size": 100_000}}
+    config = {
+        "algo": "es",
+        "env": {"id": "Pendulum-v1"},
+        "cluster": {"actors": 3, "memories": 2, "learners": 1, "heartbeat_timeout_s": 2.0},
+        "agent": {"scheduled_timesteps": 10**9},
+        "model": {"network": ["linear:8", "tanh"], "population": population, "noise_table_size": 100_000},
+    }
     proc, run_dir = start(tmp_path, config)
     started = {}
     try:
@@ -171,8 +183,14 @@ def test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_re
 
         work = wait_for(held_up, 60, "the round to wait on actor-1's item", interval_s=0.2)
         iteration, item = work["iteration"], int(next(iter(work["leases"])))
-        wait_for(lambda: f"work items [{item}] of iteration {iteration}, held by actor-1, go back to the queue"
-                 in log_text(run_dir, "memory-0"), 60, "the release of actor-1's item")
+        wait_for(
+            lambda: (
+                f"work items [{item}] of iteration {iteration}, held by actor-1, go back to the queue"
+                in log_text(run_dir, "memory-0")
+            ),
+            60,
+            "the release of actor-1's item",
+        )
         os.kill(started["actor-1"], signal.SIGCONT)
         wait_for(lambda: learner_steps(run_dir) >= iteration + 3, 120, "iterations after the release")
         proc.send_signal(signal.SIGINT)
@@ -185,7 +203,11 @@ def test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_re
     trained = roles["learner-0"]["stats"]["iterations"]
     assert len(trained) >= iteration + 2
     assert all(e["rows"] == population and e["policy_lag"] == 0 for e in trained)  # 3 actors or 2
-    redone = [e for a in (0, 2) for e in roles[f"actor-{a}"]["stats"]["iterations"]
-              if (e["iteration"], e["item"]) == (iteration, item)]
+    redone = [
+        e
+        for a in (0, 2)
+        for e in roles[f"actor-{a}"]["stats"]["iterations"]
+        if (e["iteration"], e["item"]) == (iteration, item)
+    ]
     assert len(redone) == 1
     assert not any(alive(pid) for pid in started.values())

@@ -1,4 +1,5 @@
 """The synchronous path's state machines without sockets: a memory's rounds and the coordinator's work items."""
+
 import logging
 
 import numpy as np
@@ -137,9 +138,16 @@ class ScriptedMemory:
             self.learner.queue.put_nowait((self.m, _END))
             return
         part = self.script[it]
-        self.learner.queue.put_nowait((self.m, Message(
-            "samples", {"iteration": it, "empty": part is None, "versions": [it, it]},
-            {} if part is None else rows(it, part))))
+        self.learner.queue.put_nowait(
+            (
+                self.m,
+                Message(
+                    "samples",
+                    {"iteration": it, "empty": part is None, "versions": [it, it]},
+                    {} if part is None else rows(it, part),
+                ),
+            )
+        )
 
 
 async def test_a_learner_asks_on_until_every_memory_ended_when_one_ends_first(tmp_path):
@@ -152,8 +160,9 @@ async def test_a_learner_asks_on_until_every_memory_ended_when_one_ends_first(tm
     from aiorl.runtime.algorithm import LearnerResult
     from aiorl.runtime.learner import LearnerRole
 
-    cfg = load_config(data={"algo": "random_agent", "cluster": {"memories": 2, "learners": 2},
-                            "model": {"synchronous": True}})
+    cfg = load_config(
+        data={"algo": "random_agent", "cluster": {"memories": 2, "learners": 2}, "model": {"synchronous": True}}
+    )
     learner = LearnerRole(cfg, 1, tmp_path, b"t" * 32)  # not learner 0: it publishes nothing
 
     class Core:

@@ -1,5 +1,6 @@
 """The trajectory queue (whole fragments, FIFO, bounded, fresh batches), the room it gives the
 memory's actor credits, and the memory's fragment hub, without sockets."""
+
 import numpy as np
 import pytest
 
@@ -14,8 +15,11 @@ T = 4
 def fragments(n, start=0, spec=SPEC):
     """n fragments whose every value encodes (fragment, step): obs[i, t] = 100 * (start + i) + t."""
     code = 100 * (start + np.arange(n))[:, None] + np.arange(T)[None, :]
-    return {"obs": np.repeat(code[..., None], 3, axis=2).astype(np.float32), "action": code.astype(np.int64),
-            "terminated": (code % 3 == 0)}
+    return {
+        "obs": np.repeat(code[..., None], 3, axis=2).astype(np.float32),
+        "action": code.astype(np.int64),
+        "terminated": (code % 3 == 0),
+    }
 
 
 def ids(batch):
@@ -81,11 +85,13 @@ def test_drop_older_from_anywhere_frees_room():
 def test_push_is_checked_whole_before_anything_changes():
     q = TrajectoryQueue(8, SPEC, T)
     good = fragments(2)
-    for bad, match in [({**good, "obs": good["obs"][:, :3]}, r"'obs': expected shape \(2, 4, 3\)"),
-                       ({**good, "action": good["action"].astype(np.int32)}, "'action': expected dtype int64"),
-                       ({**good, "terminated": good["terminated"][:1]}, r"'terminated': expected shape \(2, 4\)"),
-                       ({k: v for k, v in good.items() if k != "action"}, r"missing \['action'\]"),
-                       ({**good, "extra": good["action"]}, r"unexpected \['extra'\]")]:
+    for bad, match in [
+        ({**good, "obs": good["obs"][:, :3]}, r"'obs': expected shape \(2, 4, 3\)"),
+        ({**good, "action": good["action"].astype(np.int32)}, "'action': expected dtype int64"),
+        ({**good, "terminated": good["terminated"][:1]}, r"'terminated': expected shape \(2, 4\)"),
+        ({k: v for k, v in good.items() if k != "action"}, r"missing \['action'\]"),
+        ({**good, "extra": good["action"]}, r"unexpected \['extra'\]"),
+    ]:
         with pytest.raises(ValueError, match=match):
             q.push(bad, version=0, actor=0)
     assert len(q) == 0 and q.pushed == 0
@@ -174,8 +180,13 @@ def test_frame_layout_queue_hands_out_exactly_the_naive_batches(full, compressio
     from aiorl.replay.trajectory_queue import FrameTrajectoryQueue
 
     stack, envs, steps = 3, 2, 5
-    frame_spec = {"obs": ((stack, 1, 2), "|u1"), "next_obs": ((stack, 1, 2), "|u1"), "reward": ((), "<f4"),
-                  "terminated": ((), "|b1"), "truncated": ((), "|b1")}
+    frame_spec = {
+        "obs": ((stack, 1, 2), "|u1"),
+        "next_obs": ((stack, 1, 2), "|u1"),
+        "reward": ((), "<f4"),
+        "terminated": ((), "|b1"),
+        "truncated": ((), "|b1"),
+    }
     layout = FrameLayout.for_spec(frame_spec, ("obs", "next_obs"), envs, steps, 0)
     capacity = 6 if full == "drop_oldest" else 64
     naive_q = TrajectoryQueue(capacity, frame_spec, steps, full)
@@ -183,8 +194,10 @@ def test_frame_layout_queue_hands_out_exactly_the_naive_batches(full, compressio
     actors = []
     for a in range(2):
         sender = FrameSender(layout, envs, 1, 0, compression)
-        runners = [EnvRunner(env_config(stack, True), envs, seed=10 + a),
-                   EnvRunner(env_config(stack, True), envs, seed=10 + a, frames=sender)]
+        runners = [
+            EnvRunner(env_config(stack, True), envs, seed=10 + a),
+            EnvRunner(env_config(stack, True), envs, seed=10 + a, frames=sender),
+        ]
         for runner in runners:
             runner.envs.envs = [Jumbled(env) for env in runner.envs.envs]
             for i, env in enumerate(runner.envs.envs):
@@ -219,6 +232,6 @@ def test_frame_layout_queue_hands_out_exactly_the_naive_batches(full, compressio
         assert got["obs"].shape == (n, steps, stack, 1, 2) and got["obs"].dtype == np.uint8
     assert naive_q.dropped_lag > 0 and (full == "throttle" or naive_q.dropped_full > 0)
     frame_q.take(len(frame_q))
-    for sender, runners, stream, _ in actors:
+    for _sender, _runners, stream, _ in actors:
         stream.release()
     assert len(frame_q.pool) == 0

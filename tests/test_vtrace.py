@@ -1,5 +1,6 @@
 """V-trace: the compiled kernel against the numpy oracle, the definition written as sums,
 hand-computed cases, episode ends at every position, truncation and clipping."""
+
 import math
 
 import numpy as np
@@ -12,15 +13,31 @@ from aiorl.replay import reference, vtrace
 
 def fragments(B, T, seed=0, dtype=np.float32, log_rho_scale=1.0):
     rng = np.random.default_rng(seed)
-    args = dict(log_rhos=(log_rho_scale * rng.normal(size=(B, T))).astype(dtype),
-                rewards=rng.normal(size=(B, T)).astype(dtype), values=rng.normal(size=(B, T)).astype(dtype),
-                bootstrap_value=rng.normal(size=B).astype(dtype), terminated=np.zeros((B, T), bool),
-                truncated=np.zeros((B, T), bool))
+    args = dict(
+        log_rhos=(log_rho_scale * rng.normal(size=(B, T))).astype(dtype),
+        rewards=rng.normal(size=(B, T)).astype(dtype),
+        values=rng.normal(size=(B, T)).astype(dtype),
+        bootstrap_value=rng.normal(size=B).astype(dtype),
+        terminated=np.zeros((B, T), bool),
+        truncated=np.zeros((B, T), bool),
+    )
     return args, rng.normal(size=(B, T)).astype(dtype)
 
 
-def definition(log_rhos, rewards, values, bootstrap_value, terminated, truncated, truncated_values, gamma,
-               rho_bar, c_bar, pg_rho_bar, lam=1.0):
+def definition(
+    log_rhos,
+    rewards,
+    values,
+    bootstrap_value,
+    terminated,
+    truncated,
+    truncated_values,
+    gamma,
+    rho_bar,
+    c_bar,
+    pg_rho_bar,
+    lam=1.0,
+):
     """The paper's sums, one fragment and one start step at a time, in Python floats:
 
         vs_s = V(x_s) + sum_{t=s}^{end} gamma^(t-s) (prod_{i=s}^{t-1} c_i) delta_t,  c_i = lam min(c_bar, rho_i)
@@ -65,14 +82,23 @@ def definition(log_rhos, rewards, values, bootstrap_value, terminated, truncated
 
 
 def check_all(args, tv, gamma=0.9, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, rtol=1e-5, lam=1.0):
-    vs, pg = vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv,
-                    lam=lam)
-    want_vs, want_pg = reference.vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
-                                        truncated_values=tv, lam=lam)
+    vs, pg = vtrace(
+        **args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv, lam=lam
+    )
+    want_vs, want_pg = reference.vtrace(
+        **args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv, lam=lam
+    )
     np.testing.assert_array_equal(vs, want_vs)
     np.testing.assert_array_equal(pg, want_pg)
-    def_vs, def_pg = definition(**args, truncated_values=tv, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar,
-                                pg_rho_bar=rho_bar if pg_rho_bar is None else pg_rho_bar, lam=lam)
+    def_vs, def_pg = definition(
+        **args,
+        truncated_values=tv,
+        gamma=gamma,
+        rho_bar=rho_bar,
+        c_bar=c_bar,
+        pg_rho_bar=rho_bar if pg_rho_bar is None else pg_rho_bar,
+        lam=lam,
+    )
     np.testing.assert_allclose(vs, def_vs, rtol=rtol, atol=rtol)
     np.testing.assert_allclose(pg, def_pg, rtol=rtol, atol=rtol)
     return vs, pg
@@ -84,7 +110,7 @@ def test_every_episode_end_position(position, kind):
     """An episode end at each step of a fragment, the last step included (a fragment that ends
     exactly on a terminal step); the second fragment of the batch has none."""
     args, tv = fragments(2, 6, seed=position)
-    for flag in (("terminated", "truncated") if kind == "both" else (kind,)):
+    for flag in ("terminated", "truncated") if kind == "both" else (kind,):
         args[flag][0, position] = True
     vs, pg = check_all(args, tv)
     alone, _ = check_all({k: v[1:] for k, v in args.items()}, tv[1:])
@@ -132,8 +158,7 @@ def test_clipping_by_hand():
     np.testing.assert_allclose(vs[0], [3.0, 0.5])
     np.testing.assert_allclose(pg[0], [2.0 * 1.5, 0.5])
     # c_bar alone: rho_bar 1.5 clips delta_0 to 1.5, c_bar 0.25 the trace -> vs_0 = 1.5 + .25 * .5
-    vs, pg = vtrace(log_rhos, r, zeros, np.zeros(1), flags, flags, gamma=1.0, rho_bar=1.5, c_bar=0.25,
-                    pg_rho_bar=0.1)
+    vs, pg = vtrace(log_rhos, r, zeros, np.zeros(1), flags, flags, gamma=1.0, rho_bar=1.5, c_bar=0.25, pg_rho_bar=0.1)
     np.testing.assert_allclose(vs[0], [1.625, 0.5])
     np.testing.assert_allclose(pg[0], [0.1 * 1.5, 0.1 * 1.0])
 
@@ -165,28 +190,35 @@ def test_on_policy_unclipped_is_the_n_step_return():
 
 
 @settings(max_examples=80, deadline=None)
-@given(B=st.sampled_from([1, 2, 3, 8, 16]), T=st.sampled_from([1, 2, 5, 20, 32]),
-       gamma=st.sampled_from([0.0, 0.9, 0.99, 1.0]), end_rate=st.sampled_from([0.0, 0.1, 0.5]),
-       bars=st.sampled_from([(1.0, 1.0, None), (2.0, 0.5, 1.0), (float("inf"), float("inf"), None),
-                             (0.5, 0.5, 3.0)]), lam=st.sampled_from([1.0, 0.95, 0.0]),
-       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2 ** 32 - 1))
+@given(
+    B=st.sampled_from([1, 2, 3, 8, 16]),
+    T=st.sampled_from([1, 2, 5, 20, 32]),
+    gamma=st.sampled_from([0.0, 0.9, 0.99, 1.0]),
+    end_rate=st.sampled_from([0.0, 0.1, 0.5]),
+    bars=st.sampled_from([(1.0, 1.0, None), (2.0, 0.5, 1.0), (float("inf"), float("inf"), None), (0.5, 0.5, 3.0)]),
+    lam=st.sampled_from([1.0, 0.95, 0.0]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_matches_reference(B, T, gamma, end_rate, bars, lam, dtype, seed):
     args, tv = fragments(B, T, seed, dtype)
     rng = np.random.default_rng(seed + 1)
     args["terminated"] = rng.random((B, T)) < end_rate
     args["truncated"] = rng.random((B, T)) < end_rate
     rho_bar, c_bar, pg_rho_bar = bars
-    vs, pg = vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv,
-                    lam=lam)
+    vs, pg = vtrace(
+        **args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv, lam=lam
+    )
     assert vs.dtype == pg.dtype == dtype and vs.shape == pg.shape == (B, T)
-    want_vs, want_pg = reference.vtrace(**args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
-                                        truncated_values=tv, lam=lam)
+    want_vs, want_pg = reference.vtrace(
+        **args, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, truncated_values=tv, lam=lam
+    )
     np.testing.assert_array_equal(vs, want_vs)
     np.testing.assert_array_equal(pg, want_pg)
 
 
 @settings(max_examples=30, deadline=None)
-@given(T=st.integers(1, 12), end_rate=st.sampled_from([0.1, 0.4]), seed=st.integers(0, 2 ** 32 - 1))
+@given(T=st.integers(1, 12), end_rate=st.sampled_from([0.1, 0.4]), seed=st.integers(0, 2**32 - 1))
 def test_matches_the_definition(T, end_rate, seed):
     args, tv = fragments(3, T, seed, np.float64)
     rng = np.random.default_rng(seed + 2)
@@ -204,11 +236,11 @@ def test_truncation_needs_final_values_and_bootstraps_from_them():
     tv2 = tv.copy()
     tv2[1, 2] += 1.0
     vs_b, _ = vtrace(**args, gamma=0.9, truncated_values=tv2)
-    assert vs_b[1, 2] > vs_a[1, 2]                      # V(final obs) is read where truncated ...
+    assert vs_b[1, 2] > vs_a[1, 2]  # V(final obs) is read where truncated ...
     tv2 = tv.copy()
     tv2[0, 2] += 1.0
     np.testing.assert_array_equal(vtrace(**args, gamma=0.9, truncated_values=tv2)[0], vs_a)  # ... only there
-    args["terminated"][1, 2] = True                     # terminated wins: nothing to bootstrap
+    args["terminated"][1, 2] = True  # terminated wins: nothing to bootstrap
     vs, _ = vtrace(**args, gamma=0.9)
     assert vs.shape == (2, 4)
 

@@ -95,8 +95,11 @@ class Arena:
 
     def warnings_about(self, port: int) -> list[str]:
         needle = f"127.0.0.1:{port}"
-        return [r.getMessage() for r in self.caplog.records
-                if r.name == LOGGER and r.levelno == logging.WARNING and needle in r.getMessage()]
+        return [
+            r.getMessage()
+            for r in self.caplog.records
+            if r.name == LOGGER and r.levelno == logging.WARNING and needle in r.getMessage()
+        ]
 
     async def closed_with_reason(self, port: int, reason: str) -> None:
         async with asyncio.timeout(HANG_S):
@@ -172,11 +175,26 @@ async def raw_exchange(port: int, data: bytes, *, linger_reset: bool = False) ->
         writer.close()
 
 
-def frame(ftype=FrameType.DATA, schema=b"", meta=b"\x80", payload=b"", *, version=PROTOCOL_VERSION, flags=0,
-          request_id=0, payload_len=None, schema_len=None, meta_len=None, magic=MAGIC) -> bytes:
+def frame(
+    ftype=FrameType.DATA,
+    schema=b"",
+    meta=b"\x80",
+    payload=b"",
+    *,
+    version=PROTOCOL_VERSION,
+    flags=0,
+    request_id=0,
+    payload_len=None,
+    schema_len=None,
+    meta_len=None,
+    magic=MAGIC,
+) -> bytes:
     """A frame with every field under the test's control."""
     fixed = FIXED.pack(
-        magic, version, ftype, flags,
+        magic,
+        version,
+        ftype,
+        flags,
         len(schema) if schema_len is None else schema_len,
         len(meta) if meta_len is None else meta_len,
         len(payload) if payload_len is None else payload_len,
@@ -210,10 +228,16 @@ def random_preauth_bytes(rng: random.Random) -> bytes:
     n = rng.randrange(0, 400)
     data = bytes(rng.getrandbits(8) for _ in range(n))
     if rng.random() < 0.5:  # get past the magic check, into the header checks
-        fixed = FIXED.pack(MAGIC, PROTOCOL_VERSION if rng.random() < 0.8 else rng.randrange(256),
-                           rng.choice([1, 2, 3, 4, 16, 17, rng.randrange(256)]), rng.choice([0, 0, 0, 1]),
-                           rng.choice([0, rng.randrange(64)]), rng.randrange(2000), rng.choice([0, rng.getrandbits(64)]),
-                           rng.getrandbits(64))
+        fixed = FIXED.pack(
+            MAGIC,
+            PROTOCOL_VERSION if rng.random() < 0.8 else rng.randrange(256),
+            rng.choice([1, 2, 3, 4, 16, 17, rng.randrange(256)]),
+            rng.choice([0, 0, 0, 1]),
+            rng.choice([0, rng.randrange(64)]),
+            rng.randrange(2000),
+            rng.choice([0, rng.getrandbits(64)]),
+            rng.getrandbits(64),
+        )
         data = fixed + data
     return data
 
@@ -255,20 +279,32 @@ def mutate(rng: random.Random, data: bytes) -> tuple[str, bytes]:
         index = rng.randrange(1, 8)
         width = [None, 8, 8, 16, 32, 32, 64, 64][index]
         fields[index] = rng.choice([0, 1, (1 << width) - 1, rng.getrandbits(width), fields[index] + 1])
-        buf[:FIXED.size] = FIXED.pack(*fields)
+        buf[: FIXED.size] = FIXED.pack(*fields)
     elif kind == "truncate":
-        del buf[rng.randrange(1, len(buf)):]
+        del buf[rng.randrange(1, len(buf)) :]
     elif kind == "schema":
         shape = [rng.choice([-1, 0, 1, 3, 2**31, 2**63]) for _ in range(rng.randrange(0, 4))]
-        desc = [rng.choice(["a", "", 1, None]), rng.choice(["<f4", "|O", "<U4", "|V8", 3, "<f8"]), shape,
-                rng.choice([0, 8, -8, 2**40]), rng.choice([0, 4, 12, -1, 2**64 - 1])]
+        desc = [
+            rng.choice(["a", "", 1, None]),
+            rng.choice(["<f4", "|O", "<U4", "|V8", 3, "<f8"]),
+            shape,
+            rng.choice([0, 8, -8, 2**40]),
+            rng.choice([0, 4, 12, -1, 2**64 - 1]),
+        ]
         schema = msgpack.packb([rng.choice(["batch", "", 7]), [desc] * rng.randrange(0, 3)])
         buf = bytearray(frame(schema=schema, payload=bytes(rng.randrange(0, 64))))
     elif kind == "meta":
-        meta = rng.choice([
-            msgpack.packb([1, 2]), msgpack.packb({1: 2}), b"\xc1", b"\xd4\x01\x00",
-            msgpack.packb({"t": msgpack.Timestamp(3)}), b"\x81\xa1k" + b"\x91" * 3000, b"\xdf\xff\xff\xff\xff",
-        ])
+        meta = rng.choice(
+            [
+                msgpack.packb([1, 2]),
+                msgpack.packb({1: 2}),
+                b"\xc1",
+                b"\xd4\x01\x00",
+                msgpack.packb({"t": msgpack.Timestamp(3)}),
+                b"\x81\xa1k" + b"\x91" * 3000,
+                b"\xdf\xff\xff\xff\xff",
+            ]
+        )
         buf = bytearray(frame(schema=msgpack.packb(["k", []]), meta=meta))
     elif kind == "garbage":
         buf += bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 100)))
@@ -357,15 +393,24 @@ def fuzz_loop():
     data=st.one_of(
         st.binary(max_size=300),
         st.binary(min_size=FIXED.size, max_size=300),  # random fixed headers
-        st.builds(lambda head, tail: head + tail,
-                  st.sampled_from([valid_frame("k", {"a": 1}, {"x": np.arange(5)}), frame(schema=b"\x92\xa1k\x90")]),
-                  st.binary(max_size=200)),
-        st.builds(lambda fields, tail: FIXED.pack(MAGIC, *fields) + tail,
-                  st.tuples(st.sampled_from([PROTOCOL_VERSION] * 4 + [0, 2, 255]),
-                            st.sampled_from([16, 17, 18, 19, 1, 2, 3, 4, 99]), st.integers(0, 1),
-                            st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1),
-                            st.integers(0, 2**64 - 1)),
-                  st.binary(max_size=200)),
+        st.builds(
+            lambda head, tail: head + tail,
+            st.sampled_from([valid_frame("k", {"a": 1}, {"x": np.arange(5)}), frame(schema=b"\x92\xa1k\x90")]),
+            st.binary(max_size=200),
+        ),
+        st.builds(
+            lambda fields, tail: FIXED.pack(MAGIC, *fields) + tail,
+            st.tuples(
+                st.sampled_from([PROTOCOL_VERSION] * 4 + [0, 2, 255]),
+                st.sampled_from([16, 17, 18, 19, 1, 2, 3, 4, 99]),
+                st.integers(0, 1),
+                st.integers(0, 2**32 - 1),
+                st.integers(0, 2**32 - 1),
+                st.integers(0, 2**64 - 1),
+                st.integers(0, 2**64 - 1),
+            ),
+            st.binary(max_size=200),
+        ),
     ),
     chunk=st.integers(1, 64),
     authenticated=st.booleans(),
@@ -380,15 +425,21 @@ def test_protocol_never_raises_on_arbitrary_bytes(fuzz_loop, data, chunk, authen
         logger = logging.getLogger(LOGGER)
         logger.addHandler(handler)
         try:
-            proto = WireProtocol(server=True, token=TOKEN, name="s", limits=Limits(max_payload_bytes=1 << 20),
-                                 recv_queue_size=4, handshake_timeout_s=60)
+            proto = WireProtocol(
+                server=True,
+                token=TOKEN,
+                name="s",
+                limits=Limits(max_payload_bytes=1 << 20),
+                recv_queue_size=4,
+                handshake_timeout_s=60,
+            )
             transport = FakeTransport()
             proto.connection_made(transport)
             if authenticated:  # skip the handshake
                 proto._handshake_timer.cancel()
                 proto._authenticated_now()
             for start in range(0, len(data), chunk):
-                piece = data[start:start + chunk]
+                piece = data[start : start + chunk]
                 while piece and not proto._failed:
                     buf = proto.get_buffer(-1)
                     n = min(len(buf), len(piece))
@@ -588,13 +639,15 @@ async def test_pickle_is_never_unpickled(arena, tmp_path):
     conn.abort()
     # As an object-dtype array, and as a msgpack extension type in meta.
     conn, port = await arena.authenticated()
-    conn._proto.transport.write(frame(schema=msgpack.packb(["p", [["x", "|O8", [1], 0, len(payload)]]]),
-                                      payload=payload))
+    conn._proto.transport.write(
+        frame(schema=msgpack.packb(["p", [["x", "|O8", [1], 0, len(payload)]]]), payload=payload)
+    )
     await arena.closed_with_reason(port, "is not allowed")
     conn.abort()
     conn, port = await arena.authenticated()
-    conn._proto.transport.write(frame(schema=msgpack.packb(["p", []]),
-                                      meta=msgpack.packb({"p": msgpack.ExtType(1, payload)})))
+    conn._proto.transport.write(
+        frame(schema=msgpack.packb(["p", []]), meta=msgpack.packb({"p": msgpack.ExtType(1, payload)}))
+    )
     await arena.closed_with_reason(port, "undecodable meta")
     conn.abort()
     # As plain bytes in meta and as a uint8 array: delivered as bytes, never interpreted.

@@ -20,9 +20,9 @@ def decode_frame(frame: bytes, limits: Limits | None = None):
     assert (magic, version, flags) == (MAGIC, PROTOCOL_VERSION, 0)
     header_end = FIXED_SIZE + schema_len + meta_len
     assert len(frame) == header_end + payload_len
-    kind, layout = decoder.schema(frame[FIXED_SIZE:FIXED_SIZE + schema_len])
+    kind, layout = decoder.schema(frame[FIXED_SIZE : FIXED_SIZE + schema_len])
     assert layout[1] == payload_len
-    meta = decoder.meta(frame[FIXED_SIZE + schema_len:header_end])
+    meta = decoder.meta(frame[FIXED_SIZE + schema_len : header_end])
     arrays = decoder.arrays(layout, bytearray(frame[header_end:]))
     return ftype, request_id, kind, meta, arrays
 
@@ -42,10 +42,22 @@ ALLOWED = sorted({dt.name for dt in ALLOWED_DTYPES.values()})
 
 
 def test_whitelist_is_exactly_the_numeric_types():
-    assert ALLOWED == sorted([
-        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-        "float16", "float32", "float64",
-    ])
+    assert ALLOWED == sorted(
+        [
+            "bool",
+            "int8",
+            "int16",
+            "int32",
+            "int64",
+            "uint8",
+            "uint16",
+            "uint32",
+            "uint64",
+            "float16",
+            "float32",
+            "float64",
+        ]
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -61,8 +73,12 @@ def test_whitelist_is_exactly_the_numeric_types():
     meta=st.dictionaries(
         st.text(max_size=8),
         st.recursive(
-            st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
-            | st.text(max_size=20) | st.binary(max_size=20),
+            st.none()
+            | st.booleans()
+            | st.integers(-(2**63), 2**64 - 1)
+            | st.floats(allow_nan=False)
+            | st.text(max_size=20)
+            | st.binary(max_size=20),
             lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
             max_leaves=8,
         ),
@@ -92,7 +108,7 @@ def test_empty_arrays_in_an_empty_payload_at_any_address(dtype):
     address (CPython's shared empty bytearray is 1-byte aligned: odd on some builds, e.g. 3.13).
     No element is ever read there, and numpy counts such views as aligned."""
     frame = encode_frame(arrays={"a": np.zeros((0, 3), dtype), "b": np.zeros(0, dtype)})
-    kind, layout = Decoder(Limits()).schema(frame[FIXED_SIZE:FIXED_SIZE + FIXED.unpack_from(frame)[4]])
+    kind, layout = Decoder(Limits()).schema(frame[FIXED_SIZE : FIXED_SIZE + FIXED.unpack_from(frame)[4]])
     assert layout[1] == 0
     odd = memoryview(bytearray(9))[1:1]  # an empty buffer at an odd address
     for payload in (odd, bytearray()):
@@ -102,13 +118,16 @@ def test_empty_arrays_in_an_empty_payload_at_any_address(dtype):
         np.testing.assert_array_equal(np.concatenate([got["b"], np.ones(2, dtype)]), np.ones(2, dtype))
 
 
-@pytest.mark.parametrize("make", [
-    lambda: np.arange(24, dtype=np.float32).reshape(4, 6).T,  # non-contiguous
-    lambda: np.arange(10, dtype=">i4"),  # big-endian
-    lambda: np.arange(12, dtype=np.int16)[::2],  # strided
-    lambda: np.float64(2.5),  # numpy scalar
-    lambda: np.zeros((0, 3), np.uint8),  # empty
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.arange(24, dtype=np.float32).reshape(4, 6).T,  # non-contiguous
+        lambda: np.arange(10, dtype=">i4"),  # big-endian
+        lambda: np.arange(12, dtype=np.int16)[::2],  # strided
+        lambda: np.float64(2.5),  # numpy scalar
+        lambda: np.zeros((0, 3), np.uint8),  # empty
+    ],
+)
 def test_arrays_are_coerced_to_contiguous_little_endian(make):
     array = make()
     (_, _, _, _, got) = decode_frame(encode_frame(arrays={"a": array}))
@@ -124,8 +143,8 @@ def test_layout_cache_follows_shape_dtype_and_contiguity_changes():
         buffers, _ = encoder.encode(FrameType.DATA, "x", None, {"a": array})
         frame = b"".join(bytes(b) for b in buffers)
         schema_len, meta_len = FIXED.unpack_from(frame)[4:6]
-        kind, layout = decoder.schema(frame[FIXED_SIZE:FIXED_SIZE + schema_len])
-        got = decoder.arrays(layout, bytearray(frame[FIXED_SIZE + schema_len + meta_len:]))["a"]
+        kind, layout = decoder.schema(frame[FIXED_SIZE : FIXED_SIZE + schema_len])
+        got = decoder.arrays(layout, bytearray(frame[FIXED_SIZE + schema_len + meta_len :]))["a"]
         np.testing.assert_array_equal(got, array)
         assert got.shape == array.shape
 
@@ -139,13 +158,16 @@ def test_large_arrays_are_not_copied_small_ones_are():
     assert not any(isinstance(b, memoryview) and np.shares_memory(np.asarray(b), small) for b in buffers)
 
 
-@pytest.mark.parametrize("array, match", [
-    (np.array([object()], dtype=object), "dtype object"),
-    (np.array(["a"]), "dtype <U1"),
-    (np.zeros(2, np.complex64), "dtype complex64"),
-    (np.zeros(2, "datetime64[s]"), "dtype datetime64"),
-    ([1, 2, 3], "must be a numpy array"),
-])
+@pytest.mark.parametrize(
+    "array, match",
+    [
+        (np.array([object()], dtype=object), "dtype object"),
+        (np.array(["a"]), "dtype <U1"),
+        (np.zeros(2, np.complex64), "dtype complex64"),
+        (np.zeros(2, "datetime64[s]"), "dtype datetime64"),
+        ([1, 2, 3], "must be a numpy array"),
+    ],
+)
 def test_sender_refuses_what_the_wire_does_not_carry(array, match):
     with pytest.raises(TypeError, match=match):
         Encoder(Limits()).encode(FrameType.DATA, "x", None, {"a": array})
@@ -178,57 +200,66 @@ def test_numpy_scalars_in_meta_become_python_numbers():
 GOOD = ["x", "<f4", [2, 3], 0, 24]
 
 
-@pytest.mark.parametrize("descs, match", [
-    ([["x", "|O", [1], 0, 8]], "dtype '|O' is not allowed"),
-    ([["x", "<c8", [1], 0, 8]], "is not allowed"),
-    ([["x", 7, [1], 0, 8]], "is not allowed"),
-    ([["x", "<f4", [2, 3], 0, 25]], "header declares 25"),
-    ([["x", "<f4", [2, -3], 0, 24]], "bad dimension"),
-    ([["x", "<f4", [2, 3.0], 0, 24]], "bad dimension"),
-    ([["x", "<f4", [True], 0, 4]], "bad dimension"),
-    ([["x", "<f4", [1] * 17, 0, 4]], "at most 16 dims"),
-    ([["x", "<f4", [2, 3], 8, 24]], "offset 8, expected 0"),
-    ([GOOD, ["y", "|u1", [3], 24, 3], ["z", "<f8", [1], 27, 8]], "offset 27, expected 32"),
-    ([GOOD, ["x", "|u1", [1], 24, 1]], "appears twice"),
-    ([["", "<f4", [1], 0, 4]], "bad array name"),
-    ([["x" * 300, "<f4", [1], 0, 4]], "bad array name"),
-    ([["x", "<f8", [2**30, 2**30], 0, 2**63]], "more than max_payload_bytes"),
-    ([["x", "<f4", [0, 2**63], 0, 0]], "even if empty"),  # numpy cannot even make it
-    ([["x", "|u1", [0, 2**31, 2**31], 0, 0]], "even if empty"),
-    ([["x", "<f4", [2, 3], 0]], "not \\[name, dtype, shape, offset, nbytes\\]"),
-    ([["x"] * 1000], "not \\[name"),
-    ([GOOD] * 300, "more than max_arrays"),
-])
+@pytest.mark.parametrize(
+    "descs, match",
+    [
+        ([["x", "|O", [1], 0, 8]], "dtype '|O' is not allowed"),
+        ([["x", "<c8", [1], 0, 8]], "is not allowed"),
+        ([["x", 7, [1], 0, 8]], "is not allowed"),
+        ([["x", "<f4", [2, 3], 0, 25]], "header declares 25"),
+        ([["x", "<f4", [2, -3], 0, 24]], "bad dimension"),
+        ([["x", "<f4", [2, 3.0], 0, 24]], "bad dimension"),
+        ([["x", "<f4", [True], 0, 4]], "bad dimension"),
+        ([["x", "<f4", [1] * 17, 0, 4]], "at most 16 dims"),
+        ([["x", "<f4", [2, 3], 8, 24]], "offset 8, expected 0"),
+        ([GOOD, ["y", "|u1", [3], 24, 3], ["z", "<f8", [1], 27, 8]], "offset 27, expected 32"),
+        ([GOOD, ["x", "|u1", [1], 24, 1]], "appears twice"),
+        ([["", "<f4", [1], 0, 4]], "bad array name"),
+        ([["x" * 300, "<f4", [1], 0, 4]], "bad array name"),
+        ([["x", "<f8", [2**30, 2**30], 0, 2**63]], "more than max_payload_bytes"),
+        ([["x", "<f4", [0, 2**63], 0, 0]], "even if empty"),  # numpy cannot even make it
+        ([["x", "|u1", [0, 2**31, 2**31], 0, 0]], "even if empty"),
+        ([["x", "<f4", [2, 3], 0]], "not \\[name, dtype, shape, offset, nbytes\\]"),
+        ([["x"] * 1000], "not \\[name"),
+        ([GOOD] * 300, "more than max_arrays"),
+    ],
+)
 def test_receiver_rejects_bad_array_descriptors(descs, match):
     with pytest.raises(ProtocolError, match=match):
         Decoder(Limits()).schema(schema_bytes("batch", descs))
 
 
-@pytest.mark.parametrize("raw, match", [
-    (b"", "undecodable schema"),
-    (b"\xc1", "undecodable schema"),  # never-used byte
-    (msgpack.packb(["batch"]), "not \\[kind"),
-    (msgpack.packb({"kind": "batch"}), "not \\[kind"),
-    (msgpack.packb([1, []]), "bad message kind"),
-    (msgpack.packb(["", []]), "bad message kind"),
-    (msgpack.packb(["batch", []]) + b"\x00", "ExtraData"),
-    (b"\xdd\xff\xff\xff\xff", "undecodable schema"),  # array32 of 4 billion items in 5 bytes
-    (b"\x91" * 5000 + b"\xc0", "undecodable schema"),  # nested 5000 deep
-    (msgpack.packb(["batch", [msgpack.ExtType(1, b"\x80\x04N.")]]), "undecodable schema"),
-])
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        (b"", "undecodable schema"),
+        (b"\xc1", "undecodable schema"),  # never-used byte
+        (msgpack.packb(["batch"]), "not \\[kind"),
+        (msgpack.packb({"kind": "batch"}), "not \\[kind"),
+        (msgpack.packb([1, []]), "bad message kind"),
+        (msgpack.packb(["", []]), "bad message kind"),
+        (msgpack.packb(["batch", []]) + b"\x00", "ExtraData"),
+        (b"\xdd\xff\xff\xff\xff", "undecodable schema"),  # array32 of 4 billion items in 5 bytes
+        (b"\x91" * 5000 + b"\xc0", "undecodable schema"),  # nested 5000 deep
+        (msgpack.packb(["batch", [msgpack.ExtType(1, b"\x80\x04N.")]]), "undecodable schema"),
+    ],
+)
 def test_receiver_rejects_undecodable_schemas(raw, match):
     with pytest.raises(ProtocolError, match=match):
         Decoder(Limits()).schema(raw)
 
 
-@pytest.mark.parametrize("raw", [
-    msgpack.packb([1, 2]),
-    msgpack.packb({1: "int key"}),
-    msgpack.packb({"t": msgpack.Timestamp(1)}),
-    msgpack.packb({"p": msgpack.ExtType(5, b"cos\nsystem\n")}),
-    b"\xa3\xff\xfe\xfd",  # invalid UTF-8
-    b"\xdf\xff\xff\xff\xff",  # map32 claiming 4 billion pairs
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        msgpack.packb([1, 2]),
+        msgpack.packb({1: "int key"}),
+        msgpack.packb({"t": msgpack.Timestamp(1)}),
+        msgpack.packb({"p": msgpack.ExtType(5, b"cos\nsystem\n")}),
+        b"\xa3\xff\xfe\xfd",  # invalid UTF-8
+        b"\xdf\xff\xff\xff\xff",  # map32 claiming 4 billion pairs
+    ],
+)
 def test_receiver_rejects_bad_meta(raw):
     with pytest.raises(ProtocolError):
         Decoder(Limits()).meta(raw)

@@ -108,7 +108,10 @@ async def test_messages_and_requests_round_trip(echo, client):
         for name in arrays:
             np.testing.assert_array_equal(msg.arrays[name], arrays[name])
     (peer,) = server.connections
-    assert peer.peer_name == "client-0" and peer.peer == "127.0.0.1:%d" % client._proto.transport.get_extra_info("sockname")[1]
+    assert (
+        peer.peer_name == "client-0"
+        and peer.peer == "127.0.0.1:%d" % client._proto.transport.get_extra_info("sockname")[1]
+    )
 
 
 async def test_concurrent_requests_get_their_own_replies(client):
@@ -283,8 +286,9 @@ async def test_concurrent_senders_never_interleave_frames(echo, client):
     async def sender(k):
         for i in range(30):
             n = sizes[(k + i) % len(sizes)]
-            await client.send("part", {"k": k, "i": i}, {"a": np.full(n, k * 1000 + i, np.int32),
-                                                          "b": np.full(7, k, np.uint8)})
+            await client.send(
+                "part", {"k": k, "i": i}, {"a": np.full(n, k * 1000 + i, np.int32), "b": np.full(7, k, np.uint8)}
+            )
 
     await asyncio.gather(*(sender(k) for k in range(8)))
     await wait_until(lambda: len(state.data.get("client-0", ())) == 240, "all parts")
@@ -420,8 +424,10 @@ async def test_wrong_token_is_refused_and_never_reaches_the_handler(echo, caplog
     other = generate_token()
     with pytest.raises(AuthError, match="wrong token"):
         await connect("127.0.0.1", server.port, token=other, name="intruder")
-    await wait_until(lambda: any("authentication failed" in r.getMessage() and "intruder" in r.getMessage()
-                                 for r in caplog.records), "server-side log line")
+    await wait_until(
+        lambda: any("authentication failed" in r.getMessage() and "intruder" in r.getMessage() for r in caplog.records),
+        "server-side log line",
+    )
     assert state.handled == 0 and not server.connections
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert TOKEN.decode() not in text and other.decode() not in text
@@ -433,27 +439,37 @@ async def test_protocol_version_mismatch_is_clear_on_both_sides(echo, caplog):
     # A client from the future talks to this server.
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
-        writer.write(Encoder(Limits(), version=PROTOCOL_VERSION + 1).handshake(
-            FrameType.HELLO, {"name": "future", "nonce": b"n" * 32}))
+        writer.write(
+            Encoder(Limits(), version=PROTOCOL_VERSION + 1).handshake(
+                FrameType.HELLO, {"name": "future", "nonce": b"n" * 32}
+            )
+        )
         async with asyncio.timeout(HANG_S):
             answer_bytes = await reader.read()  # a REJECT frame, then EOF
     finally:
         writer.close()
     assert f"peer speaks protocol {PROTOCOL_VERSION + 1}, this is {PROTOCOL_VERSION}".encode() in answer_bytes
-    assert any(f"peer speaks protocol {PROTOCOL_VERSION + 1}, this is {PROTOCOL_VERSION}" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        f"peer speaks protocol {PROTOCOL_VERSION + 1}, this is {PROTOCOL_VERSION}" in r.getMessage()
+        for r in caplog.records
+    )
 
     # This client talks to a server from the future.
     async def future_server(reader, writer):
         await reader.read(100)
-        writer.write(Encoder(Limits(), version=PROTOCOL_VERSION + 1).handshake(
-            FrameType.HELLO, {"name": "future", "nonce": b"n" * 32, "mac": b"m" * 32}))
+        writer.write(
+            Encoder(Limits(), version=PROTOCOL_VERSION + 1).handshake(
+                FrameType.HELLO, {"name": "future", "nonce": b"n" * 32, "mac": b"m" * 32}
+            )
+        )
         await reader.read()
         writer.close()
 
     fake = await asyncio.start_server(future_server, "127.0.0.1", 0)
     try:
-        with pytest.raises(ProtocolError, match=f"peer speaks protocol {PROTOCOL_VERSION + 1}, this is {PROTOCOL_VERSION}"):
+        with pytest.raises(
+            ProtocolError, match=f"peer speaks protocol {PROTOCOL_VERSION + 1}, this is {PROTOCOL_VERSION}"
+        ):
             await connect("127.0.0.1", fake.sockets[0].getsockname()[1], token=TOKEN, name="c")
     finally:
         fake.close()
@@ -469,8 +485,7 @@ async def test_client_handshake_timeout():
     fake = await asyncio.start_server(silent, "127.0.0.1", 0)
     try:
         with pytest.raises(TimeoutError, match="no completed handshake"):
-            await connect("127.0.0.1", fake.sockets[0].getsockname()[1], token=TOKEN, name="c",
-                          handshake_timeout_s=0.2)
+            await connect("127.0.0.1", fake.sockets[0].getsockname()[1], token=TOKEN, name="c", handshake_timeout_s=0.2)
     finally:
         fake.close()
         await fake.wait_closed()
@@ -524,13 +539,19 @@ async def test_tls_client_certificates_when_required(certs):
     state = EchoServer()
     context = server_context(cert, key, client_cafile=client_cert)
     async with await serve(state.handler, token=TOKEN, name="echo", ssl=context) as server:
-        conn = await connect("127.0.0.1", server.port, token=TOKEN, name="c",
-                             ssl=client_context(cert, certfile=client_cert, keyfile=client_key))
+        conn = await connect(
+            "127.0.0.1",
+            server.port,
+            token=TOKEN,
+            name="c",
+            ssl=client_context(cert, certfile=client_cert, keyfile=client_key),
+        )
         assert (await conn.request("ping", timeout_s=HANG_S)).kind == "echo"
         await conn.close()
         with pytest.raises((OSError, ConnectionClosed)):
-            await connect("127.0.0.1", server.port, token=TOKEN, name="anonymous", ssl=client_context(cert),
-                          handshake_timeout_s=5)
+            await connect(
+                "127.0.0.1", server.port, token=TOKEN, name="anonymous", ssl=client_context(cert), handshake_timeout_s=5
+            )
     assert state.handled == 1
 
 

@@ -16,7 +16,15 @@ import pytest
 from aiorl.ratelog import RateLimitedLog
 from aiorl.wire import AuthError, Limits, ProtocolError, ServerBusy, connect, generate_token, serve
 from aiorl.wire.auth import (
-    ClientProved, Established, Failed, Handshake, Send, State, handshake_frame, mac, new_nonce,
+    ClientProved,
+    Established,
+    Failed,
+    Handshake,
+    Send,
+    State,
+    handshake_frame,
+    mac,
+    new_nonce,
 )
 from aiorl.wire.codec import FIXED, FIXED_SIZE, PROTOCOL_VERSION, FrameType
 from aiorl.wire.names import is_peer_name, safe_text
@@ -31,8 +39,8 @@ def frames(data: bytes) -> list[tuple[int, dict]]:
     out = []
     while data:
         _, _, ftype, _, _, meta_len, _, _ = FIXED.unpack_from(data)
-        out.append((ftype, msgpack.unpackb(data[FIXED_SIZE:FIXED_SIZE + meta_len])))
-        data = data[FIXED_SIZE + meta_len:]
+        out.append((ftype, msgpack.unpackb(data[FIXED_SIZE : FIXED_SIZE + meta_len])))
+        data = data[FIXED_SIZE + meta_len :]
     return out
 
 
@@ -41,8 +49,10 @@ def sent(events) -> bytes:
 
 
 def pair(client_token=TOKEN, server_token=TOKEN):
-    return (Handshake(client=True, token=client_token, name="actor-0"),
-            Handshake(client=False, token=server_token, name="memory-0"))
+    return (
+        Handshake(client=True, token=client_token, name="actor-0"),
+        Handshake(client=False, token=server_token, name="memory-0"),
+    )
 
 
 def run_to_proof(client, server):
@@ -67,7 +77,7 @@ def test_bytes_behind_the_last_frame_come_back_as_rest_and_fragments_are_fine():
     hello = client.start()
     events = []
     for i in range(len(hello)):  # one byte at a time
-        events += server.receive(hello[i:i + 1])
+        events += server.receive(hello[i : i + 1])
     challenge = sent(events)
     assert [f for f, _ in frames(challenge)] == [FrameType.CHALLENGE]
     events = run_to_proof_rest(client, server, challenge)
@@ -150,16 +160,19 @@ def test_names_and_safe_text():
         Handshake(client=True, token=TOKEN, name="bad name")
 
 
-@pytest.mark.parametrize("data, match", [
-    (b"GET / HTTP/1.1\r\n\r\n", "bad magic"),
-    (FIXED.pack(b"aiRL", PROTOCOL_VERSION + 1, 1, 0, 0, 0, 0, 0), "peer speaks protocol"),
-    (FIXED.pack(b"aiRL", PROTOCOL_VERSION, FrameType.DATA, 0, 1, 1, 0, 0), "expected a handshake frame"),
-    (FIXED.pack(b"aiRL", PROTOCOL_VERSION, 1, 0, 0, 0, 1 << 40, 0), "expected a handshake frame"),
-    (FIXED.pack(b"aiRL", PROTOCOL_VERSION, 1, 0, 0, 5000, 0, 0), "expected a handshake frame"),
-    (handshake_frame(FrameType.AUTH, {"mac": b"\0" * 32}), "unexpected handshake frame type 2"),
-    (handshake_frame(FrameType.HELLO, {"name": "a", "nonce": b"short"}), "'nonce' must be 32 bytes"),
-    (FIXED.pack(b"aiRL", PROTOCOL_VERSION, 1, 0, 0, 1, 0, 0) + b"\xc1", "undecodable"),
-])
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        (b"GET / HTTP/1.1\r\n\r\n", "bad magic"),
+        (FIXED.pack(b"aiRL", PROTOCOL_VERSION + 1, 1, 0, 0, 0, 0, 0), "peer speaks protocol"),
+        (FIXED.pack(b"aiRL", PROTOCOL_VERSION, FrameType.DATA, 0, 1, 1, 0, 0), "expected a handshake frame"),
+        (FIXED.pack(b"aiRL", PROTOCOL_VERSION, 1, 0, 0, 0, 1 << 40, 0), "expected a handshake frame"),
+        (FIXED.pack(b"aiRL", PROTOCOL_VERSION, 1, 0, 0, 5000, 0, 0), "expected a handshake frame"),
+        (handshake_frame(FrameType.AUTH, {"mac": b"\0" * 32}), "unexpected handshake frame type 2"),
+        (handshake_frame(FrameType.HELLO, {"name": "a", "nonce": b"short"}), "'nonce' must be 32 bytes"),
+        (FIXED.pack(b"aiRL", PROTOCOL_VERSION, 1, 0, 0, 1, 0, 0) + b"\xc1", "undecodable"),
+    ],
+)
 def test_server_refuses_malformed_first_frames(data, match):
     server = Handshake(client=False, token=TOKEN, name="memory-0")
     (failed,) = server.receive(data)
@@ -323,15 +336,16 @@ async def test_bytes_handed_over_after_a_reset_are_ignored(caplog):
     """A transport may hand over a read after it reported the connection lost (a reset):
     the failed handshake must stay failed, with no internal error."""
     caplog.set_level(logging.DEBUG, logger="aiorl.wire")
-    proto = WireProtocol(server=False, token=TOKEN, name="actor-0", limits=Limits(), recv_queue_size=4,
-                         handshake_timeout_s=HANG_S)
+    proto = WireProtocol(
+        server=False, token=TOKEN, name="actor-0", limits=Limits(), recv_queue_size=4, handshake_timeout_s=HANG_S
+    )
     proto.connection_made(FakeTransport())
     server = Handshake(client=False, token=TOKEN, name="memory-0")
     (challenge,) = server.receive(bytes(proto.transport.written))
 
     def feed(data: bytes) -> None:
         buf = proto.get_buffer(-1)
-        buf[:len(data)] = data
+        buf[: len(data)] = data
         proto.buffer_updated(len(data))
 
     hello_len = len(proto.transport.written)
@@ -348,21 +362,22 @@ async def test_a_welcome_after_connect_gave_up_is_ignored(caplog):
     """connect() aborts a handshake that ran past its timeout; a WELCOME read just after must not
     complete it (the future is cancelled) or log an internal error."""
     caplog.set_level(logging.DEBUG, logger="aiorl.wire")
-    proto = WireProtocol(server=False, token=TOKEN, name="actor-0", limits=Limits(), recv_queue_size=4,
-                         handshake_timeout_s=HANG_S)
+    proto = WireProtocol(
+        server=False, token=TOKEN, name="actor-0", limits=Limits(), recv_queue_size=4, handshake_timeout_s=HANG_S
+    )
     transport = FakeTransport()
     proto.connection_made(transport)
     server = Handshake(client=False, token=TOKEN, name="memory-0")
     (challenge,) = server.receive(bytes(transport.written))
     hello_len = len(transport.written)
     buf = proto.get_buffer(-1)
-    buf[:len(challenge.data)] = challenge.data
+    buf[: len(challenge.data)] = challenge.data
     proto.buffer_updated(len(challenge.data))
     server.receive(bytes(transport.written[hello_len:]))
     welcome, _ = server.accept()
     proto.abort()  # what connect() does on its timeout
     buf = proto.get_buffer(-1)
-    buf[:len(welcome.data)] = welcome.data
+    buf[: len(welcome.data)] = welcome.data
     proto.buffer_updated(len(welcome.data))
     assert proto.handshake_done.cancelled() and not proto._authenticated
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

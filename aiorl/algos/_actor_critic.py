@@ -25,6 +25,7 @@ Initialization follows the PPO implementations that work out of the box
 policy output (a near-uniform / near-zero-mean first policy), 1 for the
 value output, zero biases.
 """
+
 from __future__ import annotations
 
 import math
@@ -86,13 +87,13 @@ class ObsNormalizer(nn.Module):
         if not self.enabled or count <= 0:
             return
         batch_mean = np.asarray(total, np.float64) / count
-        batch_var = np.maximum(np.asarray(total_sq, np.float64) / count - batch_mean ** 2, 0.0)
+        batch_var = np.maximum(np.asarray(total_sq, np.float64) / count - batch_mean**2, 0.0)
         n0 = float(self.count[0])
         mean0, var0 = self.mean.numpy(), self.var.numpy()
         n = n0 + count
         delta = batch_mean - mean0
         mean = mean0 + delta * (count / n)
-        m2 = var0 * n0 + batch_var * count + delta ** 2 * (n0 * count / n)
+        m2 = var0 * n0 + batch_var * count + delta**2 * (n0 * count / n)
         self.count.fill_(n)
         self.mean.copy_(torch.from_numpy(mean))
         self.var.copy_(torch.from_numpy(m2 / n))
@@ -103,8 +104,7 @@ class ObsNormalizer(nn.Module):
 def obs_norm_size(space: gym.Space, key: str) -> int:
     """Features an ObsNormalizer covers: vector Box observations only."""
     if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
-        raise ConfigError(f"{key}: observation normalization needs vector (1-D Box) observations, "
-                          f"the env has {space}")
+        raise ConfigError(f"{key}: observation normalization needs vector (1-D Box) observations, the env has {space}")
     return int(space.shape[0])
 
 
@@ -147,8 +147,9 @@ class CategoricalHead(nn.Module):
         logp = torch.log_softmax(logits, dim=1)
         return -(logp.exp() * logp).sum(dim=1)
 
-    def sample(self, logits: torch.Tensor, rng: np.random.Generator,
-               features: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def sample(
+        self, logits: torch.Tensor, rng: np.random.Generator, features: torch.Tensor | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(actions int64 [B], their log-probabilities [B]) by inverse CDF on the actor's own generator."""
         logp = torch.log_softmax(logits, dim=1).numpy().astype(np.float64)
         cdf = np.cumsum(np.exp(logp), axis=1)
@@ -196,8 +197,9 @@ class GaussianHead(nn.Module):
     def entropy(self, mean: torch.Tensor) -> torch.Tensor:
         return (0.5 + 0.5 * LOG_2PI + self.log_std).sum().expand(mean.shape[0])
 
-    def sample(self, mean: torch.Tensor, rng: np.random.Generator,
-               features: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def sample(
+        self, mean: torch.Tensor, rng: np.random.Generator, features: torch.Tensor | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(unclipped actions float32 [B, dim], their log-probabilities [B]); `features`: unused here."""
         log_std = self.log_std.detach().numpy().astype(np.float64)
         noise = rng.standard_normal(mean.shape)
@@ -223,8 +225,14 @@ class SDEHead(GaussianHead):
 
     EPS = 1e-6  # added to the variance: features all near 0 must not give a zero std
 
-    def __init__(self, features: int, space: gym.spaces.Box, log_std_init: float = 0.0, learn_std: bool = True,
-                 sample_freq: int = 4):
+    def __init__(
+        self,
+        features: int,
+        space: gym.spaces.Box,
+        log_std_init: float = 0.0,
+        learn_std: bool = True,
+        sample_freq: int = 4,
+    ):
         super().__init__(features, space, log_std_init, learn_std)
         self.dim = self.mean.out_features
         self.log_std = nn.Parameter(torch.full((features, self.dim), float(log_std_init)), requires_grad=learn_std)
@@ -236,23 +244,24 @@ class SDEHead(GaussianHead):
         return torch.cat([self.mean(x), 0.5 * torch.log(variance + self.EPS)], dim=1)
 
     def mode(self, params: torch.Tensor) -> torch.Tensor:
-        return super().mode(params[:, :self.dim])
+        return super().mode(params[:, : self.dim])
 
     def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return diag_normal_log_prob(params[:, :self.dim], params[:, self.dim:], action)
+        return diag_normal_log_prob(params[:, : self.dim], params[:, self.dim :], action)
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
-        return (0.5 + 0.5 * LOG_2PI + params[:, self.dim:]).sum(dim=1)
+        return (0.5 + 0.5 * LOG_2PI + params[:, self.dim :]).sum(dim=1)
 
     def reset_noise(self) -> None:
         """Draw new exploration matrices at the next sample (new weights: a new rollout)."""
         self._noise: np.ndarray | None = None
         self._age = 0
 
-    def sample(self, params: torch.Tensor, rng: np.random.Generator,
-               features: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
-        mean = params[:, :self.dim].numpy().astype(np.float64)
-        log_sigma = params[:, self.dim:].numpy().astype(np.float64)
+    def sample(
+        self, params: torch.Tensor, rng: np.random.Generator, features: torch.Tensor | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        mean = params[:, : self.dim].numpy().astype(np.float64)
+        log_sigma = params[:, self.dim :].numpy().astype(np.float64)
         x = features.numpy().astype(np.float64)
         if self._noise is None or self._age >= self.sample_freq or len(self._noise) != len(x):
             std = np.exp(self.log_std.detach().numpy().astype(np.float64))
@@ -264,8 +273,13 @@ class SDEHead(GaussianHead):
         return (mean + noise).astype(np.float32), logp.astype(np.float32)
 
 
-def make_head(features: int, space: gym.Space, log_std_init: float = 0.0, learn_std: bool = True,
-              sde_sample_freq: int | None = None) -> nn.Module:
+def make_head(
+    features: int,
+    space: gym.Space,
+    log_std_init: float = 0.0,
+    learn_std: bool = True,
+    sde_sample_freq: int | None = None,
+) -> nn.Module:
     """`sde_sample_freq`: gSDE (`SDEHead`) with new exploration matrices every that many steps."""
     if isinstance(space, gym.spaces.Discrete):
         if sde_sample_freq is not None:
@@ -286,9 +300,19 @@ class ActorCritic(nn.Module):
     ``shared=True`` uses one torso for both; ``critic=False`` has no value side.
     """
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, layers: list[Layer], shared: bool = False,
-                 critic: bool = True, obs_norm: int = 0, obs_norm_clip: float = 10.0, log_std_init: float = 0.0,
-                 learn_std: bool = True, sde_sample_freq: int | None = None):
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        layers: list[Layer],
+        shared: bool = False,
+        critic: bool = True,
+        obs_norm: int = 0,
+        obs_norm_clip: float = 10.0,
+        log_std_init: float = 0.0,
+        learn_std: bool = True,
+        sde_sample_freq: int | None = None,
+    ):
         super().__init__()
         self.normalizer = ObsNormalizer(obs_norm, obs_norm_clip)
         self.pi_torso = Torso(obs_space, layers)
@@ -344,9 +368,20 @@ def policy_meta(algo_name: str, env_spec, learner_steps: int, **extra) -> dict:
         action = {"kind": "discrete", "n": int(action_space.n)}
         signature = "obs[B, *observation_shape] -> int64 actions[B] (greedy)"
     else:
-        action = {"kind": "box", "shape": list(action_space.shape),
-                  "low": action_space.low.reshape(-1).tolist(), "high": action_space.high.reshape(-1).tolist()}
+        action = {
+            "kind": "box",
+            "shape": list(action_space.shape),
+            "low": action_space.low.reshape(-1).tolist(),
+            "high": action_space.high.reshape(-1).tolist(),
+        }
         signature = "obs[B, *observation_shape] -> float32 actions[B, prod(action_shape)] (mean, clipped)"
-    return {"algo": algo_name, "env_id": env_spec.id, "learner_steps": learner_steps,
-            "observation_shape": list(obs_space.shape), "observation_dtype": np.dtype(obs_space.dtype).str,
-            "action": action, "signature": signature, **extra}
+    return {
+        "algo": algo_name,
+        "env_id": env_spec.id,
+        "learner_steps": learner_steps,
+        "observation_shape": list(obs_space.shape),
+        "observation_dtype": np.dtype(obs_space.dtype).str,
+        "action": action,
+        "signature": signature,
+        **extra,
+    }

@@ -1,5 +1,6 @@
 """Plumbing shared by the Ape-X algorithms: tensors from wire arrays, devices,
 data-parallel gradient averaging, target updates, checkpoints and export."""
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,6 @@ from aiorl.replay import NStep
 from aiorl.runtime.algorithm import ActorPolicy, LearnerCore
 from aiorl.runtime.rendezvous import init_process_group
 
-
-
 # --------------------------------------------------------------------------
 # Config checks shared by both algorithms
 
@@ -31,8 +30,9 @@ def check_common(model, key: str = "model") -> None:
     if model.torch_threads < 1:
         raise ConfigError(f"{key}.torch_threads: must be at least 1, got {model.torch_threads}")
     if model.grad_clip_norm is not None and model.grad_clip_norm <= 0:
-        raise ConfigError(f"{key}.grad_clip_norm: must be > 0 (or null to turn clipping off), "
-                          f"got {model.grad_clip_norm}")
+        raise ConfigError(
+            f"{key}.grad_clip_norm: must be > 0 (or null to turn clipping off), got {model.grad_clip_norm}"
+        )
     if model.loss not in ("huber", "mse"):
         raise ConfigError(f"{key}.loss: expected 'huber' or 'mse', got {model.loss!r}")
     if model.huber_delta <= 0:
@@ -95,7 +95,7 @@ def nstep_batch_rows(cfg, n_step: int) -> int:
 def load_numpy_state(module: nn.Module, weights: dict[str, np.ndarray], prefix: str) -> None:
     """Copy `prefix.*` arrays into `module` (every key must be there, shapes must match)."""
     start = prefix + "."
-    state = {k[len(start):]: torch.from_numpy(np.array(v)) for k, v in weights.items() if k.startswith(start)}
+    state = {k[len(start) :]: torch.from_numpy(np.array(v)) for k, v in weights.items() if k.startswith(start)}
     module.load_state_dict(state, strict=True)
 
 
@@ -160,8 +160,14 @@ class NStepPolicy(ActorPolicy):
         return batch, self.priorities(self.decode_observations(batch))
 
     def postprocess(self, rollout):
-        batch = self.nstep.add(rollout["obs"], rollout["action"], rollout["reward"], rollout["next_obs"],
-                               rollout["terminated"], rollout["truncated"])
+        batch = self.nstep.add(
+            rollout["obs"],
+            rollout["action"],
+            rollout["reward"],
+            rollout["next_obs"],
+            rollout["terminated"],
+            rollout["truncated"],
+        )
         return self._with_priorities(batch)
 
     def flush(self):
@@ -184,8 +190,16 @@ class DataParallel:
     makes every learner raise at the same step, for the same reason.
     """
 
-    def __init__(self, params: list[nn.Parameter], rank: int, world: int, rendezvous: str | None,
-                 device: torch.device, timeout_s: float, broadcast: list[nn.Module]):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        rank: int,
+        world: int,
+        rendezvous: str | None,
+        device: torch.device,
+        timeout_s: float,
+        broadcast: list[nn.Module],
+    ):
         self.params = [p for p in params if p.requires_grad]
         self.rank, self.world = rank, world
         self.stopped = False
@@ -236,7 +250,7 @@ class DataParallel:
         offset = 0
         for p in self.params:
             n = p.numel()
-            grad = buffer[offset:offset + n].view_as(p) / self.world
+            grad = buffer[offset : offset + n].view_as(p) / self.world
             if p.grad is None:
                 p.grad = grad.clone()
             else:
@@ -314,25 +328,43 @@ class ApexLearner(LearnerCore):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} steps={self.learner_steps} device={self.device} world={self.dp.world}>"
 
-    def join(self, params: list[nn.Parameter], modules: list[nn.Module], learner_index: int, num_learners: int,
-             rendezvous: str | None) -> None:
+    def join(
+        self,
+        params: list[nn.Parameter],
+        modules: list[nn.Module],
+        learner_index: int,
+        num_learners: int,
+        rendezvous: str | None,
+    ) -> None:
         """Join the data-parallel group (a no-op for one learner); start from learner 0's weights."""
         c = self.algo.cfg.cluster
-        self.dp = DataParallel(params, learner_index, num_learners, rendezvous, self.device,
-                               max(c.start_timeout_s, c.phase_timeout_s), modules)
+        self.dp = DataParallel(
+            params,
+            learner_index,
+            num_learners,
+            rendezvous,
+            self.device,
+            max(c.start_timeout_s, c.phase_timeout_s),
+            modules,
+        )
 
     def tensors(self, batch, action_dtype: torch.dtype):
         """obs, next_obs, action, reward, discount and IS weights (1 without prioritized replay)."""
         dev = self.device
         reward = as_tensor(batch["reward"], dev, torch.float32)
-        weights = (as_tensor(batch["weights"], dev, torch.float32) if "weights" in batch
-                   else torch.ones_like(reward))
-        return (as_tensor(batch["obs"], dev), as_tensor(batch["next_obs"], dev),
-                as_tensor(batch["action"], dev, action_dtype), reward,
-                as_tensor(batch["discount"], dev, torch.float32), weights)
+        weights = as_tensor(batch["weights"], dev, torch.float32) if "weights" in batch else torch.ones_like(reward)
+        return (
+            as_tensor(batch["obs"], dev),
+            as_tensor(batch["next_obs"], dev),
+            as_tensor(batch["action"], dev, action_dtype),
+            reward,
+            as_tensor(batch["discount"], dev, torch.float32),
+            weights,
+        )
 
-    def apply(self, groups: list[tuple[str, torch.Tensor, list[nn.Parameter], torch.optim.Optimizer]]
-              ) -> dict[str, float] | None:
+    def apply(
+        self, groups: list[tuple[str, torch.Tensor, list[nn.Parameter], torch.optim.Optimizer]]
+    ) -> dict[str, float] | None:
         """One optimizer step per (name, loss, params, optimizer) group, all
         gradients taken from the current parameters, averaged over learners
         in one all-reduce, then clipped by global norm. Raises on a non-finite
@@ -363,9 +395,12 @@ class ApexLearner(LearnerCore):
         self.dp.close()
 
     def state_dict(self) -> dict:
-        state = {"algo": self.algo.name, "learner_steps": self.learner_steps,
-                 "torch_rng": torch.get_rng_state(),
-                 **{key: getattr(self, attr).state_dict() for key, attr in self.checkpoint_items.items()}}
+        state = {
+            "algo": self.algo.name,
+            "learner_steps": self.learner_steps,
+            "torch_rng": torch.get_rng_state(),
+            **{key: getattr(self, attr).state_dict() for key, attr in self.checkpoint_items.items()},
+        }
         if self.device.type == "cuda":
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
         return state
@@ -413,8 +448,9 @@ class ActorCriticLearner(ApexLearner):
         from aiorl.algos._actor_critic import DeterministicPolicy, policy_meta
 
         policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
-        return policy, policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
-                                   env_steps_trained=self.env_steps_trained)
+        return policy, policy_meta(
+            self.algo.name, self.algo.env_spec, self.iterations, env_steps_trained=self.env_steps_trained
+        )
 
 
 # --------------------------------------------------------------------------

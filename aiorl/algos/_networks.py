@@ -23,6 +23,7 @@ device, and inside the exported policy):
 Every module here traces with `torch.export` (no data-dependent Python control
 flow), so exported policies load with plain `torch.export.load` (aiorl.export).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -39,8 +40,17 @@ from aiorl.config import ConfigError
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
 LAYER_KINDS = ("linear", "dense", "conv", "layernorm", "flatten", "nature_cnn", *ACTIVATIONS)
 PRESETS = {
-    "nature_cnn": ["conv:32:8:4", "relu", "conv:64:4:2", "relu", "conv:64:3:1", "relu",
-                   "flatten", "linear:512", "relu"],
+    "nature_cnn": [
+        "conv:32:8:4",
+        "relu",
+        "conv:64:4:2",
+        "relu",
+        "conv:64:3:1",
+        "relu",
+        "flatten",
+        "linear:512",
+        "relu",
+    ],
 }
 DEFAULT_MLP = ["linear:256", "relu", "linear:256", "relu"]
 
@@ -76,8 +86,9 @@ def parse_network(spec, path: str) -> list[Layer]:
         expected = {"linear": 1, "dense": 1, "conv": 3}.get(kind, 0)
         if len(args) != expected:
             form = {"linear": "linear:UNITS", "dense": "dense:UNITS", "conv": "conv:CHANNELS:KERNEL:STRIDE"}
-            raise ConfigError(f"{where}: {item!r} takes {expected} argument(s)"
-                              + (f", as in {form[kind]!r}" if kind in form else ""))
+            raise ConfigError(
+                f"{where}: {item!r} takes {expected} argument(s)" + (f", as in {form[kind]!r}" if kind in form else "")
+            )
         if any(a < 1 for a in args):
             raise ConfigError(f"{where}: layer sizes must be at least 1, got {item!r}")
         if kind in PRESETS:
@@ -97,11 +108,14 @@ def check_observation_space(space: gym.Space, key: str) -> None:
         return
     if isinstance(space, gym.spaces.Box):
         if len(space.shape) > 3:
-            raise ConfigError(f"{key}: observation space {space} has {len(space.shape)} dimensions; "
-                              "supported are vectors (1-D) and images (2-D or 3-D)")
+            raise ConfigError(
+                f"{key}: observation space {space} has {len(space.shape)} dimensions; "
+                "supported are vectors (1-D) and images (2-D or 3-D)"
+            )
         return
-    raise ConfigError(f"{key}: unsupported observation space {space} ({type(space).__name__}); "
-                      "supported are Box and Discrete")
+    raise ConfigError(
+        f"{key}: unsupported observation space {space} ({type(space).__name__}); supported are Box and Discrete"
+    )
 
 
 def is_image(space: gym.Space) -> bool:
@@ -181,8 +195,10 @@ def build_layers(layers: list[Layer], in_shape: tuple[int, ...]) -> tuple[list[n
     for layer in layers:
         if layer.kind == "conv":
             if len(shape) != 3:
-                raise ConfigError(f"{layer.path}: {layer} needs image observations before any flatten/linear "
-                                  f"layer, but its input has shape {shape}")
+                raise ConfigError(
+                    f"{layer.path}: {layer} needs image observations before any flatten/linear "
+                    f"layer, but its input has shape {shape}"
+                )
             channels, kernel, stride = layer.args
             h, w = (shape[1] - kernel) // stride + 1, (shape[2] - kernel) // stride + 1
             if h < 1 or w < 1:
@@ -257,8 +273,9 @@ class QNetwork(nn.Module):
     def __init__(self, obs_space: gym.Space, num_actions: int, layers: list[Layer], dueling: bool):
         super().__init__()
         self.torso = Torso(obs_space, layers)
-        self.head = DuelingHead(self.torso.features, num_actions) if dueling else nn.Linear(
-            self.torso.features, num_actions)
+        self.head = (
+            DuelingHead(self.torso.features, num_actions) if dueling else nn.Linear(self.torso.features, num_actions)
+        )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head(self.torso(obs))

@@ -17,6 +17,7 @@ same parameters, then applied together (one all-reduce for data-parallel
 learners); targets follow by Polyak averaging with ``tau``. Priorities are
 |y_t - Q(s_t, a_t)|.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,12 +28,28 @@ import numpy as np
 import torch
 
 from aiorl.algos._common import (
-    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, hard_update,
-    load_numpy_state, make_adam, nstep_batch_rows, setup_torch, soft_update, state_to_numpy, td_loss,
+    ApexLearner,
+    NStepPolicy,
+    as_tensor,
+    check_common,
+    check_positive,
+    hard_update,
+    load_numpy_state,
+    make_adam,
+    nstep_batch_rows,
+    setup_torch,
+    soft_update,
+    state_to_numpy,
+    td_loss,
     weights_spec_of,
 )
 from aiorl.algos._networks import (
-    DEFAULT_MLP, Critic, DeterministicActor, check_observation_space, is_image, parse_network,
+    DEFAULT_MLP,
+    Critic,
+    DeterministicActor,
+    check_observation_space,
+    is_image,
+    parse_network,
 )
 from aiorl.config import ConfigError, doc
 from aiorl.runtime.algorithm import Algorithm, LearnerResult
@@ -40,27 +57,29 @@ from aiorl.runtime.algorithm import Algorithm, LearnerResult
 
 @dataclass
 class ApexDDPGConfig:
-    actor_network: list = doc("Actor torso layers (see aiorl/algos/_networks.py); empty: nature_cnn for "
-                              "images, two relu layers of 256 otherwise.", default_factory=list)
-    critic_network: list = doc("Critic layers; the action joins where features become flat (at the input "
-                               "for vector observations). Empty: as actor_network's default.",
-                               default_factory=list)
+    actor_network: list = doc(
+        "Actor torso layers (see aiorl/algos/_networks.py); empty: nature_cnn for "
+        "images, two relu layers of 256 otherwise.",
+        default_factory=list,
+    )
+    critic_network: list = doc(
+        "Critic layers; the action joins where features become flat (at the input "
+        "for vector observations). Empty: as actor_network's default.",
+        default_factory=list,
+    )
     n_step: int = doc("n of the n-step returns (actors' adjustment).", default=3)
     gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
     actor_learning_rate: float = doc("Adam step size of the actor.", default=1e-4)
     critic_learning_rate: float = doc("Adam step size of the critic.", default=1e-3)
     adam_eps: float = doc("Adam epsilon.", default=1e-8)
-    grad_clip_norm: float | None = doc("Clip each network's global gradient norm (null: no clipping).",
-                                       default=None)
+    grad_clip_norm: float | None = doc("Clip each network's global gradient norm (null: no clipping).", default=None)
     loss: str = doc("Critic loss: 'mse' or 'huber'.", default="mse")
     huber_delta: float = doc("Huber loss threshold.", default=1.0)
     tau: float = doc("Soft target update weight per learner step, in (0, 1].", default=0.005)
-    exploration: str = doc("Exploration noise: 'gaussian' or 'ou' (Ornstein-Uhlenbeck), per actor.",
-                           default="gaussian")
+    exploration: str = doc("Exploration noise: 'gaussian' or 'ou' (Ornstein-Uhlenbeck), per actor.", default="gaussian")
     exploration_sigma: float = doc("Noise scale as a fraction of each action's half range.", default=0.1)
     ou_theta: float = doc("Mean reversion of the OU noise per step.", default=0.15)
-    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
-                      default="cpu")
+    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).", default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
 
 
@@ -104,7 +123,7 @@ class OUNoise:
 
 
 class DDPGActor(NStepPolicy):
-    def __init__(self, algo: "ApexDDPG", actor_index: int, seed: int):
+    def __init__(self, algo: ApexDDPG, actor_index: int, seed: int):
         m = algo.cfg.model
         super().__init__(m.n_step, m.gamma)
         setup_torch(m.torch_threads, seed)
@@ -140,8 +159,11 @@ class DDPGActor(NStepPolicy):
     def priorities(self, batch):
         """|TD| with the actor's copies of mu and Q standing in for the targets."""
         next_obs = as_tensor(batch["next_obs"], self.device)
-        y = n_step_critic_target(as_tensor(batch["reward"], self.device), as_tensor(batch["discount"], self.device),
-                                 self.critic.q_unit(next_obs, self.actor.unit(next_obs)))
+        y = n_step_critic_target(
+            as_tensor(batch["reward"], self.device),
+            as_tensor(batch["discount"], self.device),
+            self.critic.q_unit(next_obs, self.actor.unit(next_obs)),
+        )
         q = self.critic(as_tensor(batch["obs"], self.device), as_tensor(batch["action"], self.device, torch.float32))
         return (y - q).abs().numpy().astype(np.float64)
 
@@ -156,11 +178,12 @@ class DDPGActor(NStepPolicy):
 
 
 class DDPGLearner(ApexLearner):
-    checkpoint_items = {name: name for name in ("actor", "critic", "actor_target", "critic_target",
-                                                "actor_optimizer", "critic_optimizer")}
+    checkpoint_items = {
+        name: name
+        for name in ("actor", "critic", "actor_target", "critic_target", "actor_optimizer", "critic_optimizer")
+    }
 
-    def __init__(self, algo: "ApexDDPG", learner_index: int, num_learners: int, seed: int,
-                 rendezvous: str | None):
+    def __init__(self, algo: ApexDDPG, learner_index: int, num_learners: int, seed: int, rendezvous: str | None):
         super().__init__(algo, learner_index, num_learners, seed)
         m = self.m
         self.actor = algo.actor_network().to(self.device)
@@ -171,8 +194,9 @@ class DDPGLearner(ApexLearner):
         self.critic_params = list(self.critic.parameters())
         self.actor_optimizer = make_adam(self.actor_params, m.actor_learning_rate, m.adam_eps)
         self.critic_optimizer = make_adam(self.critic_params, m.critic_learning_rate, m.adam_eps)
-        self.join(self.critic_params + self.actor_params, [self.actor, self.critic], learner_index,
-                  num_learners, rendezvous)
+        self.join(
+            self.critic_params + self.actor_params, [self.actor, self.critic], learner_index, num_learners, rendezvous
+        )
         hard_update(self.actor_target, self.actor)
         hard_update(self.critic_target, self.critic)
 
@@ -189,17 +213,26 @@ class DDPGLearner(ApexLearner):
         actor_loss = -self.critic.q_unit(obs, self.actor.unit(obs)).mean()
 
         # Both gradients from the same parameters (the actor's only reaches the actor).
-        norms = self.apply([("critic loss", critic_loss, self.critic_params, self.critic_optimizer),
-                            ("actor loss", actor_loss, self.actor_params, self.actor_optimizer)])
+        norms = self.apply(
+            [
+                ("critic loss", critic_loss, self.critic_params, self.critic_optimizer),
+                ("actor loss", actor_loss, self.actor_params, self.actor_optimizer),
+            ]
+        )
         if norms is None:
             return LearnerResult(stop=True)  # a peer's data ended: nothing applied
         soft_update(self.critic_target, self.critic, self.m.tau)
         soft_update(self.actor_target, self.actor, self.m.tau)
 
         priorities = td.detach().abs().cpu().numpy().astype(np.float64)
-        metrics = {"losses/critic_loss": float(critic_loss.detach()), "losses/actor_loss": float(actor_loss.detach()),
-                   "losses/critic_grad_norm": norms["critic loss"], "losses/actor_grad_norm": norms["actor loss"],
-                   "values/q_mean": float(q_t.detach().mean()), "values/td_abs_mean": float(priorities.mean())}
+        metrics = {
+            "losses/critic_loss": float(critic_loss.detach()),
+            "losses/actor_loss": float(actor_loss.detach()),
+            "losses/critic_grad_norm": norms["critic loss"],
+            "losses/actor_grad_norm": norms["actor loss"],
+            "values/q_mean": float(q_t.detach().mean()),
+            "values/td_abs_mean": float(priorities.mean()),
+        }
         return LearnerResult(metrics, priorities)
 
     def get_weights(self):
@@ -216,8 +249,11 @@ class DDPGLearner(ApexLearner):
 class ApexDDPG(Algorithm):
     name = "apex_ddpg"
     model_config = ApexDDPGConfig
-    panel_metrics = (("critic loss", "learner/losses/critic_loss"), ("actor loss", "learner/losses/actor_loss"),
-                     ("weights lag", "weights_lag_max"))
+    panel_metrics = (
+        ("critic loss", "learner/losses/critic_loss"),
+        ("actor loss", "learner/losses/actor_loss"),
+        ("weights lag", "weights_lag_max"),
+    )
 
     @classmethod
     def validate(cls, cfg):
@@ -242,16 +278,20 @@ class ApexDDPG(Algorithm):
         obs_space, action_space = env_spec.observation_space, env_spec.action_space
         check_observation_space(obs_space, "env.id")
         if not isinstance(action_space, gym.spaces.Box):
-            raise ConfigError(f"env.id: apex_ddpg needs a Box action space; {env_spec.id} has {action_space} "
-                              "(use apex_dqn for Discrete actions)")
+            raise ConfigError(
+                f"env.id: apex_ddpg needs a Box action space; {env_spec.id} has {action_space} "
+                "(use apex_dqn for Discrete actions)"
+            )
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
             raise ConfigError(f"env.id: apex_ddpg needs bounded actions; {env_spec.id} has {action_space}")
         fixed = np.flatnonzero((action_space.high - action_space.low).reshape(-1) <= 0)
         if len(fixed):
             # The rescaling to [-1, 1] divides by high - low: 0/0 gives NaN actions.
-            raise ConfigError(f"env.id: apex_ddpg needs low < high in every action dimension; {env_spec.id} has "
-                              f"low == high in dimension(s) {fixed.tolist()} of {action_space} (such a dimension "
-                              "is no choice: remove it with a gymnasium ActionWrapper)")
+            raise ConfigError(
+                f"env.id: apex_ddpg needs low < high in every action dimension; {env_spec.id} has "
+                f"low == high in dimension(s) {fixed.tolist()} of {action_space} (such a dimension "
+                "is no choice: remove it with a gymnasium ActionWrapper)"
+            )
         default = ["nature_cnn"] if is_image(obs_space) else DEFAULT_MLP
         m = cfg.model
         self.actor_layers = parse_network(m.actor_network or default, "model.actor_network")
@@ -269,24 +309,39 @@ class ApexDDPG(Algorithm):
         obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space
         obs = (tuple(obs_space.shape), np.dtype(obs_space.dtype).str)
         action = (tuple(action_space.shape), np.dtype(action_space.dtype).str)
-        return {"obs": obs, "action": action, "reward": ((), "<f4"), "next_obs": obs,
-                "done": ((), "|b1"), "discount": ((), "<f4")}
+        return {
+            "obs": obs,
+            "action": action,
+            "reward": ((), "<f4"),
+            "next_obs": obs,
+            "done": ((), "|b1"),
+            "discount": ((), "<f4"),
+        }
 
     def max_batch_rows(self):
         return nstep_batch_rows(self.cfg, self.cfg.model.n_step)
 
     def weights_spec(self):
-        return weights_spec_of({**state_to_numpy(self.actor_network(), "actor"),
-                                **state_to_numpy(self.critic_network(), "critic")})
+        return weights_spec_of(
+            {**state_to_numpy(self.actor_network(), "actor"), **state_to_numpy(self.critic_network(), "critic")}
+        )
 
     def policy_meta(self, learner_steps: int) -> dict:
         obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space
-        return {"algo": self.name, "env_id": self.env_spec.id, "learner_steps": learner_steps,
-                "observation_shape": list(obs_space.shape), "observation_dtype": np.dtype(obs_space.dtype).str,
-                "action": {"kind": "box", "shape": list(action_space.shape),
-                           "low": action_space.low.reshape(-1).tolist(),
-                           "high": action_space.high.reshape(-1).tolist()},
-                "signature": "obs[B, *observation_shape] -> float32 actions[B, prod(action_shape)]"}
+        return {
+            "algo": self.name,
+            "env_id": self.env_spec.id,
+            "learner_steps": learner_steps,
+            "observation_shape": list(obs_space.shape),
+            "observation_dtype": np.dtype(obs_space.dtype).str,
+            "action": {
+                "kind": "box",
+                "shape": list(action_space.shape),
+                "low": action_space.low.reshape(-1).tolist(),
+                "high": action_space.high.reshape(-1).tolist(),
+            },
+            "signature": "obs[B, *observation_shape] -> float32 actions[B, prod(action_shape)]",
+        }
 
     def make_actor(self, actor_index, num_actors, seed):
         return DDPGActor(self, actor_index, seed)

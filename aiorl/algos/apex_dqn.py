@@ -20,6 +20,7 @@ Ape-X's per-actor epsilons: one actor with 8 envs explores like 8 actors.
 Each row keeps its slot's epsilon (field ``epsilon``) for diagnostics.
 Actors send the |TD| of their own network as initial priorities.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,12 +31,28 @@ import numpy as np
 import torch
 
 from aiorl.algos._common import (
-    ApexLearner, NStepPolicy, as_tensor, check_common, check_positive, hard_update,
-    load_numpy_state, make_adam, nstep_batch_rows, setup_torch, soft_update, state_to_numpy, td_loss,
+    ApexLearner,
+    NStepPolicy,
+    as_tensor,
+    check_common,
+    check_positive,
+    hard_update,
+    load_numpy_state,
+    make_adam,
+    nstep_batch_rows,
+    setup_torch,
+    soft_update,
+    state_to_numpy,
+    td_loss,
     weights_spec_of,
 )
 from aiorl.algos._networks import (
-    DEFAULT_MLP, GreedyPolicy, QNetwork, check_observation_space, is_image, parse_network,
+    DEFAULT_MLP,
+    GreedyPolicy,
+    QNetwork,
+    check_observation_space,
+    is_image,
+    parse_network,
 )
 from aiorl.config import ConfigError, doc
 from aiorl.runtime.algorithm import Algorithm, LearnerResult
@@ -43,29 +60,30 @@ from aiorl.runtime.algorithm import Algorithm, LearnerResult
 
 @dataclass
 class ApexDQNConfig:
-    network: list = doc("Torso layers, e.g. ['linear:256', 'relu'] or ['nature_cnn'] (see aiorl/algos/"
-                        "_networks.py); empty: nature_cnn for images, two relu layers of 256 otherwise.",
-                        default_factory=list)
+    network: list = doc(
+        "Torso layers, e.g. ['linear:256', 'relu'] or ['nature_cnn'] (see aiorl/algos/"
+        "_networks.py); empty: nature_cnn for images, two relu layers of 256 otherwise.",
+        default_factory=list,
+    )
     dueling: bool = doc("Dueling head: Q = V + A - mean(A).", default=True)
-    double_q: bool = doc("Double Q: the online net picks the next action, the target net values it.",
-                         default=True)
+    double_q: bool = doc("Double Q: the online net picks the next action, the target net values it.", default=True)
     n_step: int = doc("n of the n-step returns (actors' adjustment).", default=3)
     gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
     learning_rate: float = doc("Adam step size.", default=1e-4)
     adam_eps: float = doc("Adam epsilon.", default=1.5e-4)
-    grad_clip_norm: float | None = doc("Clip the global gradient norm to this (null: no clipping).",
-                                       default=40.0)
+    grad_clip_norm: float | None = doc("Clip the global gradient norm to this (null: no clipping).", default=40.0)
     loss: str = doc("TD loss: 'huber' or 'mse'.", default="huber")
     huber_delta: float = doc("Huber loss threshold.", default=1.0)
-    sync_target_frequency: int = doc("Copy the online net to the target net every this many learner steps.",
-                                     default=2500)
-    tau: float | None = doc("Soft target update weight per step instead of periodic copies (null: off).",
-                            default=None)
+    sync_target_frequency: int = doc(
+        "Copy the online net to the target net every this many learner steps.", default=2500
+    )
+    tau: float | None = doc("Soft target update weight per step instead of periodic copies (null: off).", default=None)
     exploration_eps: float = doc("Base epsilon of the per-env-slot epsilon-greedy schedule.", default=0.4)
-    exploration_alpha: float = doc("Spread of the epsilons over the S = actors x num_envs env slots: "
-                                   "eps^(1 + alpha * j / (S - 1)) for slot j.", default=7.0)
-    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
-                      default="cpu")
+    exploration_alpha: float = doc(
+        "Spread of the epsilons over the S = actors x num_envs env slots: eps^(1 + alpha * j / (S - 1)) for slot j.",
+        default=7.0,
+    )
+    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).", default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
 
 
@@ -88,8 +106,9 @@ def slot_epsilons(actor_index: int, num_actors: int, num_envs: int, eps: float, 
     return np.array([actor_epsilon(first + e, slots, eps, alpha) for e in range(num_envs)])
 
 
-def n_step_q_target(reward: torch.Tensor, discount: torch.Tensor, q_next_target: torch.Tensor,
-                    q_next_online: torch.Tensor | None) -> torch.Tensor:
+def n_step_q_target(
+    reward: torch.Tensor, discount: torch.Tensor, q_next_target: torch.Tensor, q_next_online: torch.Tensor | None
+) -> torch.Tensor:
     """``R + discount * Q_target(s', a*)``: with `q_next_online` (double Q),
     ``a* = argmax_a Q_online(s', a)``; without it, ``a* = argmax_a Q_target(s', a)``.
     ``discount`` is gamma^m, and 0 after termination (no bootstrap)."""
@@ -106,14 +125,15 @@ def n_step_q_target(reward: torch.Tensor, discount: torch.Tensor, q_next_target:
 
 
 class DQNActor(NStepPolicy):
-    def __init__(self, algo: "ApexDQN", actor_index: int, num_actors: int, seed: int):
+    def __init__(self, algo: ApexDQN, actor_index: int, num_actors: int, seed: int):
         m = algo.cfg.model
         super().__init__(m.n_step, m.gamma)
         setup_torch(m.torch_threads, seed)
         self.q = algo.q_network().eval()
         self.num_actions = algo.num_actions
-        self.epsilons = slot_epsilons(actor_index, num_actors, algo.cfg.env.num_envs, m.exploration_eps,
-                                      m.exploration_alpha)
+        self.epsilons = slot_epsilons(
+            actor_index, num_actors, algo.cfg.env.num_envs, m.exploration_eps, m.exploration_alpha
+        )
         self.rng = np.random.default_rng(seed)
         self.device = torch.device("cpu")
 
@@ -135,8 +155,9 @@ class DQNActor(NStepPolicy):
         # does the epsilon that chose it.
         T, E = rollout["action"].shape
         tagged = np.stack([rollout["action"], np.broadcast_to(np.arange(E), (T, E))], axis=-1)
-        batch = self.nstep.add(rollout["obs"], tagged, rollout["reward"], rollout["next_obs"],
-                               rollout["terminated"], rollout["truncated"])
+        batch = self.nstep.add(
+            rollout["obs"], tagged, rollout["reward"], rollout["next_obs"], rollout["terminated"], rollout["truncated"]
+        )
         return self._with_priorities(self._untag(batch))
 
     def flush(self):
@@ -155,8 +176,9 @@ class DQNActor(NStepPolicy):
         q_all = self.q(as_tensor(batch["obs"], self.device))
         q = q_all.gather(1, as_tensor(batch["action"], self.device, torch.int64)[:, None]).squeeze(1)
         q_next = self.q(as_tensor(batch["next_obs"], self.device))
-        y = n_step_q_target(as_tensor(batch["reward"], self.device), as_tensor(batch["discount"], self.device),
-                            q_next, q_next)
+        y = n_step_q_target(
+            as_tensor(batch["reward"], self.device), as_tensor(batch["discount"], self.device), q_next, q_next
+        )
         return (y - q).abs().numpy().astype(np.float64)
 
     def set_weights(self, weights, version):
@@ -171,8 +193,7 @@ class DQNActor(NStepPolicy):
 class DQNLearner(ApexLearner):
     checkpoint_items = {"model": "online", "target": "target", "optimizer": "optimizer"}
 
-    def __init__(self, algo: "ApexDQN", learner_index: int, num_learners: int, seed: int,
-                 rendezvous: str | None):
+    def __init__(self, algo: ApexDQN, learner_index: int, num_learners: int, seed: int, rendezvous: str | None):
         super().__init__(algo, learner_index, num_learners, seed)
         self.online = algo.q_network().to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
@@ -187,7 +208,7 @@ class DQNLearner(ApexLearner):
         obs, next_obs, action, reward, discount, weights = self.tensors(batch, torch.int64)
         if self.m.double_q:  # one online pass over s_t and s_{t+m} together
             q_both = self.online(torch.cat([obs, next_obs]))
-            q_all, q_next_online = q_both[:len(obs)], q_both[len(obs):].detach()
+            q_all, q_next_online = q_both[: len(obs)], q_both[len(obs) :].detach()
         else:
             q_all, q_next_online = self.online(obs), None
         q_t = q_all.gather(1, action[:, None]).squeeze(1)
@@ -205,8 +226,12 @@ class DQNLearner(ApexLearner):
             hard_update(self.target, self.online)
 
         priorities = td.detach().abs().cpu().numpy().astype(np.float64)
-        metrics = {"losses/td_loss": float(loss.detach()), "losses/grad_norm": norms["loss"],
-                   "values/q_mean": float(q_t.detach().mean()), "values/td_abs_mean": float(priorities.mean())}
+        metrics = {
+            "losses/td_loss": float(loss.detach()),
+            "losses/grad_norm": norms["loss"],
+            "values/q_mean": float(q_t.detach().mean()),
+            "values/td_abs_mean": float(priorities.mean()),
+        }
         if "epsilon" in batch:  # which exploration the sampled rows came from
             metrics["values/sampled_epsilon_mean"] = float(np.mean(batch["epsilon"]))
         return LearnerResult(metrics, priorities)
@@ -225,9 +250,11 @@ class DQNLearner(ApexLearner):
 class ApexDQN(Algorithm):
     name = "apex_dqn"
     model_config = ApexDQNConfig
-    panel_metrics = (("td loss", "learner/losses/td_loss"),
-                     ("epsilon (sampled)", "learner/values/sampled_epsilon_mean"),
-                     ("weights lag", "weights_lag_max"))
+    panel_metrics = (
+        ("td loss", "learner/losses/td_loss"),
+        ("epsilon (sampled)", "learner/values/sampled_epsilon_mean"),
+        ("weights lag", "weights_lag_max"),
+    )
 
     @classmethod
     def validate(cls, cfg):
@@ -250,8 +277,10 @@ class ApexDQN(Algorithm):
         obs_space, action_space = env_spec.observation_space, env_spec.action_space
         check_observation_space(obs_space, "env.id")
         if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(f"env.id: apex_dqn needs a Discrete action space; {env_spec.id} has {action_space} "
-                              "(use apex_ddpg for Box actions)")
+            raise ConfigError(
+                f"env.id: apex_dqn needs a Discrete action space; {env_spec.id} has {action_space} "
+                "(use apex_ddpg for Box actions)"
+            )
         if int(action_space.start) != 0:
             raise ConfigError(f"env.id: apex_dqn needs actions numbered from 0; {env_spec.id} has {action_space}")
         self.num_actions = int(action_space.n)
@@ -265,8 +294,15 @@ class ApexDQN(Algorithm):
     def transition_spec(self):
         space = self.env_spec.observation_space
         obs = (tuple(space.shape), np.dtype(space.dtype).str)
-        return {"obs": obs, "action": ((), "<i8"), "reward": ((), "<f4"), "next_obs": obs,
-                "done": ((), "|b1"), "discount": ((), "<f4"), "epsilon": ((), "<f4")}
+        return {
+            "obs": obs,
+            "action": ((), "<i8"),
+            "reward": ((), "<f4"),
+            "next_obs": obs,
+            "done": ((), "|b1"),
+            "discount": ((), "<f4"),
+            "epsilon": ((), "<f4"),
+        }
 
     def max_batch_rows(self):
         return nstep_batch_rows(self.cfg, self.cfg.model.n_step)
@@ -276,10 +312,15 @@ class ApexDQN(Algorithm):
 
     def policy_meta(self, learner_steps: int) -> dict:
         space = self.env_spec.observation_space
-        return {"algo": self.name, "env_id": self.env_spec.id, "learner_steps": learner_steps,
-                "observation_shape": list(space.shape), "observation_dtype": np.dtype(space.dtype).str,
-                "action": {"kind": "discrete", "n": self.num_actions},
-                "signature": "obs[B, *observation_shape] -> int64 actions[B]"}
+        return {
+            "algo": self.name,
+            "env_id": self.env_spec.id,
+            "learner_steps": learner_steps,
+            "observation_shape": list(space.shape),
+            "observation_dtype": np.dtype(space.dtype).str,
+            "action": {"kind": "discrete", "n": self.num_actions},
+            "signature": "obs[B, *observation_shape] -> int64 actions[B]",
+        }
 
     def make_actor(self, actor_index, num_actors, seed):
         return DQNActor(self, actor_index, num_actors, seed)

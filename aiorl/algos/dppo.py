@@ -34,6 +34,7 @@ rows, each step clipped to a global gradient norm. Gaussian policies (Box
 actions) step the env with the sample clipped to the bounds and learn from
 the log-probability of the unclipped sample.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,9 +43,22 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from aiorl.algos._actor_critic import ActorCritic, GaussianHead, SDEHead, batch_moments, check_action_space, obs_norm_size
+from aiorl.algos._actor_critic import (
+    ActorCritic,
+    GaussianHead,
+    SDEHead,
+    batch_moments,
+    check_action_space,
+    obs_norm_size,
+)
 from aiorl.algos._common import (
-    ActorCriticLearner, as_tensor, check_positive, load_numpy_state, make_adam, setup_torch, state_to_numpy,
+    ActorCriticLearner,
+    as_tensor,
+    check_positive,
+    load_numpy_state,
+    make_adam,
+    setup_torch,
+    state_to_numpy,
     weights_spec_of,
 )
 from aiorl.algos._networks import check_observation_space, is_image, parse_network
@@ -57,9 +71,11 @@ DEFAULT_NETWORK = ["linear:64", "tanh", "linear:64", "tanh"]
 
 @dataclass
 class DPPOConfig:
-    network: list = doc("Torso layers (see aiorl/algos/_networks.py), used for the policy and the value "
-                        "torso; empty: nature_cnn for images, two tanh layers of 64 otherwise.",
-                        default_factory=list)
+    network: list = doc(
+        "Torso layers (see aiorl/algos/_networks.py), used for the policy and the value "
+        "torso; empty: nature_cnn for images, two tanh layers of 64 otherwise.",
+        default_factory=list,
+    )
     shared_torso: bool = doc("One torso for policy and value (else two of the same shape).", default=False)
     gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
     gae_lambda: float = doc("GAE lambda, in [0, 1].", default=0.95)
@@ -68,30 +84,33 @@ class DPPOConfig:
     value_coef: float = doc("Weight of the value loss.", default=0.5)
     entropy_coef: float = doc("Weight of the entropy bonus.", default=0.0)
     learning_rate: float = doc("Adam step size.", default=3e-4)
-    lr_annealing: bool = doc("Anneal the step size linearly to 0 over agent.scheduled_timesteps env steps.",
-                             default=False)
+    lr_annealing: bool = doc(
+        "Anneal the step size linearly to 0 over agent.scheduled_timesteps env steps.", default=False
+    )
     adam_eps: float = doc("Adam epsilon.", default=1e-5)
-    epochs: int = doc("Passes over each iteration's rows (minibatches of about agent.batch_size rows).",
-                      default=10)
+    epochs: int = doc("Passes over each iteration's rows (minibatches of about agent.batch_size rows).", default=10)
     grad_clip_norm: float | None = doc("Clip the global gradient norm to this (null: no clipping).", default=0.5)
-    normalize_advantages: bool = doc("Normalize advantages to mean 0, std 1 within each minibatch.",
-                                     default=True)
-    obs_norm: bool = doc("Normalize vector observations by running mean/std (merged over every actor's "
-                         "rows each iteration; part of the weights and of the exported policy).",
-                         default=False)
+    normalize_advantages: bool = doc("Normalize advantages to mean 0, std 1 within each minibatch.", default=True)
+    obs_norm: bool = doc(
+        "Normalize vector observations by running mean/std (merged over every actor's "
+        "rows each iteration; part of the weights and of the exported policy).",
+        default=False,
+    )
     obs_norm_clip: float = doc("Clip normalized observations to +-this.", default=10.0)
-    reward_scale: float = doc("Rewards are multiplied by this before GAE (returns reported unscaled).",
-                              default=1.0)
-    log_std_init: float = doc("Initial log standard deviation of the Gaussian policy (Box actions).",
-                              default=0.0)
-    sde: bool = doc("Generalized state-dependent exploration (gSDE, Box actions): the exploration noise is a "
-                    "linear function of the policy's features, redrawn every model.sde_sample_freq steps, "
-                    "its scale learned per feature and action (log_std_init is its initial log); see "
-                    "aiorl/algos/_actor_critic.py SDEHead.", default=False)
-    sde_sample_freq: int = doc("With model.sde: steps between two draws of the exploration matrices (and at "
-                               "every new weights version).", default=4)
-    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).",
-                      default="cpu")
+    reward_scale: float = doc("Rewards are multiplied by this before GAE (returns reported unscaled).", default=1.0)
+    log_std_init: float = doc("Initial log standard deviation of the Gaussian policy (Box actions).", default=0.0)
+    sde: bool = doc(
+        "Generalized state-dependent exploration (gSDE, Box actions): the exploration noise is a "
+        "linear function of the policy's features, redrawn every model.sde_sample_freq steps, "
+        "its scale learned per feature and action (log_std_init is its initial log); see "
+        "aiorl/algos/_actor_critic.py SDEHead.",
+        default=False,
+    )
+    sde_sample_freq: int = doc(
+        "With model.sde: steps between two draws of the exploration matrices (and at every new weights version).",
+        default=4,
+    )
+    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).", default="cpu")
     torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
 
 
@@ -107,8 +126,7 @@ def ppo_loss(net: ActorCritic, m: DPPOConfig, obs, action, old_logp, old_value, 
     ratio = log_ratio.exp()
     if m.normalize_advantages and len(advantage) > 1:
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-    policy_loss = torch.max(-advantage * ratio,
-                            -advantage * ratio.clamp(1.0 - m.clip_ratio, 1.0 + m.clip_ratio)).mean()
+    policy_loss = torch.max(-advantage * ratio, -advantage * ratio.clamp(1.0 - m.clip_ratio, 1.0 + m.clip_ratio)).mean()
     value_error = (value - value_target).pow(2)
     if m.value_clip is not None:
         clipped = old_value + (value - old_value).clamp(-m.value_clip, m.value_clip)
@@ -117,9 +135,13 @@ def ppo_loss(net: ActorCritic, m: DPPOConfig, obs, action, old_logp, old_value, 
     entropy = net.head.entropy(params).mean()
     loss = policy_loss + m.value_coef * value_loss - m.entropy_coef * entropy
     with torch.no_grad():
-        metrics = {"losses/policy_loss": policy_loss.detach(), "losses/value_loss": value_loss.detach(),
-                   "losses/entropy": entropy.detach(), "losses/approx_kl": ((ratio - 1.0) - log_ratio).mean(),
-                   "losses/clip_fraction": ((ratio - 1.0).abs() > m.clip_ratio).float().mean()}
+        metrics = {
+            "losses/policy_loss": policy_loss.detach(),
+            "losses/value_loss": value_loss.detach(),
+            "losses/entropy": entropy.detach(),
+            "losses/approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+            "losses/clip_fraction": ((ratio - 1.0).abs() > m.clip_ratio).float().mean(),
+        }
     return loss, metrics
 
 
@@ -131,7 +153,7 @@ class PPOActor(ActorPolicy):
     """Samples actions, remembers (action, log-prob, value) of every step, and
     turns a rollout into rows with advantages and value targets."""
 
-    def __init__(self, algo: "DPPO", seed: int):
+    def __init__(self, algo: DPPO, seed: int):
         m = algo.cfg.model
         setup_torch(m.torch_threads, seed)
         self.m = m
@@ -171,13 +193,18 @@ class PPOActor(ActorPolicy):
         truncated_values = np.zeros((T, E), np.float32)
         truncated_values[cut[:, 0], cut[:, 1]] = v_next[E:]
         scaled = reward * np.float32(self.m.reward_scale) if self.m.reward_scale != 1.0 else reward
-        advantage, value_target = gae(scaled, value, v_next[:E], terminated, truncated, self.m.gamma,
-                                      self.m.gae_lambda, truncated_values)
+        advantage, value_target = gae(
+            scaled, value, v_next[:E], terminated, truncated, self.m.gamma, self.m.gae_lambda, truncated_values
+        )
         n = T * E
-        return {"obs": rollout["obs"].reshape((n,) + rollout["obs"].shape[2:]),
-                "action": action.reshape((n,) + action.shape[2:]),
-                "logp": logp.reshape(n), "value": value.reshape(n), "advantage": advantage.reshape(n),
-                "value_target": value_target.reshape(n)}, None
+        return {
+            "obs": rollout["obs"].reshape((n,) + rollout["obs"].shape[2:]),
+            "action": action.reshape((n,) + action.shape[2:]),
+            "logp": logp.reshape(n),
+            "value": value.reshape(n),
+            "advantage": advantage.reshape(n),
+            "value_target": value_target.reshape(n),
+        }, None
 
     def set_weights(self, weights, version):
         load_numpy_state(self.net, weights, "net")
@@ -194,7 +221,7 @@ class PPOLearner(ActorCriticLearner):
     """Epochs of minibatch SGD per iteration; several learners average every
     minibatch gradient (each trains on its share of the iteration's rows)."""
 
-    def __init__(self, algo: "DPPO", learner_index: int, num_learners: int, seed: int, rendezvous: str | None):
+    def __init__(self, algo: DPPO, learner_index: int, num_learners: int, seed: int, rendezvous: str | None):
         super().__init__(algo, learner_index, num_learners, seed)
         m = self.m
         self.net = algo.network().to(self.device)
@@ -212,7 +239,7 @@ class PPOLearner(ActorCriticLearner):
         rows = len(batch["advantage"])
         # One small all-reduce: every learner's rows (so all take the same number of
         # minibatch steps) and the observation moments (so all normalizers agree).
-        moments = (batch_moments(batch["obs"])[1:] if self.net.normalizer.enabled else ())
+        moments = batch_moments(batch["obs"])[1:] if self.net.normalizer.enabled else ()
         totals = self.dp.all_sum(np.concatenate([[rows], *moments]))
         total_rows = int(totals[0])
         num_minibatches = max(1, total_rows // (self.minibatch * self.dp.world))
@@ -226,8 +253,9 @@ class PPOLearner(ActorCriticLearner):
         for _ in range(m.epochs):
             for mb in np.array_split(self.rng.permutation(rows), num_minibatches):
                 idx = torch.as_tensor(mb, device=dev)
-                loss, metrics = ppo_loss(self.net, m, obs[idx], action[idx], old_logp[idx], old_value[idx],
-                                         advantage[idx], value_target[idx])
+                loss, metrics = ppo_loss(
+                    self.net, m, obs[idx], action[idx], old_logp[idx], old_value[idx], advantage[idx], value_target[idx]
+                )
                 norms = self.apply([("loss", loss, self.params, self.optimizer)])
                 if norms is None:
                     return LearnerResult(stop=True)  # a peer's data ended: nothing more applied
@@ -237,13 +265,19 @@ class PPOLearner(ActorCriticLearner):
                     sums[key] = sums.get(key, 0.0) + value
         if self.net.normalizer.enabled:
             d = (len(totals) - 1) // 2
-            self.net.normalizer.update(total_rows, totals[1:1 + d], totals[1 + d:])
+            self.net.normalizer.update(total_rows, totals[1 : 1 + d], totals[1 + d :])
         self.iterations += 1
         self.env_steps_trained += total_rows
         target = value_target.cpu().numpy()
         explained = 1.0 - np.var(target - batch["value"]) / np.var(target) if np.var(target) > 0 else 0.0
         out = {k: float(v) / steps for k, v in sums.items()}
-        out.update({"values/explained_variance": float(explained), "policy/rows": float(total_rows), "policy/learning_rate": self.optimizer.param_groups[0]["lr"]})
+        out.update(
+            {
+                "values/explained_variance": float(explained),
+                "policy/rows": float(total_rows),
+                "policy/learning_rate": self.optimizer.param_groups[0]["lr"],
+            }
+        )
         if isinstance(self.net.head, GaussianHead):
             out["policy/log_std_mean"] = float(self.net.head.log_std.detach().mean())
         return LearnerResult(out)
@@ -263,8 +297,12 @@ class PPOLearner(ActorCriticLearner):
 class DPPO(Algorithm):
     name = "dppo"
     model_config = DPPOConfig
-    panel_metrics = (("policy loss", "learner/losses/policy_loss"), ("entropy", "learner/losses/entropy"),
-                     ("value loss", "learner/losses/value_loss"), ("policy lag", "learner/policy_lag"))
+    panel_metrics = (
+        ("policy loss", "learner/losses/policy_loss"),
+        ("entropy", "learner/losses/entropy"),
+        ("value loss", "learner/losses/value_loss"),
+        ("policy lag", "learner/policy_lag"),
+    )
     synchronous = True
 
     @classmethod
@@ -279,8 +317,9 @@ class DPPO(Algorithm):
         if m.value_clip is not None:
             check_positive(m.value_clip, "model.value_clip")
         if m.value_coef < 0 or m.entropy_coef < 0:
-            raise ConfigError(f"model.value_coef and model.entropy_coef must be >= 0, got "
-                              f"{m.value_coef} and {m.entropy_coef}")
+            raise ConfigError(
+                f"model.value_coef and model.entropy_coef must be >= 0, got {m.value_coef} and {m.entropy_coef}"
+            )
         check_positive(m.learning_rate, "model.learning_rate")
         check_positive(m.adam_eps, "model.adam_eps")
         check_positive(m.obs_norm_clip, "model.obs_norm_clip")
@@ -297,9 +336,11 @@ class DPPO(Algorithm):
             raise ConfigError(f"model.sde_sample_freq: must be at least 1, got {m.sde_sample_freq}")
         rows = a.sample_batch_size * cfg.env.num_envs
         if rows < cfg.cluster.learners:
-            raise ConfigError(f"agent.sample_batch_size x env.num_envs ({rows} rows per actor) must be at least "
-                              f"cluster.learners ({cfg.cluster.learners}): every learner trains on a share of "
-                              "each rollout")
+            raise ConfigError(
+                f"agent.sample_batch_size x env.num_envs ({rows} rows per actor) must be at least "
+                f"cluster.learners ({cfg.cluster.learners}): every learner trains on a share of "
+                "each rollout"
+            )
         parse_network(m.network, "model.network")
 
     def __init__(self, cfg, env_spec):
@@ -314,9 +355,16 @@ class DPPO(Algorithm):
 
     def network(self) -> ActorCritic:
         m = self.cfg.model
-        return ActorCritic(self.env_spec.observation_space, self.env_spec.action_space, self.layers,
-                           shared=m.shared_torso, obs_norm=self.obs_norm, obs_norm_clip=m.obs_norm_clip,
-                           log_std_init=m.log_std_init, sde_sample_freq=m.sde_sample_freq if m.sde else None)
+        return ActorCritic(
+            self.env_spec.observation_space,
+            self.env_spec.action_space,
+            self.layers,
+            shared=m.shared_torso,
+            obs_norm=self.obs_norm,
+            obs_norm_clip=m.obs_norm_clip,
+            log_std_init=m.log_std_init,
+            sde_sample_freq=m.sde_sample_freq if m.sde else None,
+        )
 
     def weights_spec(self):
         return weights_spec_of(state_to_numpy(self.network(), "net"))
@@ -327,9 +375,14 @@ class DPPO(Algorithm):
             action = ((), "<i8")
         else:
             action = ((int(np.prod(action_space.shape)),), "<f4")
-        return {"obs": (tuple(obs_space.shape), np.dtype(obs_space.dtype).str), "action": action,
-                "logp": ((), "<f4"), "value": ((), "<f4"), "advantage": ((), "<f4"),
-                "value_target": ((), "<f4")}
+        return {
+            "obs": (tuple(obs_space.shape), np.dtype(obs_space.dtype).str),
+            "action": action,
+            "logp": ((), "<f4"),
+            "value": ((), "<f4"),
+            "advantage": ((), "<f4"),
+            "value_target": ((), "<f4"),
+        }
 
     def make_actor(self, actor_index, num_actors, seed):
         return PPOActor(self, seed)

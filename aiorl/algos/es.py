@@ -27,6 +27,7 @@ the bounds for Box actions (the same `DeterministicPolicy` that is exported).
 Actors run it in numpy (an MLP of the ``model.network`` layers), a few times
 faster than torch for one observation at a time.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,7 +40,11 @@ import torch
 from torch import nn
 
 from aiorl.algos._actor_critic import (
-    ActorCritic, DeterministicPolicy, check_action_space, obs_norm_size, policy_meta,
+    ActorCritic,
+    DeterministicPolicy,
+    check_action_space,
+    obs_norm_size,
+    policy_meta,
 )
 from aiorl.algos._common import setup_torch
 from aiorl.algos._networks import OneHot, check_observation_space, parse_network
@@ -58,20 +63,29 @@ NUMPY_ACTIVATIONS = {
 
 @dataclass
 class ESConfig:
-    network: list | None = doc("Policy torso: linear:N and relu/tanh/elu/silu layers (actors run them in "
-                               "numpy); [] is a linear policy; null: two tanh layers of 64.", default=None)
-    population: int = doc("Antithetic pairs of perturbations per iteration (work items; 2x as many "
-                          "episodes), whatever the number of actors.", default=32)
+    network: list | None = doc(
+        "Policy torso: linear:N and relu/tanh/elu/silu layers (actors run them in "
+        "numpy); [] is a linear policy; null: two tanh layers of 64.",
+        default=None,
+    )
+    population: int = doc(
+        "Antithetic pairs of perturbations per iteration (work items; 2x as many "
+        "episodes), whatever the number of actors.",
+        default=32,
+    )
     sigma: float = doc("Standard deviation of the parameter perturbations.", default=0.05)
     learning_rate: float = doc("Adam step size.", default=0.01)
     weight_decay: float = doc("L2 coefficient added to the descent direction.", default=0.005)
     adam_eps: float = doc("Adam epsilon.", default=1e-8)
-    noise_table_size: int = doc("float32 entries of the shared noise table (at least the parameter count).",
-                                default=1 << 23)
-    noise_seed: int = doc("Seed of the noise table; every process generates the same table from it.",
-                          default=42)
-    obs_norm: bool = doc("Normalize vector observations by running mean/std, merged from the moments "
-                         "every actor sends with its results.", default=False)
+    noise_table_size: int = doc(
+        "float32 entries of the shared noise table (at least the parameter count).", default=1 << 23
+    )
+    noise_seed: int = doc("Seed of the noise table; every process generates the same table from it.", default=42)
+    obs_norm: bool = doc(
+        "Normalize vector observations by running mean/std, merged from the moments "
+        "every actor sends with its results.",
+        default=False,
+    )
     obs_norm_clip: float = doc("Clip normalized observations to +-this.", default=5.0)
     torch_threads: int = doc("torch intra-op threads of the learner.", default=1)
 
@@ -92,7 +106,7 @@ class NoiseTable:
         return f"<NoiseTable seed={self.seed} size={self.size}>"
 
     def get(self, index: int, dim: int) -> np.ndarray:
-        return self.noise[index:index + dim]
+        return self.noise[index : index + dim]
 
     def index_for(self, dim: int, *key: int) -> int:
         """A start index for `dim` entries, drawn from `key` (the same key, the same index)."""
@@ -137,7 +151,7 @@ class Adam:
         self.t += 1
         self.m = self.beta1 * self.m + (1 - self.beta1) * gradient
         self.v = self.beta2 * self.v + (1 - self.beta2) * gradient * gradient
-        step = self.lr * np.sqrt(1 - self.beta2 ** self.t) / (1 - self.beta1 ** self.t)
+        step = self.lr * np.sqrt(1 - self.beta2**self.t) / (1 - self.beta1**self.t)
         return theta - step * self.m / (np.sqrt(self.v) + self.eps)
 
     def state_dict(self) -> dict:
@@ -177,8 +191,14 @@ class NumpyPolicy:
                 self.ops.append(("onehot", module.n))
             elif isinstance(module, nn.Linear):
                 w = module.weight.numel()
-                self.ops.append(("linear", slice(offset, offset + w), tuple(module.weight.shape),
-                                 slice(offset + w, offset + w + module.bias.numel())))
+                self.ops.append(
+                    (
+                        "linear",
+                        slice(offset, offset + w),
+                        tuple(module.weight.shape),
+                        slice(offset + w, offset + w + module.bias.numel()),
+                    )
+                )
                 offset += w + module.bias.numel()
             elif type(module).__name__.lower() in NUMPY_ACTIVATIONS:
                 self.ops.append((type(module).__name__.lower(),))
@@ -235,7 +255,7 @@ NOISE_KEY = 1  # keeps noise indices apart from episode seeds drawn from the sam
 
 
 class ESActor(ActorPolicy):
-    def __init__(self, algo: "ES", actor_index: int, seed: int):
+    def __init__(self, algo: ES, actor_index: int, seed: int):
         self.algo = algo
         self.m = algo.cfg.model
         self.noise = algo.noise_table()
@@ -282,9 +302,14 @@ class ESActor(ActorPolicy):
         r_pos, l_pos = self._episode(self.theta + self.m.sigma * eps, seed, stats)
         r_neg, l_neg = self._episode(self.theta - self.m.sigma * eps, seed, stats)
         counted = float(l_pos + l_neg) if self.policy.normalize else 0.0
-        batch = {"noise_index": np.array([index], np.int64), "returns": np.array([[r_pos, r_neg]]),
-                 "lengths": np.array([[l_pos, l_neg]], np.int64), "obs_count": np.array([counted]),
-                 "obs_sum": stats[0][None], "obs_sumsq": stats[1][None]}
+        batch = {
+            "noise_index": np.array([index], np.int64),
+            "returns": np.array([[r_pos, r_neg]]),
+            "lengths": np.array([[l_pos, l_neg]], np.int64),
+            "obs_count": np.array([counted]),
+            "obs_sum": stats[0][None],
+            "obs_sumsq": stats[1][None],
+        }
         return WorkResult(batch, l_pos + l_neg, [r_pos, r_neg], [l_pos, l_neg])
 
 
@@ -293,7 +318,7 @@ class ESActor(ActorPolicy):
 
 
 class ESLearner(LearnerCore):
-    def __init__(self, algo: "ES", seed: int):
+    def __init__(self, algo: ES, seed: int):
         self.algo = algo
         self.m = algo.cfg.model
         setup_torch(self.m.torch_threads, seed)
@@ -312,15 +337,22 @@ class ESLearner(LearnerCore):
         g = es_gradient(self.noise, batch["noise_index"], returns, len(self.theta))
         old = self.theta
         self.theta = self.adam.step(self.theta, -g + self.m.weight_decay * self.theta)
-        self.net.normalizer.update(float(np.sum(batch["obs_count"])), np.sum(batch["obs_sum"], axis=0),
-                                   np.sum(batch["obs_sumsq"], axis=0))
+        self.net.normalizer.update(
+            float(np.sum(batch["obs_count"])), np.sum(batch["obs_sum"], axis=0), np.sum(batch["obs_sumsq"], axis=0)
+        )
         self.iterations += 1
         self.env_steps_trained += int(np.sum(batch["lengths"]))
-        return LearnerResult({
-            "es/return_mean": float(returns.mean()), "es/return_max": float(returns.max()),
-            "es/return_min": float(returns.min()), "es/pairs": float(len(returns)),
-            "es/grad_norm": float(np.linalg.norm(g)), "es/theta_norm": float(np.linalg.norm(self.theta)),
-            "es/update_ratio": float(np.linalg.norm(self.theta - old) / (np.linalg.norm(old) + 1e-12))})
+        return LearnerResult(
+            {
+                "es/return_mean": float(returns.mean()),
+                "es/return_max": float(returns.max()),
+                "es/return_min": float(returns.min()),
+                "es/pairs": float(len(returns)),
+                "es/grad_norm": float(np.linalg.norm(g)),
+                "es/theta_norm": float(np.linalg.norm(self.theta)),
+                "es/update_ratio": float(np.linalg.norm(self.theta - old) / (np.linalg.norm(old) + 1e-12)),
+            }
+        )
 
     def _synced_net(self) -> ActorCritic:
         set_flat(self.net, self.theta)
@@ -328,13 +360,21 @@ class ESLearner(LearnerCore):
 
     def get_weights(self):
         norm = self.net.normalizer
-        return {"theta": self.theta.astype(np.float32), "normalizer.shift": norm.shift.numpy().copy(),
-                "normalizer.scale": norm.scale.numpy().copy()}
+        return {
+            "theta": self.theta.astype(np.float32),
+            "normalizer.shift": norm.shift.numpy().copy(),
+            "normalizer.scale": norm.scale.numpy().copy(),
+        }
 
     def state_dict(self):
-        return {"algo": self.algo.name, "theta": torch.from_numpy(self.theta.copy()), "adam": self.adam.state_dict(),
-                "normalizer": self.net.normalizer.state_dict(), "iterations": self.iterations,
-                "env_steps_trained": self.env_steps_trained}
+        return {
+            "algo": self.algo.name,
+            "theta": torch.from_numpy(self.theta.copy()),
+            "adam": self.adam.state_dict(),
+            "normalizer": self.net.normalizer.state_dict(),
+            "iterations": self.iterations,
+            "env_steps_trained": self.env_steps_trained,
+        }
 
     def load_state_dict(self, state):
         if state.get("algo") != self.algo.name:
@@ -347,8 +387,9 @@ class ESLearner(LearnerCore):
 
     def acting_policy(self):
         policy = DeterministicPolicy(copy.deepcopy(self._synced_net()))
-        return policy, policy_meta(self.algo.name, self.algo.env_spec, self.iterations,
-                                   env_steps_trained=self.env_steps_trained)
+        return policy, policy_meta(
+            self.algo.name, self.algo.env_spec, self.iterations, env_steps_trained=self.env_steps_trained
+        )
 
 
 # --------------------------------------------------------------------------
@@ -362,8 +403,11 @@ def layers_of(m: ESConfig) -> list:
 class ES(Algorithm):
     name = "es"
     model_config = ESConfig
-    panel_metrics = (("es return", "learner/es/return_mean"), ("update ratio", "learner/es/update_ratio"),
-                     ("policy lag", "learner/policy_lag"))
+    panel_metrics = (
+        ("es return", "learner/es/return_mean"),
+        ("update ratio", "learner/es/update_ratio"),
+        ("policy lag", "learner/policy_lag"),
+    )
     synchronous = True
     learner_warm_imports = ()  # numpy Adam: no torch.optim in the learner
 
@@ -375,25 +419,33 @@ class ES(Algorithm):
     def validate(cls, cfg):
         m, c = cfg.model, cfg.cluster
         if m.population < c.memories:
-            raise ConfigError(f"model.population ({m.population}) must be at least cluster.memories "
-                              f"({c.memories}): each memory gathers its share of the work items")
+            raise ConfigError(
+                f"model.population ({m.population}) must be at least cluster.memories "
+                f"({c.memories}): each memory gathers its share of the work items"
+            )
         for key in ("sigma", "learning_rate", "adam_eps", "obs_norm_clip"):
             if not getattr(m, key) > 0:
                 raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)}")
         if m.weight_decay < 0:
             raise ConfigError(f"model.weight_decay: must be >= 0, got {m.weight_decay}")
         if c.learners != 1:
-            raise ConfigError(f"cluster.learners: es combines every result on one learner, got {c.learners} "
-                              "(its update is a weighted sum of noise, not worth splitting)")
+            raise ConfigError(
+                f"cluster.learners: es combines every result on one learner, got {c.learners} "
+                "(its update is a weighted sum of noise, not worth splitting)"
+            )
         if cfg.env.num_envs != 1:
-            raise ConfigError(f"env.num_envs: es evaluates each perturbation on one env per actor, got "
-                              f"{cfg.env.num_envs} (use more actors or a larger model.population)")
+            raise ConfigError(
+                f"env.num_envs: es evaluates each perturbation on one env per actor, got "
+                f"{cfg.env.num_envs} (use more actors or a larger model.population)"
+            )
         if m.torch_threads < 1:
             raise ConfigError(f"model.torch_threads: must be at least 1, got {m.torch_threads}")
         for i, layer in enumerate(parse_network(layers_of(m), "model.network")):
             if layer.kind != "linear" and layer.kind not in NUMPY_ACTIVATIONS:
-                raise ConfigError(f"model.network[{i}]: es actors run the policy in numpy and support "
-                                  f"linear, {', '.join(NUMPY_ACTIVATIONS)}; got {str(layer)!r}")
+                raise ConfigError(
+                    f"model.network[{i}]: es actors run the policy in numpy and support "
+                    f"linear, {', '.join(NUMPY_ACTIVATIONS)}; got {str(layer)!r}"
+                )
 
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)
@@ -408,13 +460,20 @@ class ES(Algorithm):
         self.layers = parse_network(layers_of(m), "model.network")
         dim = len(get_flat(self.network()))
         if m.noise_table_size < dim:
-            raise ConfigError(f"model.noise_table_size ({m.noise_table_size}) must be at least the policy's "
-                              f"parameter count ({dim})")
+            raise ConfigError(
+                f"model.noise_table_size ({m.noise_table_size}) must be at least the policy's parameter count ({dim})"
+            )
 
     def network(self) -> ActorCritic:
-        return ActorCritic(self.env_spec.observation_space, self.env_spec.action_space, self.layers,
-                           critic=False, obs_norm=self.obs_norm, obs_norm_clip=self.cfg.model.obs_norm_clip,
-                           learn_std=False)
+        return ActorCritic(
+            self.env_spec.observation_space,
+            self.env_spec.action_space,
+            self.layers,
+            critic=False,
+            obs_norm=self.obs_norm,
+            obs_norm_clip=self.cfg.model.obs_norm_clip,
+            learn_std=False,
+        )
 
     def noise_table(self) -> NoiseTable:
         return NoiseTable(self.cfg.model.noise_seed, self.cfg.model.noise_table_size)
@@ -425,13 +484,18 @@ class ES(Algorithm):
     def weights_spec(self):
         dim = len(get_flat(self.network()))
         norm = max(self.obs_norm, 1)
-        return {"theta": ((dim,), "<f4"), "normalizer.shift": ((norm,), "<f4"),
-                "normalizer.scale": ((norm,), "<f4")}
+        return {"theta": ((dim,), "<f4"), "normalizer.shift": ((norm,), "<f4"), "normalizer.scale": ((norm,), "<f4")}
 
     def transition_spec(self):
         d = self.stats_dim
-        return {"noise_index": ((), "<i8"), "returns": ((2,), "<f8"), "lengths": ((2,), "<i8"),
-                "obs_count": ((), "<f8"), "obs_sum": ((d,), "<f8"), "obs_sumsq": ((d,), "<f8")}
+        return {
+            "noise_index": ((), "<i8"),
+            "returns": ((2,), "<f8"),
+            "lengths": ((2,), "<i8"),
+            "obs_count": ((), "<f8"),
+            "obs_sum": ((d,), "<f8"),
+            "obs_sumsq": ((d,), "<f8"),
+        }
 
     def make_actor(self, actor_index, num_actors, seed):
         return ESActor(self, actor_index, seed)

@@ -7,6 +7,7 @@ through the compiled n-step adjustment; with ``model.synchronous: true`` each
 actor sends one raw rollout per iteration and waits for the next weights, like
 distributed PPO does.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,7 +32,7 @@ class RandomAgentConfig:
 
 
 class RandomPolicy(ActorPolicy):
-    def __init__(self, algo: "RandomAgent", seed: int):
+    def __init__(self, algo: RandomAgent, seed: int):
         self.algo = algo
         self.rng = np.random.default_rng(seed)
         self.weights: dict[str, np.ndarray] = {}
@@ -49,8 +50,14 @@ class RandomPolicy(ActorPolicy):
         if self.nstep is None:
             flat = {k: v.reshape((-1,) + v.shape[2:]) for k, v in rollout.items()}
             return flat, None
-        batch = self.nstep.add(rollout["obs"], rollout["action"], rollout["reward"],
-                               rollout["next_obs"], rollout["terminated"], rollout["truncated"])
+        batch = self.nstep.add(
+            rollout["obs"],
+            rollout["action"],
+            rollout["reward"],
+            rollout["next_obs"],
+            rollout["terminated"],
+            rollout["truncated"],
+        )
         return batch, None
 
     def flush(self):
@@ -64,7 +71,7 @@ class RandomPolicy(ActorPolicy):
 
 
 class MeanLearner(LearnerCore):
-    def __init__(self, algo: "RandomAgent"):
+    def __init__(self, algo: RandomAgent):
         obs_shape = algo.env_spec.observation_space.shape
         self.mean_obs = np.zeros(int(np.prod(obs_shape)), np.float64)
         self.steps = 0
@@ -120,10 +127,22 @@ class RandomAgent(Algorithm):
         obs = (tuple(obs_space.shape), np.dtype(obs_space.dtype).str)
         action = (tuple(act_space.shape), "<i8" if hasattr(act_space, "n") else np.dtype(act_space.dtype).str)
         if self.is_synchronous(self.cfg):
-            return {"obs": obs, "action": action, "reward": ((), "<f4"), "next_obs": obs,
-                    "terminated": ((), "|b1"), "truncated": ((), "|b1")}
-        return {"obs": obs, "action": action, "reward": ((), "<f4"), "next_obs": obs,
-                "done": ((), "|b1"), "discount": ((), "<f4")}
+            return {
+                "obs": obs,
+                "action": action,
+                "reward": ((), "<f4"),
+                "next_obs": obs,
+                "terminated": ((), "|b1"),
+                "truncated": ((), "|b1"),
+            }
+        return {
+            "obs": obs,
+            "action": action,
+            "reward": ((), "<f4"),
+            "next_obs": obs,
+            "done": ((), "|b1"),
+            "discount": ((), "<f4"),
+        }
 
     def max_batch_rows(self):
         rows = self.cfg.agent.sample_batch_size * self.cfg.env.num_envs

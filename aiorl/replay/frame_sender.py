@@ -20,6 +20,7 @@ observations with `advance` / `fresh`, then `message` builds the fragment's
 arrays with the frames the receiver lacks; the receiver rebuilds stacks from
 a `FrameStream` + `FramePool` (`FramePool.take` on the resolved slots).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -36,8 +37,9 @@ class FrameSender:
     instead of raw ``frames`` (see `aiorl.replay.frames`).
     """
 
-    def __init__(self, layout: FrameLayout, num_envs: int, memories: int, lookback_steps: int,
-                 compression: str = "none"):
+    def __init__(
+        self, layout: FrameLayout, num_envs: int, memories: int, lookback_steps: int, compression: str = "none"
+    ):
         self.layout = layout
         self.compression = compression
         self._lz4 = lz4_block() if compression == "lz4" else None
@@ -57,8 +59,10 @@ class FrameSender:
         self.rows_sent = 0
 
     def __repr__(self) -> str:
-        return (f"<FrameSender next_id={self.next_id} window={self.window} frames_sent={self.frames_sent} "
-                f"rows_sent={self.rows_sent}>")
+        return (
+            f"<FrameSender next_id={self.next_id} window={self.window} frames_sent={self.frames_sent} "
+            f"rows_sent={self.rows_sent}>"
+        )
 
     # ------------------------------------------------------------------ encoding
 
@@ -103,8 +107,10 @@ class FrameSender:
         """The cached frames of `ids` (any shape S): (*S, *frame_shape)."""
         pos = ids & self._mask
         if not np.array_equal(self._cache_ids[pos], ids):
-            raise RuntimeError(f"FrameSender: frame ids {ids.min()}..{ids.max()} are no longer cached "
-                               f"(newest {self.next_id - 1}, window {self.window})")
+            raise RuntimeError(
+                f"FrameSender: frame ids {ids.min()}..{ids.max()} are no longer cached "
+                f"(newest {self.next_id - 1}, window {self.window})"
+            )
         return self._cache[pos]
 
     def decode(self, batch: dict) -> dict:
@@ -136,8 +142,10 @@ class FrameSender:
         # id & mask: a slot still holding a kept id would be displaced.
         holders = held[new & self._mask]
         if ((holders >= keep_from) & (holders != new)).any() or (len(new) and new[-1] - new[0] >= self.window):
-            raise RuntimeError(f"FrameSender: ids {new.min()}..{new.max()} do not fit the window {self.window} "
-                               f"with keep_from {keep_from}")
+            raise RuntimeError(
+                f"FrameSender: ids {new.min()}..{new.max()} do not fit the window {self.window} "
+                f"with keep_from {keep_from}"
+            )
         held[new & self._mask] = new
         self._keep_from[memory] = keep_from
         arrays = dict(batch)

@@ -26,6 +26,7 @@ Bounds a receiver can check before it allocates (see `FrameLayout`): a
 message's frames are at most ``len(fields) * k`` per row, and the ids a
 stream references span less than ``window``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,9 @@ def lz4_block():
     try:
         import lz4.block
     except ImportError:
-        raise ConfigError("cluster.frame_compression: 'lz4' needs the lz4 package: "
-                          "pip install 'aiorl[atari]' (or pip install lz4)") from None
+        raise ConfigError(
+            "cluster.frame_compression: 'lz4' needs the lz4 package: pip install 'aiorl[atari]' (or pip install lz4)"
+        ) from None
     return lz4.block
 
 
@@ -58,6 +60,8 @@ def check_compression(name: str) -> None:
         raise ConfigError(f"cluster.frame_compression: expected 'none' or 'lz4', got {name!r}")
     if name == "lz4":
         lz4_block()
+
+
 # Sampled frame fields this large go into recycled memory, as in the ring buffers.
 _POOLED_BYTES = 1 << 20
 
@@ -83,7 +87,7 @@ class FrameLayout:
     window: int
 
     @classmethod
-    def for_spec(cls, spec: dict, fields, num_envs: int, steps_per_batch: int, lookback_steps: int) -> "FrameLayout":
+    def for_spec(cls, spec: dict, fields, num_envs: int, steps_per_batch: int, lookback_steps: int) -> FrameLayout:
         """The layout of `spec`'s observation `fields` for actors stepping `num_envs` envs,
         `steps_per_batch` steps per batch, whose rows start up to `lookback_steps` before it.
 
@@ -132,8 +136,11 @@ def stacked_env(env_cfg) -> bool:
     FrameStackObservation wrapper)."""
     from aiorl.env_wrappers import wrapper_names
 
-    return (env_cfg.preset == "atari" or env_cfg.backend != "gymnasium"
-            or "FrameStackObservation" in wrapper_names(env_cfg.wrappers))
+    return (
+        env_cfg.preset == "atari"
+        or env_cfg.backend != "gymnasium"
+        or "FrameStackObservation" in wrapper_names(env_cfg.wrappers)
+    )
 
 
 def frame_layout(cfg, algo) -> FrameLayout | None:
@@ -153,16 +160,21 @@ def frame_layout(cfg, algo) -> FrameLayout | None:
     if choice == "auto" and not (fields and stacked_env(cfg.env) and len(spec[fields[0]][0]) >= 3):
         return None
     if not fields:
-        raise ConfigError(f"agent.replay_layout: 'frames' needs observation fields {algo.observation_fields} "
-                          f"in the {cfg.algo} transition spec")
+        raise ConfigError(
+            f"agent.replay_layout: 'frames' needs observation fields {algo.observation_fields} "
+            f"in the {cfg.algo} transition spec"
+        )
     try:
-        layout = FrameLayout.for_spec(spec, fields, cfg.env.num_envs, cfg.agent.sample_batch_size,
-                                      algo.lookback_steps())
+        layout = FrameLayout.for_spec(
+            spec, fields, cfg.env.num_envs, cfg.agent.sample_batch_size, algo.lookback_steps()
+        )
     except ValueError as exc:
         raise ConfigError(f"agent.replay_layout: 'frames' does not fit this env: {exc}") from None
     if cfg.run.snapshot_replay:
-        raise ConfigError("run.snapshot_replay: replay snapshots do not cover the frame layout yet; "
-                          "set agent.replay_layout: transitions to snapshot")
+        raise ConfigError(
+            "run.snapshot_replay: replay snapshots do not cover the frame layout yet; "
+            "set agent.replay_layout: transitions to snapshot"
+        )
     return layout
 
 
@@ -197,8 +209,16 @@ class FrameReplayBuffer:
     `sample` and `update_priorities` behave exactly like the ring buffers'.
     """
 
-    def __init__(self, capacity: int, spec: dict, layout: FrameLayout, alpha: float | None = None,
-                 eps: float = 1e-6, seed=None, max_streams: int = 1):
+    def __init__(
+        self,
+        capacity: int,
+        spec: dict,
+        layout: FrameLayout,
+        alpha: float | None = None,
+        eps: float = 1e-6,
+        seed=None,
+        max_streams: int = 1,
+    ):
         self.layout = layout
         self.spec = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()}
         missing = [f for f in layout.fields if f not in self.spec]
@@ -219,8 +239,10 @@ class FrameReplayBuffer:
         self._out = BufferPool()
 
     def __repr__(self) -> str:
-        return (f"FrameReplayBuffer(size={len(self)}, capacity={self.capacity}, frames={len(self.pool)}, "
-                f"fields={list(self.spec)}, prioritized={self.prioritized})")
+        return (
+            f"FrameReplayBuffer(size={len(self)}, capacity={self.capacity}, frames={len(self.pool)}, "
+            f"fields={list(self.spec)}, prioritized={self.prioritized})"
+        )
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -251,15 +273,19 @@ class FrameReplayBuffer:
             frame_ids = np.asarray(rows.pop("frame_ids"))
             refs = [np.asarray(rows.pop(f)) for f in self.layout.fields]
         except KeyError as exc:
-            raise ValueError(f"{what}: batch lacks {exc.args[0]!r} (expected the fields {list(self.spec)}, "
-                             "'frames' (or 'frames_lz4') and 'frame_ids')") from None
+            raise ValueError(
+                f"{what}: batch lacks {exc.args[0]!r} (expected the fields {list(self.spec)}, "
+                "'frames' (or 'frames_lz4') and 'frame_ids')"
+            ) from None
         n = len(next(iter(rows.values()))) if rows else 0
         if packed is not None:
             frames = unpack_frames(self.layout, packed, frame_ids, n, what)
         for f, ref in zip(self.layout.fields, refs):
             if ref.shape != (n, self.layout.stack) or ref.dtype.kind not in "iu":
-                raise ValueError(f"{what}: field {f!r}: expected ({n}, {self.layout.stack}) int64 frame ids, "
-                                 f"got {ref.shape} {ref.dtype}")
+                raise ValueError(
+                    f"{what}: field {f!r}: expected ({n}, {self.layout.stack}) int64 frame ids, "
+                    f"got {ref.shape} {ref.dtype}"
+                )
         flat = np.concatenate([ref.reshape(-1) for ref in refs]).astype(np.int64, copy=False)
         if not isinstance(keep_from, (int, np.integer)):
             raise ValueError(f"{what}: keep_from must be an integer, got {keep_from!r}")
@@ -268,12 +294,12 @@ class FrameReplayBuffer:
         slots = self._rows.add(rows, priorities) if self.prioritized else self._rows.add(rows)
         # Rows landing at or past position `capacity` overwrite live rows, whose frames
         # are released after the new rows took theirs (a frame both share stays).
-        evicted = slots[max(0, self.capacity - before):]
+        evicted = slots[max(0, self.capacity - before) :]
         old = [table[evicted] for table in self._tables.values()] if len(evicted) else []
         resolved = stream.admit(frames, frame_ids, flat, int(keep_from))
         size = n * self.layout.stack
         for i, table in enumerate(self._tables.values()):
-            table[slots] = resolved[i * size:(i + 1) * size].reshape(n, self.layout.stack)
+            table[slots] = resolved[i * size : (i + 1) * size].reshape(n, self.layout.stack)
         self.pool.incref(resolved)
         for table_rows in old:
             self.pool.decref(table_rows)
@@ -285,8 +311,11 @@ class FrameReplayBuffer:
         sampled = self._rows.sample(batch_size, beta) if self.prioritized else self._rows.sample(batch_size)
         shape = (batch_size, self.layout.stack) + self.layout.frame_shape
         nbytes = int(np.prod(shape)) * self.layout.dtype.itemsize
-        dests = [self._out.take(nbytes).view(self.layout.dtype).reshape(shape) for _ in self._tables] \
-            if nbytes >= _POOLED_BYTES else None
+        dests = (
+            [self._out.take(nbytes).view(self.layout.dtype).reshape(shape) for _ in self._tables]
+            if nbytes >= _POOLED_BYTES
+            else None
+        )
         # One pass over the rows for every frame field: more frames in flight per row.
         stacks = dict(zip(self._tables, self.pool.gather(list(self._tables.values()), sampled["indices"], dests)))
         out = {name: stacks[name] if name in stacks else sampled[name] for name in self.spec}

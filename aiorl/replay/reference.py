@@ -15,6 +15,7 @@ kernel so that tests can compare results bitwise:
 - vtrace: the backward recursion over fragments [B, T], one numpy step per
   time step (exp from libm, as the kernel's).
 """
+
 import math
 
 import numpy as np
@@ -36,8 +37,10 @@ def _running8(g):
     g01 = g[:, 0] + g[:, 1]
     g0123 = g01 + (g[:, 2] + g[:, 3])
     g45 = g[:, 4] + g[:, 5]
-    return np.stack([np.zeros_like(g01), g[:, 0], g01, g01 + g[:, 2], g0123, g0123 + g[:, 4],
-                     g0123 + g45, g0123 + (g45 + g[:, 6])], axis=1)
+    return np.stack(
+        [np.zeros_like(g01), g[:, 0], g01, g01 + g[:, 2], g0123, g0123 + g[:, 4], g0123 + g45, g0123 + (g45 + g[:, 6])],
+        axis=1,
+    )
 
 
 class SumTree:
@@ -198,8 +201,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         q = self._values(priorities)
         if idx.size and (idx.min() < 0 or idx.max() >= self.size):
             raise ValueError("index out of range")
-        fresh = np.ones(idx.size, dtype=bool) if generations is None else \
-            self.generation(idx) == np.asarray(generations, dtype=np.uint64)
+        fresh = (
+            np.ones(idx.size, dtype=bool)
+            if generations is None
+            else self.generation(idx) == np.asarray(generations, dtype=np.uint64)
+        )
         if fresh.any():
             self.max_priority = max(self.max_priority, float(q[fresh].max()))
             self.tree.update(idx[fresh], q[fresh])
@@ -211,8 +217,13 @@ def _n_step(obs, actions, rewards, next_obs, terminated, truncated, n, gamma, ca
     rewards = np.asarray(rewards, dtype=np.float64)
     T, E = rewards.shape
     if carry is None:
-        carry = {"obs": obs[:0], "actions": actions[:0], "rewards": rewards[:0], "next_obs": next_obs[:0],
-                 "pending": np.zeros(E, dtype=np.int64)}
+        carry = {
+            "obs": obs[:0],
+            "actions": actions[:0],
+            "rewards": rewards[:0],
+            "next_obs": next_obs[:0],
+            "pending": np.zeros(E, dtype=np.int64),
+        }
     L = len(carry["rewards"])
     # One time axis: the carried steps (which hold no episode end), then the new ones.
     O = np.concatenate([carry["obs"], obs])
@@ -247,13 +258,22 @@ def _n_step(obs, actions, rewards, next_obs, terminated, truncated, n, gamma, ca
     last = s + length[s, e] - 1
     done = hit_term[s, e]
     batch = {
-        "obs": O[s, e], "action": A[s, e], "reward": ret[s, e].astype(np.float32), "next_obs": NO[last, e],
-        "done": done, "discount": np.where(done, 0.0, gamma_pow[length[s, e]]).astype(np.float32),
+        "obs": O[s, e],
+        "action": A[s, e],
+        "reward": ret[s, e].astype(np.float32),
+        "next_obs": NO[last, e],
+        "done": done,
+        "discount": np.where(done, 0.0, gamma_pow[length[s, e]]).astype(np.float32),
     }
     pending = (valid & ~closed).sum(axis=0).astype(np.int64)
     keep = int(pending.max()) if E else 0
-    new_carry = {"obs": O[S - keep:], "actions": A[S - keep:], "rewards": R[S - keep:], "next_obs": NO[S - keep:],
-                 "pending": pending}
+    new_carry = {
+        "obs": O[S - keep :],
+        "actions": A[S - keep :],
+        "rewards": R[S - keep :],
+        "next_obs": NO[S - keep :],
+        "pending": pending,
+    }
     return batch, new_carry
 
 
@@ -266,9 +286,18 @@ def n_step_flush(carry, gamma):
     """Same contract as `aiorl.replay.n_step_flush` for a carry from this module."""
     E = len(carry["pending"])
     empty = {key: carry[key][:0] for key in ("obs", "actions", "next_obs")}
-    batch, _ = _n_step(empty["obs"], empty["actions"], np.zeros((0, E)), empty["next_obs"],
-                       np.zeros((0, E), bool), np.zeros((0, E), bool), len(carry["rewards"]) + 1, gamma,
-                       carry, flush=True)
+    batch, _ = _n_step(
+        empty["obs"],
+        empty["actions"],
+        np.zeros((0, E)),
+        empty["next_obs"],
+        np.zeros((0, E), bool),
+        np.zeros((0, E), bool),
+        len(carry["rewards"]) + 1,
+        gamma,
+        carry,
+        flush=True,
+    )
     return batch
 
 
@@ -300,9 +329,20 @@ def gae(rewards, values, bootstrap_value, terminated, truncated, gamma, lam, tru
     return adv.astype(dtype), (adv + v).astype(dtype)
 
 
-
-def vtrace(log_rhos, rewards, values, bootstrap_value, terminated, truncated, gamma, rho_bar=1.0, c_bar=1.0,
-           pg_rho_bar=None, truncated_values=None, lam=1.0):
+def vtrace(
+    log_rhos,
+    rewards,
+    values,
+    bootstrap_value,
+    terminated,
+    truncated,
+    gamma,
+    rho_bar=1.0,
+    c_bar=1.0,
+    pg_rho_bar=None,
+    truncated_values=None,
+    lam=1.0,
+):
     """Same contract as `aiorl.replay.vtrace`: the backward recursion, vectorised over fragments."""
     log_rhos, rewards, values = np.asarray(log_rhos), np.asarray(rewards), np.asarray(values)
     single = log_rhos.dtype == rewards.dtype == values.dtype == np.float32
@@ -331,11 +371,14 @@ def vtrace(log_rhos, rewards, values, bootstrap_value, terminated, truncated, ga
         next_value = v[:, t + 1] if t + 1 < T else boot
         next_value = np.where(term[:, t], 0.0, np.where(trunc[:, t], tv[:, t], next_value))
         next_acc = np.where(ended | (t + 1 == T), 0.0, acc)
-        acc = (np.minimum(rho_bar, rho[:, t]) * (r[:, t] + gamma * next_value - v[:, t])
-               + gamma * lam * np.minimum(c_bar, rho[:, t]) * next_acc)
+        acc = (
+            np.minimum(rho_bar, rho[:, t]) * (r[:, t] + gamma * next_value - v[:, t])
+            + gamma * lam * np.minimum(c_bar, rho[:, t]) * next_acc
+        )
         vs[:, t] = v[:, t] + acc
         pg[:, t] = np.minimum(pg_rho_bar, rho[:, t]) * (r[:, t] + gamma * (next_value + next_acc) - v[:, t])
     return vs.astype(dtype), pg.astype(dtype)
+
 
 class FramePool:
     """Same contract as `aiorl._ext.framestore.FramePool`: counted slots in runs, a frame

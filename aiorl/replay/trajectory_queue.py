@@ -22,6 +22,7 @@ storage, one slot per fragment, and hands them out oldest first.
 Slots are reached through an order list and a free list, so dropping from
 the middle moves no data.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -63,8 +64,7 @@ class TrajectoryQueue:
         if clash:
             raise ValueError(f"TrajectoryQueue: field names {clash} are reserved for a fragment's origin")
         self.capacity, self.steps, self.full = capacity, steps, full
-        self.spec = {name: (tuple(shape), np.dtype(dtype).newbyteorder("="))
-                     for name, (shape, dtype) in spec.items()}
+        self.spec = {name: (tuple(shape), np.dtype(dtype).newbyteorder("=")) for name, (shape, dtype) in spec.items()}
         self._storage = {name: np.zeros((capacity, steps) + shape, dtype) for name, (shape, dtype) in self.spec.items()}
         self._origin = {name: np.full(capacity, -1, np.int64) for name in ORIGIN_FIELDS}
         self._order: deque[int] = deque()  # slots, oldest first
@@ -75,9 +75,11 @@ class TrajectoryQueue:
         self.dropped_lag = 0
 
     def __repr__(self) -> str:
-        return (f"<TrajectoryQueue {len(self)}/{self.capacity} fragments of {self.steps} steps, full={self.full} "
-                f"pushed={self.pushed} taken={self.taken} dropped_full={self.dropped_full} "
-                f"dropped_lag={self.dropped_lag}>")
+        return (
+            f"<TrajectoryQueue {len(self)}/{self.capacity} fragments of {self.steps} steps, full={self.full} "
+            f"pushed={self.pushed} taken={self.taken} dropped_full={self.dropped_full} "
+            f"dropped_lag={self.dropped_lag}>"
+        )
 
     def __len__(self) -> int:
         return len(self._order)
@@ -108,8 +110,9 @@ class TrajectoryQueue:
             if n is None:
                 n = array.shape[0]
             if array.shape != (n, self.steps) + shape:
-                raise ValueError(f"fragment field {name!r}: expected shape {(n, self.steps) + shape}, "
-                                 f"got {array.shape}")
+                raise ValueError(
+                    f"fragment field {name!r}: expected shape {(n, self.steps) + shape}, got {array.shape}"
+                )
         return int(n or 0)
 
     def push(self, fragments: dict, version: int, actor: int, envs=None) -> int:
@@ -124,8 +127,10 @@ class TrajectoryQueue:
         dropped = 0
         if n > self.free:
             if self.full == "throttle":
-                raise QueueFull(f"{n} fragments pushed with room for {self.free} "
-                                f"({len(self)}/{self.capacity} queued): a producer sent without credit")
+                raise QueueFull(
+                    f"{n} fragments pushed with room for {self.free} "
+                    f"({len(self)}/{self.capacity} queued): a producer sent without credit"
+                )
             dropped = n - self.free
             self._release([self._order.popleft() for _ in range(dropped)])
             self.dropped_full += dropped
@@ -227,14 +232,17 @@ class FrameTrajectoryQueue(TrajectoryQueue):
             frames = rows.pop("frames") if packed is None else None
             frame_ids = np.asarray(rows.pop("frame_ids"))
         except KeyError as exc:
-            raise ValueError(f"fragment message lacks {exc.args[0]!r} (the frame layout sends 'frames' or "
-                             "'frames_lz4', and 'frame_ids')") from None
+            raise ValueError(
+                f"fragment message lacks {exc.args[0]!r} (the frame layout sends 'frames' or "
+                "'frames_lz4', and 'frame_ids')"
+            ) from None
         n = self.check(rows)
         if packed is not None:
             frames = unpack_frames(self.layout, packed, frame_ids, n * self.steps, "fragment message")
         if not isinstance(keep_from, (int, np.integer)) or stream is None:
-            raise ValueError(f"a frame-layout fragment message needs its stream and an integer keep_from, "
-                             f"got {keep_from!r}")
+            raise ValueError(
+                f"a frame-layout fragment message needs its stream and an integer keep_from, got {keep_from!r}"
+            )
         refs = np.concatenate([rows[f].reshape(-1) for f in self.layout.fields]).astype(np.int64, copy=False)
         stream.check(frames, frame_ids, refs, int(keep_from))
         self._incoming = (stream, frames, frame_ids, refs, int(keep_from))
@@ -248,8 +256,10 @@ class FrameTrajectoryQueue(TrajectoryQueue):
         resolved = stream.admit(frames, frame_ids, refs, keep_from)
         self.pool.incref(resolved)
         per_field = len(slots) * self.steps * self.layout.stack
-        tables = {f: resolved[i * per_field:(i + 1) * per_field].reshape(len(slots), self.steps, self.layout.stack)
-                  for i, f in enumerate(self.layout.fields)}
+        tables = {
+            f: resolved[i * per_field : (i + 1) * per_field].reshape(len(slots), self.steps, self.layout.stack)
+            for i, f in enumerate(self.layout.fields)
+        }
         super()._store(slots, {**fragments, **tables})
 
     def _gather(self, slots: list[int]) -> dict:

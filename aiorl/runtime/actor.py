@@ -27,6 +27,7 @@ for the learner (`_fragment_loop`, `aiorl.runtime.fragments`).
 Every loop measures its actor's idle time: the seconds spent waiting
 (credits, writes, barriers, weights) over the loop's wall time.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -115,8 +116,12 @@ class ActorRole(Role):
 
     def metrics(self) -> dict:
         version = self.policy.weights_version if hasattr(self, "policy") else -1
-        return {"weights_version": version, "weights_lag": max(0, self.weights_version_seen - version),
-                "blocked_s": round(self.blocked_s, 3), "idle_fraction": self.idle.fraction()}
+        return {
+            "weights_version": version,
+            "weights_lag": max(0, self.weights_version_seen - version),
+            "blocked_s": round(self.blocked_s, 3),
+            "idle_fraction": self.idle.fraction(),
+        }
 
     async def cleanup(self) -> None:
         if self._pull is not None:
@@ -233,8 +238,13 @@ class ActorRole(Role):
         layout = frame_layout(cfg, algo)
         if layout is not None:
             # Observations travel as frame ids; the policy still sees stacks where it needs them.
-            self.frames = FrameSender(layout, cfg.env.num_envs, len(self.start_info["memories"]),
-                                      algo.lookback_steps(), cfg.cluster.frame_compression)
+            self.frames = FrameSender(
+                layout,
+                cfg.env.num_envs,
+                len(self.start_info["memories"]),
+                algo.lookback_steps(),
+                cfg.cluster.frame_compression,
+            )
             self.policy.decode_observations = self.frames.decode
         work = algo.is_synchronous(cfg) and algo.work_items(cfg) is not None
         # work items: the policy steps its own envs
@@ -273,14 +283,20 @@ class ActorRole(Role):
         finally:
             if self.runner is not None:
                 self.runner.close()
-        return {"env_steps": self.counters["env_steps"], "memories": self.sent, "batches": self.batches,
-                "earlier_connections": self.earlier_sent, "blocked_s": round(self.blocked_s, 3),
-                "payload_bytes": self.payload_bytes,
-                "frames_sent": self.frames.frames_sent if self.frames is not None else None,
-                "weights_version": self.policy.weights_version,
-                "idle_s": round(self.idle.idle_s, 3), "loop_s": round(self.idle.wall_s, 3),
-                "idle_fraction": self.idle.fraction(),
-                "iterations": self.iterations[-1000:]}
+        return {
+            "env_steps": self.counters["env_steps"],
+            "memories": self.sent,
+            "batches": self.batches,
+            "earlier_connections": self.earlier_sent,
+            "blocked_s": round(self.blocked_s, 3),
+            "payload_bytes": self.payload_bytes,
+            "frames_sent": self.frames.frames_sent if self.frames is not None else None,
+            "weights_version": self.policy.weights_version,
+            "idle_s": round(self.idle.idle_s, 3),
+            "loop_s": round(self.idle.wall_s, 3),
+            "idle_fraction": self.idle.fraction(),
+            "iterations": self.iterations[-1000:],
+        }
 
     async def _rollout(self):
         rollout = await self.offload(self.runner.rollout, self.policy.act, self.cfg.agent.sample_batch_size)
@@ -337,9 +353,11 @@ class ActorRole(Role):
                 await self._send(batch, priorities, m)
             elif self.credits is not None:
                 self.credits[m] += 1  # nothing to send (n-step windows still open): keep it
-            if (self.batches % self.cfg.agent.sync_interval == 0
-                    and self.weights_version_seen > self.policy.weights_version
-                    and (self._pull is None or self._pull.done())):
+            if (
+                self.batches % self.cfg.agent.sync_interval == 0
+                and self.weights_version_seen > self.policy.weights_version
+                and (self._pull is None or self._pull.done())
+            ):
                 self._pull = self.spawn(self._pull_weights(), "weights pull")
 
     async def _pull_weights(self) -> None:
@@ -353,8 +371,7 @@ class ActorRole(Role):
         so each message is acted with one version. Once the run stops, a rollout still waiting
         for a credit is not sent."""
         # Acting with the learner's weights from the first fragment on (version 0).
-        reply = await self.coordinator.request("get_weights", {"have": -1, "min_version": 0},
-                                               timeout_s=UNBOUNDED_S)
+        reply = await self.coordinator.request("get_weights", {"have": -1, "min_version": 0}, timeout_s=UNBOUNDED_S)
         if reply.meta.get("stop"):
             return
         self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
@@ -401,8 +418,7 @@ class ActorRole(Role):
         m = self.index % len(self.memories)
         memory = self.memories[m]
         # On-policy: even iteration 0 acts with the learner's weights (version 0).
-        reply = await self.coordinator.request("get_weights", {"have": -1, "min_version": 0},
-                                               timeout_s=UNBOUNDED_S)
+        reply = await self.coordinator.request("get_weights", {"have": -1, "min_version": 0}, timeout_s=UNBOUNDED_S)
         if reply.meta.get("stop"):
             return
         self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
@@ -413,20 +429,27 @@ class ActorRole(Role):
             rollout = await self._rollout()
             batch, _ = self.policy.postprocess(rollout)
             with self.idle:
-                await memory.send("rollout", {"actor": self.index, "iteration": iteration,
-                                              "weights_version": self.policy.weights_version}, batch)
+                await memory.send(
+                    "rollout",
+                    {"actor": self.index, "iteration": iteration, "weights_version": self.policy.weights_version},
+                    batch,
+                )
             self._count_sent(m, batch)
-            self.iterations.append({"iteration": iteration, "weights_version": self.policy.weights_version,
-                                    "started_monotonic": started})
+            self.iterations.append(
+                {"iteration": iteration, "weights_version": self.policy.weights_version, "started_monotonic": started}
+            )
             with self.idle:
                 reply = await self.coordinator.request(
-                    "barrier", {"name": "iteration", "generation": iteration}, timeout_s=UNBOUNDED_S)
+                    "barrier", {"name": "iteration", "generation": iteration}, timeout_s=UNBOUNDED_S
+                )
             if reply.meta.get("stop"):
                 break  # the run stopped while this actor waited for the others
             with self.idle:
                 reply = await self.coordinator.request(
-                    "get_weights", {"have": self.policy.weights_version, "min_version": iteration + 1},
-                    timeout_s=UNBOUNDED_S)
+                    "get_weights",
+                    {"have": self.policy.weights_version, "min_version": iteration + 1},
+                    timeout_s=UNBOUNDED_S,
+                )
             if reply.meta.get("stop"):
                 break
             self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
@@ -447,8 +470,10 @@ class ActorRole(Role):
             if self.policy.weights_version < iteration:
                 with self.idle:
                     reply = await self.coordinator.request(
-                        "get_weights", {"have": self.policy.weights_version, "min_version": iteration},
-                        timeout_s=UNBOUNDED_S)
+                        "get_weights",
+                        {"have": self.policy.weights_version, "min_version": iteration},
+                        timeout_s=UNBOUNDED_S,
+                    )
                 if reply.meta.get("stop"):
                     break
                 self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
@@ -461,11 +486,23 @@ class ActorRole(Role):
             self.episode_lengths.extend(result.episode_lengths)
             m = item % len(self.memories)
             with self.idle:
-                await self.memories[m].send("rollout", {"actor": self.index, "iteration": iteration,
-                                                        "item": item, "weights_version": self.policy.weights_version},
-                                            result.batch)
+                await self.memories[m].send(
+                    "rollout",
+                    {
+                        "actor": self.index,
+                        "iteration": iteration,
+                        "item": item,
+                        "weights_version": self.policy.weights_version,
+                    },
+                    result.batch,
+                )
             self._count_sent(m, result.batch)
-            self.iterations.append({"iteration": iteration, "item": item,
-                                    "weights_version": self.policy.weights_version,
-                                    "started_monotonic": started})
+            self.iterations.append(
+                {
+                    "iteration": iteration,
+                    "item": item,
+                    "weights_version": self.policy.weights_version,
+                    "started_monotonic": started,
+                }
+            )
             del self.iterations[:-1000]

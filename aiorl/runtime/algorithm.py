@@ -21,6 +21,7 @@ trajectory fragments through the memories' bounded queues; synchronous ones
 coordinator hands out: ES), aggregated by the memories, and actors wait for
 the weights of the next iteration.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -217,17 +218,20 @@ class Algorithm:
         device = getattr(cfg.model, "device", None)
         if not isinstance(device, str) or not device.startswith("cuda"):
             return
-        from aiorl.config import ConfigError
-
         import torch
 
+        from aiorl.config import ConfigError
+
         if not torch.cuda.is_available():
-            raise ConfigError(f"model.device: {device!r} asked for, but torch sees no CUDA device on this host "
-                              f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})")
+            raise ConfigError(
+                f"model.device: {device!r} asked for, but torch sees no CUDA device on this host "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})"
+            )
         index = int(device.split(":")[1]) if ":" in device else 0
         if index >= torch.cuda.device_count():
-            raise ConfigError(f"model.device: {device!r} asked for, but this host has "
-                              f"{torch.cuda.device_count()} CUDA device(s)")
+            raise ConfigError(
+                f"model.device: {device!r} asked for, but this host has {torch.cuda.device_count()} CUDA device(s)"
+            )
 
     def lookback_steps(self) -> int:
         """Env steps before the current one at which an actor's future rows may still start
@@ -256,8 +260,9 @@ class Algorithm:
     def make_actor(self, actor_index: int, num_actors: int, seed: int) -> ActorPolicy:
         raise NotImplementedError
 
-    def make_learner(self, learner_index: int, num_learners: int, seed: int,
-                     rendezvous: str | None = None) -> LearnerCore:
+    def make_learner(
+        self, learner_index: int, num_learners: int, seed: int, rendezvous: str | None = None
+    ) -> LearnerCore:
         """Build the learning side; called in a worker thread (it may block joining peers).
 
         ``rendezvous`` is a ``tcp://host:port`` address for ``torch.distributed``

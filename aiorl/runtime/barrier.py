@@ -1,4 +1,5 @@
 """A reusable async barrier with generations over a changing set of participants."""
+
 from __future__ import annotations
 
 import asyncio

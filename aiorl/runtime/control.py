@@ -10,11 +10,12 @@ A request caught by a drop is sent again once the channel is back (every
 control request is safe to repeat: heartbeats, weights, publish, done, stop).
 Pushed messages (phase, memories, exit) keep coming from `messages`.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 from aiorl.wire import Connection, ConnectionClosed, Limits, Message, RemoteError, connect
 from aiorl.wire.names import safe_text
@@ -33,8 +34,18 @@ class NotAdmitted(Exception):
 
 
 class ControlChannel:
-    def __init__(self, name: str, address: tuple[str, int], token: bytes, ssl, register_meta: Callable[[], dict],
-                 timeout_s: float, start_timeout_s: float, log: logging.Logger, limits: Limits | None = None):
+    def __init__(
+        self,
+        name: str,
+        address: tuple[str, int],
+        token: bytes,
+        ssl,
+        register_meta: Callable[[], dict],
+        timeout_s: float,
+        start_timeout_s: float,
+        log: logging.Logger,
+        limits: Limits | None = None,
+    ):
         self.name = name
         self.address = address
         self.token = token
@@ -62,8 +73,15 @@ class ControlChannel:
         while True:
             remaining = deadline - loop.time()
             try:
-                return await connect(host, port, token=self.token, name=self.name, ssl=self.ssl, limits=self.limits,
-                                     handshake_timeout_s=max(0.1, min(self.timeout_s, remaining)))
+                return await connect(
+                    host,
+                    port,
+                    token=self.token,
+                    name=self.name,
+                    ssl=self.ssl,
+                    limits=self.limits,
+                    handshake_timeout_s=max(0.1, min(self.timeout_s, remaining)),
+                )
             except (OSError, TimeoutError) as exc:  # refused, unreachable, or busy (ServerBusy)
                 if loop.time() + delay > deadline:
                     raise CoordinatorLost(f"cannot reach the coordinator at {host}:{port}: {exc}") from None
@@ -72,8 +90,7 @@ class ControlChannel:
 
     async def _register(self, conn: Connection, rejoin: bool) -> dict:
         try:
-            reply = await conn.request("register", {**self.register_meta(), "rejoin": rejoin},
-                                       timeout_s=self.timeout_s)
+            reply = await conn.request("register", {**self.register_meta(), "rejoin": rejoin}, timeout_s=self.timeout_s)
         except RemoteError as exc:
             conn.abort()
             raise Refused(f"the coordinator refused registration: {exc}") from None

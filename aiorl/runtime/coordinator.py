@@ -22,6 +22,7 @@ rejoin, before it is declared lost.
 A resumed run (``AIORL_RESUME_FROM``, see `aiorl.rundir`) starts its global
 counters, return window and clock from the checkpoint's.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,13 +39,13 @@ import numpy as np
 from aiorl import checkpoint
 from aiorl.config import Config
 from aiorl.metrics import MetricsWriter, mean_or_none
-from aiorl.runtime.evaluator import evaluation_metrics, evaluation_on
 from aiorl.ratelog import RateLimitedLog
 from aiorl.restart import restartable
 from aiorl.rundir import Identity, write_json_atomic
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import get_algorithm
 from aiorl.runtime.barrier import Barrier, BarrierAborted
+from aiorl.runtime.evaluator import evaluation_metrics, evaluation_on
 from aiorl.runtime.looplag import LoopLagProbe
 from aiorl.runtime.messages import BadMessage, RowSpec, any_map, check, pack_table, unpack_table
 from aiorl.runtime.phase import FAILED, FINISHED, INTERRUPTED, PHASE_OWNER, Phase, role_name
@@ -167,9 +168,13 @@ class Coordinator:
         if self.identity.resume_from:
             self._resume(self.identity.resume_from)
         # Made now, before serving: importing TensorBoard's writer takes a while.
-        self._metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard,
-                                      purge_step=self.base["env_steps"] if self.resumed_from else None,
-                                      loggers=cfg.run.loggers, config=cfg.to_dict())
+        self._metrics = MetricsWriter(
+            self.run_dir,
+            tensorboard=cfg.run.tensorboard,
+            purge_step=self.base["env_steps"] if self.resumed_from else None,
+            loggers=cfg.run.loggers,
+            config=cfg.to_dict(),
+        )
         self.last_row: dict = {}
         self._last_metrics: tuple | None = None
         self.registrations_refused = 0
@@ -195,8 +200,13 @@ class Coordinator:
         if not self.synchronous:  # synchronous iterations count versions from 0 in every launch
             self.weights_version = int(run.get("weights_version", -1))
         self.resumed_from = {"checkpoint": path, **self.base}
-        log.info("resuming from %s: env_steps %d, learner_steps %d, episodes %d", path,
-                 self.base["env_steps"], self.base["learner_steps"], self.base["episodes"])
+        log.info(
+            "resuming from %s: env_steps %d, learner_steps %d, episodes %d",
+            path,
+            self.base["env_steps"],
+            self.base["learner_steps"],
+            self.base["episodes"],
+        )
 
     @property
     def env_steps(self) -> int:
@@ -225,9 +235,15 @@ class Coordinator:
 
     def run_state(self) -> dict:
         """What a checkpoint records of the run, so that a resume continues it."""
-        return {"env_steps": self.env_steps, "learner_steps": self.learner_steps, "episodes": self.episodes,
-                "weights_version": self.weights_version, "returns": list(self.returns),
-                "lengths": list(self.lengths), "time_s": round(time.time() - self.t_start, 3)}
+        return {
+            "env_steps": self.env_steps,
+            "learner_steps": self.learner_steps,
+            "episodes": self.episodes,
+            "weights_version": self.weights_version,
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+            "time_s": round(time.time() - self.t_start, 3),
+        }
 
     def _check_stop_criteria(self) -> None:
         if self.phase != Phase.RUNNING or self.stop_event.is_set():
@@ -236,19 +252,21 @@ class Coordinator:
         if a.scheduled_timesteps is not None and self.env_steps >= a.scheduled_timesteps:
             self.begin_stop(f"reached scheduled_timesteps ({self.env_steps} >= {a.scheduled_timesteps})")
         elif a.scheduled_global_steps is not None and self.learner_steps >= a.scheduled_global_steps:
-            self.begin_stop(
-                f"reached scheduled_global_steps ({self.learner_steps} >= {a.scheduled_global_steps})"
-            )
+            self.begin_stop(f"reached scheduled_global_steps ({self.learner_steps} >= {a.scheduled_global_steps})")
         elif a.target_return is not None and evaluation_on(self.cfg):
             last = (self.evaluation or {}).get("last")
             if last is not None and last["return_mean"] >= a.target_return:
-                self.begin_stop(f"evaluation {last['n']} (learner step {last['learner_steps']}): mean return "
-                                f"{last['return_mean']:.1f} >= target_return {a.target_return}")
+                self.begin_stop(
+                    f"evaluation {last['n']} (learner step {last['learner_steps']}): mean return "
+                    f"{last['return_mean']:.1f} >= target_return {a.target_return}"
+                )
         elif a.target_return is not None and len(self.returns) >= min(100, self.returns.maxlen):
             mean = float(np.mean(self.returns))
             if mean >= a.target_return:
-                self.begin_stop(f"mean return of the last {len(self.returns)} episodes {mean:.1f} "
-                                f">= target_return {a.target_return}")
+                self.begin_stop(
+                    f"mean return of the last {len(self.returns)} episodes {mean:.1f} "
+                    f">= target_return {a.target_return}"
+                )
 
     def begin_stop(self, reason: str, failed: bool = False, role: RoleRecord | None = None) -> None:
         """Stop the run; `failed`: because something went wrong (a `role`'s loss is listed at the end)."""
@@ -280,11 +298,19 @@ class Coordinator:
         self._weights_rows = RowSpec(spec) if spec is not None else None
         c = self.cfg.cluster
         # Every role, room for restarted ones whose old connection lingers, and `aiorl status`.
-        self.server = await serve(self._on_connection, host=host, port=port, token=self.token,
-                                  name="coordinator", ssl=self.ssl, limits=frame_limits.UNKNOWN_PEER,
-                                  max_connections=2 * len(self.roles) + 16, backlog=listen_backlog(len(self.roles)),
-                                  max_handshakes=c.max_handshakes,
-                                  max_handshakes_per_host=c.max_handshakes_per_host)
+        self.server = await serve(
+            self._on_connection,
+            host=host,
+            port=port,
+            token=self.token,
+            name="coordinator",
+            ssl=self.ssl,
+            limits=frame_limits.UNKNOWN_PEER,
+            max_connections=2 * len(self.roles) + 16,
+            backlog=listen_backlog(len(self.roles)),
+            max_handshakes=c.max_handshakes,
+            max_handshakes_per_host=c.max_handshakes_per_host,
+        )
         return self.server.port
 
     async def _on_connection(self, conn: Connection) -> None:
@@ -363,11 +389,15 @@ class Coordinator:
         record = self.roles.get(name)
         reason = None
         if record is None:
-            reason = (f"unknown role {name!r}: this cluster has {self.cfg.cluster.actors} actors, "
-                      f"{self.cfg.cluster.memories} memories, {self.cfg.cluster.learners} learners")
+            reason = (
+                f"unknown role {name!r}: this cluster has {self.cfg.cluster.actors} actors, "
+                f"{self.cfg.cluster.memories} memories, {self.cfg.cluster.learners} learners"
+            )
         elif meta.get("config_hash") != self.config_hash:
-            reason = (f"config hash mismatch: {name} runs config {meta.get('config_hash')}, the coordinator "
-                      f"runs {self.config_hash}; start every role with the same config")
+            reason = (
+                f"config hash mismatch: {name} runs config {meta.get('config_hash')}, the coordinator "
+                f"runs {self.config_hash}; start every role with the same config"
+            )
         if reason is not None:  # a misconfigured process: the error is the user's to fix
             self.registrations_refused += 1
             self._log_refusal("refused registration from %s: %s", conn.peer, reason)
@@ -404,8 +434,14 @@ class Coordinator:
             record.counters = {}
             record.restarts += 1
             record.incarnation = incarnation
-            log.warning("%s restarted (restart %d of %d; pid %s, %s)", name, record.restarts,
-                        self.cfg.cluster.max_restarts, record.pid, conn.peer)
+            log.warning(
+                "%s restarted (restart %d of %d; pid %s, %s)",
+                name,
+                record.restarts,
+                self.cfg.cluster.max_restarts,
+                record.pid,
+                conn.peer,
+            )
         elif admission == "rejoin":
             log.warning("%s rejoined after its connection dropped (pid %s, %s)", name, record.pid, conn.peer)
         else:
@@ -421,9 +457,16 @@ class Coordinator:
             self.no_actor_since = None
         self.role_changed.set()
         conn.set_limits(frame_limits.to_coordinator(name, self.algo))
-        await conn.reply(msg, meta={"phase": int(self.phase), "config_hash": self.config_hash,
-                                    "admission": admission, "restarts": record.restarts,
-                                    "session": record.session})
+        await conn.reply(
+            msg,
+            meta={
+                "phase": int(self.phase),
+                "config_hash": self.config_hash,
+                "admission": admission,
+                "restarts": record.restarts,
+                "session": record.session,
+            },
+        )
         if self.started.is_set() and record.kind == "memory" and record.address != old_address:
             await self.broadcast("memories", {"memories": self._memory_addresses()})
         if all(r.status == "running" for r in self.roles.values()):
@@ -480,8 +523,11 @@ class Coordinator:
         if record.status == "running":
             record.status = "disconnected"
             record.disconnected_at = asyncio.get_running_loop().time()
-            log.warning("%s: its connection to the coordinator closed; waiting %.1f s for it to rejoin",
-                        record.name, self._rejoin_grace_s)
+            log.warning(
+                "%s: its connection to the coordinator closed; waiting %.1f s for it to rejoin",
+                record.name,
+                self._rejoin_grace_s,
+            )
             self.role_changed.set()
 
     @property
@@ -502,8 +548,9 @@ class Coordinator:
         for name, barrier in self.barriers.items():
             if record.name in barrier.participants:
                 barrier.remove(record.name)
-                log.warning("barrier %r goes on without %s: %d parties left", name, record.name,
-                            len(barrier.participants))
+                log.warning(
+                    "barrier %r goes on without %s: %d parties left", name, record.name, len(barrier.participants)
+                )
         if status in ("lost", "failed"):
             if record.kind == "actor":
                 self._actor_gone(record)
@@ -514,8 +561,12 @@ class Coordinator:
         if self.work is not None:
             items = self.work.release(record.name)
             if items:
-                log.warning("work items %s of iteration %d, held by %s, go back to the queue",
-                            items, self.work.iteration, record.name)
+                log.warning(
+                    "work items %s of iteration %d, held by %s, go back to the queue",
+                    items,
+                    self.work.iteration,
+                    record.name,
+                )
                 self._wake_work()
         memories = [r for r in self.roles.values() if r.kind == "memory" and r.conn is not None]
         if memories:
@@ -535,8 +586,11 @@ class Coordinator:
         self.work_changed = asyncio.Event()
 
     def _restart_left(self, record: RoleRecord) -> bool:
-        return (not self.synchronous and restartable(record.kind, record.index)
-                and record.restarts < self.cfg.cluster.max_restarts)
+        return (
+            not self.synchronous
+            and restartable(record.kind, record.index)
+            and record.restarts < self.cfg.cluster.max_restarts
+        )
 
     def _may_restart(self, record: RoleRecord) -> bool:
         return self.phase == Phase.RUNNING and self._restart_left(record)
@@ -546,8 +600,9 @@ class Coordinator:
         kind_alive = [r for r in self.roles.values() if r.kind == record.kind and r.live]
         restart = self._may_restart(record)
         if restart:
-            log.warning("%s may come back: %d restart(s) left", record.name,
-                        self.cfg.cluster.max_restarts - record.restarts)
+            log.warning(
+                "%s may come back: %d restart(s) left", record.name, self.cfg.cluster.max_restarts - record.restarts
+            )
         if record.kind == "actor":
             if self.phase <= Phase.RUNNING and not kind_alive:
                 if restart:  # the heartbeat monitor ends the run if none is back in time
@@ -560,14 +615,20 @@ class Coordinator:
         # Losing a learner or a memory host loses data or learning: end the run.
         self.begin_stop(f"{record.name} {record.status}: {record.reason}", failed=True, role=record)
 
-    async def _dispatch(self, record: RoleRecord, conn: Connection, msg: Message,
-                        fields: dict) -> asyncio.Task | None:
+    async def _dispatch(self, record: RoleRecord, conn: Connection, msg: Message, fields: dict) -> asyncio.Task | None:
         kind = msg.kind
         if kind == "heartbeat":
             self._heartbeat(record, fields)
-            await conn.reply(msg, meta={"phase": int(self.phase), "weights_version": self.weights_version,
-                                        "env_steps": self.env_steps, "learner_steps": self.learner_steps,
-                                        "episodes": self.episodes})
+            await conn.reply(
+                msg,
+                meta={
+                    "phase": int(self.phase),
+                    "weights_version": self.weights_version,
+                    "env_steps": self.env_steps,
+                    "learner_steps": self.learner_steps,
+                    "episodes": self.episodes,
+                },
+            )
         elif kind == "run_state":  # learner 0 checkpointing: its own counters first, so they are exact
             self._heartbeat(record, {"counters": fields.get("counters")})
             await conn.reply(msg, meta=self.run_state())
@@ -578,11 +639,11 @@ class Coordinator:
         elif kind == "get_weights":
             return asyncio.create_task(self._answer_weights(conn, msg, fields), name=f"weights for {record.name}")
         elif kind == "barrier":
-            return asyncio.create_task(self._answer_barrier(record, conn, msg, fields),
-                                       name=f"barrier for {record.name}")
+            return asyncio.create_task(
+                self._answer_barrier(record, conn, msg, fields), name=f"barrier for {record.name}"
+            )
         elif kind == "work":
-            return asyncio.create_task(self._answer_work(record, conn, msg, fields),
-                                       name=f"work for {record.name}")
+            return asyncio.create_task(self._answer_work(record, conn, msg, fields), name=f"work for {record.name}")
         elif kind == "check_session":
             if record.kind != "memory":
                 await conn.reply_error(msg, f"only memory hosts check sessions, not {record.name}")
@@ -620,8 +681,11 @@ class Coordinator:
         if metrics:
             record.metrics = metrics
         evaluation = fields.get("evaluation")
-        if evaluation is not None and record.kind == "learner" and (
-                self.evaluation is None or evaluation["count"] != self.evaluation["count"]):
+        if (
+            evaluation is not None
+            and record.kind == "learner"
+            and (self.evaluation is None or evaluation["count"] != self.evaluation["count"])
+        ):
             self.evaluation = evaluation
             self._evaluation_row = evaluation["last"] is not None
         returns = fields.get("episode_returns")
@@ -637,8 +701,10 @@ class Coordinator:
             if self.stop_event.is_set():  # it will never run: a role did not register, or Ctrl-C
                 await conn.reply(msg, meta={"stop": True, "reason": self.stop_reason, "phase": int(self.phase)})
                 return
-            await conn.reply(msg, meta={"memories": self._memory_addresses(),
-                                        "rendezvous": self.rendezvous, "phase": int(self.phase)})
+            await conn.reply(
+                msg,
+                meta={"memories": self._memory_addresses(), "rendezvous": self.rendezvous, "phase": int(self.phase)},
+            )
         except ConnectionClosed:
             pass
 
@@ -670,8 +736,9 @@ class Coordinator:
                 # checkpoint before learner 0 has published anything.
                 async with self.weights_changed:
                     await self.weights_changed.wait_for(
-                        lambda: (self.weights and self.weights_version >= int(min_version))
-                        or self.phase > Phase.RUNNING
+                        lambda: (
+                            (self.weights and self.weights_version >= int(min_version)) or self.phase > Phase.RUNNING
+                        )
                     )
                 if not self.weights or self.weights_version < int(min_version):
                     await conn.reply(msg, meta={"version": self.weights_version, "stop": True})
@@ -762,8 +829,11 @@ class Coordinator:
         """Wait until every live role of `kind` reported done; mark late ones failed."""
 
         def pending():
-            return [r for r in self.roles.values()
-                    if (kind is None or r.kind == kind) and r.status in ("running", "disconnected")]
+            return [
+                r
+                for r in self.roles.values()
+                if (kind is None or r.kind == kind) and r.status in ("running", "disconnected")
+            ]
 
         try:
             async with asyncio.timeout(deadline_s):
@@ -778,9 +848,16 @@ class Coordinator:
 
     async def _send_exit(self, record: RoleRecord, ok: bool) -> None:
         try:
-            await record.conn.send("exit", {"ok": ok, "role_ok": record.status == "done",
-                                            "reason": record.reason, "outcome": self.outcome,
-                                            "signal": self.interrupted_by})
+            await record.conn.send(
+                "exit",
+                {
+                    "ok": ok,
+                    "role_ok": record.status == "done",
+                    "reason": record.reason,
+                    "outcome": self.outcome,
+                    "signal": self.interrupted_by,
+                },
+            )
         except ConnectionClosed:
             pass
 
@@ -796,8 +873,11 @@ class Coordinator:
                     await self.started.wait()
             except TimeoutError:
                 missing = sorted(r.name for r in self.roles.values() if r.status != "running")
-                self.begin_stop(f"roles did not register within cluster.start_timeout_s "
-                                f"({c.start_timeout_s:g} s): {', '.join(missing)}", failed=True)
+                self.begin_stop(
+                    f"roles did not register within cluster.start_timeout_s "
+                    f"({c.start_timeout_s:g} s): {', '.join(missing)}",
+                    failed=True,
+                )
                 for record in self.roles.values():
                     if record.status == "expected":
                         self._mark(record, "lost", "never registered")
@@ -845,8 +925,11 @@ class Coordinator:
                 line = f"{record.name} {record.status}: {record.reason}"
                 if line not in self.failures:
                     self.failures.append(line)
-        if (self.failures or self.stopped_by_failure
-                or not all(r.status == "done" or r.name in self.lost_restartable for r in self.roles.values())):
+        if (
+            self.failures
+            or self.stopped_by_failure
+            or not all(r.status == "done" or r.name in self.lost_restartable for r in self.roles.values())
+        ):
             self.outcome = FAILED
         elif self.interrupted_by is not None:
             self.outcome = INTERRUPTED
@@ -891,17 +974,26 @@ class Coordinator:
             for record in self.roles.values():
                 silence = self.silence_s(record, now)
                 if record.status == "running" and silence > c.heartbeat_timeout_s:
-                    self._mark(record, "lost", f"no heartbeat for {silence:.1f} s "
-                                               f"(cluster.heartbeat_timeout_s {c.heartbeat_timeout_s:g})")
+                    self._mark(
+                        record,
+                        "lost",
+                        f"no heartbeat for {silence:.1f} s (cluster.heartbeat_timeout_s {c.heartbeat_timeout_s:g})",
+                    )
                     if record.conn is not None:
                         record.conn.abort()
                 elif record.status == "disconnected" and now - record.disconnected_at > self._rejoin_grace_s:
-                    self._mark(record, "lost", f"its connection to the coordinator closed and it did not "
-                                               f"rejoin within {self._rejoin_grace_s:.1f} s")
+                    self._mark(
+                        record,
+                        "lost",
+                        f"its connection to the coordinator closed and it did not "
+                        f"rejoin within {self._rejoin_grace_s:.1f} s",
+                    )
             if self.no_actor_since is not None and now - self.no_actor_since > c.start_timeout_s:
                 self.no_actor_since = None
-                self.begin_stop(f"every actor is gone and none restarted within cluster.start_timeout_s "
-                                f"({c.start_timeout_s:g} s)", failed=True)
+                self.begin_stop(
+                    f"every actor is gone and none restarted within cluster.start_timeout_s ({c.start_timeout_s:g} s)",
+                    failed=True,
+                )
 
     # ------------------------------------------------------------------ reporting
 
@@ -922,10 +1014,14 @@ class Coordinator:
             "weights_version": self.weights_version,
             "loop_lag_max_s": round(self.loop_lag_max_s, 6),
             "loop_lag": self.lag_probe.snapshot(),
-            "work": None if self.work is None else {
-                "iteration": self.work.iteration, "pending": list(self.work.pending),
+            "work": None
+            if self.work is None
+            else {
+                "iteration": self.work.iteration,
+                "pending": list(self.work.pending),
                 "leases": {str(item): worker for item, worker in self.work.leases.items()},
-                "released": self.work.released},
+                "released": self.work.released,
+            },
             "metrics": self.last_row,
             "roles": {name: r.public(now) for name, r in self.roles.items()},
         }
@@ -968,12 +1064,16 @@ class Coordinator:
             "actor_blocked_s": round(sum(m.get("blocked_s", 0.0) for m in actors), 3),
             "sample_blocked_s": round(sum(m.get("sample_blocked_s", 0.0) for m in memories), 3),
             "restarts": self.restarts,
-            "loop_lag_max_s": max([m.get("loop_lag_s", 0.0) for r in roles for m in [r.metrics] if m]
-                                  + [self.loop_lag_max_s]),
+            "loop_lag_max_s": max(
+                [m.get("loop_lag_s", 0.0) for r in roles for m in [r.metrics] if m] + [self.loop_lag_max_s]
+            ),
             "rss_bytes": sum(r.metrics.get("rss_bytes", 0) for r in roles if r.live),
             "roles_alive": sum(r.status in ("running", "disconnected", "done") for r in roles),
-            "roles_late": [r.name for r in roles if r.status == "disconnected"
-                           or (r.status == "running" and self.silence_s(r, loop_now) > late_after)],
+            "roles_late": [
+                r.name
+                for r in roles
+                if r.status == "disconnected" or (r.status == "running" and self.silence_s(r, loop_now) > late_after)
+            ],
             "roles_lost": [r.name for r in roles if r.status in ("lost", "failed")],
         }
         idle = [m["idle_fraction"] for m in actors if isinstance(m.get("idle_fraction"), (int, float))]
@@ -1034,9 +1134,18 @@ class Coordinator:
             "bad_messages": self.bad_messages,
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
             "handshakes_failed": self.server.stats["handshake_failures"] if self.server else 0,
-            "roles": {name: {"status": r.status, "reason": r.reason, "pid": r.pid, "restarts": r.restarts,
-                             "done_phase": r.done_phase, "counters": r.counters, "retired_counters": r.retired,
-                             "stats": r.stats}
-                      for name, r in self.roles.items()},
+            "roles": {
+                name: {
+                    "status": r.status,
+                    "reason": r.reason,
+                    "pid": r.pid,
+                    "restarts": r.restarts,
+                    "done_phase": r.done_phase,
+                    "counters": r.counters,
+                    "retired_counters": r.retired,
+                    "stats": r.stats,
+                }
+                for name, r in self.roles.items()
+            },
         }
         write_json_atomic(self.run_dir / "summary.json", self.identity.stamp(summary), indent=1)

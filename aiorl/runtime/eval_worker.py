@@ -28,6 +28,7 @@ reply says ``stopped``); a closed stdin ends the worker; and the worker
 dies with the learner (``PR_SET_PDEATHSIG``), so a learner killed outright
 leaves no worker behind.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,10 +66,21 @@ class EvalWorker:
         # Started from the thread that outlives it (the loop's): PR_SET_PDEATHSIG fires when the
         # creating thread ends, not the process.
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "aiorl.runtime.eval_worker", "--parent", str(os.getpid()),
-             "--nice", str(cfg.run.eval_nice),
-             str(self.dir / "config.yaml"), str(policy_dir)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+            [
+                sys.executable,
+                "-m",
+                "aiorl.runtime.eval_worker",
+                "--parent",
+                str(os.getpid()),
+                "--nice",
+                str(cfg.run.eval_nice),
+                str(self.dir / "config.yaml"),
+                str(policy_dir),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
         self.stopping = False
 
     def evaluate(self, state: dict[str, np.ndarray], request: dict) -> dict | None:
@@ -85,8 +97,10 @@ class EvalWorker:
         if not line:
             if self.stopping:
                 return None
-            raise EvalWorkerDied(f"the evaluation worker (pid {self.proc.pid}) exited with code "
-                                 f"{self.proc.wait()} without answering; its errors are in this log above")
+            raise EvalWorkerDied(
+                f"the evaluation worker (pid {self.proc.pid}) exited with code "
+                f"{self.proc.wait()} without answering; its errors are in this log above"
+            )
         reply = json.loads(line)
         return None if reply.get("stopped") else reply
 
@@ -149,13 +163,22 @@ def score(policy, cfg: Config, request: dict, policy_dir: Path, stop) -> dict:
     result = run_episodes_together(policy, cfg.env, cfg.run.eval_episodes, seed, stop=stop)
     if result is None:
         return {"stopped": True}
-    evaluation = {"n": request["n"], "learner_steps": request["learner_steps"], "env_steps": request["env_steps"],
-                  "return_mean": result["mean"], "return_std": result["std"], "return_min": result["min"],
-                  "episodes": result["episodes"], "seed": seed, "length_mean": result["length_mean"],
-                  "seconds": round(time.perf_counter() - t0, 3), "copy_s": request["copy_s"],
-                  "time": time.time(),
-                  # this process's CPU so far, its start-up included: what evaluation has cost the run
-                  "worker_cpu_s": round(time.process_time(), 2)}
+    evaluation = {
+        "n": request["n"],
+        "learner_steps": request["learner_steps"],
+        "env_steps": request["env_steps"],
+        "return_mean": result["mean"],
+        "return_std": result["std"],
+        "return_min": result["min"],
+        "episodes": result["episodes"],
+        "seed": seed,
+        "length_mean": result["length_mean"],
+        "seconds": round(time.perf_counter() - t0, 3),
+        "copy_s": request["copy_s"],
+        "time": time.time(),
+        # this process's CPU so far, its start-up included: what evaluation has cost the run
+        "worker_cpu_s": round(time.process_time(), 2),
+    }
     best = request.get("best")
     kept = best is None or evaluation["return_mean"] > best
     if kept:

@@ -33,6 +33,7 @@ exporting every evaluation cost DQN CartPole training 19% of its learner
 steps/s. The best policy kept is exported from the very module that was
 scored, by the one export every policy goes through (`aiorl.export.save_policy`).
 """
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,11 @@ class Evaluator:
         self.stop = threading.Event()  # set at shutdown: no evaluation starts
         self.worker = None  # aiorl.runtime.eval_worker.EvalWorker, from start() (learner 0's registration)
         if self.best is not None:
-            log.info("best evaluation so far: mean return %.2f at learner step %d",
-                     self.best["return_mean"], self.best["learner_steps"])
+            log.info(
+                "best evaluation so far: mean return %.2f at learner step %d",
+                self.best["return_mean"],
+                self.best["learner_steps"],
+            )
 
     def due(self, learner_steps: int) -> bool:
         r = self.cfg.run
@@ -115,9 +119,14 @@ class Evaluator:
             return None
         self.start()
         state = {k: v.detach().cpu().numpy() for k, v in policy.state_dict().items()}
-        request = {"n": self.count + 1, "learner_steps": learner_steps, "env_steps": env_steps,
-                   "copy_s": round(copy_s, 4), "meta": meta,
-                   "best": None if self.best is None else self.best["return_mean"]}
+        request = {
+            "n": self.count + 1,
+            "learner_steps": learner_steps,
+            "env_steps": env_steps,
+            "copy_s": round(copy_s, 4),
+            "meta": meta,
+            "best": None if self.best is None else self.best["return_mean"],
+        }
         reply = self.worker.evaluate(state, request)
         if reply is None:
             return None
@@ -128,9 +137,16 @@ class Evaluator:
         # the coordinator takes an evaluation once per count.
         self.last = evaluation
         self.count += 1
-        log.info("evaluation %d at learner step %d: mean return %.2f (std %.2f, %d episodes, %.2f s); best %.2f",
-                 self.count, learner_steps, evaluation["return_mean"], evaluation["return_std"],
-                 evaluation["episodes"], evaluation["seconds"], self.best["return_mean"])
+        log.info(
+            "evaluation %d at learner step %d: mean return %.2f (std %.2f, %d episodes, %.2f s); best %.2f",
+            self.count,
+            learner_steps,
+            evaluation["return_mean"],
+            evaluation["return_std"],
+            evaluation["episodes"],
+            evaluation["seconds"],
+            self.best["return_mean"],
+        )
         return evaluation
 
     def interrupt(self) -> None:
@@ -153,7 +169,11 @@ class Evaluator:
 def evaluation_metrics(summary: dict) -> dict:
     """The metrics.jsonl keys of the last evaluation (documented in aiorl.metrics)."""
     last, best = summary["last"], summary["best"]
-    return {"eval/return_mean": last["return_mean"], "eval/return_std": last.get("return_std"),
-            "eval/episodes": last.get("episodes"), "eval/learner_steps": last["learner_steps"],
-            "eval/seed": last.get("seed"),
-            "eval/best_return_mean": best["return_mean"] if best is not None else None}
+    return {
+        "eval/return_mean": last["return_mean"],
+        "eval/return_std": last.get("return_std"),
+        "eval/episodes": last.get("episodes"),
+        "eval/learner_steps": last["learner_steps"],
+        "eval/seed": last.get("seed"),
+        "eval/best_return_mean": best["return_mean"] if best is not None else None,
+    }

@@ -24,12 +24,12 @@ Message fields are checked by `aiorl.runtime.messages` where they arrive; a
 fragment message that breaks the queue's rules raises ValueError here, which
 the memory host turns into a protocol error of that one connection.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from aiorl.replay.trajectory_queue import FrameTrajectoryQueue, QueueFull, QueueSpec, TrajectoryQueue
-
 
 # --------------------------------------------------------------------------
 # Memory side
@@ -88,8 +88,7 @@ class FragmentHub:
             self.queue = TrajectoryQueue(qspec.capacity, spec, steps, qspec.full)
         else:
             # Each actor connection's frame stream; room for restarted actors' lingering ones.
-            self.queue = FrameTrajectoryQueue(qspec.capacity, spec, steps, layout, qspec.full,
-                                              max_streams=2 * actors)
+            self.queue = FrameTrajectoryQueue(qspec.capacity, spec, steps, layout, qspec.full, max_streams=2 * actors)
         self.room = QueueRoom(self.queue, num_envs, qspec.full == "throttle")
         self.known_version = -1  # newest weights version heard of
         self.messages = 0
@@ -106,8 +105,7 @@ class FragmentHub:
         """A fragment message (its credit checked by the caller): one fragment per env, checked
         whole, then queued. Returns the fragments dropped to make room (drop_oldest)."""
         frames = isinstance(self.queue, FrameTrajectoryQueue)
-        rows = {k: v for k, v in arrays.items() if k not in ("frames", "frames_lz4", "frame_ids")} if frames \
-            else arrays
+        rows = {k: v for k, v in arrays.items() if k not in ("frames", "frames_lz4", "frame_ids")} if frames else arrays
         n = self.queue.check(rows)
         if n != self.num_envs:
             raise ValueError(f"a fragment message holds one fragment per env ({self.num_envs}), got {n}")
@@ -147,16 +145,31 @@ class FragmentHub:
 
     def metrics(self) -> dict:
         q = self.queue
-        return {"queue/fragments": len(q), "queue/capacity": q.capacity, "queue/pushed": q.pushed,
-                "queue/taken": q.taken, "queue/dropped_full": q.dropped_full, "queue/dropped_lag": q.dropped_lag,
-                "queue/throttled": self.room.throttled}
+        return {
+            "queue/fragments": len(q),
+            "queue/capacity": q.capacity,
+            "queue/pushed": q.pushed,
+            "queue/taken": q.taken,
+            "queue/dropped_full": q.dropped_full,
+            "queue/dropped_lag": q.dropped_lag,
+            "queue/throttled": self.room.throttled,
+        }
 
     def stats(self) -> dict:
         q = self.queue
-        return {"full": q.full, "capacity": q.capacity, "messages": self.messages, "pushed": q.pushed,
-                "taken": q.taken, "dropped_full": q.dropped_full, "dropped_lag": q.dropped_lag,
-                "left_at_end": len(q), "throttled": self.room.throttled, "known_version": self.known_version,
-                "handoff_lag_max": self.handoff_lag_max}
+        return {
+            "full": q.full,
+            "capacity": q.capacity,
+            "messages": self.messages,
+            "pushed": q.pushed,
+            "taken": q.taken,
+            "dropped_full": q.dropped_full,
+            "dropped_lag": q.dropped_lag,
+            "left_at_end": len(q),
+            "throttled": self.room.throttled,
+            "known_version": self.known_version,
+            "handoff_lag_max": self.handoff_lag_max,
+        }
 
 
 # --------------------------------------------------------------------------
@@ -188,5 +201,9 @@ class LagMeter:
         return {"policy_lag_mean": self.last_mean, "policy_lag_max": float(self.last_max)}
 
     def stats(self) -> dict:
-        return {"batches": self.batches, "fragments": self.fragments,
-                "mean": self.total / self.fragments if self.fragments else None, "max": self.max}
+        return {
+            "batches": self.batches,
+            "fragments": self.fragments,
+            "mean": self.total / self.fragments if self.fragments else None,
+            "max": self.max,
+        }

@@ -12,6 +12,7 @@ learner 0 one set of weights. A peer whose role is not known yet (before
 
 Bounds are exact up to the codec's alignment (each array starts on 8 bytes).
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,15 @@ import numpy as np
 from aiorl.replay.trajectory_queue import ORIGIN_FIELDS
 from aiorl.wire import Limits
 
-__all__ = ["UNKNOWN_PEER", "row_bytes", "actor_to_memory", "learner_to_memory", "memory_to_learner",
-           "to_coordinator", "from_coordinator"]
+__all__ = [
+    "UNKNOWN_PEER",
+    "row_bytes",
+    "actor_to_memory",
+    "learner_to_memory",
+    "memory_to_learner",
+    "to_coordinator",
+    "from_coordinator",
+]
 
 _ALIGN = 8
 #: What a peer may send before it says who it is: control metadata only.
@@ -42,8 +50,9 @@ def _payload(rows: int, spec, extra_row_bytes: int, extra_arrays: int) -> int:
 
 
 def _limits(payload: int, arrays: int) -> Limits:
-    return Limits(max_payload_bytes=max(payload, UNKNOWN_PEER.max_payload_bytes),
-                  max_arrays=max(arrays, UNKNOWN_PEER.max_arrays))
+    return Limits(
+        max_payload_bytes=max(payload, UNKNOWN_PEER.max_payload_bytes), max_arrays=max(arrays, UNKNOWN_PEER.max_arrays)
+    )
 
 
 def actor_to_memory(cfg, algo) -> Limits:
@@ -77,8 +86,10 @@ def memory_to_learner(cfg, algo) -> Limits:
         return _limits(_payload(producers_per_memory * algo.max_batch_rows(), spec, 0, 0), len(spec))
     queue = algo.fragment_queue(cfg)
     if queue is not None:  # whole fragments, each with its origin (weights version, actor, env: int64)
-        payload = _payload(cfg.agent.batch_size, spec, 0, len(ORIGIN_FIELDS)) + 8 * len(ORIGIN_FIELDS) * \
-            queue.fragments_per_batch
+        payload = (
+            _payload(cfg.agent.batch_size, spec, 0, len(ORIGIN_FIELDS))
+            + 8 * len(ORIGIN_FIELDS) * queue.fragments_per_batch
+        )
         return _limits(payload, len(spec) + len(ORIGIN_FIELDS))
     return _limits(_payload(cfg.agent.batch_size, spec, 8 + 4 + 8, 3), len(spec) + 3)
 

@@ -28,6 +28,7 @@ A memory host that goes away (it may be restarted) is skipped; when the
 coordinator announces its new address the learner reconnects and grants its
 credits again.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -83,6 +84,7 @@ class LearnerRole(Role):
         # happens now, before heartbeats start, and not in the middle of the run (an algorithm
         # that never imports torch itself, like random_agent, would otherwise miss heartbeats).
         import torch  # noqa: F401
+
         self.memories: list[Connection] = []
         self.queue: asyncio.Queue = asyncio.Queue()  # bounded by the credits granted
         self.per_memory: list[dict] = []
@@ -116,11 +118,13 @@ class LearnerRole(Role):
         algo_cls = get_algorithm(self.cfg.algo)
         self.synchronous = algo_cls.is_synchronous(self.cfg)
         if algo_cls.learner_warm_imports:
-            threading.Thread(target=_warm_imports, args=(algo_cls.learner_warm_imports,),
-                             name="warm imports", daemon=True).start()
+            threading.Thread(
+                target=_warm_imports, args=(algo_cls.learner_warm_imports,), name="warm imports", daemon=True
+            ).start()
         # Learner 0 with run.eval_every / eval_interval_s; its process starts at registration.
-        self.evaluator = (Evaluator(self.cfg, self.run_dir / "policy")
-                          if self.index == 0 and evaluation_on(self.cfg) else None)
+        self.evaluator = (
+            Evaluator(self.cfg, self.run_dir / "policy") if self.index == 0 and evaluation_on(self.cfg) else None
+        )
         self._evaluating: asyncio.Task | None = None
 
     def register_extra(self) -> dict:
@@ -136,8 +140,12 @@ class LearnerRole(Role):
         return {"rendezvous": rendezvous.listen(host, c.rendezvous_port)}
 
     def metrics(self) -> dict:
-        return {**self.last_metrics, "wait_s": round(self.wait_s, 3), "train_s": round(self.train_s, 3),
-                "queue_depth": self.queue.qsize()}
+        return {
+            **self.last_metrics,
+            "wait_s": round(self.wait_s, 3),
+            "train_s": round(self.train_s, 3),
+            "queue_depth": self.queue.qsize(),
+        }
 
     def heartbeat_extra(self) -> dict:
         if self.evaluator is None:
@@ -175,7 +183,9 @@ class LearnerRole(Role):
         if a.prioritized_replay_beta_final is None:
             return a.prioritized_replay_beta
         frac = self.schedule_progress()
-        self.last_beta = a.prioritized_replay_beta + frac * (a.prioritized_replay_beta_final - a.prioritized_replay_beta)
+        self.last_beta = a.prioritized_replay_beta + frac * (
+            a.prioritized_replay_beta_final - a.prioritized_replay_beta
+        )
         return self.last_beta
 
     def schedule_progress(self) -> float:
@@ -202,8 +212,12 @@ class LearnerRole(Role):
         cfg = self.cfg
         algo = self.algorithm()
         core = await asyncio.to_thread(
-            algo.make_learner, self.index, cfg.cluster.learners, cfg.run.seed + 100 * (self.index + 1),
-            self.start_info.get("rendezvous"))
+            algo.make_learner,
+            self.index,
+            cfg.cluster.learners,
+            cfg.run.seed + 100 * (self.index + 1),
+            self.start_info.get("rendezvous"),
+        )
         if self.identity.resume_from:
             meta = await asyncio.to_thread(core.load_checkpoint, self.identity.resume_from)
             self.step_base = int(meta["learner_steps"])
@@ -240,13 +254,21 @@ class LearnerRole(Role):
             await self._finish_outputs()
         digest = weights_digest(self.core.get_weights())  # data-parallel learners end equal
         await asyncio.to_thread(self.core.close)
-        return {"learner_steps": self.counters["learner_steps"], "total_learner_steps": self.total_steps,
-                "memories": self.per_memory, "earlier_connections": self.earlier_per_memory,
-                "published": self.published, "checkpoints": self.checkpoints,
-                "unused_batches": self.unused_batches, "iterations": self.iterations,
-                "prioritized_replay_beta_last": self.last_beta, "queue_depth_max": self.queue_depth_max,
-                "weights_digest": digest, "policy_lag": self.lag.stats() if self.lag.batches else None,
-                "evaluation": self.evaluator.summary() if self.evaluator is not None else None}
+        return {
+            "learner_steps": self.counters["learner_steps"],
+            "total_learner_steps": self.total_steps,
+            "memories": self.per_memory,
+            "earlier_connections": self.earlier_per_memory,
+            "published": self.published,
+            "checkpoints": self.checkpoints,
+            "unused_batches": self.unused_batches,
+            "iterations": self.iterations,
+            "prioritized_replay_beta_last": self.last_beta,
+            "queue_depth_max": self.queue_depth_max,
+            "weights_digest": digest,
+            "policy_lag": self.lag.stats() if self.lag.batches else None,
+            "evaluation": self.evaluator.summary() if self.evaluator is not None else None,
+        }
 
     @staticmethod
     def _memory_account() -> dict:
@@ -303,8 +325,10 @@ class LearnerRole(Role):
         self.away.discard(m)
         self._spawn(self._reader(m, conn), f"reader of memory-{m}")
         try:
-            await conn.send("credit", {"n": self.cfg.cluster.learner_credits, "beta": self.beta(),
-                                       "version": self.weights_version()})
+            await conn.send(
+                "credit",
+                {"n": self.cfg.cluster.learner_credits, "beta": self.beta(), "version": self.weights_version()},
+            )
         except ConnectionClosed:
             pass  # gone again: its reader reports it
 
@@ -338,9 +362,15 @@ class LearnerRole(Role):
             self.per_memory[m]["batches"] += 1
             if result.priorities is not None and "generations" in batch:
                 # The batch's credit rides on its priorities: one message instead of two.
-                await self.memories[m].send("priorities", {"credit": 1, "beta": self.beta()}, {
-                    "indices": batch["indices"], "generations": batch["generations"],
-                    "priorities": np.asarray(result.priorities, np.float64)})
+                await self.memories[m].send(
+                    "priorities",
+                    {"credit": 1, "beta": self.beta()},
+                    {
+                        "indices": batch["indices"],
+                        "generations": batch["generations"],
+                        "priorities": np.asarray(result.priorities, np.float64),
+                    },
+                )
                 self.per_memory[m]["priority_messages"] += 1
                 self.per_memory[m]["priorities"] += len(batch["indices"])
                 credited = True
@@ -358,8 +388,9 @@ class LearnerRole(Role):
         if self.index != 0:
             return
         by_steps = r.checkpoint_every and self.total_steps % r.checkpoint_every == 0
-        by_time = (r.checkpoint_interval_s is not None
-                   and time.monotonic() - self.last_checkpoint_t >= r.checkpoint_interval_s)
+        by_time = (
+            r.checkpoint_interval_s is not None and time.monotonic() - self.last_checkpoint_t >= r.checkpoint_interval_s
+        )
         if by_steps or by_time:
             await self._checkpoint("periodic")
 
@@ -425,12 +456,16 @@ class LearnerRole(Role):
                 continue  # a batch of a connection that closed since
             try:
                 if not await self._train(m, msg.arrays):
-                    await self.memories[m].send("credit", {"n": 1, "beta": self.beta(),
-                                                           "version": self.weights_version()})
+                    await self.memories[m].send(
+                        "credit", {"n": 1, "beta": self.beta(), "version": self.weights_version()}
+                    )
             except ConnectionClosed:
                 pass  # that memory is gone; its reader reports it
-            if (self.index == 0 and self.counters["learner_steps"] % self.cfg.agent.publish_interval == 0
-                    and (self._publish is None or self._publish.done())):
+            if (
+                self.index == 0
+                and self.counters["learner_steps"] % self.cfg.agent.publish_interval == 0
+                and (self._publish is None or self._publish.done())
+            ):
                 # Copied now, between two steps; the publish task must not read them later,
                 # while the next step changes them in a worker thread.
                 self._publish = self.spawn(self._publish_weights(self.core.get_weights()), "weights publish")
@@ -460,8 +495,9 @@ class LearnerRole(Role):
                     ended.append(m)
                     continue
                 if int(msg.meta.get("iteration", -1)) != iteration:
-                    raise RuntimeError(f"memory-{m} sent iteration {msg.meta.get('iteration')} "
-                                       f"for iteration {iteration}")
+                    raise RuntimeError(
+                        f"memory-{m} sent iteration {msg.meta.get('iteration')} for iteration {iteration}"
+                    )
                 self.per_memory[m]["batches"] += 1
                 if msg.meta.get("versions"):
                     versions.extend(msg.meta["versions"])
@@ -469,9 +505,12 @@ class LearnerRole(Role):
                     parts.append(msg.arrays)
             if ended:
                 if parts:
-                    self.log.info("iteration %d is incomplete at the end of the run (memory %s ended): "
-                                  "%d rows discarded", iteration, ", ".join(map(str, sorted(ended))),
-                                  sum(len(next(iter(p.values()))) for p in parts))
+                    self.log.info(
+                        "iteration %d is incomplete at the end of the run (memory %s ended): %d rows discarded",
+                        iteration,
+                        ", ".join(map(str, sorted(ended))),
+                        sum(len(next(iter(p.values()))) for p in parts),
+                    )
                 break
             if not parts:
                 self.log.info("iteration %d: no actor delivered a rollout; waiting for the end", iteration)
@@ -489,10 +528,15 @@ class LearnerRole(Role):
             await self._maybe_checkpoint()
             self._maybe_evaluate()
             self.last_metrics["policy_lag"] = float(lag) if lag is not None else -1.0
-            self.iterations.append({"iteration": iteration, "rows": rows,
-                                    "versions": [min(versions), max(versions)] if versions else None,
-                                    "policy_lag": lag,
-                                    "weights_digest": weights_digest(self.core.get_weights())})
+            self.iterations.append(
+                {
+                    "iteration": iteration,
+                    "rows": rows,
+                    "versions": [min(versions), max(versions)] if versions else None,
+                    "policy_lag": lag,
+                    "weights_digest": weights_digest(self.core.get_weights()),
+                }
+            )
             del self.iterations[:-1000]
             self.log.info("iteration %d: %d rows, policy lag %s", iteration, rows, lag)
             iteration += 1
@@ -523,8 +567,9 @@ class LearnerRole(Role):
         """Publish `weights` (taken between steps), or the current ones when no step is running."""
         if weights is None:
             weights = self.core.get_weights()
-        reply = await self._request_or_lost("publish", {"learner_steps": self.counters["learner_steps"]},
-                                            arrays=weights)
+        reply = await self._request_or_lost(
+            "publish", {"learner_steps": self.counters["learner_steps"]}, arrays=weights
+        )
         self.published += 1
         self.published_version = int(reply.meta.get("version", self.published_version))
         self.log.debug("published weights version %s", reply.meta.get("version"))
@@ -532,8 +577,9 @@ class LearnerRole(Role):
     async def _run_state(self) -> dict:
         """The run's counters and return window, to record in a checkpoint."""
         try:
-            reply = await self.coordinator.request("run_state", {"counters": dict(self.counters)},
-                                                   timeout_s=self.cfg.cluster.coordinator_timeout_s)
+            reply = await self.coordinator.request(
+                "run_state", {"counters": dict(self.counters)}, timeout_s=self.cfg.cluster.coordinator_timeout_s
+            )
             return dict(reply.meta)
         except Exception as exc:  # the coordinator is gone: the last counters a heartbeat brought
             self.log.warning("checkpoint without the coordinator's run state (%r); using the last heartbeat's", exc)
@@ -564,8 +610,15 @@ class LearnerRole(Role):
             return
         if payload is None:
             return
-        meta = self.identity.stamp({"reason": reason, "run": run_state, "algo": self.cfg.algo,
-                                    "config_hash": self.cfg.config_hash(), "time": time.time()})
+        meta = self.identity.stamp(
+            {
+                "reason": reason,
+                "run": run_state,
+                "algo": self.cfg.algo,
+                "config_hash": self.cfg.config_hash(),
+                "time": time.time(),
+            }
+        )
         steps, keep, directory = self.total_steps, self.cfg.run.keep_checkpoints, self.run_dir / "checkpoints"
 
         async def write():
@@ -614,9 +667,12 @@ class LearnerRole(Role):
                     self._evaluating = self.spawn(self._evaluate(self.total_steps), "final evaluation")
                     await asyncio.wait({self._evaluating})
         except TimeoutError:
-            self.log.warning("the final evaluation did not end within %g s (%g x cluster.phase_timeout_s): "
-                             "stopped; policy/best/ is the best of the evaluations before it",
-                             budget_s, FINAL_EVALUATION_SHARE)
+            self.log.warning(
+                "the final evaluation did not end within %g s (%g x cluster.phase_timeout_s): "
+                "stopped; policy/best/ is the best of the evaluations before it",
+                budget_s,
+                FINAL_EVALUATION_SHARE,
+            )
 
     async def _finish_outputs(self) -> None:
         if self.evaluator is not None and self._signals == 0:  # a signal asks for a prompt end

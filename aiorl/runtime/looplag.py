@@ -9,6 +9,7 @@ Buckets are log-spaced (ratio `RATIO`), so a percentile read from them is an
 upper bound at most 10% above the true value; the counts are fixed-size and a
 sample costs one bisect, so the probe allocates nothing per wake-up.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ import math
 
 RATIO = 1.1
 FIRST_EDGE_S = 50e-6  # lateness under this is the loop's own noise
-EDGES_S = tuple(FIRST_EDGE_S * RATIO ** k for k in range(int(math.log(600 / FIRST_EDGE_S, RATIO)) + 1))
+EDGES_S = tuple(FIRST_EDGE_S * RATIO**k for k in range(int(math.log(600 / FIRST_EDGE_S, RATIO)) + 1))
 
 
 class LoopLagProbe:
@@ -48,8 +49,14 @@ class LoopLagProbe:
 
     def snapshot(self) -> dict:
         """What ``status`` carries: the counts so far (subtract an earlier snapshot for a window)."""
-        return {"interval_s": self.interval_s, "ratio": RATIO, "first_edge_s": FIRST_EDGE_S,
-                "counts": list(self.counts), "samples": self.samples, "max_s": round(self.max_s, 6)}
+        return {
+            "interval_s": self.interval_s,
+            "ratio": RATIO,
+            "first_edge_s": FIRST_EDGE_S,
+            "counts": list(self.counts),
+            "samples": self.samples,
+            "max_s": round(self.max_s, 6),
+        }
 
 
 def window(before: dict, after: dict) -> list[int]:

@@ -34,6 +34,7 @@ rows with a non-finite or negative priority are dropped and counted
 (``rows_rejected``), the rest of the batch is kept (in the frame layout, where
 the rows of a message share its frames, such rows are kept at priority 0).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,8 @@ from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from aiorl.replay.frames import FrameReplayBuffer, frame_layout
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import get_algorithm
-from aiorl.runtime.messages import PRIORITY_UPDATE, BadMessage, RowSpec, check
 from aiorl.runtime.fragments import FragmentHub
+from aiorl.runtime.messages import PRIORITY_UPDATE, BadMessage, RowSpec, check
 from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.runtime.ratelimit import ACTOR_CREDITS, SampleToInsertRatio
 from aiorl.runtime.resources import listen_backlog
@@ -98,6 +99,7 @@ class Pulse:
 @dataclass
 class ActorLink:
     """One actor connection (a restarted actor, or one that reconnected, makes a new one)."""
+
     name: str
     conn: Connection | None = None
     batches: int = 0
@@ -114,9 +116,14 @@ class ActorLink:
     credit_ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def stats(self) -> dict:
-        return {"batches": self.batches, "transitions": self.transitions, "next_seq": self.next_seq,
-                "seq_errors": self.seq_errors, "rows_rejected": self.rows_rejected,
-                "finished": self.done_meta is not None}
+        return {
+            "batches": self.batches,
+            "transitions": self.transitions,
+            "next_seq": self.next_seq,
+            "seq_errors": self.seq_errors,
+            "rows_rejected": self.rows_rejected,
+            "finished": self.done_meta is not None,
+        }
 
 
 @dataclass
@@ -151,9 +158,13 @@ class MemoryRole(Role):
         self.learners: dict[str, LearnerLink] = {}
         self.limiter: SampleToInsertRatio | None = None
         if a.samples_per_insert is not None and not self.synchronous:
-            self.limiter = SampleToInsertRatio(a.samples_per_insert, self.threshold, a.batch_size,
-                                               a.sample_batch_size * self.cfg.env.num_envs,
-                                               a.samples_per_insert_tolerance)
+            self.limiter = SampleToInsertRatio(
+                a.samples_per_insert,
+                self.threshold,
+                a.batch_size,
+                a.sample_batch_size * self.cfg.env.num_envs,
+                a.samples_per_insert_tolerance,
+            )
         self.sample_blocked_s = 0.0
         self.snapshots = ReplaySnapshots(snapshot_path(self.run_dir, self.name), self.log)
         self.changed = Pulse()
@@ -175,16 +186,22 @@ class MemoryRole(Role):
         server = self.server.stats if self.server is not None else {}
         frames = {"replay_frames": len(self.replay.pool)} if isinstance(self.replay, FrameReplayBuffer) else {}
         queue = self.fragments.metrics() if self.fragments is not None else {}
-        return {**frames, **queue, "replay_size": len(self.replay) if self.replay is not None else 0,
-                "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
-                "inserted": self.inserted, "sampled": self.sampled,
-                "actor_connections": sum(not link.closed for link in self.actor_links),
-                "learner_credits": sum(link.credits for link in self.learners.values()),
-                "sample_blocked_s": round(self.sample_blocked_s, 3),
-                "peers_refused": sum(self.peers_refused.values()), "rows_rejected": self.rows_rejected,
-                "bad_messages": self.bad_messages,
-                "connections_refused_busy": server.get("refused_busy", 0),
-                "handshakes_failed": server.get("handshake_failures", 0)}
+        return {
+            **frames,
+            **queue,
+            "replay_size": len(self.replay) if self.replay is not None else 0,
+            "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
+            "inserted": self.inserted,
+            "sampled": self.sampled,
+            "actor_connections": sum(not link.closed for link in self.actor_links),
+            "learner_credits": sum(link.credits for link in self.learners.values()),
+            "sample_blocked_s": round(self.sample_blocked_s, 3),
+            "peers_refused": sum(self.peers_refused.values()),
+            "rows_rejected": self.rows_rejected,
+            "bad_messages": self.bad_messages,
+            "connections_refused_busy": server.get("refused_busy", 0),
+            "handshakes_failed": server.get("handshake_failures", 0),
+        }
 
     async def _run(self) -> int:
         algo = self.algorithm()
@@ -195,20 +212,30 @@ class MemoryRole(Role):
         a, c = self.cfg.agent, self.cfg.cluster
         queue = algo.fragment_queue(self.cfg)
         if self.synchronous:
-            self.rounds = Rounds(spec, self.index, c.memories, c.actors, c.learners, algo.work_items(self.cfg),
-                                 self.log)
+            self.rounds = Rounds(
+                spec, self.index, c.memories, c.actors, c.learners, algo.work_items(self.cfg), self.log
+            )
         elif queue is not None:
             self.fragments = FragmentHub(spec, a.sample_batch_size, self.cfg.env.num_envs, queue, layout, c.actors)
             self.limiter = self.fragments.room  # actor credits as the queue's room allows
         elif layout is not None:
             self.replay = FrameReplayBuffer(
-                self.capacity, spec, layout, alpha=a.prioritized_replay_alpha if a.prioritized_replay else None,
-                eps=a.prioritized_replay_eps, seed=self.cfg.run.seed + 1000 + self.index,
-                max_streams=c.actors)
+                self.capacity,
+                spec,
+                layout,
+                alpha=a.prioritized_replay_alpha if a.prioritized_replay else None,
+                eps=a.prioritized_replay_eps,
+                seed=self.cfg.run.seed + 1000 + self.index,
+                max_streams=c.actors,
+            )
         elif a.prioritized_replay:
-            self.replay = PrioritizedReplayBuffer(self.capacity, spec, alpha=a.prioritized_replay_alpha,
-                                                  eps=a.prioritized_replay_eps,
-                                                  seed=self.cfg.run.seed + 1000 + self.index)
+            self.replay = PrioritizedReplayBuffer(
+                self.capacity,
+                spec,
+                alpha=a.prioritized_replay_alpha,
+                eps=a.prioritized_replay_eps,
+                seed=self.cfg.run.seed + 1000 + self.index,
+            )
         else:
             self.replay = ReplayBuffer(self.capacity, spec, seed=self.cfg.run.seed + 1000 + self.index)
         if self.replay is not None:
@@ -217,14 +244,28 @@ class MemoryRole(Role):
                 self.limiter.restore(restored)
         bind = c.advertise_host or self.coordinator_address()[0]
         # Actors and learners, and room for restarted ones whose old connection lingers.
-        self.server = await serve(self._on_connection, host=bind, port=0, token=self.token,
-                                  name=self.name, ssl=self.ssl_server, limits=frame_limits.UNKNOWN_PEER,
-                                  max_connections=2 * (c.actors + c.learners) + 4,
-                                  backlog=listen_backlog(c.actors + c.learners),
-                                  max_handshakes=c.max_handshakes, max_handshakes_per_host=c.max_handshakes_per_host)
+        self.server = await serve(
+            self._on_connection,
+            host=bind,
+            port=0,
+            token=self.token,
+            name=self.name,
+            ssl=self.ssl_server,
+            limits=frame_limits.UNKNOWN_PEER,
+            max_connections=2 * (c.actors + c.learners) + 4,
+            backlog=listen_backlog(c.actors + c.learners),
+            max_handshakes=c.max_handshakes,
+            max_handshakes_per_host=c.max_handshakes_per_host,
+        )
         if self.fragments is not None:
-            self.log.info("serving a trajectory queue on %s:%s (%d fragments of %d steps, when full: %s)", bind,
-                          self.server.port, queue.capacity, a.sample_batch_size, queue.full)
+            self.log.info(
+                "serving a trajectory queue on %s:%s (%d fragments of %d steps, when full: %s)",
+                bind,
+                self.server.port,
+                queue.capacity,
+                a.sample_batch_size,
+                queue.full,
+            )
         else:
             self.log.info("serving replay on %s:%s (capacity %d)", bind, self.server.port, self.capacity)
         return await super()._run()
@@ -293,8 +334,7 @@ class MemoryRole(Role):
                 if hmac.compare_digest(held[1], session):
                     code, reason = "duplicate", f"{name} is already attached (a second connection, same registration)"
                 else:  # a newer registration (a restarted role): its predecessor is gone
-                    self.log.warning("%s registered again: dropping its previous connection (%s)",
-                                     name, held[0].peer)
+                    self.log.warning("%s registered again: dropping its previous connection (%s)", name, held[0].peer)
                     held[0].abort()
         if reason is not None:
             self._refuse(conn, code, reason)
@@ -304,8 +344,11 @@ class MemoryRole(Role):
                 pass
             return None
         self.attached[name] = (conn, session)
-        conn.set_limits(frame_limits.actor_to_memory(self.cfg, self.algorithm()) if kind == "actor"
-                        else frame_limits.learner_to_memory(self.cfg, self.algorithm()))
+        conn.set_limits(
+            frame_limits.actor_to_memory(self.cfg, self.algorithm())
+            if kind == "actor"
+            else frame_limits.learner_to_memory(self.cfg, self.algorithm())
+        )
         await conn.reply(msg)
         return kind, index
 
@@ -383,8 +426,7 @@ class MemoryRole(Role):
         frames = {k: arrays.pop(k) for k in ("frames", "frames_lz4", "frame_ids") if k in arrays}
         n = self.rows.rows("batch", arrays)
         if priorities is not None and (priorities.dtype != np.float64 or priorities.shape != (n,)):
-            raise BadMessage(f"batch.priorities is {priorities.dtype}{list(priorities.shape)}, "
-                             f"expected float64[{n}]")
+            raise BadMessage(f"batch.priorities is {priorities.dtype}{list(priorities.shape)}, expected float64[{n}]")
         if link.frames is not None:
             self._add_frames(link, {**arrays, **frames}, priorities, n, fields)
         elif frames:
@@ -415,8 +457,13 @@ class MemoryRole(Role):
             self.log.error("%s fragment message seq %d, expected %d", link.name, seq, link.next_seq)
         link.next_seq = seq + 1
         try:
-            self.fragments.ingest(actor_index, fields["weights_version"], dict(msg.arrays), stream=link.frames,
-                                  keep_from=fields.get("keep_from"))
+            self.fragments.ingest(
+                actor_index,
+                fields["weights_version"],
+                dict(msg.arrays),
+                stream=link.frames,
+                keep_from=fields.get("keep_from"),
+            )
         except ValueError as exc:
             raise BadMessage(f"{link.name}: {exc}") from None
         n = self.fragments.num_envs * self.fragments.queue.steps
@@ -505,8 +552,9 @@ class MemoryRole(Role):
                 bad = int(n - good.sum())
                 link.rows_rejected += bad
                 self.rows_rejected += bad
-                self._log_peer("%s: %d of %d rows with a non-finite or negative priority kept at priority 0",
-                               link.name, bad, n)
+                self._log_peer(
+                    "%s: %d of %d rows with a non-finite or negative priority kept at priority 0", link.name, bad, n
+                )
                 priorities = np.where(good, priorities, 0.0)
         try:  # nothing is stored if any part of the message is invalid
             self.replay.add(arrays, priorities, stream=link.frames, keep_from=fields["keep_from"])
@@ -565,10 +613,11 @@ class MemoryRole(Role):
                 if fields.get("credit"):  # the batch's credit rides on its priorities
                     self._grant(link, fields["credit"], fields)
 
-        allowed = {"credit", "priorities"} if self.cfg.agent.prioritized_replay and not self.synchronous \
-            else {"credit"}
-        sampler = self.spawn(self._sync_sampler(conn, link, index) if self.synchronous
-                             else self._sampler(conn, link), f"sampler for {link.name}")
+        allowed = {"credit", "priorities"} if self.cfg.agent.prioritized_replay and not self.synchronous else {"credit"}
+        sampler = self.spawn(
+            self._sync_sampler(conn, link, index) if self.synchronous else self._sampler(conn, link),
+            f"sampler for {link.name}",
+        )
         try:
             link.done_meta = await self._read(conn, link.name, "learner_done", allowed, handle)
         finally:
@@ -582,8 +631,10 @@ class MemoryRole(Role):
         """A learner's credit for `credits` more batches, with its current beta (and sync iteration)."""
         limit = self.cfg.cluster.learner_credits
         if link.credits + credits > limit:
-            raise BadMessage(f"{link.name} holds {link.credits} credits and asks for {credits} more, "
-                             f"over cluster.learner_credits ({limit})")
+            raise BadMessage(
+                f"{link.name} holds {link.credits} credits and asks for {credits} more, "
+                f"over cluster.learner_credits ({limit})"
+            )
         link.credits += credits
         link.beta = fields.get("beta", link.beta)
         if "iteration" in fields:
@@ -598,8 +649,7 @@ class MemoryRole(Role):
         n = PRIORITY_UPDATE.rows("priorities", arrays)
         link.priority_messages += 1
         try:  # refused whole (nothing written) if a priority or an index is bad
-            stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"],
-                                                  arrays.get("generations"))
+            stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"], arrays.get("generations"))
         except ValueError:
             priorities = arrays["priorities"]
             good = np.isfinite(priorities) & (priorities >= 0)
@@ -610,8 +660,7 @@ class MemoryRole(Role):
             self._log_peer("%s: ignored %d of %d priorities that are non-finite or negative", link.name, bad, n)
             arrays = {k: v[good] for k, v in arrays.items()}
             n -= bad
-            stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"],
-                                                  arrays.get("generations"))
+            stale = self.replay.update_priorities(arrays["indices"], arrays["priorities"], arrays.get("generations"))
         link.priorities_stale += int(stale)
         link.priorities_applied += n - int(stale)
 
@@ -634,8 +683,11 @@ class MemoryRole(Role):
             if draining():
                 break
             link.credits -= 1
-            batch = self.replay.sample(batch_size, link.beta) if self.cfg.agent.prioritized_replay \
+            batch = (
+                self.replay.sample(batch_size, link.beta)
+                if self.cfg.agent.prioritized_replay
                 else self.replay.sample(batch_size)
+            )
             rows = len(batch["indices"]) if "indices" in batch else 0
             self.sampled += rows
             if self.limiter is not None:
@@ -687,19 +739,27 @@ class MemoryRole(Role):
         by_name: dict[str, list[ActorLink]] = {}
         for link in self.actor_links:
             by_name.setdefault(link.name, []).append(link)
-        return {name: {"batches": sum(l.batches for l in links), "transitions": sum(l.transitions for l in links),
-                       "next_seq": links[-1].next_seq, "seq_errors": sum(l.seq_errors for l in links),
-                       "rows_rejected": sum(l.rows_rejected for l in links),
-                       "finished": links[-1].done_meta is not None, "connections": [l.stats() for l in links]}
-                for name, links in by_name.items()}
+        return {
+            name: {
+                "batches": sum(l.batches for l in links),
+                "transitions": sum(l.transitions for l in links),
+                "next_seq": links[-1].next_seq,
+                "seq_errors": sum(l.seq_errors for l in links),
+                "rows_rejected": sum(l.rows_rejected for l in links),
+                "finished": links[-1].done_meta is not None,
+                "connections": [l.stats() for l in links],
+            }
+            for name, links in by_name.items()
+        }
 
     # ------------------------------------------------------------------ main
 
     async def main(self) -> dict:
         periodic = None
         if self.cfg.run.snapshot_replay and self.replay is not None:
-            periodic = self.spawn(self.snapshots.run_every(self.replay, self.cfg.run.snapshot_interval_s),
-                                  "replay snapshots")
+            periodic = self.spawn(
+                self.snapshots.run_every(self.replay, self.cfg.run.snapshot_interval_s), "replay snapshots"
+            )
         try:
             await self.wait_phase(Phase.CLOSING)
         finally:
@@ -725,16 +785,27 @@ class MemoryRole(Role):
             "sample_blocked_s": round(self.sample_blocked_s, 3),
             **self.snapshots.stats(),
             "queue": None if self.fragments is None else self.fragments.stats(),
-            "rounds": None if self.rounds is None else {
-                "completed": self.rounds.iteration, "duplicates": self.rounds.duplicates,
-                "stale": self.rounds.stale, "discarded_rows": self.rounds.discarded_rows},
+            "rounds": None
+            if self.rounds is None
+            else {
+                "completed": self.rounds.iteration,
+                "duplicates": self.rounds.duplicates,
+                "stale": self.rounds.stale,
+                "discarded_rows": self.rounds.discarded_rows,
+            },
             "actors": self._actor_stats(),
-            "learners": {n: {"batches_sent": l.batches_sent, "priority_messages": l.priority_messages,
-                             "priorities_applied": l.priorities_applied,
-                             "priorities_stale": l.priorities_stale, "beta": l.beta,
-                             "priorities_rejected": l.priorities_rejected,
-                             "reported": l.done_meta}
-                         for n, l in self.learners.items()},
+            "learners": {
+                n: {
+                    "batches_sent": l.batches_sent,
+                    "priority_messages": l.priority_messages,
+                    "priorities_applied": l.priorities_applied,
+                    "priorities_stale": l.priorities_stale,
+                    "beta": l.beta,
+                    "priorities_rejected": l.priorities_rejected,
+                    "reported": l.done_meta,
+                }
+                for n, l in self.learners.items()
+            },
             "peers_refused": dict(self.peers_refused),
             "bad_messages": self.bad_messages,
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,

@@ -11,10 +11,12 @@ not use are ignored, so a newer sender may add some.
 Schemas are plain dicts ``{field: (checker, required)}``; checkers return
 the value to use (ints as int, numbers as float) or raise `BadMessage`.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -24,7 +26,7 @@ from aiorl.wire.names import is_peer_name, safe_text
 __all__ = ["BadMessage", "check", "RowSpec", "PRIORITY_UPDATE", "SCHEMAS", "MAX_COUNT", "pack_table", "unpack_table"]
 
 #: Upper bound of counters, indices and sizes carried in metadata (msgpack ints reach 2**64).
-MAX_COUNT = 2 ** 53
+MAX_COUNT = 2**53
 MAX_LIST = 1 << 16  # items in a list field (episode returns of one heartbeat, ...)
 MAX_TEXT = 1 << 16  # characters of a free-text field (reasons; a frame header holds 64 KiB anyway)
 
@@ -41,6 +43,7 @@ def integer(lo: int = 0, hi: int = MAX_COUNT) -> Checker:
         if type(value) is not int or not lo <= value <= hi:
             raise BadMessage(f"{path} must be an integer in [{lo}, {hi}], got {_show(value)}")
         return value
+
     return check_int
 
 
@@ -49,6 +52,7 @@ def number(lo: float = -math.inf, hi: float = math.inf) -> Checker:
         if type(value) not in (int, float) or not (math.isfinite(value) and lo <= value <= hi):
             raise BadMessage(f"{path} must be a finite number in [{lo:g}, {hi:g}], got {_show(value)}")
         return float(value)
+
     return check_number
 
 
@@ -63,6 +67,7 @@ def text(max_len: int = MAX_TEXT) -> Checker:
         if type(value) is not str or len(value) > max_len:
             raise BadMessage(f"{path} must be a string of at most {max_len} characters, got {_show(value)}")
         return value
+
     return check_text
 
 
@@ -75,6 +80,7 @@ def name(value, path):
 def nullable(checker: Checker) -> Checker:
     def check_nullable(value, path):
         return None if value is None else checker(value, path)
+
     return check_nullable
 
 
@@ -83,6 +89,7 @@ def list_of(checker: Checker, max_len: int = MAX_LIST) -> Checker:
         if type(value) is not list or len(value) > max_len:
             raise BadMessage(f"{path} must be a list of at most {max_len} items, got {_show(value)}")
         return [checker(item, f"{path}[{i}]") for i, item in enumerate(value)]
+
     return check_list
 
 
@@ -91,6 +98,7 @@ def mapping(key: Checker, value: Checker, max_len: int = 1024) -> Checker:
         if type(obj) is not dict or len(obj) > max_len:
             raise BadMessage(f"{path} must be a map of at most {max_len} entries, got {_show(obj)}")
         return {key(k, f"{path} key"): value(v, f"{path}[{safe_text(k, 40)}]") for k, v in obj.items()}
+
     return check_map
 
 
@@ -102,8 +110,7 @@ def address(value, path):
 
 def int_pair(value, path):
     """``[a, b]``, two counts (a work item: iteration, item)."""
-    if type(value) is not list or len(value) != 2 or any(type(v) is not int or not 0 <= v <= MAX_COUNT
-                                                         for v in value):
+    if type(value) is not list or len(value) != 2 or any(type(v) is not int or not 0 <= v <= MAX_COUNT for v in value):
         raise BadMessage(f"{path} must be [iteration, item], two counts, got {_show(value)}")
     return value
 
@@ -138,9 +145,11 @@ def evaluation(value, path):
     """Learner 0's evaluations: ``{count, last, best}`` (`Evaluator.summary`)."""
     if type(value) is not dict:
         raise BadMessage(f"{path} must be a map, got {_show(value)}")
-    return {"count": _count(value.get("count"), f"{path}[count]"),
-            "last": nullable(_evaluation_record)(value.get("last"), f"{path}[last]"),
-            "best": nullable(_evaluation_record)(value.get("best"), f"{path}[best]")}
+    return {
+        "count": _count(value.get("count"), f"{path}[count]"),
+        "last": nullable(_evaluation_record)(value.get("last"), f"{path}[last]"),
+        "best": nullable(_evaluation_record)(value.get("best"), f"{path}[best]"),
+    }
 
 
 _HEARTBEAT = {
@@ -154,10 +163,16 @@ _HEARTBEAT = {
 #: Messages by kind, as the receiver checks them. Requests and data alike.
 SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     # role -> coordinator
-    "register": {"role": (name, True), "pid": (nullable(integer(0, 1 << 31)), False),
-                 "host": (nullable(text(255)), False), "config_hash": (text(64), True),
-                 "address": (nullable(address), False), "rendezvous": (nullable(text(300)), False),
-                 "incarnation": (text(64), False), "rejoin": (boolean, False)},
+    "register": {
+        "role": (name, True),
+        "pid": (nullable(integer(0, 1 << 31)), False),
+        "host": (nullable(text(255)), False),
+        "config_hash": (text(64), True),
+        "address": (nullable(address), False),
+        "rendezvous": (nullable(text(300)), False),
+        "incarnation": (text(64), False),
+        "rejoin": (boolean, False),
+    },
     "heartbeat": _HEARTBEAT,
     "done": {**_HEARTBEAT, "stats": (any_map, False)},
     "wait_start": {},
@@ -173,22 +188,39 @@ SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     # actor -> memory
     "attach": {"session": (text(64), True)},
     "batch": {"actor": (_count, False), "seq": (_count, True), "keep_from": (_count, False)},
-    "rollout": {"actor": (_count, False), "iteration": (_count, True), "item": (_count, False),
-                "weights_version": (integer(-1), False)},
+    "rollout": {
+        "actor": (_count, False),
+        "iteration": (_count, True),
+        "item": (_count, False),
+        "weights_version": (integer(-1), False),
+    },
     "fragment": {"seq": (_count, True), "weights_version": (_count, True), "keep_from": (_count, False)},
     "actor_done": {"actor": (_count, False), "batches": (_count, False), "transitions": (_count, False)},
     # learner -> memory
-    "credit": {"n": (integer(1, 1 << 20), False), "beta": (number(0.0, 1.0), False),
-               "iteration": (_count, False), "version": (integer(-1), False)},
+    "credit": {
+        "n": (integer(1, 1 << 20), False),
+        "beta": (number(0.0, 1.0), False),
+        "iteration": (_count, False),
+        "version": (integer(-1), False),
+    },
     "priorities": {"credit": (integer(0, 1 << 20), False), "beta": (number(0.0, 1.0), False)},
-    "learner_done": {"learner": (_count, False), "batches": (_count, False),
-                     "priority_messages": (_count, False), "priorities": (_count, False)},
+    "learner_done": {
+        "learner": (_count, False),
+        "batches": (_count, False),
+        "priority_messages": (_count, False),
+        "priorities": (_count, False),
+    },
     # coordinator -> role
     "phase": {"phase": (integer(0, 5), True), "reason": (nullable(text()), False)},
     "role_lost": {"role": (name, True)},
     "memories": {"memories": (list_of(nullable(address), 1 << 12), True)},
-    "exit": {"ok": (boolean, False), "role_ok": (boolean, False), "reason": (nullable(text()), False),
-             "outcome": (nullable(text(32)), False), "signal": (nullable(text(32)), False)},
+    "exit": {
+        "ok": (boolean, False),
+        "role_ok": (boolean, False),
+        "reason": (nullable(text()), False),
+        "outcome": (nullable(text(32)), False),
+        "signal": (nullable(text(32)), False),
+    },
 }
 
 
@@ -232,8 +264,10 @@ class RowSpec:
             dtype, tail = expected
             shape = array.shape
             if array.dtype != dtype or shape[1:] != tail or len(shape) != len(tail) + 1:
-                raise BadMessage(f"{kind}.{field} is {array.dtype}{list(shape)}, the spec says "
-                                 f"{dtype}[n, {', '.join(map(str, tail))}]")
+                raise BadMessage(
+                    f"{kind}.{field} is {array.dtype}{list(shape)}, the spec says "
+                    f"{dtype}[n, {', '.join(map(str, tail))}]"
+                )
             if n < 0:
                 n = shape[0]
             elif shape[0] != n:
@@ -247,8 +281,10 @@ class RowSpec:
     def _mismatch(self, kind: str, arrays) -> None:
         names = set(arrays)
         required = set(self.fields) - self.optional
-        raise BadMessage(f"{kind} fields do not match the replay spec: missing {sorted(required - names)}, "
-                         f"unexpected {sorted(safe_text(n, 40) for n in names - set(self.fields))}")
+        raise BadMessage(
+            f"{kind} fields do not match the replay spec: missing {sorted(required - names)}, "
+            f"unexpected {sorted(safe_text(n, 40) for n in names - set(self.fields))}"
+        )
 
 
 #: A learner's priority update: int64 indices, float64 priorities, optional uint64 generations.

@@ -1,4 +1,5 @@
 """Run phases, driven by the coordinator (see DESIGN.md, "Shutdown phases")."""
+
 from __future__ import annotations
 
 import enum

@@ -2,6 +2,7 @@
 
 Memory host 0 runs the coordinator in the same event loop as its replay.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +18,7 @@ from aiorl.rundir import Identity, write_json_atomic
 from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, INTERRUPTED, interrupted_exit_code, role_name
 from aiorl.runtime.resources import raise_open_file_limit
 from aiorl.wire import load_token
+
 
 def setup_logging(run_dir: Path, name: str, level: str, console: bool = False) -> None:
     """One log file per role, plus warnings on stderr, every line prefixed by the role;
@@ -88,10 +90,10 @@ async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl
     cfg.cluster.port = port
     address = {"host": cfg.cluster.advertise_host or cfg.cluster.host, "port": port, "pid": os.getpid()}
     write_json_atomic(run_dir / "coordinator.json", identity.stamp(address))
-    logging.getLogger("aiorl.coordinator").info("coordinator listening on %s:%s", cfg.cluster.host, port,
-                                                extra={CONSOLE: True})
-    memory = MemoryRole(cfg, 0, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server,
-                        coordinator=coordinator)
+    logging.getLogger("aiorl.coordinator").info(
+        "coordinator listening on %s:%s", cfg.cluster.host, port, extra={CONSOLE: True}
+    )
+    memory = MemoryRole(cfg, 0, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server, coordinator=coordinator)
     async with asyncio.TaskGroup() as tg:
         run_ok = tg.create_task(coordinator.run())
         memory_code = tg.create_task(memory.run())

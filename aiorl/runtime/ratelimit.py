@@ -23,6 +23,7 @@ move cannot occur (Reverb refuses such a band for the same reason).
 
 Synchronous algorithms do not use replay; the limiter is not built for them.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,7 @@ ACTOR_CREDITS = 2
 
 
 class SampleToInsertRatio:
-    def __init__(self, samples_per_insert: float, min_size: int, learner_batch: int, batch_rows: int,
-                 tolerance: float):
+    def __init__(self, samples_per_insert: float, min_size: int, learner_batch: int, batch_rows: int, tolerance: float):
         self.spi = float(samples_per_insert)
         self.min_size = int(min_size)
         self.learner_batch = int(learner_batch)
@@ -47,8 +47,10 @@ class SampleToInsertRatio:
         self.reserved = 0  # transitions granted to actors and not yet arrived
 
     def __repr__(self) -> str:
-        return (f"<SampleToInsertRatio spi={self.spi:g} min_size={self.min_size} diff={self.diff:.0f} "
-                f"band=[{self.min_diff:.0f}, {self.max_diff:.0f}] reserved={self.reserved}>")
+        return (
+            f"<SampleToInsertRatio spi={self.spi:g} min_size={self.min_size} diff={self.diff:.0f} "
+            f"band=[{self.min_diff:.0f}, {self.max_diff:.0f}] reserved={self.reserved}>"
+        )
 
     @property
     def diff(self) -> float:

@@ -15,6 +15,7 @@ another process); its ``tcp://host:port`` goes to the coordinator with the
 registration and to the other learners with the start. Gloo's connections
 go over the interface holding that address (``GLOO_SOCKET_IFNAME``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,12 @@ def listen(host: str, port: int = 0) -> str:
         raise
     bound = sock.getsockname()[1]
     if not is_loopback(host):
-        log.warning("the learners' torch.distributed rendezvous listens on %s:%d, unauthenticated and "
-                    "unencrypted: keep that network to the cluster", host, bound)
+        log.warning(
+            "the learners' torch.distributed rendezvous listens on %s:%d, unauthenticated and "
+            "unencrypted: keep that network to the cluster",
+            host,
+            bound,
+        )
     url = f"tcp://[{host}]:{bound}" if family == socket.AF_INET6 else f"tcp://{host}:{bound}"
     _listening[url] = sock
     return url

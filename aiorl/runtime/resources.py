@@ -1,4 +1,5 @@
 """Process resources a role sets up before it serves: the open-file limit."""
+
 from __future__ import annotations
 
 import logging

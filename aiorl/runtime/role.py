@@ -14,6 +14,7 @@ hosts check it when the role attaches (see `aiorl.runtime.memory`). Tasks a
 role starts besides its work go through `spawn`: one that dies is logged
 and fails the role (and so the run), never silently.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -86,8 +87,7 @@ class RoleFailed(Exception):
 class Role:
     kind = ""
 
-    def __init__(self, cfg: Config, index: int, run_dir: str | Path, token: bytes,
-                 ssl_client=None, ssl_server=None):
+    def __init__(self, cfg: Config, index: int, run_dir: str | Path, token: bytes, ssl_client=None, ssl_server=None):
         self.cfg = cfg
         self.index = index
         self.name = role_name(self.kind, index)
@@ -198,9 +198,15 @@ class Role:
         return connect_host(self.cfg.cluster.host), self.cfg.cluster.port
 
     def _register_meta(self) -> dict:
-        return {"role": self.name, "pid": os.getpid(), "host": socket.gethostname(),
-                "config_hash": self.cfg.config_hash(), "address": self.advertised_address(),
-                "incarnation": self.incarnation, **self._register_extra}
+        return {
+            "role": self.name,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "config_hash": self.cfg.config_hash(),
+            "address": self.advertised_address(),
+            "incarnation": self.incarnation,
+            **self._register_extra,
+        }
 
     async def connect_to(self, host: str, port: int, limits: Limits | None = None) -> Connection:
         """Connect to a server of the run, retrying (with backoff) while it is busy, for up to
@@ -214,8 +220,15 @@ class Role:
         delay = 0.05
         while True:
             try:
-                return await connect(host, port, token=self.token, name=self.name, ssl=self.ssl_client,
-                                     limits=limits, handshake_timeout_s=self.cfg.cluster.coordinator_timeout_s)
+                return await connect(
+                    host,
+                    port,
+                    token=self.token,
+                    name=self.name,
+                    ssl=self.ssl_client,
+                    limits=limits,
+                    handshake_timeout_s=self.cfg.cluster.coordinator_timeout_s,
+                )
             except (ServerBusy, TimeoutError):  # its handshake slots are taken (a flood, or many peers at once)
                 if asyncio.get_running_loop().time() + delay > deadline:
                     raise
@@ -230,8 +243,11 @@ class Role:
     async def attach_memory(self, host: str, port: int) -> Connection:
         """Connect to a memory host and attach with this registration's session id."""
         # A learner receives sampled batches; an actor only the attach reply.
-        limits = (frame_limits.memory_to_learner(self.cfg, self.algorithm()) if self.kind == "learner"
-                  else frame_limits.UNKNOWN_PEER)
+        limits = (
+            frame_limits.memory_to_learner(self.cfg, self.algorithm())
+            if self.kind == "learner"
+            else frame_limits.UNKNOWN_PEER
+        )
         conn = await self.connect_to(host, port, limits)
         try:
             await conn.request("attach", {"session": self.session}, timeout_s=self.cfg.cluster.coordinator_timeout_s)
@@ -300,17 +316,26 @@ class Role:
             raise RoleFailed("cluster.port is 0: a role started on its own needs the coordinator's port")
         c = self.cfg.cluster
         self._register_extra = self.register_extra()  # once: it may bind (learner 0's rendezvous)
-        self.coordinator = ControlChannel(self.name, (host, port), self.token, self.ssl_client, self._register_meta,
-                                          c.coordinator_timeout_s, c.start_timeout_s, self.log,
-                                          limits=frame_limits.from_coordinator(self.algorithm()))
+        self.coordinator = ControlChannel(
+            self.name,
+            (host, port),
+            self.token,
+            self.ssl_client,
+            self._register_meta,
+            c.coordinator_timeout_s,
+            c.start_timeout_s,
+            self.log,
+            limits=frame_limits.from_coordinator(self.algorithm()),
+        )
         try:
             reply = await self.coordinator.open()
         except Refused as exc:
             raise RoleFailed(str(exc)) from None
         self.registration = reply
         self._set_phase(Phase(int(reply.get("phase", Phase.STARTING))))  # a restart joins a running run
-        self.log.info("registered with the coordinator at %s:%s (%s)", host, port, reply.get("admission"),
-                      extra={CONSOLE: True})
+        self.log.info(
+            "registered with the coordinator at %s:%s (%s)", host, port, reply.get("admission"), extra={CONSOLE: True}
+        )
         async with asyncio.TaskGroup() as tg:
             control = tg.create_task(self._control_loop())
             heartbeat = tg.create_task(self._heartbeat_loop())
@@ -377,18 +402,20 @@ class Role:
 
     async def _report_failure(self, reason: str) -> None:
         try:
-            await self.coordinator.request("fail", {"reason": reason},
-                                           timeout_s=self.cfg.cluster.coordinator_timeout_s)
+            await self.coordinator.request("fail", {"reason": reason}, timeout_s=self.cfg.cluster.coordinator_timeout_s)
         except (ConnectionClosed, TimeoutError, RemoteError, CoordinatorLost):
             pass
 
     async def _request_or_lost(self, kind: str, meta: dict | None = None, **kwargs):
         try:
-            return await self.coordinator.request(kind, meta, timeout_s=self.cfg.cluster.coordinator_timeout_s,
-                                                  **kwargs)
+            return await self.coordinator.request(
+                kind, meta, timeout_s=self.cfg.cluster.coordinator_timeout_s, **kwargs
+            )
         except TimeoutError:
-            raise CoordinatorLost(f"no answer to {kind!r} within cluster.coordinator_timeout_s "
-                                  f"({self.cfg.cluster.coordinator_timeout_s:g} s)") from None
+            raise CoordinatorLost(
+                f"no answer to {kind!r} within cluster.coordinator_timeout_s "
+                f"({self.cfg.cluster.coordinator_timeout_s:g} s)"
+            ) from None
 
     async def _control_loop(self) -> None:
         try:
@@ -437,15 +464,17 @@ class Role:
             reply = await self._request_or_lost("heartbeat", meta)
             self._set_phase(Phase(int(reply.meta["phase"])))
             self.weights_version_seen = int(reply.meta.get("weights_version", -1))
-            self.run_counters = {k: int(reply.meta[k]) for k in ("env_steps", "learner_steps", "episodes")
-                                 if k in reply.meta}
+            self.run_counters = {
+                k: int(reply.meta[k]) for k in ("env_steps", "learner_steps", "episodes") if k in reply.meta
+            }
             self.counters_at_heartbeat = meta["counters"]  # what those totals include of ours
 
     def _on_signal(self, sig: int) -> None:
         self._signals += 1
         if self._signals == 1:
-            self.log.warning("got %s: asking the coordinator to stop the run (again to exit now)",
-                             signal.Signals(sig).name)
+            self.log.warning(
+                "got %s: asking the coordinator to stop the run (again to exit now)", signal.Signals(sig).name
+            )
             self._stop_task = asyncio.get_running_loop().create_task(self._ask_stop(signal.Signals(sig).name))
         else:
             self.log.warning("got %s again: exiting now", signal.Signals(sig).name)
@@ -454,8 +483,7 @@ class Role:
 
     async def _ask_stop(self, reason: str) -> None:
         try:
-            await self.coordinator.request("stop", {"reason": reason},
-                                           timeout_s=self.cfg.cluster.coordinator_timeout_s)
+            await self.coordinator.request("stop", {"reason": reason}, timeout_s=self.cfg.cluster.coordinator_timeout_s)
         except (ConnectionClosed, TimeoutError, RemoteError, CoordinatorLost) as exc:
             self.log.warning("could not ask the coordinator to stop: %r", exc)
 

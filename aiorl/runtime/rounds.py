@@ -26,6 +26,7 @@ Per work item, an incomplete round is discarded (a fraction of a population
 is not an ES estimate). After that, a learner asking for an iteration that
 is not there gets the end of the data.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,16 @@ from aiorl.replay import AggregateBuffer
 
 
 class Rounds:
-    def __init__(self, spec, memory_index: int, memories: int, actors: int, learners: int,
-                 work_items: int | None, log: logging.Logger):
+    def __init__(
+        self,
+        spec,
+        memory_index: int,
+        memories: int,
+        actors: int,
+        learners: int,
+        work_items: int | None,
+        log: logging.Logger,
+    ):
         self.memory_index = memory_index
         self.memories = memories
         self.learners = learners
@@ -58,8 +67,10 @@ class Rounds:
         self.discarded_rows = 0
 
     def __repr__(self) -> str:
-        return (f"<Rounds iteration={self.iteration} completed={sorted(self.completed)} final={self.final} "
-                f"{self.aggregate!r}>")
+        return (
+            f"<Rounds iteration={self.iteration} completed={sorted(self.completed)} final={self.final} "
+            f"{self.aggregate!r}>"
+        )
 
     # ------------------------------------------------------------------ gathering
 
@@ -71,12 +82,16 @@ class Rounds:
             raise ValueError(f"a part for iteration {iteration} after this memory's last round")
         if self.work_items is None:
             if actor_index not in self.producers:
-                raise ValueError(f"actor {actor_index} sends its rollouts to memory "
-                                 f"{actor_index % self.memories}, not memory {self.memory_index}")
+                raise ValueError(
+                    f"actor {actor_index} sends its rollouts to memory "
+                    f"{actor_index % self.memories}, not memory {self.memory_index}"
+                )
             producer = self.producers.index(actor_index)
             if iteration != self.iteration:
-                raise ValueError(f"actor {actor_index} sent iteration {iteration}, this memory is gathering "
-                                 f"iteration {self.iteration}")
+                raise ValueError(
+                    f"actor {actor_index} sent iteration {iteration}, this memory is gathering "
+                    f"iteration {self.iteration}"
+                )
         else:
             item = int(meta["item"])
             if item not in self.producers:
@@ -86,8 +101,9 @@ class Rounds:
                 self.stale += 1
                 return "stale"
             if iteration > self.iteration:
-                raise ValueError(f"work item {item} of iteration {iteration}, this memory is gathering "
-                                 f"iteration {self.iteration}")
+                raise ValueError(
+                    f"work item {item} of iteration {iteration}, this memory is gathering iteration {self.iteration}"
+                )
             if producer in self.aggregate.received:
                 self.duplicates += 1
                 return "duplicate"
@@ -128,8 +144,12 @@ class Rounds:
             self._close_round(self.aggregate.take() if self.aggregate.complete else {})
         elif rows:
             self.discarded_rows += rows
-            self.log.info("discarding the incomplete round of iteration %d (%d of %d work items here)",
-                          self.iteration, len(self.aggregate.received), len(self.producers))
+            self.log.info(
+                "discarding the incomplete round of iteration %d (%d of %d work items here)",
+                self.iteration,
+                len(self.aggregate.received),
+                len(self.producers),
+            )
 
     # ------------------------------------------------------------------ serving learners
 
@@ -137,13 +157,11 @@ class Rounds:
         """A share of `iteration` can be handed out now (possibly empty). Once one learner got an
         answer for an iteration, every learner gets the same one, before or after `finalize`
         (data-parallel learners must take the same steps)."""
-        return (iteration in self.completed or iteration <= self.empty_upto
-                or (not self.final and self._all_dropped()))
+        return iteration in self.completed or iteration <= self.empty_upto or (not self.final and self._all_dropped())
 
     def exhausted(self, next_iteration: int) -> bool:
         """Nothing at or after `next_iteration` will ever be handed out."""
-        return (self.final and next_iteration > self.empty_upto
-                and not any(i >= next_iteration for i in self.completed))
+        return self.final and next_iteration > self.empty_upto and not any(i >= next_iteration for i in self.completed)
 
     def take(self, iteration: int, learner_index: int) -> tuple[dict, dict]:
         """Learner `learner_index`'s share of a ready round and its meta (``empty``, ``versions``)."""

@@ -12,6 +12,7 @@ A memory host that starts (a resumed run, or a restarted memory host) loads
 its snapshot when there is one; one that does not fit (a changed buffer size
 or spec) or does not read back is named in the log and the shard starts empty.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,9 @@ class ReplaySnapshots:
         try:
             replay.load(self.path)
         except (ValueError, OSError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            self.log.error("replay snapshot %s not restored (%s: %s); this shard starts empty",
-                           self.path, type(exc).__name__, exc)
+            self.log.error(
+                "replay snapshot %s not restored (%s: %s); this shard starts empty", self.path, type(exc).__name__, exc
+            )
             return None
         self.restored_rows = len(replay)
         self.log.info("restored %d transitions from %s", self.restored_rows, self.path)
@@ -64,8 +66,12 @@ class ReplaySnapshots:
             self.pause_max_s = max(self.pause_max_s, pause)
             await asyncio.to_thread(atomic_write, self.path, lambda f: np.savez(f, **state))
             self.saved += 1
-            self.log.info("replay snapshot %s: %d transitions (sampling paused %.3f s for the copy)",
-                          self.path.name, len(replay), pause)
+            self.log.info(
+                "replay snapshot %s: %d transitions (sampling paused %.3f s for the copy)",
+                self.path.name,
+                len(replay),
+                pause,
+            )
 
     async def run_every(self, replay, interval_s: float) -> None:
         while True:
@@ -73,5 +79,9 @@ class ReplaySnapshots:
             await self.save(replay)
 
     def stats(self) -> dict:
-        return {"snapshot": str(self.path) if self.saved else None, "snapshots_saved": self.saved,
-                "snapshot_pause_max_s": round(self.pause_max_s, 6), "snapshot_restored_rows": self.restored_rows}
+        return {
+            "snapshot": str(self.path) if self.saved else None,
+            "snapshots_saved": self.saved,
+            "snapshot_pause_max_s": round(self.pause_max_s, 6),
+            "snapshot_restored_rows": self.restored_rows,
+        }

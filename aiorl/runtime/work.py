@@ -14,6 +14,7 @@ A sans-I/O state machine: the coordinator drives it and does the waiting.
   front of the queue; another worker takes them. Should the lost worker's
   result still arrive, the memory keeps the first copy of an item.
 """
+
 from __future__ import annotations
 
 import collections
@@ -31,8 +32,10 @@ class WorkQueue:
         self.released = 0  # items given back by lost workers, over the run
 
     def __repr__(self) -> str:
-        return (f"<WorkQueue iteration={self.iteration} pending={len(self.pending)} leased={len(self.leases)} "
-                f"finished={self.finished}/{self.items_per_iteration}>")
+        return (
+            f"<WorkQueue iteration={self.iteration} pending={len(self.pending)} leased={len(self.leases)} "
+            f"finished={self.finished}/{self.items_per_iteration}>"
+        )
 
     def start(self, iteration: int) -> None:
         if iteration <= self.iteration:

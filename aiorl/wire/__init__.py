@@ -11,8 +11,7 @@ buffer contract and flow control.
 from .auth import generate_token, load_token, write_token_file
 from .codec import ALLOWED_DTYPES, PROTOCOL_VERSION, Limits
 from .connection import Connection, Server, connect, serve
-from .errors import (AuthError, ConnectionClosed, ProtocolError, RemoteError, ServerBusy, TokenError,
-                     WireError)
+from .errors import AuthError, ConnectionClosed, ProtocolError, RemoteError, ServerBusy, TokenError, WireError
 from .message import Message
 
 __all__ = [

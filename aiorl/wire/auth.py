@@ -123,8 +123,7 @@ def load_token(path: str | os.PathLike | None = None) -> bytes:
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
         raise TokenError(
-            f"token file {path} has mode {mode:04o}; it must be 0600 (readable by its owner only): "
-            f"chmod 600 {path}"
+            f"token file {path} has mode {mode:04o}; it must be 0600 (readable by its owner only): chmod 600 {path}"
         )
     return _check_token(path.read_bytes().strip(), f"token file {path}")
 
@@ -156,11 +155,18 @@ def mac(
     """HMAC-SHA256 over the handshake transcript, for ``direction`` b"client" or b"server"."""
     client = client_name.encode()
     server = server_name.encode()
-    transcript = b"".join((
-        b"aiorl-handshake\0", direction, b"\0",
-        struct.pack("<BHH", version, len(client), len(server)),
-        client_nonce, server_nonce, client, server,
-    ))
+    transcript = b"".join(
+        (
+            b"aiorl-handshake\0",
+            direction,
+            b"\0",
+            struct.pack("<BHH", version, len(client), len(server)),
+            client_nonce,
+            server_nonce,
+            client,
+            server,
+        )
+    )
     return hmac.new(token, transcript, hashlib.sha256).digest()
 
 
@@ -245,8 +251,10 @@ class Handshake:
 
     def __init__(self, *, client: bool, token: bytes, name: str, version: int = PROTOCOL_VERSION) -> None:
         if not is_peer_name(name):
-            raise ValueError(f"name {safe_text(name, 80)!r} is not a valid peer name "
-                             f"(1-{MAX_PEER_NAME} characters of {PEER_NAME_CHARS})")
+            raise ValueError(
+                f"name {safe_text(name, 80)!r} is not a valid peer name "
+                f"(1-{MAX_PEER_NAME} characters of {PEER_NAME_CHARS})"
+            )
         self.client = client
         self.name = name
         self.version = version
@@ -314,8 +322,8 @@ class Handshake:
     def _next_frame(self) -> tuple[int, dict] | None:
         buf = self._buffer
         if len(buf) < FIXED_SIZE:
-            if len(buf) >= len(MAGIC) and buf[:len(MAGIC)] != MAGIC:  # not aiorl (an HTTP probe...): say so now
-                raise ProtocolError(f"bad magic {bytes(buf[:len(MAGIC)])!r}: not an aiorl peer")
+            if len(buf) >= len(MAGIC) and buf[: len(MAGIC)] != MAGIC:  # not aiorl (an HTTP probe...): say so now
+                raise ProtocolError(f"bad magic {bytes(buf[: len(MAGIC)])!r}: not an aiorl peer")
             return None
         magic, version, ftype, flags, schema_len, meta_len, payload_len, request_id = FIXED.unpack_from(buf)
         if magic != MAGIC:
@@ -325,10 +333,16 @@ class Handshake:
         if flags:
             raise ProtocolError(f"unknown frame flags 0x{flags:04x}")
         header_len = schema_len + meta_len
-        if (ftype not in FrameType.HANDSHAKE or schema_len or payload_len or request_id
-                or header_len > HANDSHAKE_MAX_HEADER_BYTES):
-            raise ProtocolError(f"expected a handshake frame, got type {ftype} with {header_len} header and "
-                                f"{payload_len} payload bytes")
+        if (
+            ftype not in FrameType.HANDSHAKE
+            or schema_len
+            or payload_len
+            or request_id
+            or header_len > HANDSHAKE_MAX_HEADER_BYTES
+        ):
+            raise ProtocolError(
+                f"expected a handshake frame, got type {ftype} with {header_len} header and {payload_len} payload bytes"
+            )
         end = FIXED_SIZE + meta_len
         if len(buf) < end:
             return None
@@ -362,8 +376,9 @@ class Handshake:
             return [Send(self._frame(FrameType.AUTH, {"mac": self._mac(b"client")}))]
         if self.state is State.AWAIT_AUTH:  # server: check the client's proof
             if not hmac.compare_digest(_field(meta, "mac", MAC_BYTES), self._mac(b"client")):
-                raise AuthError(f"authentication failed: {self.peer_name} does not hold the cluster token "
-                                "(wrong token?)")
+                raise AuthError(
+                    f"authentication failed: {self.peer_name} does not hold the cluster token (wrong token?)"
+                )
             self.state = State.DECIDING
             return [ClientProved(self.peer_name)]
         # client: the server's proof, checked before anything else is sent

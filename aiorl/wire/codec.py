@@ -29,8 +29,9 @@ looked up in a fixed table, metadata is plain msgpack without extension types.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -102,9 +103,17 @@ ALLOWED_DTYPES: dict[str, np.dtype] = {
     np.dtype(t).newbyteorder("<").str: np.dtype(t).newbyteorder("<")
     for t in (
         np.bool_,
-        np.int8, np.int16, np.int32, np.int64,
-        np.uint8, np.uint16, np.uint32, np.uint64,
-        np.float16, np.float32, np.float64,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.float16,
+        np.float32,
+        np.float64,
     )
 }
 _WIRE_NAME: dict[np.dtype, str] = {dt: name for name, dt in ALLOWED_DTYPES.items()}
@@ -137,8 +146,14 @@ class Limits:
     """...until it is back under this."""
 
     def __post_init__(self) -> None:
-        for name in ("max_header_bytes", "max_payload_bytes", "max_arrays", "max_ndim",
-                     "max_name_bytes", "write_buffer_high_bytes"):
+        for name in (
+            "max_header_bytes",
+            "max_payload_bytes",
+            "max_arrays",
+            "max_ndim",
+            "max_name_bytes",
+            "write_buffer_high_bytes",
+        ):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
@@ -244,8 +259,9 @@ class Encoder:
                 f"message {kind!r}: header of {header_len} bytes exceeds "
                 f"max_header_bytes={self._limits.max_header_bytes}; move bulk data from meta into arrays"
             )
-        head = FIXED.pack(MAGIC, self._version, ftype, 0, len(plan.schema), len(meta_bytes), plan.payload_len,
-                          request_id)
+        head = FIXED.pack(
+            MAGIC, self._version, ftype, 0, len(plan.schema), len(meta_bytes), plan.payload_len, request_id
+        )
         try:
             buffers = self._buffers(head, meta_bytes, plan, arrays.values() if arrays else ())
         except (BufferError, TypeError):
@@ -404,8 +420,10 @@ class Decoder:
                 count *= dim  # Python ints: no overflow
                 extent *= dim or 1
             if extent * dtype.itemsize > limits.max_payload_bytes:
-                raise ProtocolError(f"array {name!r}: shape {shape!r:.80} of {dtype.name} spans more than "
-                                    f"max_payload_bytes={limits.max_payload_bytes}, even if empty")
+                raise ProtocolError(
+                    f"array {name!r}: shape {shape!r:.80} of {dtype.name} spans more than "
+                    f"max_payload_bytes={limits.max_payload_bytes}, even if empty"
+                )
             if type(nbytes) is not int or nbytes != count * dtype.itemsize:
                 raise ProtocolError(
                     f"array {name!r}: shape {shape} of {dtype.name} is {count * dtype.itemsize} bytes, "

@@ -34,7 +34,8 @@ import collections
 import ipaddress
 import logging
 import ssl as ssl_module
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -84,8 +85,10 @@ class Connection:
         proto = self._proto
         if limits.max_header_bytes > proto._limits.max_header_bytes:
             # The staging buffer was sized for the old maximum header.
-            raise ValueError(f"set_limits cannot raise max_header_bytes ({proto._limits.max_header_bytes} -> "
-                             f"{limits.max_header_bytes}) on a live connection")
+            raise ValueError(
+                f"set_limits cannot raise max_header_bytes ({proto._limits.max_header_bytes} -> "
+                f"{limits.max_header_bytes}) on a live connection"
+            )
         proto._limits = limits
         proto._decoder = Decoder(limits)
         proto._last_schema, proto._last_layout = b"", ("", ((), 0))  # re-check layouts against the new limits
@@ -164,7 +167,9 @@ class Connection:
         proto = self._proto
         if proto._closing or proto._lost or proto._failed:
             raise proto.closed_error()
-        buffers, nbytes = proto._encoder.encode(FrameType.REQUEST, kind, meta, arrays, request_id := proto.next_request_id())
+        buffers, nbytes = proto._encoder.encode(
+            FrameType.REQUEST, kind, meta, arrays, request_id := proto.next_request_id()
+        )
         reply = proto._loop.create_future()
         proto._pending[request_id] = reply
         try:
@@ -265,7 +270,7 @@ class Connection:
         await asyncio.shield(self._proto._closed)
 
 
-from .protocol import WireProtocol, _EOF  # noqa: E402  (protocol imports Connection lazily)
+from .protocol import _EOF, WireProtocol  # noqa: E402  (protocol imports Connection lazily)
 
 _EOF_TYPE = _EOF
 
@@ -276,8 +281,9 @@ def _check_common(token: bytes, name: str, recv_queue_size: int, handshake_timeo
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
     if not is_peer_name(name):
-        raise ValueError(f"name {safe_text(name, 80)!r} is not a valid peer name "
-                         f"(1-{MAX_PEER_NAME} characters of {PEER_NAME_CHARS})")
+        raise ValueError(
+            f"name {safe_text(name, 80)!r} is not a valid peer name (1-{MAX_PEER_NAME} characters of {PEER_NAME_CHARS})"
+        )
     if type(recv_queue_size) is not int or recv_queue_size < 1:
         raise ValueError(f"recv_queue_size must be an int >= 1, got {recv_queue_size!r}")
     if not handshake_timeout_s > 0:
@@ -307,8 +313,12 @@ async def connect(
     limits = limits or Limits()
     loop = asyncio.get_running_loop()
     proto = WireProtocol(
-        server=False, token=token, name=name, limits=limits,
-        recv_queue_size=recv_queue_size, handshake_timeout_s=handshake_timeout_s,
+        server=False,
+        token=token,
+        name=name,
+        limits=limits,
+        recv_queue_size=recv_queue_size,
+        handshake_timeout_s=handshake_timeout_s,
     )
     extra: dict[str, Any] = {}
     if ssl is not None:
@@ -319,7 +329,9 @@ async def connect(
             await proto.handshake_done
     except TimeoutError:
         proto.abort()
-        raise TimeoutError(f"connecting to {host}:{port}: no completed handshake within {handshake_timeout_s:g}s") from None
+        raise TimeoutError(
+            f"connecting to {host}:{port}: no completed handshake within {handshake_timeout_s:g}s"
+        ) from None
     except BaseException:
         proto.abort()
         raise
@@ -338,9 +350,16 @@ class Server:
     ``stats`` counts refusals and failed handshakes.
     """
 
-    def __init__(self, on_connection: Callable[[Connection], Awaitable[None]], name: str,
-                 protocol_options: dict[str, Any], *, max_handshakes: int, max_handshakes_per_host: int,
-                 max_connections: int | None) -> None:
+    def __init__(
+        self,
+        on_connection: Callable[[Connection], Awaitable[None]],
+        name: str,
+        protocol_options: dict[str, Any],
+        *,
+        max_handshakes: int,
+        max_handshakes_per_host: int,
+        max_connections: int | None,
+    ) -> None:
         self.host = ""
         self.port = 0
         self.connections: set[Connection] = set()
@@ -363,13 +382,21 @@ class Server:
 
     def __repr__(self) -> str:
         state = "closing" if self._closing else "serving"
-        return (f"<Server {self._name!r} {self.host}:{self.port} {state} connections={len(self.connections)} "
-                f"handshaking={len(self._handshaking)} refused={self.stats['refused_busy']}>")
+        return (
+            f"<Server {self._name!r} {self.host}:{self.port} {state} connections={len(self.connections)} "
+            f"handshaking={len(self._handshaking)} refused={self.stats['refused_busy']}>"
+        )
 
     def _make_protocol(self) -> WireProtocol:
-        proto = WireProtocol(server=True, on_ready=self._on_ready, on_lost=self._on_lost, admit=self._admit,
-                             admit_proved=self._admit_proved, log_failure=self._handshake_failed,
-                             **self._protocol_options)
+        proto = WireProtocol(
+            server=True,
+            on_ready=self._on_ready,
+            on_lost=self._on_lost,
+            admit=self._admit,
+            admit_proved=self._admit_proved,
+            log_failure=self._handshake_failed,
+            **self._protocol_options,
+        )
         self._protocols.add(proto)
         return proto
 
@@ -379,8 +406,10 @@ class Server:
         if len(self._handshaking) >= self.max_handshakes:
             reason = f"{len(self._handshaking)} handshakes in progress, the limit (max_handshakes)"
         elif self._handshaking_per_host[host] >= self.max_handshakes_per_host:
-            reason = (f"{self._handshaking_per_host[host]} handshakes in progress from {host}, the limit "
-                      "(max_handshakes_per_host)")
+            reason = (
+                f"{self._handshaking_per_host[host]} handshakes in progress from {host}, the limit "
+                "(max_handshakes_per_host)"
+            )
         else:
             self._handshaking.add(proto)
             self._handshaking_per_host[host] += 1
@@ -488,19 +517,35 @@ async def serve(
     neither encrypted nor authenticated.
     """
     _check_common(token, name, recv_queue_size, handshake_timeout_s)
-    for key, value in (("max_handshakes", max_handshakes), ("max_handshakes_per_host", max_handshakes_per_host),
-                       ("max_connections", 1 if max_connections is None else max_connections)):
+    for key, value in (
+        ("max_handshakes", max_handshakes),
+        ("max_handshakes_per_host", max_handshakes_per_host),
+        ("max_connections", 1 if max_connections is None else max_connections),
+    ):
         if type(value) is not int or value < 1:
             raise ValueError(f"{key} must be an int >= 1, got {value!r}")
-    server = Server(on_connection, name, {
-        "token": token, "name": name, "limits": limits or Limits(),
-        "handshake_timeout_s": handshake_timeout_s, "recv_queue_size": recv_queue_size,
-    }, max_handshakes=max_handshakes, max_handshakes_per_host=max_handshakes_per_host,
-        max_connections=max_connections)
+    server = Server(
+        on_connection,
+        name,
+        {
+            "token": token,
+            "name": name,
+            "limits": limits or Limits(),
+            "handshake_timeout_s": handshake_timeout_s,
+            "recv_queue_size": recv_queue_size,
+        },
+        max_handshakes=max_handshakes,
+        max_handshakes_per_host=max_handshakes_per_host,
+        max_connections=max_connections,
+    )
     if ssl is None and not is_loopback(host):
-        logger.warning("%s listens on %s without TLS: frames after the handshake are neither encrypted nor "
-                       "authenticated, so anyone on that network path can read or alter them (use TLS: "
-                       "cluster.tls_cert and cluster.tls_key)", name, host or "every interface")
+        logger.warning(
+            "%s listens on %s without TLS: frames after the handshake are neither encrypted nor "
+            "authenticated, so anyone on that network path can read or alter them (use TLS: "
+            "cluster.tls_cert and cluster.tls_key)",
+            name,
+            host or "every interface",
+        )
     extra: dict[str, Any] = {}
     if ssl is not None:
         extra = {"ssl": ssl, "ssl_handshake_timeout": handshake_timeout_s}

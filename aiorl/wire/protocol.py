@@ -46,8 +46,9 @@ import asyncio
 import collections
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -337,7 +338,9 @@ class WireProtocol(asyncio.BufferedProtocol):
                 if self._direct is not None:
                     partial = FIXED_SIZE + self._direct.pos
                 if partial and exc is None and not self._closing:
-                    self._cause = ProtocolError(f"peer closed the connection mid-frame ({partial} bytes of an unfinished frame)")
+                    self._cause = ProtocolError(
+                        f"peer closed the connection mid-frame ({partial} bytes of an unfinished frame)"
+                    )
                     logger.warning("%s: %s", self._who(), self._cause)
         if exc is not None and self._cause is None:
             self._cause = exc
@@ -422,7 +425,7 @@ class WireProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self._direct
         if direct is not None:
-            return direct.view[direct.pos:]
+            return direct.view[direct.pos :]
         start, end = self._start, self._end
         if start == end:
             self._start = self._end = end = 0
@@ -437,7 +440,7 @@ class WireProtocol(asyncio.BufferedProtocol):
                 # Only reachable if a transport reads while paused; grow rather than fail.
                 self._stage = self._stage + bytearray(READ_WINDOW)
                 self._stage_view = memoryview(self._stage)
-        return self._stage_view[end:end + self._window]
+        return self._stage_view[end : end + self._window]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._failed:
@@ -445,7 +448,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         try:
             if not self._authenticated:
                 self._end += nbytes
-                data = bytes(self._stage_view[self._start:self._end])
+                data = bytes(self._stage_view[self._start : self._end])
                 self._start = self._end = 0
                 if not (self._lost or self._closing):  # after a reset or abort() the handshake has ended
                     self._handshake_events(self._handshake.receive(data))
@@ -455,7 +458,9 @@ class WireProtocol(asyncio.BufferedProtocol):
                 direct.pos += nbytes
                 if direct.pos == len(direct.payload):
                     self._direct = None
-                    self._frame(direct.ftype, direct.request_id, direct.kind, direct.layout, direct.meta, direct.payload)
+                    self._frame(
+                        direct.ftype, direct.request_id, direct.kind, direct.layout, direct.meta, direct.payload
+                    )
                 return
             self._end += nbytes
             self._parse()
@@ -501,8 +506,7 @@ class WireProtocol(asyncio.BufferedProtocol):
             header_len = schema_len + meta_len
             if magic != MAGIC or version != self._version or flags:
                 self._check_early_header(magic, version, flags)
-            elif (ftype not in _MESSAGE_TYPES or not schema_len or header_len > max_header
-                  or payload_len > max_payload):
+            elif ftype not in _MESSAGE_TYPES or not schema_len or header_len > max_header or payload_len > max_payload:
                 self._bad_message_header(ftype, schema_len, header_len, payload_len)
             header_end = start + FIXED_SIZE + header_len
             if header_end > end:
@@ -513,7 +517,7 @@ class WireProtocol(asyncio.BufferedProtocol):
                 if schema_len == len(last) and stage.startswith(last, schema_start):
                     kind, layout = self._last_layout
                 else:
-                    last = bytes(view[schema_start:schema_start + schema_len])
+                    last = bytes(view[schema_start : schema_start + schema_len])
                     kind, layout = self._last_layout = self._decoder.schema(last)
                     self._last_schema = last
                 if layout[1] != payload_len:
@@ -523,7 +527,7 @@ class WireProtocol(asyncio.BufferedProtocol):
             if meta_len == 1 and stage[header_end - 1] == 0x80:
                 meta = {}  # the common empty map, without msgpack
             else:
-                meta = self._decoder.meta(bytes(view[header_end - meta_len:header_end]))
+                meta = self._decoder.meta(bytes(view[header_end - meta_len : header_end]))
             frame_end = header_end + payload_len
             if frame_end <= end:
                 self._start = frame_end
@@ -532,9 +536,11 @@ class WireProtocol(asyncio.BufferedProtocol):
                     if request_id:
                         raise ProtocolError("data frame carries a request id")
                     payload = stage[header_end:frame_end]  # one copy: it must outlive staging
-                    message = Message(kind, meta, {
-                        name: _ndarray(shape, dtype, payload, offset) for name, dtype, shape, offset in layout[0]
-                    })
+                    message = Message(
+                        kind,
+                        meta,
+                        {name: _ndarray(shape, dtype, payload, offset) for name, dtype, shape, offset in layout[0]},
+                    )
                     if self._overflow or len(items) >= maxsize:
                         self._push(message)
                     else:
@@ -544,8 +550,9 @@ class WireProtocol(asyncio.BufferedProtocol):
                         if len(items) >= maxsize:
                             self._parsing_paused = True
                 else:
-                    self._frame(ftype, request_id, kind, layout, meta,
-                                stage[header_end:frame_end] if payload_len else None)
+                    self._frame(
+                        ftype, request_id, kind, layout, meta, stage[header_end:frame_end] if payload_len else None
+                    )
             elif payload_len <= SMALL_PAYLOAD or self._lost:
                 return
             else:
@@ -623,8 +630,12 @@ class WireProtocol(asyncio.BufferedProtocol):
         except Exception as exc:
             self._bad_input(exc)
             return
-        if (self._reading_paused and not self._lost and not self._failed
-                and self._staging_room() >= len(self._stage) // 2):
+        if (
+            self._reading_paused
+            and not self._lost
+            and not self._failed
+            and self._staging_room() >= len(self._stage) // 2
+        ):
             self._reading_paused = False
             self.transport.resume_reading()
 
@@ -647,8 +658,9 @@ class WireProtocol(asyncio.BufferedProtocol):
                 self.transport.write(event.data)
             elif isinstance(event, auth.ClientProved):
                 refusal = self._admit_proved(self) if self._admit_proved is not None else None
-                self._handshake_events(self._handshake.accept() if refusal is None
-                                       else self._handshake.refuse("busy", refusal))
+                self._handshake_events(
+                    self._handshake.accept() if refusal is None else self._handshake.refuse("busy", refusal)
+                )
             elif isinstance(event, auth.Established):
                 self._authenticated_now(event.rest)
                 if self._server:
@@ -665,7 +677,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._authenticated = True
         size = 2 * (FIXED_SIZE + self._limits.max_header_bytes + SMALL_PAYLOAD) + READ_WINDOW
         stage = bytearray(size)
-        stage[:len(rest)] = rest
+        stage[: len(rest)] = rest
         self._stage, self._stage_view = stage, memoryview(stage)
         self._start, self._end = 0, len(rest)
         if self._handshake_timer is not None:
@@ -759,4 +771,3 @@ class WireProtocol(asyncio.BufferedProtocol):
         request_id = self._next_request_id
         self._next_request_id += 1
         return request_id
-

@@ -16,8 +16,9 @@ from pathlib import Path
 __all__ = ["server_context", "client_context", "generate_self_signed"]
 
 
-def server_context(certfile: str | os.PathLike, keyfile: str | os.PathLike, *,
-                   client_cafile: str | os.PathLike | None = None) -> ssl.SSLContext:
+def server_context(
+    certfile: str | os.PathLike, keyfile: str | os.PathLike, *, client_cafile: str | os.PathLike | None = None
+) -> ssl.SSLContext:
     """A TLS 1.2+ server context; with ``client_cafile``, clients must present a cert it signed."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -28,8 +29,9 @@ def server_context(certfile: str | os.PathLike, keyfile: str | os.PathLike, *,
     return context
 
 
-def client_context(cafile: str | os.PathLike, *, certfile: str | os.PathLike | None = None,
-                   keyfile: str | os.PathLike | None = None) -> ssl.SSLContext:
+def client_context(
+    cafile: str | os.PathLike, *, certfile: str | os.PathLike | None = None, keyfile: str | os.PathLike | None = None
+) -> ssl.SSLContext:
     """A TLS 1.2+ client context that trusts ``cafile`` and checks the host name; optional client cert."""
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -38,9 +40,13 @@ def client_context(cafile: str | os.PathLike, *, certfile: str | os.PathLike | N
     return context
 
 
-def generate_self_signed(directory: str | os.PathLike, name: str = "aiorl", *,
-                         hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
-                         days: int = 1) -> tuple[Path, Path]:
+def generate_self_signed(
+    directory: str | os.PathLike,
+    name: str = "aiorl",
+    *,
+    hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+    days: int = 1,
+) -> tuple[Path, Path]:
     """Write ``<name>.crt`` / ``<name>.key`` (EC P-256, self-signed) into ``directory``.
 
     For tests, benchmarks and single-host trials; uses the ``openssl`` command.
@@ -56,10 +62,28 @@ def generate_self_signed(directory: str | os.PathLike, name: str = "aiorl", *,
     old_umask = os.umask(0o077)
     try:
         subprocess.run(
-            [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", str(key), "-out", str(cert), "-days", str(days),
-             "-subj", f"/CN={name}", "-addext", f"subjectAltName={san}"],
-            check=True, capture_output=True,
+            [
+                openssl,
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+                "-days",
+                str(days),
+                "-subj",
+                f"/CN={name}",
+                "-addext",
+                f"subjectAltName={san}",
+            ],
+            check=True,
+            capture_output=True,
         )
     finally:
         os.umask(old_umask)

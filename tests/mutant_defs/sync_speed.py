@@ -8,21 +8,28 @@ MUTANTS = [
     # ------------------------------------------------------------------ episodes side by side
     # (aiorl/evaluate.py's run_episodes_together, which the bench's grid uses; the return kept
     # as the last reward is eval_during_training's side-by-side-returns-keep-the-last-reward)
-    dict(name="together_episodes_share_one_seed",
-         path="aiorl/evaluate.py",
-         old="obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]",
-         new="obs = [np.asarray(env.reset(seed=seed)[0]) for k, env in enumerate(envs)]",
-         tests=["tests/test_episodes_together.py"]),
-    dict(name="together_keeps_acting_on_the_first_observation",
-         path="aiorl/evaluate.py",
-         old="                obs[k] = np.asarray(o)\n",
-         new="",
-         tests=["tests/test_episodes_together.py"]),
+    dict(
+        name="together_episodes_share_one_seed",
+        path="aiorl/evaluate.py",
+        old="obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]",
+        new="obs = [np.asarray(env.reset(seed=seed)[0]) for k, env in enumerate(envs)]",
+        tests=["tests/test_episodes_together.py"],
+    ),
+    dict(
+        name="together_keeps_acting_on_the_first_observation",
+        path="aiorl/evaluate.py",
+        old="                obs[k] = np.asarray(o)\n",
+        new="",
+        tests=["tests/test_episodes_together.py"],
+    ),
     # ------------------------------------------------------------------ the synchronous learner
-    dict(name="sync_learner_no_longer_checkpoints_each_iteration",
-         path="aiorl/runtime/learner.py",
-         old="                await self._publish_weights()\n            await self._maybe_checkpoint()\n",
-         new="                await self._publish_weights()\n",
-         tests=["tests/test_sync_cluster.py::"
-                "test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"]),
+    dict(
+        name="sync_learner_no_longer_checkpoints_each_iteration",
+        path="aiorl/runtime/learner.py",
+        old="                await self._publish_weights()\n            await self._maybe_checkpoint()\n",
+        new="                await self._publish_weights()\n",
+        tests=[
+            "tests/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"
+        ],
+    ),
 ]
