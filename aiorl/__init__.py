@@ -1,28 +1,23 @@
 """aiorl: distributed reinforcement learning on one asyncio loop per role.
 
-Python API (imported on first use, so `import aiorl` stays cheap): `run`,
-`RunResult`, `load_config`, `load_policy`, `Policy`, `ConfigError`; see aiorl/api.py.
+Python API: `run`, `RunResult`, `load_config`, `load_policy`, `Policy`, `Config`,
+`ConfigError` (aiorl/api.py). The API module is imported on first use, so that `import
+aiorl` stays cheap: it brings torch and gymnasium.
 """
+
+from aiorl.config import Config, ConfigError
 
 __version__ = "0.1.0"
 
-_API = {
-    "run": "aiorl.api",
-    "RunResult": "aiorl.api",
-    "load_policy": "aiorl.api",
-    "Policy": "aiorl.api",
-    "load_config": "aiorl.config",
-    "Config": "aiorl.config",
-    "ConfigError": "aiorl.config",
-}
-__all__ = ["__version__", *_API]
+_API = ("run", "RunResult", "load_config", "load_policy", "Policy")
+__all__ = ["__version__", "Config", "ConfigError", *_API]
 
 
 def __getattr__(name: str):
     if name in _API:
-        import importlib
+        from aiorl import api
 
-        return getattr(importlib.import_module(_API[name]), name)
+        return getattr(api, name)
     raise AttributeError(f"module 'aiorl' has no attribute {name!r}")
 
 

@@ -1,3 +1,3 @@
-from aiorl.cli import main
+from aiorl.cli.main import main
 
 raise SystemExit(main())

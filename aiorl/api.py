@@ -7,7 +7,7 @@
 
 `run` is `aiorl run` without the shell: the same checks before anything
 starts (a bad config raises `aiorl.config.ConfigError`, a taken run directory
-`aiorl.rundir.RunDirError`), the same launcher, and it blocks until every role
+`aiorl.io.rundir.RunDirError`), the same launcher, and it blocks until every role
 has exited. It works from any thread: the launcher takes over SIGINT/SIGTERM
 (Ctrl-C stops the run cleanly) only when called from the main thread.
 """
@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiorl.config import Config, load_config
+from aiorl.config import Config
+from aiorl.evaluation.policies import POLICY_DIR, load_checked, read_meta
+from aiorl.experiment.loading import load_config
+from aiorl.experiment.preflight import prepare_local_run
+from aiorl.experiment.reference import _flow
+from aiorl.io.export import policy_file
+from aiorl.io.rundir import read_json
+from aiorl.launch import launcher_for
 
 
 @dataclass
@@ -45,8 +52,6 @@ def _override_list(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[
     if overrides is None:
         return []
     if isinstance(overrides, Mapping):
-        from aiorl.config_reference import _flow
-
         return [f"{key}={_flow(value)}" for key, value in overrides.items()]
     if isinstance(overrides, str):
         raise TypeError("overrides: give a mapping or a list of 'key.path=value' strings, not one string")
@@ -70,9 +75,6 @@ def run(
     """Run `config` (a file, a mapping or a `Config`) with every role as a local process (on a Ray
     cluster with ``cluster.launcher: ray``); block until it ends. `overrides` are `--set` values;
     `run_dir` is ``run.dir``; `quiet=False` shows the panel."""
-    from aiorl.launch import launcher_for
-    from aiorl.preflight import prepare_local_run
-    from aiorl.rundir import read_json
 
     sets = _override_list(overrides)
     cfg = _load(config, sets)
@@ -116,10 +118,8 @@ class Policy:
 
 def load_policy(run_dir_or_file: str | Path) -> Policy:
     """The exported policy of a run directory (or a policy file), loaded by
-    `aiorl.evaluate.load_policy`; raises `aiorl.evaluate.EvalError` when there is none or it is bad."""
-    from aiorl.evaluate import POLICY_DIR, policy_file
-    from aiorl.policy_check import load_checked, read_meta
-
+    `aiorl.evaluation.policies.load_policy`; raises `aiorl.evaluation.policies.EvalError` when there
+    is none or it is bad."""
     path = Path(run_dir_or_file)
     if path.is_dir():
         path = policy_file(path / POLICY_DIR)

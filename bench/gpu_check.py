@@ -54,10 +54,11 @@ def main(argv=None) -> int:
             f"(CUDA build: {torch.version.cuda or 'none'}); this check needs an NVIDIA GPU"
         )
 
-    from aiorl.algos._common import td_loss
     from aiorl.algos.apex_dqn import n_step_q_target
-    from aiorl.config import ConfigError, load_config
+    from aiorl.algos.lib.common import td_loss
+    from aiorl.config import ConfigError
     from aiorl.envs import EnvRunner
+    from aiorl.experiment.loading import load_config
     from aiorl.replay.frame_sender import FrameSender
     from aiorl.replay.frames import FrameReplayBuffer, frame_layout
     from aiorl.runtime.algorithm import build_algorithm

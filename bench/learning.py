@@ -80,11 +80,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from aiorl.checkpoint import CheckpointError  # noqa: E402
-from aiorl.config import Config, load_config  # noqa: E402
+from aiorl.algos import get_algorithm  # noqa: E402
+from aiorl.config import Config  # noqa: E402
 from aiorl.envs import EnvRunner  # noqa: E402
-from aiorl.evaluate import load_policy, run_episodes_together  # noqa: E402
-from aiorl.runtime.algorithm import build_algorithm, get_algorithm  # noqa: E402
+from aiorl.evaluation.episodes import run_episodes_together  # noqa: E402
+from aiorl.evaluation.policies import load_policy  # noqa: E402
+from aiorl.experiment.loading import load_config  # noqa: E402
+from aiorl.io.checkpoint import CheckpointError  # noqa: E402
+from aiorl.runtime.algorithm import build_algorithm  # noqa: E402
 from aiorl.runtime.learner import weights_digest  # noqa: E402
 
 EVAL_SEED = 1_000_000  # evaluation episodes are not the training seeds

@@ -59,8 +59,8 @@ def _reference_actor(
 ) -> None:
     """One actor's loop without transport: the same env runner, random policy and n-step, and
     for stacked frames the same frame sender building the same messages, never sent."""
-    from aiorl.config import load_config
     from aiorl.envs import EnvRunner
+    from aiorl.experiment.loading import load_config
     from aiorl.replay.frame_sender import FrameSender
     from aiorl.replay.frames import frame_layout
     from aiorl.runtime.algorithm import build_algorithm
@@ -280,8 +280,8 @@ def nature_cnn_steps(batches=PIXEL_CORE_BATCHES, seconds: float = 5.0) -> list[d
     """Learner steps/s of Ape-X DQN's Nature CNN on CPU, batches sampled from a frame-layout
     replay filled by the Pong preset (one torch thread: a core of this 2-core machine)."""
 
-    from aiorl.config import load_config
     from aiorl.envs import EnvRunner
+    from aiorl.experiment.loading import load_config
     from aiorl.replay.frame_sender import FrameSender
     from aiorl.replay.frames import FrameReplayBuffer, frame_layout
     from aiorl.runtime.algorithm import build_algorithm
@@ -395,8 +395,8 @@ def _reference_impala_actor(seconds: float, seed: int, out: mp.Queue) -> None:
     rollout turned into its fragments, never sent."""
     import torch
 
-    from aiorl.config import load_config
     from aiorl.envs import EnvRunner
+    from aiorl.experiment.loading import load_config
     from aiorl.runtime.algorithm import build_algorithm
 
     cfg = load_config(IMPALA_EXAMPLE, IMPALA_OVERRIDES)
@@ -470,7 +470,7 @@ def metrics_cpu_cost(workdir: Path, repeats: int = 2000) -> dict:
     to run on 2 shared cores, so they cannot resolve a cost this small; this can."""
     import uvloop
 
-    from aiorl.config import load_config
+    from aiorl.experiment.loading import load_config
     from aiorl.runtime.actor import ActorRole
     from aiorl.runtime.coordinator import Coordinator
 
@@ -510,7 +510,7 @@ def metrics_cpu_cost(workdir: Path, repeats: int = 2000) -> dict:
 
 def _control_config(actors: int):
     """The cluster the coordinator serves and the simulated actors join (same config hash)."""
-    from aiorl.config import load_config
+    from aiorl.experiment.loading import load_config
 
     return load_config(
         data={
@@ -549,7 +549,7 @@ def _coordinator_process(port_out: mp.Queue, actors: int, token: bytes, run_dir:
 async def _control_plane(
     port: int, token: bytes, actors: int, seconds: float, interval_s: float, config_hash: str
 ) -> dict:
-    from aiorl.status import status_of
+    from aiorl.cli.status import status_of
     from aiorl.wire import connect
 
     conns = []

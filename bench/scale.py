@@ -102,7 +102,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from aiorl.rundir import ENV_ATTEMPT, ENV_LAUNCH_ID, ENV_RUN_ID, new_id  # noqa: E402
+from aiorl.io.rundir import ENV_ATTEMPT, ENV_LAUNCH_ID, ENV_RUN_ID, new_id  # noqa: E402
 from aiorl.runtime.looplag import LoopLagProbe, quantile_s, window  # noqa: E402
 from aiorl.wire import generate_token, write_token_file  # noqa: E402
 
@@ -231,7 +231,7 @@ def _sim_classes():
 
 
 async def _worker_main(args) -> dict:
-    from aiorl.config import load_config
+    from aiorl.experiment.loading import load_config
     from aiorl.runtime.process import cluster_token
 
     SimActor, SimLearner = _sim_classes()
@@ -300,7 +300,7 @@ def worker(args) -> int:
 
 def _status(port: int, token: bytes) -> dict:
     """The coordinator's status reply; retried while its handshake slots are taken by the actors."""
-    from aiorl.status import fetch_status
+    from aiorl.cli.status import fetch_status
     from aiorl.wire import ServerBusy
 
     for _ in range(200):

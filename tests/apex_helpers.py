@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from aiorl.config import load_config
+from aiorl.experiment.loading import load_config
 from aiorl.runtime.algorithm import build_algorithm
 
 IMAGE_ENV = "AiorlTestImage-v0"

@@ -145,7 +145,7 @@ def live_status(run_dir: Path) -> dict | None:
     """The coordinator's status (roles with their registered pids), or None if it does not answer."""
     import asyncio
 
-    from aiorl.status import fetch_status, resolve_target
+    from aiorl.cli.status import fetch_status, resolve_target
 
     try:
         host, port, token, _ = resolve_target(str(run_dir), None)

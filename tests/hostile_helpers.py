@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aiorl.config import load_config
+from aiorl.experiment.loading import load_config
 from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.memory import MemoryRole
 from aiorl.wire import connect, generate_token

@@ -1,4 +1,4 @@
-"""Actor-critic networks and policy distributions (aiorl/algos/_actor_critic.py)."""
+"""Actor-critic networks and policy distributions (aiorl/algos/lib/actor_critic.py)."""
 
 import gymnasium as gym
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiorl.algos._actor_critic import (
+from aiorl.algos.lib.actor_critic import (
     ActorCritic,
     CategoricalHead,
     DeterministicPolicy,
@@ -16,9 +16,9 @@ from aiorl.algos._actor_critic import (
     SDEHead,
     batch_moments,
 )
-from aiorl.algos._networks import parse_network
-from aiorl.evaluate import load_policy
-from aiorl.export import save_policy
+from aiorl.algos.lib.networks import parse_network
+from aiorl.evaluation.policies import load_policy
+from aiorl.io.export import save_policy
 
 BOX_OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 BOX_ACT = gym.spaces.Box(np.array([-2.0, -1.0], np.float32), np.array([2.0, 1.0], np.float32))

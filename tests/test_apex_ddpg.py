@@ -7,11 +7,11 @@ import pytest
 import torch
 from apex_helpers import make_algo, make_config, make_constant, replay_batch
 
-from aiorl import checkpoint
-from aiorl.algos._networks import Critic, parse_network, split_at_flat
 from aiorl.algos.apex_ddpg import GaussianNoise, OUNoise, n_step_critic_target
+from aiorl.algos.lib.networks import Critic, parse_network, split_at_flat
 from aiorl.config import ConfigError
 from aiorl.envs import EnvRunner
+from aiorl.io import checkpoint
 
 
 def pendulum_rollout(rewards, terminated_at=None, truncated_at=None):

@@ -14,12 +14,12 @@ from apex_helpers import (
     replay_batch,
 )
 
-from aiorl import checkpoint
-from aiorl.algos._common import td_loss
-from aiorl.algos._networks import DuelingHead
 from aiorl.algos.apex_dqn import actor_epsilon, n_step_q_target
+from aiorl.algos.lib.common import td_loss
+from aiorl.algos.lib.networks import DuelingHead
 from aiorl.config import ConfigError
 from aiorl.envs import EnvRunner
+from aiorl.io import checkpoint
 
 
 def constant_q_learner(algo, value: float):

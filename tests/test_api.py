@@ -84,7 +84,7 @@ def test_load_policy_is_a_callable_on_one_observation_or_a_batch(tmp_path):
 
 
 def test_load_policy_names_a_missing_or_bad_file(tmp_path):
-    from aiorl.evaluate import EvalError
+    from aiorl.evaluation.policies import EvalError
 
     with pytest.raises(EvalError, match="no exported policy"):
         aiorl.load_policy(tmp_path)

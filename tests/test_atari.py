@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from aiorl.atari import AleVectorEnvs, EpisodicLife
-from aiorl.cli import main
-from aiorl.config import ConfigError, EnvConfig, load_config
+from aiorl.cli.main import main
+from aiorl.config import ConfigError, EnvConfig
 from aiorl.envs import EnvRunner, make_env
+from aiorl.envs.atari import AleVectorEnvs, EpisodicLife
+from aiorl.experiment.loading import load_config
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
 
@@ -246,7 +247,7 @@ def test_without_the_extra_atari_is_one_line_naming_it(tmp_path):
         paths.append(tmp_path / f"c{i}.json")
         paths[-1].write_text(json.dumps({"algo": "apex_dqn", "env": env, "run": {"dir": str(tmp_path / "run")}}))
     code = (
-        "import contextlib, io, sys; sys.modules['ale_py'] = None; from aiorl.cli import main\n"
+        "import contextlib, io, sys; sys.modules['ale_py'] = None; from aiorl.cli.main import main\n"
         f"for path in {[str(p) for p in paths]!r}:\n"
         "    err = io.StringIO()\n"
         "    with contextlib.redirect_stderr(err):\n"

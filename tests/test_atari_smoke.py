@@ -8,7 +8,7 @@ import pytest
 import yaml
 from cluster_helpers import read_json, run
 
-from aiorl.cli import main
+from aiorl.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cluster]

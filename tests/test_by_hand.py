@@ -11,7 +11,7 @@ import sys
 import pytest
 from cluster_helpers import FAST_CLUSTER
 
-from aiorl.cli import main
+from aiorl.cli.main import main
 
 pytestmark = [
     pytest.mark.cluster,

@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from aiorl import checkpoint
-from aiorl.checkpoint import CheckpointError
+from aiorl.io import checkpoint
+from aiorl.io.checkpoint import CheckpointError
 
 
 def state(value: float) -> dict:

@@ -97,7 +97,7 @@ def test_a_users_mistake_is_one_line_and_exit_2(scratch, argv, env, named):
 
 def test_ctrl_c_during_start_up_prints_no_traceback(tmp_path, monkeypatch, capsys):
     """Ctrl-C before the launcher has taken SIGINT (the torch import takes seconds) is not a crash."""
-    from aiorl import cli
+    from aiorl.cli import main as cli
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -156,7 +156,7 @@ def test_killing_the_coordinator_ends_every_role_nonzero(tmp_path):
     for name in exits:
         assert "lost the coordinator" in (run_dir / "logs" / f"{name}.log").read_text()
     # Learner 0 still wrote a checkpoint on its way out.
-    from aiorl import checkpoint
+    from aiorl.io import checkpoint
 
     newest = checkpoint.list_checkpoints(run_dir / "checkpoints")[-1]
     assert checkpoint.read_meta(newest)["reason"].startswith("abnormal end: lost the coordinator")

@@ -19,8 +19,8 @@ import time
 import pytest
 from cluster_helpers import finish, last_metrics, read_json, wait_for, write_config
 
-from aiorl.config import load_config
-from aiorl.status import fetch_status
+from aiorl.cli.status import fetch_status
+from aiorl.experiment.loading import load_config
 from aiorl.wire import RemoteError, connect, load_token
 from aiorl.wire.auth import handshake_frame, new_nonce
 from aiorl.wire.codec import FrameType

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from cluster_helpers import cluster, last_metrics, read_json, run
 
-from aiorl.config import load_config
+from aiorl.experiment.loading import load_config
 from aiorl.replay import ReplayBuffer
 from aiorl.runtime.algorithm import build_algorithm
 

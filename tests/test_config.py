@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from aiorl.config import ConfigError, apply_overrides, load_config
+from aiorl.config import ConfigError, apply_overrides
+from aiorl.experiment.loading import load_config
 
 BASE = {
     "algo": "random_agent",

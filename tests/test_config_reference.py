@@ -9,10 +9,10 @@ import sys
 import pytest
 import yaml
 
-from aiorl import config_reference
-from aiorl.cli import main
-from aiorl.config import load_config
-from aiorl.runtime.algorithm import available_algorithms, get_algorithm
+from aiorl.algos import available_algorithms, get_algorithm
+from aiorl.cli.main import main
+from aiorl.experiment import reference as config_reference
+from aiorl.experiment.loading import load_config
 
 
 @pytest.mark.parametrize("algo", available_algorithms())
@@ -35,7 +35,7 @@ def test_config_algo_prints_every_key_with_its_doc_and_loads_back(algo, tmp_path
 
 
 def test_config_algo_output_passes_the_checks_aiorl_run_makes(tmp_path, capsys):
-    from aiorl.preflight import check_local_run
+    from aiorl.experiment.preflight import check_local_run
 
     assert main(["config", "apex_dqn"]) == 0
     (tmp_path / "cfg.yaml").write_text(capsys.readouterr().out)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from aiorl.config import load_config
+from aiorl.experiment.loading import load_config
 from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.phase import Phase
 from aiorl.wire import RemoteError, connect, generate_token

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from aiorl.algos.dppo import ppo_loss
-from aiorl.config import ConfigError, load_config
+from aiorl.config import ConfigError
 from aiorl.envs import EnvRunner
+from aiorl.experiment.loading import load_config
 from aiorl.replay import reference
 from aiorl.runtime.algorithm import build_algorithm
 
@@ -153,7 +154,7 @@ def test_config_errors_name_the_key(model, env, message):
 
 
 def test_fewer_rows_per_actor_than_learners_is_refused_before_anything_starts(tmp_path, capsys):
-    from aiorl.cli import main
+    from aiorl.cli.main import main
 
     path = tmp_path / "c.yaml"
     path.write_text(

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from aiorl.config import EnvConfig
-from aiorl.evaluate import run_episodes, run_episodes_together
+from aiorl.evaluation.episodes import run_episodes, run_episodes_together
 
 
 class Linear(torch.nn.Module):

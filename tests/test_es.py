@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from aiorl import checkpoint
-from aiorl.algos._actor_critic import DeterministicPolicy, batch_moments
 from aiorl.algos.es import Adam, NoiseTable, NumpyPolicy, centered_ranks, es_gradient, set_flat
-from aiorl.config import ConfigError, load_config
+from aiorl.algos.lib.actor_critic import DeterministicPolicy, batch_moments
+from aiorl.config import ConfigError
+from aiorl.experiment.loading import load_config
+from aiorl.io import checkpoint
 from aiorl.runtime.algorithm import build_algorithm
 
 TABLE = "from aiorl.algos.es import NoiseTable; print(NoiseTable({seed}, {size}).digest())"

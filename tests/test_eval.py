@@ -10,7 +10,7 @@ import pytest
 import torch
 from apex_helpers import make_algo
 
-from aiorl.cli import main
+from aiorl.cli.main import main
 
 
 def make_run_dir(tmp_path, algo_name="apex_dqn", env_id="CartPole-v1"):
@@ -122,10 +122,10 @@ def test_video_records_every_episode(tmp_path, capsys):
 
 def test_video_without_its_extra_and_render_mode_wiring(tmp_path, capsys, monkeypatch):
     import aiorl.envs
-    import aiorl.eval_options
+    import aiorl.evaluation.options
 
     run_dir, _ = make_run_dir(tmp_path)
-    monkeypatch.setattr(aiorl.eval_options, "VIDEO_ENCODER", "no_such_encoder_module")
+    monkeypatch.setattr(aiorl.evaluation.options, "VIDEO_ENCODER", "no_such_encoder_module")
     assert main(["eval", str(run_dir), "--video", str(tmp_path / "v")]) == 2
     err = capsys.readouterr().err
     assert "pip install 'aiorl[video]'" in err and "Traceback" not in err and len(err.splitlines()) == 1

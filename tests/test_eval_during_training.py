@@ -14,9 +14,9 @@ import torch
 from apex_helpers import make_algo
 from cluster_helpers import read_json, run
 
-from aiorl.cli import main
-from aiorl.config import load_config
-from aiorl.evaluate import run_episodes, run_episodes_together
+from aiorl.cli.main import main
+from aiorl.evaluation.episodes import run_episodes, run_episodes_together
+from aiorl.experiment.loading import load_config
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.evaluator import BEST_DIR, EVAL_SEED_BASE, Evaluator, evaluation_metrics, read_best
 
@@ -308,7 +308,7 @@ def test_the_panel_shows_the_last_evaluation_until_the_next(tmp_path):
 
     from rich.console import Console
 
-    from aiorl.progress import Progress, render_panel
+    from aiorl.launch.panel import Progress, render_panel
 
     cfg = load_config(data={"algo": "apex_dqn"})
     progress = Progress(cfg, tmp_path, stream=io.StringIO())

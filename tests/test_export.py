@@ -10,8 +10,8 @@ import pytest
 import torch
 from apex_helpers import make_algo
 
-from aiorl.cli import main
-from aiorl.evaluate import EvalError, load_policy
+from aiorl.cli.main import main
+from aiorl.evaluation.policies import EvalError, load_policy
 
 EXPORTING = [
     ("apex_dqn", "CartPole-v1"),

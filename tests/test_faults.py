@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, start, wait_for, write_config
 
-from aiorl import checkpoint
+from aiorl.io import checkpoint
 
 pytestmark = pytest.mark.cluster
 

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from aiorl import checkpoint
 from aiorl.algos.impala import impala_loss
-from aiorl.config import ConfigError, load_config
+from aiorl.config import ConfigError
 from aiorl.envs import EnvRunner
+from aiorl.experiment.loading import load_config
+from aiorl.io import checkpoint
 from aiorl.replay import reference
 from aiorl.runtime.algorithm import build_algorithm
 

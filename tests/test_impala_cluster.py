@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 import aiorl.algos.impala as impala
-from aiorl.cli import main
+from aiorl.cli.main import main
 
 out = Path(sys.argv.pop(1))
 held = []
@@ -263,7 +263,7 @@ def test_pong_example_streams_frames_once_trains_and_evaluates(tmp_path, capsys)
     exports and `aiorl eval` plays a full game."""
     import yaml
 
-    from aiorl.cli import main
+    from aiorl.cli.main import main
 
     config = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "impala_pong.yaml").read_text())
     config["env"]["num_envs"] = 2

@@ -14,7 +14,7 @@ from cluster_helpers import alive, finish, last_metrics, live_status, pids, read
 from test_faults import metrics_rows
 from test_impala_cluster import impala_config
 
-from aiorl import checkpoint
+from aiorl.io import checkpoint
 
 pytestmark = pytest.mark.cluster
 

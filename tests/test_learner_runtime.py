@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from cluster_helpers import read_json, run
 
-from aiorl.config import load_config
+from aiorl.experiment.loading import load_config
 from aiorl.runtime.algorithm import LearnerCore, LearnerResult
 from aiorl.runtime.learner import _END, LearnerRole
 from aiorl.wire import Message

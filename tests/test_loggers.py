@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from aiorl.config import ConfigError, load_config
-from aiorl.loggers import check_installed, flat_hparams
-from aiorl.metrics import MetricsWriter
+from aiorl.config import ConfigError
+from aiorl.experiment.loading import load_config
+from aiorl.io.loggers import check_installed, flat_hparams
+from aiorl.io.metrics import MetricsWriter
 
 ROWS = [
     {
@@ -110,7 +111,7 @@ def test_aiorl_run_refuses_a_missing_logger_package_before_anything_starts(tmp_p
     code = (
         "import importlib.util, sys; real = importlib.util.find_spec; "
         "importlib.util.find_spec = lambda n, *a: None if n == 'wandb' else real(n, *a); "
-        "from aiorl.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from aiorl.cli.main import main; sys.exit(main(sys.argv[1:]))"
     )
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"algo: apex_dqn\nrun: {{dir: {tmp_path / 'run'}, loggers: [tensorboard, wandb]}}\n")

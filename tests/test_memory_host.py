@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiorl.config import load_config
+from aiorl.experiment.loading import load_config
 from aiorl.replay import PrioritizedReplayBuffer
 from aiorl.runtime.memory import LearnerLink, MemoryRole
 from aiorl.wire import Message

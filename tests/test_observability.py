@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from cluster_helpers import finish, pids, read_json, run, start, wait_for
 
-from aiorl.metrics import ROW_KEYS
+from aiorl.io.metrics import ROW_KEYS
 
 pytestmark = pytest.mark.cluster
 
@@ -187,7 +187,7 @@ def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
 def test_missing_tensorboard_is_a_one_line_notice(tmp_path, monkeypatch, caplog):
     import logging
 
-    from aiorl.metrics import MetricsWriter
+    from aiorl.io.metrics import MetricsWriter
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
     with caplog.at_level(logging.INFO, logger="aiorl.loggers"):

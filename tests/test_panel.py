@@ -11,9 +11,9 @@ import textwrap
 import pytest
 from rich.console import Console
 
-from aiorl.config import load_config
-from aiorl.progress import PanelState, Progress, RateWindow, render_panel
-from aiorl.role_logs import RoleLogWatch
+from aiorl.experiment.loading import load_config
+from aiorl.launch.panel import PanelState, Progress, RateWindow, render_panel
+from aiorl.launch.role_logs import RoleLogWatch
 
 DQN_METRICS = (
     ("td loss", "learner/losses/td_loss"),

@@ -10,9 +10,9 @@ import re
 import matplotlib.figure
 import numpy as np
 
-from aiorl.cli import main
-from aiorl.config import load_config
-from aiorl.progress import Progress
+from aiorl.cli.main import main
+from aiorl.experiment.loading import load_config
+from aiorl.launch.panel import Progress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

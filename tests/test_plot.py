@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from aiorl.cli import main
-from aiorl.plot import across_runs, group_runs, series, smooth
+from aiorl.cli.main import main
+from aiorl.cli.plot import across_runs, group_runs, series, smooth
 
 
 def fake_run(path, seed=0, algo="apex_dqn", n=40, offset=0.0):

@@ -6,7 +6,8 @@ from cluster_helpers import read_json, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiorl.config import ConfigError, load_config
+from aiorl.config import ConfigError
+from aiorl.experiment.loading import load_config
 from aiorl.runtime.ratelimit import SampleToInsertRatio
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

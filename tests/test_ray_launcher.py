@@ -164,7 +164,7 @@ def test_missing_ray_is_one_line_and_exit_2(tmp_path):
     path, _ = write_config(tmp_path, cluster(1, 1, 1))
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "from aiorl.cli import main\n"
+        "from aiorl.cli.main import main\n"
         f"sys.exit(main(['run', {str(path)!r}, '--launcher', 'ray']))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
@@ -179,7 +179,7 @@ def test_the_local_launcher_runs_without_ray(tmp_path):
     path, run_dir = write_config(tmp_path, cluster(1, 1, 1, scheduled_timesteps=400))
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "from aiorl.cli import main\n"
+        "from aiorl.cli.main import main\n"
         f"sys.exit(main(['run', {str(path)!r}, '--quiet']))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
@@ -211,7 +211,8 @@ def test_the_local_launcher_runs_without_ray(tmp_path):
     ],
 )
 def test_bad_launcher_keys_are_config_errors_naming_the_key(cluster_keys, message):
-    from aiorl.config import ConfigError, load_config
+    from aiorl.config import ConfigError
+    from aiorl.experiment.loading import load_config
 
     config = cluster(1, 1, 1)
     config["cluster"].update(cluster_keys)
@@ -221,8 +222,8 @@ def test_bad_launcher_keys_are_config_errors_naming_the_key(cluster_keys, messag
 
 
 def test_role_resources_become_bundles_and_actor_options():
-    from aiorl.config import load_config
-    from aiorl.ray_placement import actor_options, role_resources
+    from aiorl.experiment.loading import load_config
+    from aiorl.launch.placement import actor_options, role_resources
 
     config = cluster(1, 1, 1)
     config["cluster"]["resources"] = {"learner": {"num_gpus": 1, "resources": {"big": 2}}}
@@ -425,7 +426,7 @@ def test_a_run_dir_that_nodes_do_not_share_is_refused_before_any_role_starts(tmp
     told a launch id that no run.json holds.)"""
     import ray
 
-    from aiorl.ray_launcher import RoleHost
+    from aiorl.launch.ray_launcher import RoleHost
 
     connect_state_api(ray_cluster)
     run_dir = tmp_path / "run"

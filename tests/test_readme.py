@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from aiorl import config_reference
-from aiorl.metrics import ROW_KEYS
-from aiorl.runtime.algorithm import available_algorithms
+from aiorl.algos import available_algorithms
+from aiorl.experiment import reference as config_reference
+from aiorl.io.metrics import ROW_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

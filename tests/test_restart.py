@@ -4,8 +4,8 @@ import signal
 
 import pytest
 
-from aiorl.restart import RestartPolicy, restartable
 from aiorl.runtime.phase import EXIT_COORDINATOR_LOST, EXIT_FAILED, EXIT_OK, EXIT_REFUSED, interrupted_exit_code
+from aiorl.runtime.restart import RestartPolicy, restartable
 
 
 def test_backoff_doubles_on_quick_failures_and_resets_after_a_healthy_run():
@@ -60,9 +60,9 @@ def test_a_restart_the_run_ended_without_is_ended_and_not_a_failure(tmp_path):
     import subprocess
     import sys
 
-    from aiorl.config import load_config
-    from aiorl.launch import Child, LocalLauncher
-    from aiorl.rundir import RunDir
+    from aiorl.experiment.loading import load_config
+    from aiorl.io.rundir import RunDir
+    from aiorl.launch.local import Child, LocalLauncher
 
     cfg = load_config("examples/apex_dqn_cartpole.yaml", ["cluster.max_restarts=2"])
     run = RunDir.create(tmp_path / "run")

@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 
-from aiorl.config import load_config
+from aiorl.experiment.loading import load_config
 from aiorl.runtime.actor import ActorRole
 from aiorl.runtime.coordinator import Coordinator
 

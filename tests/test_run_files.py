@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from aiorl import rundir
-from aiorl.rundir import make_run_dir, write_json_atomic
+from aiorl.io import rundir
+from aiorl.io.rundir import make_run_dir, write_json_atomic
 
 
 def test_run_directories_are_owner_only_even_if_they_existed(tmp_path):

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from aiorl import checkpoint
-from aiorl.rundir import Identity, RunDir, RunDirError, latest_launch_id, read_json
+from aiorl.io import checkpoint
+from aiorl.io.rundir import Identity, RunDir, RunDirError, latest_launch_id, read_json
 
 
 def test_a_new_run_takes_an_absent_or_empty_directory_only(tmp_path):

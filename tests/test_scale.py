@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aiorl.config import load_config
+from aiorl.cli.status import fetch_status
+from aiorl.experiment.loading import load_config
 from aiorl.runtime import looplag
 from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.messages import BadMessage, pack_table, unpack_table
 from aiorl.runtime.phase import Phase
-from aiorl.status import fetch_status
 from aiorl.wire import connect, generate_token
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -53,7 +53,7 @@ def end_all(proc, started: dict[str, int]) -> None:
 
 
 def coordinator_status(run_dir) -> dict:
-    from aiorl.status import fetch_status
+    from aiorl.cli.status import fetch_status
     from aiorl.wire import load_token
 
     port = read_json(run_dir / "coordinator.json")["port"]

@@ -156,7 +156,7 @@ async def test_a_learner_asks_on_until_every_memory_ended_when_one_ends_first(tm
     instead of waiting for an end that memory 0 only sends when asked."""
     import asyncio
 
-    from aiorl.config import load_config
+    from aiorl.experiment.loading import load_config
     from aiorl.runtime.algorithm import LearnerResult
     from aiorl.runtime.learner import LearnerRole
 

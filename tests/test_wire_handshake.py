@@ -13,7 +13,7 @@ import logging
 import msgpack
 import pytest
 
-from aiorl.ratelog import RateLimitedLog
+from aiorl.core.ratelog import RateLimitedLog
 from aiorl.wire import AuthError, Limits, ProtocolError, ServerBusy, connect, generate_token, serve
 from aiorl.wire.auth import (
     ClientProved,

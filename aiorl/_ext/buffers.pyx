@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""Replay buffers over preallocated per-field storage: uniform, prioritized, aggregate.
+"""Replay buffers over preallocated per-field storage: uniform and prioritized (the aggregate
+buffer of synchronous agents is `aiorl._ext.aggregate`).
 
 Storage is one C-contiguous array per field, `(capacity, *shape)` in the
 field's own dtype (uint8 frames stay uint8). Rows move with memcpy loops in
@@ -13,7 +14,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from aiorl.buffer_pool import BufferPool
+from aiorl._ext._fields import (SNAPSHOT_FORMAT, SNAPSHOT_VERSION, _check_same, _load_npz, _meta_array, _read_meta,
+                                _save_npz, _spec_json, _state_array)
+from aiorl.core.buffer_pool import BufferPool
 
 cimport cython
 cimport numpy as cnp
@@ -26,157 +29,19 @@ from aiorl._ext._common cimport copy_row, int64_t, prefetch, uint64_t
 from aiorl._ext._checks cimport (as_float64_array, as_generator, as_index_array, as_uint64_array,
                                  bitgen_of, empty_1d)
 from aiorl._ext.sumtree cimport SumTree
+from aiorl._ext._fields cimport _Fields
 
 cnp.import_array()
 
-# Keys that `sample` adds to a batch; a field may not use them.
-RESERVED_NAMES = ("indices", "weights", "generations")
 # Sampled fields this large are written into recycled memory (see _Ring._new_rows);
 # smaller ones come from malloc's heap, which reuses its pages anyway.
 POOLED_BYTES = 1 << 20
 _power = np.power
-SNAPSHOT_FORMAT = "aiorl.replay"
-SNAPSHOT_VERSION = 1
 # Priorities above this are stored as this (a |TD| of 1e8 already says "sample me first"):
 # one absurd value (1e300) would otherwise pin the running max, which new rows get,
 # far above every real priority, and a few of them overflow the tree's total.
 MAX_PRIORITY = 1e8
 cdef double _MAX_PRIORITY = MAX_PRIORITY
-cdef enum:
-    # Highest row rank a field may have (a batch adds one leading dimension).
-    _MAX_ROW_NDIM = 8
-
-
-cdef class _Fields:
-    """A validated spec: field names, row shapes and dtypes, and the C view of them.
-
-    spec: {name: (row_shape, dtype)}; dtypes must be bool or numeric (the wire
-    carries only those) and are kept in native byte order.
-    """
-    cdef readonly tuple names
-    cdef readonly tuple shapes
-    cdef readonly tuple dtypes
-    cdef int count
-    cdef Py_ssize_t *rowbytes
-    cdef int *typenum
-    cdef int *ndim
-    cdef cnp.npy_intp *dims          # per field: [batch, *row_shape], stride _MAX_ROW_NDIM + 1
-    cdef char **src                  # per-call scratch: source pointers of the batch being added
-
-    def __cinit__(self, spec, str owner):
-        if not isinstance(spec, Mapping) or len(spec) == 0:
-            raise ValueError(f"{owner}: spec must be a non-empty dict name -> (shape, dtype), got {spec!r}")
-        names, shapes, dtypes = [], [], []
-        for name, entry in spec.items():
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"{owner}: spec field names must be non-empty strings, got {name!r}")
-            if name in RESERVED_NAMES:
-                raise ValueError(f"{owner}: spec field {name!r} clashes with a key sample() adds "
-                                 f"({', '.join(RESERVED_NAMES)})")
-            try:
-                shape, dtype = entry
-                shape = tuple(shape)
-                if not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
-                    raise TypeError
-                shape = tuple(int(d) for d in shape)
-                dtype = np.dtype(dtype)
-            except (TypeError, ValueError):
-                raise ValueError(f"{owner}: spec[{name!r}] must be (shape tuple of positive ints, dtype), "
-                                 f"got {entry!r}") from None
-            if dtype.kind not in "biufc":
-                raise ValueError(f"{owner}: spec[{name!r}] dtype must be bool or numeric, got {dtype}")
-            if len(shape) > _MAX_ROW_NDIM:
-                raise ValueError(f"{owner}: spec[{name!r}] shape {shape} has more than {_MAX_ROW_NDIM} dimensions")
-            names.append(name)
-            shapes.append(shape)
-            dtypes.append(dtype.newbyteorder("="))
-        self.names, self.shapes, self.dtypes = tuple(names), tuple(shapes), tuple(dtypes)
-        self.count = len(names)
-        self.rowbytes = <Py_ssize_t *> malloc(self.count * sizeof(Py_ssize_t))
-        self.typenum = <int *> malloc(self.count * sizeof(int))
-        self.ndim = <int *> malloc(self.count * sizeof(int))
-        self.dims = <cnp.npy_intp *> malloc(self.count * (_MAX_ROW_NDIM + 1) * sizeof(cnp.npy_intp))
-        self.src = <char **> malloc(self.count * sizeof(char *))
-        if not (self.rowbytes and self.typenum and self.ndim and self.dims and self.src):
-            raise MemoryError(owner)
-        cdef int f, k
-        for f in range(self.count):
-            self.rowbytes[f] = dtypes[f].itemsize * int(np.prod(shapes[f], dtype=np.int64))
-            self.typenum[f] = dtypes[f].num
-            self.ndim[f] = len(shapes[f])
-            for k in range(self.ndim[f]):
-                self.dims[f * (_MAX_ROW_NDIM + 1) + 1 + k] = shapes[f][k]
-
-    def __dealloc__(self):
-        free(self.rowbytes)
-        free(self.typenum)
-        free(self.ndim)
-        free(self.dims)
-        free(self.src)
-
-    def as_spec(self):
-        return {name: (shape, dtype) for name, shape, dtype in zip(self.names, self.shapes, self.dtypes)}
-
-    def describe(self, int f):
-        """'(n, 4) float32' for error messages."""
-        return f"{('n',) + self.shapes[f]} {self.dtypes[f]}".replace("'", "")
-
-    cdef object empty(self, int f, Py_ssize_t n):
-        """A new uninitialised (n, *shape) array of field f."""
-        cdef cnp.npy_intp *dims = self.dims + f * (_MAX_ROW_NDIM + 1)
-        dims[0] = n
-        return cnp.PyArray_EMPTY(self.ndim[f] + 1, dims, self.typenum[f], 0)
-
-    cdef list coerce(self, object batch, str what, Py_ssize_t *rows):
-        """The batch's arrays in field order, each C-contiguous in the field's dtype.
-
-        Copies only when needed; a dtype that casts 'same_kind' (float64 ->
-        float32, int64 -> int32) is converted, anything else is an error that
-        names the field, the expected shape/dtype and what came. Sets rows[0]
-        and self.src.
-        """
-        if not isinstance(batch, Mapping):
-            raise ValueError(f"{what}: expected a dict of arrays, got {type(batch).__name__}")
-        missing = [name for name in self.names if name not in batch]
-        if missing or len(batch) != self.count:
-            extra = [name for name in batch if name not in self.names]
-            raise ValueError(f"{what}: missing fields {missing}, unexpected fields {extra} "
-                             f"(expected {list(self.names)})")
-        cdef list arrays = []
-        cdef cnp.ndarray arr
-        cdef cnp.npy_intp *dims
-        cdef Py_ssize_t n = -1
-        cdef int f, k
-        cdef bint ok
-        for f in range(self.count):
-            name = self.names[f]
-            x = batch[name]
-            arr = x if cnp.PyArray_Check(x) else np.asarray(x)
-            dims = cnp.PyArray_DIMS(arr)
-            ok = cnp.PyArray_NDIM(arr) == self.ndim[f] + 1
-            k = 0
-            while ok and k < self.ndim[f]:
-                ok = dims[k + 1] == self.dims[f * (_MAX_ROW_NDIM + 1) + 1 + k]
-                k += 1
-            if not ok:
-                raise ValueError(f"{what}: field {name!r}: expected shape {self.describe(f)}, "
-                                 f"got shape {(<object> arr).shape} {arr.dtype}")
-            if n < 0:
-                n = dims[0]
-            elif dims[0] != n:
-                raise ValueError(f"{what}: field {name!r} has {dims[0]} rows but field "
-                                 f"{self.names[0]!r} has {n}")
-            if cnp.PyArray_TYPE(arr) != self.typenum[f] or not cnp.PyArray_ISNOTSWAPPED(arr):
-                if arr.dtype != self.dtypes[f] and not np.can_cast(arr.dtype, self.dtypes[f], "same_kind"):
-                    raise ValueError(f"{what}: field {name!r}: expected {self.describe(f)} (or a dtype "
-                                     f"that casts to it same_kind), got {(<object> arr).shape} {arr.dtype}")
-                arr = np.ascontiguousarray(arr, dtype=self.dtypes[f])
-            elif not cnp.PyArray_IS_C_CONTIGUOUS(arr):
-                arr = np.ascontiguousarray(arr)
-            arrays.append(arr)
-            self.src[f] = <char *> cnp.PyArray_DATA(arr)
-        rows[0] = n
-        return arrays
 
 
 cdef inline int _raise_index(str what, Py_ssize_t j, int64_t value, Py_ssize_t size) except -1:
@@ -185,58 +50,6 @@ cdef inline int _raise_index(str what, Py_ssize_t j, int64_t value, Py_ssize_t s
 
 cdef inline int _raise_priority(str what, Py_ssize_t j, double value) except -1:
     raise ValueError(f"{what}: priorities[{j}] = {value!r}; priorities must be finite and >= 0")
-
-
-def _meta_array(meta):
-    return np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8).copy()
-
-
-def _read_meta(state, str what):
-    if not isinstance(state, Mapping) or "meta" not in state:
-        raise ValueError(f"{what}: expected a state dict with a 'meta' entry")
-    meta = json.loads(np.asarray(state["meta"], dtype=np.uint8).tobytes().decode())
-    if meta.get("format") != SNAPSHOT_FORMAT or meta.get("version") != SNAPSHOT_VERSION:
-        raise ValueError(f"{what}: not an {SNAPSHOT_FORMAT} v{SNAPSHOT_VERSION} snapshot "
-                         f"(format={meta.get('format')!r}, version={meta.get('version')!r})")
-    return meta
-
-
-def _spec_json(_Fields fields):
-    return [[name, list(shape), dtype.str] for name, shape, dtype in
-            zip(fields.names, fields.shapes, fields.dtypes)]
-
-
-def _check_same(str what, str key, expected, got):
-    if expected != got:
-        raise ValueError(f"{what}: snapshot {key} is {got!r}, this buffer has {expected!r}")
-
-
-def _state_array(state, str key, shape, dtype, str what):
-    if key not in state:
-        raise ValueError(f"{what}: snapshot has no {key!r} array")
-    arr = np.asarray(state[key])
-    if arr.shape != tuple(shape) or arr.dtype != dtype:
-        raise ValueError(f"{what}: snapshot {key!r}: expected {tuple(shape)} {np.dtype(dtype)}, "
-                         f"got {arr.shape} {arr.dtype}")
-    return arr
-
-
-def _save_npz(state, path):
-    """Write the state's arrays to `path` (npz, no pickled objects), atomically."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **state)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _load_npz(path):
-    with np.load(os.fspath(path), allow_pickle=False) as npz:
-        return {key: npz[key] for key in npz.files}
 
 
 cdef class _Ring:
@@ -706,138 +519,3 @@ cdef class PrioritizedReplayBuffer(_Ring):
         tree.update(np.arange(size), q)
         self._tree = tree
         self._max_q = max_q
-
-
-cdef class AggregateBuffer:
-    """One part per producer per round, for synchronous agents: `AggregateBuffer(num_parts, spec)`.
-
-    `add(producer_id, batch)` keeps a copy of the producer's part (any number
-    of rows); a second part from the same producer in one round is an error.
-    `complete` is true once every live producer has delivered; `take()` then
-    returns the parts concatenated in producer-id order (new arrays) and
-    starts the next round. `drop(producer_id)` stops waiting for a producer
-    (its actor died); a part it already delivered this round is kept.
-    """
-    cdef readonly int num_parts
-    cdef _Fields _fields
-    cdef list _parts
-    cdef set _dropped
-
-    def __cinit__(self, int num_parts, spec):
-        if num_parts < 1:
-            raise ValueError(f"AggregateBuffer: num_parts must be >= 1, got {num_parts}")
-        self.num_parts = num_parts
-        self._fields = _Fields(spec, "AggregateBuffer")
-        self._parts = [None] * num_parts
-        self._dropped = set()
-
-    def __repr__(self):
-        return (f"AggregateBuffer(num_parts={self.num_parts}, received={self.received}, "
-                f"missing={self.missing}, dropped={sorted(self._dropped)})")
-
-    def __len__(self):
-        """Rows received this round."""
-        return sum(len(part[0]) for part in self._parts if part is not None)
-
-    @property
-    def spec(self):
-        return self._fields.as_spec()
-
-    @property
-    def received(self):
-        """Producer ids whose part arrived this round."""
-        return [i for i, part in enumerate(self._parts) if part is not None]
-
-    @property
-    def missing(self):
-        """Live producer ids still owing a part this round."""
-        return [i for i, part in enumerate(self._parts) if part is None and i not in self._dropped]
-
-    @property
-    def live(self):
-        """Producer ids not dropped."""
-        return [i for i in range(self.num_parts) if i not in self._dropped]
-
-    @property
-    def complete(self):
-        """Every live producer delivered, and at least one part is here."""
-        return not self.missing and bool(self.received)
-
-    cdef int _check_id(self, producer_id, str what) except -1:
-        if not isinstance(producer_id, (int, np.integer)) or not 0 <= producer_id < self.num_parts:
-            raise ValueError(f"{what}: producer id {producer_id!r} is out of range [0, {self.num_parts})")
-        return 0
-
-    def add(self, producer_id, batch):
-        """Store producer `producer_id`'s part for this round (copied)."""
-        what = "AggregateBuffer.add"
-        self._check_id(producer_id, what)
-        if producer_id in self._dropped:
-            raise ValueError(f"{what}: producer {producer_id} was dropped; revive() it first")
-        if self._parts[producer_id] is not None:
-            raise ValueError(f"{what}: producer {producer_id} already delivered its part this round "
-                             f"(received {self.received}, missing {self.missing})")
-        cdef Py_ssize_t n
-        arrays = self._fields.coerce(batch, f"{what} (producer {producer_id})", &n)
-        self._parts[producer_id] = [np.array(arr, copy=True) for arr in arrays]
-
-    def drop(self, producer_id):
-        """Stop waiting for `producer_id` in this and later rounds."""
-        self._check_id(producer_id, "AggregateBuffer.drop")
-        self._dropped.add(int(producer_id))
-
-    def revive(self, producer_id):
-        """Expect `producer_id` again (from this round on)."""
-        self._check_id(producer_id, "AggregateBuffer.revive")
-        self._dropped.discard(int(producer_id))
-
-    def take(self):
-        """The round's parts concatenated in producer-id order (new arrays); starts the next round."""
-        if not self.complete:
-            raise ValueError(f"AggregateBuffer.take: round incomplete: missing producers {self.missing} "
-                             f"(received {self.received})")
-        parts = [part for part in self._parts if part is not None]
-        out = {}
-        for f, name in enumerate(self._fields.names):
-            out[name] = parts[0][f] if len(parts) == 1 else np.concatenate([part[f] for part in parts])
-        self._parts = [None] * self.num_parts
-        return out
-
-    def state_dict(self):
-        """{"meta": uint8 JSON (format, version, kind, num_parts, spec, received, dropped),
-        "part.<id>.<field>": array} (no pickle)."""
-        meta = {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "kind": "AggregateBuffer",
-                "num_parts": self.num_parts, "spec": _spec_json(self._fields),
-                "received": self.received, "dropped": sorted(self._dropped)}
-        state = {"meta": _meta_array(meta)}
-        for i in self.received:
-            for name, arr in zip(self._fields.names, self._parts[i]):
-                state[f"part.{i}.{name}"] = arr
-        return state
-
-    def load_state_dict(self, state):
-        what = "AggregateBuffer.load_state_dict"
-        cdef Py_ssize_t n
-        meta = _read_meta(state, what)
-        _check_same(what, "kind", "AggregateBuffer", meta.get("kind"))
-        _check_same(what, "num_parts", self.num_parts, meta.get("num_parts"))
-        _check_same(what, "spec", _spec_json(self._fields), meta.get("spec"))
-        parts = [None] * self.num_parts
-        for i in meta["received"]:
-            self._check_id(i, what)
-            batch = {name: state.get(f"part.{i}.{name}") for name in self._fields.names}
-            if any(v is None for v in batch.values()):
-                raise ValueError(f"{what}: snapshot lacks arrays of producer {i}")
-            parts[i] = [np.array(arr, copy=True) for arr in self._fields.coerce(batch, what, &n)]
-        for i in meta["dropped"]:
-            self._check_id(i, what)
-        self._parts = parts
-        self._dropped = set(meta["dropped"])
-
-    def save(self, path):
-        """Write `state_dict()` to `path` as an .npz archive (no pickle; replaced atomically)."""
-        _save_npz(self.state_dict(), path)
-
-    def load(self, path):
-        """Restore from a file written by `save` (read with allow_pickle=False)."""
-        self.load_state_dict(_load_npz(path))

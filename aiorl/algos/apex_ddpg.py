@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from aiorl.algos._common import (
+from aiorl.algos.lib.common import (
     ApexLearner,
     NStepPolicy,
     as_tensor,
@@ -43,7 +43,7 @@ from aiorl.algos._common import (
     td_loss,
     weights_spec_of,
 )
-from aiorl.algos._networks import (
+from aiorl.algos.lib.networks import (
     DEFAULT_MLP,
     Critic,
     DeterministicActor,
@@ -58,7 +58,7 @@ from aiorl.runtime.algorithm import Algorithm, LearnerResult
 @dataclass
 class ApexDDPGConfig:
     actor_network: list = doc(
-        "Actor torso layers (see aiorl/algos/_networks.py); empty: nature_cnn for "
+        "Actor torso layers (see aiorl/algos/lib/networks.py); empty: nature_cnn for "
         "images, two relu layers of 256 otherwise.",
         default_factory=list,
     )

@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from aiorl.algos._common import (
+from aiorl.algos.lib.common import (
     ApexLearner,
     NStepPolicy,
     as_tensor,
@@ -46,7 +46,7 @@ from aiorl.algos._common import (
     td_loss,
     weights_spec_of,
 )
-from aiorl.algos._networks import (
+from aiorl.algos.lib.networks import (
     DEFAULT_MLP,
     GreedyPolicy,
     QNetwork,

@@ -43,7 +43,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from aiorl.algos._actor_critic import (
+from aiorl.algos.lib.actor_critic import (
     ActorCritic,
     GaussianHead,
     SDEHead,
@@ -51,7 +51,7 @@ from aiorl.algos._actor_critic import (
     check_action_space,
     obs_norm_size,
 )
-from aiorl.algos._common import (
+from aiorl.algos.lib.common import (
     ActorCriticLearner,
     as_tensor,
     check_positive,
@@ -61,7 +61,7 @@ from aiorl.algos._common import (
     state_to_numpy,
     weights_spec_of,
 )
-from aiorl.algos._networks import check_observation_space, is_image, parse_network
+from aiorl.algos.lib.networks import check_observation_space, is_image, parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.replay import gae
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerResult
@@ -72,7 +72,7 @@ DEFAULT_NETWORK = ["linear:64", "tanh", "linear:64", "tanh"]
 @dataclass
 class DPPOConfig:
     network: list = doc(
-        "Torso layers (see aiorl/algos/_networks.py), used for the policy and the value "
+        "Torso layers (see aiorl/algos/lib/networks.py), used for the policy and the value "
         "torso; empty: nature_cnn for images, two tanh layers of 64 otherwise.",
         default_factory=list,
     )
@@ -103,7 +103,7 @@ class DPPOConfig:
         "Generalized state-dependent exploration (gSDE, Box actions): the exploration noise is a "
         "linear function of the policy's features, redrawn every model.sde_sample_freq steps, "
         "its scale learned per feature and action (log_std_init is its initial log); see "
-        "aiorl/algos/_actor_critic.py SDEHead.",
+        "aiorl/algos/lib/actor_critic.py SDEHead.",
         default=False,
     )
     sde_sample_freq: int = doc(

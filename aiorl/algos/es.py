@@ -39,15 +39,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiorl.algos._actor_critic import (
+from aiorl.algos.lib.actor_critic import (
     ActorCritic,
     DeterministicPolicy,
     check_action_space,
     obs_norm_size,
     policy_meta,
 )
-from aiorl.algos._common import setup_torch
-from aiorl.algos._networks import OneHot, check_observation_space, parse_network
+from aiorl.algos.lib.common import setup_torch
+from aiorl.algos.lib.networks import OneHot, check_observation_space, parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.envs import make_env
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerCore, LearnerResult, WorkResult
@@ -409,7 +409,10 @@ class ES(Algorithm):
         ("policy lag", "learner/policy_lag"),
     )
     synchronous = True
-    learner_warm_imports = ()  # numpy Adam: no torch.optim in the learner
+
+    @classmethod
+    def warm_learner_imports(cls):
+        pass  # numpy Adam: no torch.optim in the learner
 
     @classmethod
     def work_items(cls, cfg):

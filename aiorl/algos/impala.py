@@ -38,8 +38,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from aiorl.algos._actor_critic import ActorCritic, GaussianHead, check_action_space
-from aiorl.algos._common import (
+from aiorl.algos.lib.actor_critic import ActorCritic, GaussianHead, check_action_space
+from aiorl.algos.lib.common import (
     ActorCriticLearner,
     as_tensor,
     check_positive,
@@ -49,7 +49,7 @@ from aiorl.algos._common import (
     state_to_numpy,
     weights_spec_of,
 )
-from aiorl.algos._networks import check_observation_space, is_image, parse_network
+from aiorl.algos.lib.networks import check_observation_space, is_image, parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.replay import vtrace
 from aiorl.replay.trajectory_queue import FULL_POLICIES, QueueSpec
@@ -62,7 +62,7 @@ OPTIMIZERS = ("rmsprop", "adam")
 @dataclass
 class ImpalaConfig:
     network: list = doc(
-        "Torso layers (see aiorl/algos/_networks.py), used for the policy and the value "
+        "Torso layers (see aiorl/algos/lib/networks.py), used for the policy and the value "
         "torso; empty: nature_cnn for images, two tanh layers of 64 otherwise.",
         default_factory=list,
     )

@@ -33,7 +33,8 @@ every array's shape and dtype, and raises ValueError naming any mismatch.
 """
 
 try:
-    from aiorl._ext.buffers import MAX_PRIORITY, AggregateBuffer, PrioritizedReplayBuffer, ReplayBuffer
+    from aiorl._ext.aggregate import AggregateBuffer
+    from aiorl._ext.buffers import MAX_PRIORITY, PrioritizedReplayBuffer, ReplayBuffer
     from aiorl._ext.framestore import FramePool, FrameStream
     from aiorl._ext.gae import gae
     from aiorl._ext.nstep import NStep, NStepCarry, n_step_adjustment, n_step_flush

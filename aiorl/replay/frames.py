@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aiorl.buffer_pool import BufferPool
+from aiorl.config import ConfigError
+from aiorl.core.buffer_pool import BufferPool
 from aiorl.replay import FramePool, FrameStream, PrioritizedReplayBuffer, ReplayBuffer
 
 LAYOUTS = ("auto", "frames", "transitions")
@@ -42,7 +43,6 @@ COMPRESSIONS = ("none", "lz4")
 
 def lz4_block():
     """The lz4.block module, or a ConfigError saying how to get it."""
-    from aiorl.config import ConfigError
 
     try:
         import lz4.block
@@ -54,8 +54,6 @@ def lz4_block():
 
 
 def check_compression(name: str) -> None:
-    from aiorl.config import ConfigError
-
     if name not in COMPRESSIONS:
         raise ConfigError(f"cluster.frame_compression: expected 'none' or 'lz4', got {name!r}")
     if name == "lz4":
@@ -134,7 +132,7 @@ class FrameLayout:
 def stacked_env(env_cfg) -> bool:
     """Whether the configured env stacks frames (the Atari preset, its native backend, or a
     FrameStackObservation wrapper)."""
-    from aiorl.env_wrappers import wrapper_names
+    from aiorl.envs.wrappers import wrapper_names
 
     return (
         env_cfg.preset == "atari"
@@ -150,7 +148,6 @@ def frame_layout(cfg, algo) -> FrameLayout | None:
     "transitions" never, "auto" for replay (not synchronous) algorithms on envs
     that stack frames (see `stacked_env`).
     """
-    from aiorl.config import ConfigError
 
     choice = cfg.agent.replay_layout
     if choice == "transitions" or algo.is_synchronous(cfg):

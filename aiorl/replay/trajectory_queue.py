@@ -30,6 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aiorl.replay import FramePool, FrameStream
+from aiorl.replay.frames import unpack_frames
+
 FULL_POLICIES = ("throttle", "drop_oldest")
 ORIGIN_FIELDS = ("weights_version", "actor", "env")
 
@@ -202,8 +205,6 @@ class FrameTrajectoryQueue(TrajectoryQueue):
     """
 
     def __init__(self, capacity: int, spec: dict, steps: int, layout, full: str = "throttle", max_streams: int = 1):
-        from aiorl.replay import FramePool
-
         self.layout = layout
         self.naive_spec = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()}
         # Checked and stored as the wire has them: a frame field is k ids a step (stored: pool slots).
@@ -217,14 +218,12 @@ class FrameTrajectoryQueue(TrajectoryQueue):
 
     def stream(self):
         """A new producer's frame ids; `release()` it when the producer is gone."""
-        from aiorl.replay import FrameStream
 
         return FrameStream(self.pool, self.layout.window, self.layout.stack)
 
     def push(self, fragments: dict, version: int, actor: int, envs=None, *, stream=None, keep_from: int = 0) -> int:
         """As `TrajectoryQueue.push`, for a frame-layout message of `stream`'s producer; nothing
         changes if any part of it is invalid (ValueError)."""
-        from aiorl.replay.frames import unpack_frames
 
         rows = dict(fragments)
         packed = rows.pop("frames_lz4", None)

@@ -36,9 +36,9 @@ import time
 import numpy as np
 
 from aiorl.envs import EnvRunner
+from aiorl.io.rundir import Identity
 from aiorl.replay.frame_sender import FrameSender
 from aiorl.replay.frames import frame_layout
-from aiorl.rundir import Identity
 from aiorl.runtime import messages
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role

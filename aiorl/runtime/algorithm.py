@@ -24,16 +24,16 @@ the weights of the next iteration.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from aiorl.config import Config, ConfigError
+from aiorl.io import checkpoint
+from aiorl.io.export import save_policy
+
 if TYPE_CHECKING:
-    from aiorl.config import Config
     from aiorl.envs import EnvSpec
     from aiorl.replay.trajectory_queue import QueueSpec
 
@@ -112,7 +112,7 @@ class LearnerCore:
 
     def state_dict(self) -> dict | None:
         """Everything a resumed learner needs: models, target nets, optimizers, step counts, RNG
-        states. Tensors, numbers, strings, lists and dicts only (aiorl/checkpoint.py reads files
+        states. Tensors, numbers, strings, lists and dicts only (aiorl/io/checkpoint.py reads files
         back in torch's weights-only mode). None: this core keeps nothing worth a checkpoint."""
         return None
 
@@ -121,10 +121,8 @@ class LearnerCore:
         raise NotImplementedError(f"{type(self).__name__} cannot restore a checkpoint")
 
     def save_checkpoint(self, directory: str, counters: dict, keep: int = 3) -> str | None:
-        """Write `state_dict` as an aiorl checkpoint under `directory` (see `aiorl.checkpoint`);
+        """Write `state_dict` as an aiorl checkpoint under `directory` (see `aiorl.io.checkpoint`);
         ``counters["learner_steps"]`` names the file. Returns its path (None: nothing to save)."""
-        from aiorl import checkpoint
-
         state = self.state_dict()
         if state is None:
             return None
@@ -133,8 +131,6 @@ class LearnerCore:
 
     def load_checkpoint(self, path: str) -> dict:
         """Restore a checkpoint file (checked whole first); return its meta (``learner_steps``, ...)."""
-        from aiorl import checkpoint
-
         meta, state = checkpoint.load(path)
         self.load_state_dict(state)
         return meta
@@ -147,8 +143,6 @@ class LearnerCore:
 
     def export_policy(self, directory: str) -> str | None:
         """Write the acting policy for `aiorl eval`; return its path."""
-        from aiorl.export import save_policy
-
         policy = self.acting_policy()
         return None if policy is None else save_policy(policy[0], directory, policy[1])
 
@@ -179,14 +173,18 @@ class Algorithm:
     # learner's loss, the exploration as this algorithm defines it (epsilon, entropy) and
     # policy lag where it applies. Keys absent from a row show as "-".
     panel_metrics: ClassVar[tuple[tuple[str, str], ...]] = ()
-    # Modules a learner process imports in a thread while it registers and waits for the
-    # others, because its core would import them later, on the clock: torch.optim's first
-    # optimizer imports torch._dynamo (seconds of CPU). () for a learner without torch.optim.
-    learner_warm_imports: ClassVar[tuple[str, ...]] = ("torch._dynamo",)
 
     def __init__(self, cfg: Config, env_spec: EnvSpec):
         self.cfg = cfg
         self.env_spec = env_spec
+
+    @classmethod
+    def warm_learner_imports(cls) -> None:
+        """Import what the learner core would import later, on the clock: a learner process calls
+        this in a thread while it registers and waits for the others. torch.optim's first
+        optimizer imports torch._dynamo (seconds of CPU); a learner without torch.optim overrides
+        this with nothing."""
+        import torch._dynamo  # noqa: F401
 
     @classmethod
     def is_synchronous(cls, cfg: Config) -> bool:
@@ -219,8 +217,6 @@ class Algorithm:
         if not isinstance(device, str) or not device.startswith("cuda"):
             return
         import torch
-
-        from aiorl.config import ConfigError
 
         if not torch.cuda.is_available():
             raise ConfigError(
@@ -271,34 +267,8 @@ class Algorithm:
         raise NotImplementedError
 
 
-def available_algorithms() -> list[str]:
-    import aiorl.algos
-
-    return sorted(m.name for m in pkgutil.iter_modules(aiorl.algos.__path__) if not m.name.startswith("_"))
-
-
-def get_algorithm(name: str) -> type[Algorithm]:
-    """The `Algorithm` class registered as module `aiorl.algos.<name>`."""
-    from aiorl.config import ConfigError
-
-    names = available_algorithms()
-    if name not in names:
-        import difflib
-
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"algo: unknown algorithm {name!r}{hint} (available: {', '.join(names)})")
-    module = importlib.import_module(f"aiorl.algos.{name}")
-    algo = getattr(module, "ALGORITHM", None)
-    if not (isinstance(algo, type) and issubclass(algo, Algorithm)):
-        raise ConfigError(f"algo: module aiorl.algos.{name} does not define ALGORITHM")
-    if not dataclasses.is_dataclass(algo.model_config) and algo.model_config is not dict:
-        raise TypeError(f"{algo.__name__}.model_config must be a dataclass")
-    return algo
-
-
 def build_algorithm(cfg: Config) -> Algorithm:
-    """The configured algorithm, built for the configured environment's spaces."""
+    """The configured algorithm (`Config.algorithm`), built for the configured environment's spaces."""
     from aiorl.envs import env_spec
 
-    return get_algorithm(cfg.algo)(cfg, env_spec(cfg.env))
+    return cfg.algorithm(cfg, env_spec(cfg.env))

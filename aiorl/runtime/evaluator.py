@@ -31,7 +31,7 @@ about 30x a call of the module, where the copy takes microseconds under the
 learner's lock and scores fast; measured with ``bench/learning.py eval-cost``,
 exporting every evaluation cost DQN CartPole training 19% of its learner
 steps/s. The best policy kept is exported from the very module that was
-scored, by the one export every policy goes through (`aiorl.export.save_policy`).
+scored, by the one export every policy goes through (`aiorl.io.export.save_policy`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 
 from aiorl.config import Config
+from aiorl.io.export import POLICY_META
+from aiorl.runtime.eval_worker import EvalWorker
 
 EVAL_SEED_BASE = 1_000_000_000  # actors seed from run.seed + 10_000 x (index + 1) + ...: far below
 BEST_DIR = "best"  # under the run's policy/ directory, beside the final policy
@@ -60,7 +62,6 @@ def eval_seed(cfg: Config) -> int:
 
 def read_best(policy_dir: Path) -> dict | None:
     """The evaluation that chose ``policy_dir/best`` (None: no best policy there yet)."""
-    from aiorl.export import POLICY_META
 
     try:
         evaluation = json.loads((policy_dir / BEST_DIR / POLICY_META).read_text()).get("evaluation")
@@ -104,8 +105,6 @@ class Evaluator:
         """Start the evaluation process (from the loop's thread, when learner 0 registers: its imports
         overlap the run's start-up, and it is ready for the first evaluation even of a short run)."""
         if self.worker is None and not self.stop.is_set():
-            from aiorl.runtime.eval_worker import EvalWorker
-
             self.worker = EvalWorker(self.cfg, self.policy_dir)
 
     def run(self, policy, meta: dict, learner_steps: int, env_steps: int, copy_s: float = 0.0) -> dict | None:
@@ -167,7 +166,7 @@ class Evaluator:
 
 
 def evaluation_metrics(summary: dict) -> dict:
-    """The metrics.jsonl keys of the last evaluation (documented in aiorl.metrics)."""
+    """The metrics.jsonl keys of the last evaluation (documented in aiorl.io.metrics)."""
     last, best = summary["last"], summary["best"]
     return {
         "eval/return_mean": last["return_mean"],

@@ -7,7 +7,7 @@
 
 - `QueueRoom` (memory): the trajectory queue's side of the memory host's actor
   credits, the mechanism the samples-per-insert limiter drives
-  (`aiorl.runtime.ratelimit`, `MemoryRole._grant_actor_credits`): an actor
+  (`aiorl.runtime.ratelimit`, `aiorl.runtime.memory.flow`): an actor
   sends a fragment message only against a credit, each actor holds up to
   ``ACTOR_CREDITS``, and a credit goes out only when the room says so. Under
   ``throttle`` that is while the queue has room for what every outstanding

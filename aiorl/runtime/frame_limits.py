@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from aiorl.replay.frames import frame_layout
 from aiorl.replay.trajectory_queue import ORIGIN_FIELDS
 from aiorl.wire import Limits
 
@@ -58,7 +59,6 @@ def _limits(payload: int, arrays: int) -> Limits:
 def actor_to_memory(cfg, algo) -> Limits:
     """One batch (rows + float64 priorities) or one synchronous rollout. In the frame layout
     a batch's rows hold frame ids, and its new frames (raw or lz4) and their ids travel beside."""
-    from aiorl.replay.frames import frame_layout
 
     spec = algo.transition_spec()
     rows = algo.max_batch_rows()

@@ -1,6 +1,7 @@
 """Learner: pulls batches from every memory with credits, trains, ships
 priorities back to the memory each batch came from, and (learner 0) publishes
-weights, checkpoints and exports the policy.
+weights; learner 0's checkpoints, evaluations and exported policy are
+`aiorl.runtime.learner_outputs`.
 
 Training runs in a worker thread (torch releases the GIL), so heartbeats and
 incoming batches keep flowing while a step computes. A learner holds at most
@@ -14,16 +15,6 @@ from that copy. A memory connection that ends before the memory's ``end``
 message fails a synchronous learner (it would otherwise wait for its rounds
 forever); an asynchronous one goes on with the other memories (below).
 
-Checkpoints (learner 0; `aiorl.checkpoint`): every ``run.checkpoint_interval_s``
-seconds and/or ``run.checkpoint_every`` learner steps, at shutdown, and when
-the role ends abnormally (coordinator lost, told to exit early, a second
-signal, its step failed because a data-parallel peer died) if it still can;
-weights holding NaN or infinities are never checkpointed. Each records the
-run's counters and return window from the coordinator, so that ``--resume``
-continues them. The state is serialized between two steps (training waits
-that long); the file is written in the background. A resumed run's learners
-all load the checkpoint it continues from.
-
 A memory host that goes away (it may be restarted) is skipped; when the
 coordinator announces its new address the learner reconnects and grants its
 credits again.
@@ -33,19 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import threading
 import time
 
 import numpy as np
 
-from aiorl import checkpoint
-from aiorl.rundir import Identity
 from aiorl.runtime import rendezvous
-from aiorl.runtime.algorithm import get_algorithm
-from aiorl.runtime.evaluator import Evaluator, evaluation_on
 from aiorl.runtime.fragments import LagMeter
-from aiorl.runtime.phase import Phase, last_checkpoint_budget_s
+from aiorl.runtime.learner_outputs import LearnerOutputs
+from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed
 from aiorl.wire.names import safe_text
@@ -53,17 +40,6 @@ from aiorl.wire.names import safe_text
 _END = None  # a memory finished sending
 _AWAY = "away"  # a memory's connection closed before its end
 _WAKE = "wake"  # the phase changed
-# Of cluster.phase_timeout_s (the learners' deadline to finish): what the final evaluation may take;
-# the rest is for publishing, the final checkpoint and the export.
-FINAL_EVALUATION_SHARE = 0.5
-
-
-def _warm_imports(modules: tuple[str, ...]) -> None:
-    """Import what the learner core will (`Algorithm.learner_warm_imports`) while the role
-    registers and waits for the others, not after RUNNING while the actors wait for version 0;
-    the core then finds the modules imported."""
-    for module in modules:
-        importlib.import_module(module)
 
 
 def weights_digest(weights: dict[str, np.ndarray]) -> str:
@@ -75,16 +51,11 @@ def weights_digest(weights: dict[str, np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
-class LearnerRole(Role):
+class LearnerRole(LearnerOutputs, Role):
     kind = "learner"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # Checkpoints are written with torch. Importing it holds the GIL for seconds, so it
-        # happens now, before heartbeats start, and not in the middle of the run (an algorithm
-        # that never imports torch itself, like random_agent, would otherwise miss heartbeats).
-        import torch  # noqa: F401
-
         self.memories: list[Connection] = []
         self.queue: asyncio.Queue = asyncio.Queue()  # bounded by the credits granted
         self.per_memory: list[dict] = []
@@ -94,7 +65,6 @@ class LearnerRole(Role):
         self.train_s = 0.0
         self._publish: asyncio.Task | None = None
         self.published = 0
-        self.checkpoints: list[str] = []
         self.stopped = False  # a data-parallel peer ran out of data: no more steps
         # Inline while steps are quick, never with data-parallel peers: a collective
         # may wait on a slow peer for long, and the loop must keep heartbeating.
@@ -107,25 +77,16 @@ class LearnerRole(Role):
         self.lag = LagMeter()  # fragments (IMPALA): policy lag of each batch
         self.last_beta: float | None = None
         self.core = None
-        self.identity = Identity.from_env()
         self.step_base = 0  # this learner's steps before this launch (a resumed run)
         self.core_lock = threading.Lock()  # held by a step; a checkpoint never sees half a step
-        self.last_checkpoint_t = time.monotonic()
-        self._writing: asyncio.Task | None = None
         self._links: set[asyncio.Task] = set()  # readers of memory hosts that came back
         self.away: set[int] = set()
         self.earlier_per_memory: list[dict] = []
-        algo_cls = get_algorithm(self.cfg.algo)
+        algo_cls = self.cfg.algorithm
         self.synchronous = algo_cls.is_synchronous(self.cfg)
-        if algo_cls.learner_warm_imports:
-            threading.Thread(
-                target=_warm_imports, args=(algo_cls.learner_warm_imports,), name="warm imports", daemon=True
-            ).start()
-        # Learner 0 with run.eval_every / eval_interval_s; its process starts at registration.
-        self.evaluator = (
-            Evaluator(self.cfg, self.run_dir / "policy") if self.index == 0 and evaluation_on(self.cfg) else None
-        )
-        self._evaluating: asyncio.Task | None = None
+        # What the core will import, imported while the role registers and waits for the others,
+        # not after RUNNING while the actors wait for version 0.
+        threading.Thread(target=algo_cls.warm_learner_imports, name="warm imports", daemon=True).start()
 
     def register_extra(self) -> dict:
         if self.evaluator is not None:
@@ -383,45 +344,6 @@ class LearnerRole(Role):
         with self.core_lock:
             return self.core.step(batch)
 
-    async def _maybe_checkpoint(self) -> None:
-        r = self.cfg.run
-        if self.index != 0:
-            return
-        by_steps = r.checkpoint_every and self.total_steps % r.checkpoint_every == 0
-        by_time = (
-            r.checkpoint_interval_s is not None and time.monotonic() - self.last_checkpoint_t >= r.checkpoint_interval_s
-        )
-        if by_steps or by_time:
-            await self._checkpoint("periodic")
-
-    def _maybe_evaluate(self) -> None:
-        ev = self.evaluator
-        if ev is None or (self._evaluating is not None and not self._evaluating.done()):
-            return  # one evaluation at a time: a due one is skipped, not queued
-        if ev.due(self.total_steps):
-            ev.mark(self.total_steps)
-            self._evaluating = self.spawn(self._evaluate(self.total_steps), "evaluation")
-
-    def _locked_policy(self) -> tuple[object, dict] | None:
-        with self.core_lock:  # between two steps: never weights torn across a step
-            return self.core.acting_policy()
-
-    async def _evaluate(self, learner_steps: int) -> None:
-        """Copy the current policy (training waits that long), score it in the evaluation process."""
-        ev = self.evaluator
-        env_steps = self.run_counters.get("env_steps", 0)
-        try:
-            t0 = time.perf_counter()
-            policy = await asyncio.to_thread(self._locked_policy)
-            copy_s = time.perf_counter() - t0  # what training waited (the core's lock held)
-            if policy is None:
-                self.log.warning("%s exports no policy: no evaluation during training", self.cfg.algo)
-                self.evaluator = None
-                return
-            await asyncio.to_thread(ev.run, *policy, learner_steps, env_steps, copy_s)
-        except OSError as exc:  # a full disk costs this evaluation, not the run
-            self.log.error("evaluation at learner step %d failed: %s", learner_steps, exc)
-
     async def _next(self):
         t0 = time.perf_counter()
         item = await self.queue.get()
@@ -573,119 +495,3 @@ class LearnerRole(Role):
         self.published += 1
         self.published_version = int(reply.meta.get("version", self.published_version))
         self.log.debug("published weights version %s", reply.meta.get("version"))
-
-    async def _run_state(self) -> dict:
-        """The run's counters and return window, to record in a checkpoint."""
-        try:
-            reply = await self.coordinator.request(
-                "run_state", {"counters": dict(self.counters)}, timeout_s=self.cfg.cluster.coordinator_timeout_s
-            )
-            return dict(reply.meta)
-        except Exception as exc:  # the coordinator is gone: the last counters a heartbeat brought
-            self.log.warning("checkpoint without the coordinator's run state (%r); using the last heartbeat's", exc)
-            return dict(self.run_counters)
-
-    async def _checkpoint(self, reason: str, coordinator: bool = True) -> None:
-        """Serialize the core between steps (training waits), write the file in the background."""
-        self.last_checkpoint_t = time.monotonic()
-        if self._writing is not None:
-            await self._writing  # one file at a time
-        run_state = await self._run_state() if coordinator else dict(self.run_counters)
-        lock_timeout_s = self.cfg.cluster.phase_timeout_s
-
-        def serialize():
-            # Bounded: a step stuck in a collective with a dead peer must not hold up the exit.
-            if not self.core_lock.acquire(timeout=lock_timeout_s):
-                raise TimeoutError(f"a learner step held the core for over {lock_timeout_s:g} s")
-            try:
-                state = self.core.state_dict()
-                return None if state is None else checkpoint.serialize(state)
-            finally:
-                self.core_lock.release()
-
-        try:
-            payload = await asyncio.to_thread(serialize)
-        except checkpoint.CheckpointError as exc:
-            self.log.error("checkpoint at learner step %d (%s): %s", self.total_steps, reason, exc)
-            return
-        if payload is None:
-            return
-        meta = self.identity.stamp(
-            {
-                "reason": reason,
-                "run": run_state,
-                "algo": self.cfg.algo,
-                "config_hash": self.cfg.config_hash(),
-                "time": time.time(),
-            }
-        )
-        steps, keep, directory = self.total_steps, self.cfg.run.keep_checkpoints, self.run_dir / "checkpoints"
-
-        async def write():
-            try:
-                path = await asyncio.to_thread(checkpoint.write_file, directory, steps, payload, meta, keep)
-            except OSError as exc:  # a full disk costs this checkpoint, not the run
-                self.log.error("checkpoint at learner step %d not written: %s", steps, exc)
-                return
-            self.checkpoints.append(str(path))
-            self.log.info("checkpoint %s (%s)", path.name, reason)
-
-        self._writing = asyncio.create_task(write())
-
-    async def _checkpoint_written(self) -> None:
-        if self._writing is not None:
-            await self._writing
-
-    async def on_abnormal_end(self, why: str) -> None:
-        if self.index != 0 or self.core is None:
-            return
-        try:
-            # Bounded: once the coordinator is gone, a launcher gives roles this long beyond the
-            # coordinator timeout.
-            async with asyncio.timeout(last_checkpoint_budget_s(self.cfg.cluster)):
-                # A step still running in its thread holds the lock: the checkpoint waits for it.
-                await self._checkpoint(f"abnormal end: {why}", coordinator=False)
-                await self._checkpoint_written()
-        except Exception as exc:
-            self.log.error("could not write a checkpoint at the abnormal end (%r)", exc)
-
-    async def _final_evaluation(self) -> None:
-        """A run that ended by its criterion (budget or target, not a signal): the evaluation in
-        flight finishes, then the final policy is scored unless that was it, so that policy/best/
-        is chosen among every policy up to the final one. Without this, a short run whose one
-        early evaluation was still exporting while training went on kept that early policy as its
-        best, and `aiorl eval` scored it instead of a far better final one."""
-        ev = self.evaluator
-        budget_s = self.cfg.cluster.phase_timeout_s * FINAL_EVALUATION_SHARE
-        try:
-            async with asyncio.timeout(budget_s):
-                if self._evaluating is not None:
-                    await asyncio.wait({self._evaluating})  # not cancelled by the timeout; errors stay its own
-                if self.evaluator is not None and ev.last_step != self.total_steps:
-                    self.log.info("final evaluation: the policy at learner step %d", self.total_steps)
-                    ev.mark(self.total_steps)
-                    self._evaluating = self.spawn(self._evaluate(self.total_steps), "final evaluation")
-                    await asyncio.wait({self._evaluating})
-        except TimeoutError:
-            self.log.warning(
-                "the final evaluation did not end within %g s (%g x cluster.phase_timeout_s): "
-                "stopped; policy/best/ is the best of the evaluations before it",
-                budget_s,
-                FINAL_EVALUATION_SHARE,
-            )
-
-    async def _finish_outputs(self) -> None:
-        if self.evaluator is not None and self._signals == 0:  # a signal asks for a prompt end
-            await self._final_evaluation()
-        if self.evaluator is not None:
-            self.evaluator.interrupt()  # one in flight ends at its next env step, unrecorded
-        if self._evaluating is not None:
-            await asyncio.gather(self._evaluating, return_exceptions=True)  # its error failed the role
-        await self._publish_weights()
-        await self._checkpoint("final")
-        await self._checkpoint_written()
-        directory = self.run_dir / "policy"
-        directory.mkdir(parents=True, exist_ok=True)
-        path = await asyncio.to_thread(self.core.export_policy, str(directory))
-        if path:
-            self.log.info("exported policy to %s", path)

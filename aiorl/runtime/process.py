@@ -12,19 +12,24 @@ import ssl
 import sys
 from pathlib import Path
 
-from aiorl.by_hand import CONSOLE
 from aiorl.config import Config
-from aiorl.rundir import Identity, write_json_atomic
+from aiorl.core.console import CONSOLE, console_handler
+from aiorl.io.rundir import Identity, write_json_atomic
+from aiorl.runtime.actor import ActorRole
+from aiorl.runtime.coordinator import Coordinator
+from aiorl.runtime.learner import LearnerRole
+from aiorl.runtime.memory import MemoryRole
 from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, INTERRUPTED, interrupted_exit_code, role_name
 from aiorl.runtime.resources import raise_open_file_limit
 from aiorl.wire import load_token
+from aiorl.wire.tls import client_context, server_context
 
 
 def setup_logging(run_dir: Path, name: str, level: str, console: bool = False) -> None:
     """One log file per role, plus warnings on stderr, every line prefixed by the role;
     `console` (a role started by hand): its connect, phase and exit lines on stdout too.
 
-    Under the local launcher stderr already is that log file (aiorl.launch): then
+    Under the local launcher stderr already is that log file (aiorl.launch.local): then
     nothing more goes to it, or every warning would be in the log twice.
     """
     logs = run_dir / "logs"
@@ -44,8 +49,6 @@ def setup_logging(run_dir: Path, name: str, level: str, console: bool = False) -
         err.setFormatter(logging.Formatter(f"{name} %(levelname)s: %(message)s"))
         root.addHandler(err)
     if console:
-        from aiorl.by_hand import console_handler
-
         root.addHandler(console_handler(name))
 
 
@@ -63,8 +66,6 @@ def tls_contexts(cfg: Config) -> tuple[ssl.SSLContext | None, ssl.SSLContext | N
     Every role presents the cluster certificate both ways; with ``cluster.tls_ca``
     servers also require client certificates signed by that CA.
     """
-    from aiorl.wire.tls import client_context, server_context
-
     c = cfg.cluster
     if not c.tls_cert:
         return None, None
@@ -81,9 +82,6 @@ def cluster_token(cfg: Config, run_dir: Path) -> bytes:
 
 
 async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl_server) -> int:
-    from aiorl.runtime.coordinator import Coordinator
-    from aiorl.runtime.memory import MemoryRole
-
     identity = Identity.from_env()
     coordinator = Coordinator(cfg, run_dir, token, ssl=ssl_server, identity=identity)
     port = await coordinator.start(cfg.cluster.host, cfg.cluster.port)
@@ -112,12 +110,7 @@ async def _run_role(cfg: Config, kind: str, index: int, run_dir: Path) -> int:
     ssl_client, ssl_server = tls_contexts(cfg)
     if kind == "memory" and index == 0:
         return await _run_memory0(cfg, run_dir, token, ssl_client, ssl_server)
-    if kind == "memory":
-        from aiorl.runtime.memory import MemoryRole as cls
-    elif kind == "learner":
-        from aiorl.runtime.learner import LearnerRole as cls
-    else:
-        from aiorl.runtime.actor import ActorRole as cls
+    cls = {"memory": MemoryRole, "learner": LearnerRole, "actor": ActorRole}[kind]
     return await cls(cfg, index, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server).run()
 
 

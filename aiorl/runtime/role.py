@@ -28,9 +28,10 @@ from pathlib import Path
 
 import psutil
 
-from aiorl.by_hand import CONSOLE
 from aiorl.config import Config, connect_host
+from aiorl.core.console import CONSOLE
 from aiorl.runtime import frame_limits, messages
+from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.control import ControlChannel, CoordinatorLost, NotAdmitted, Refused
 from aiorl.runtime.phase import (
     EXIT_COORDINATOR_LOST,
@@ -259,8 +260,6 @@ class Role:
     def algorithm(self):
         """The configured algorithm, built once (roles need its specs for frame limits)."""
         if self._algorithm is None:
-            from aiorl.runtime.algorithm import build_algorithm
-
             self._algorithm = build_algorithm(self.cfg)
         return self._algorithm
 

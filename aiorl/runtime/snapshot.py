@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aiorl.checkpoint import atomic_write
+from aiorl.io.checkpoint import atomic_write
 
 
 def snapshot_path(run_dir: Path, memory_name: str) -> Path:

@@ -32,3 +32,7 @@ class Message:
         arrays = ", ".join(f"{name}:{a.dtype}{list(a.shape)}" for name, a in self.arrays.items())
         request = f" request_id={self.request_id}" if self.request_id is not None else ""
         return f"<Message {self.kind!r}{request} meta={self.meta!r:.200} arrays={{{arrays}}}>"
+
+
+class _EOF:
+    """Queue sentinel: the connection has ended and every message before it was delivered."""

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aiorl.buffer_pool import BufferPool
+from aiorl.core.buffer_pool import BufferPool
 
 from . import auth
 from .codec import (
@@ -67,7 +67,8 @@ from .codec import (
     Limits,
 )
 from .errors import AuthError, ConnectionClosed, ProtocolError, RemoteError
-from .message import Message
+from .message import _EOF, Message
+from .stream import Connection
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -154,10 +155,6 @@ class _MessageQueue:
         return items.popleft()
 
 
-class _EOF:
-    """Queue sentinel: the connection has ended and every message before it was delivered."""
-
-
 @dataclass(slots=True)
 class _Direct:
     """A large frame being read straight into its own payload buffer."""
@@ -201,8 +198,6 @@ class WireProtocol(asyncio.BufferedProtocol):
         log_failure: Callable[..., Any] | None = None,
         version: int = PROTOCOL_VERSION,
     ) -> None:
-        from .connection import Connection  # the façade; imported late to avoid a cycle
-
         self._loop = asyncio.get_running_loop()
         self._server = server
         self._token = token

@@ -58,21 +58,21 @@ MUTANTS = [
     ),
     dict(
         name="life-loss-resets-the-game",
-        path="aiorl/atari.py",
+        path="aiorl/envs/atari.py",
         old="        if self.game_over or seed is not None or self._last is None:",
         new="        if True:",
         tests=["tests/test_atari.py::test_life_loss_ends_a_training_episode_but_not_the_game"],
     ),
     dict(
         name="vector-padding-off-by-one",
-        path="aiorl/atari.py",
+        path="aiorl/envs/atari.py",
         old="        first = k - 1 - int(steps[e])",
         new="        first = k - 2 - int(steps[e])",
         tests=["tests/test_atari.py::test_ale_vector_backend_gives_the_gymnasium_transitions"],
     ),
     dict(
         name="eval-uses-the-training-variant",
-        path="aiorl/evaluate.py",
+        path="aiorl/evaluation/episodes.py",
         old="make_env(render_env_config(env_cfg, video_dir, render), evaluation=True)",
         new="make_env(render_env_config(env_cfg, video_dir, render))",
         tests=["tests/test_atari.py::test_eval_plays_full_games_with_raw_rewards"],
@@ -93,7 +93,7 @@ MUTANTS = [
     ),
     dict(
         name="wrapper-keywords-unchecked",
-        path="aiorl/env_wrappers.py",
+        path="aiorl/envs/wrappers.py",
         old="            if kw not in accepted:",
         new="            if False:",
         tests=["tests/test_atari.py::test_bad_wrappers_are_config_errors_naming_the_item"],

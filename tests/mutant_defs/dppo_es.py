@@ -36,7 +36,7 @@ MUTANTS = [
     ),
     dict(
         name="learning_rate_never_anneals",
-        path="aiorl/algos/_common.py",  # ActorCriticLearner.anneal_lr, DPPO's and IMPALA's
+        path="aiorl/algos/lib/common.py",  # ActorCriticLearner.anneal_lr, DPPO's and IMPALA's
         old="frac = max(0.0, 1.0 - self.env_steps_trained / self.schedule)",
         new="frac = 1.0",
         tests=[
@@ -54,7 +54,7 @@ MUTANTS = [
     ),
     dict(
         name="obs_normalizer_merge_drops_the_mean_shift_term",
-        path="aiorl/algos/_actor_critic.py",
+        path="aiorl/algos/lib/actor_critic.py",
         old="        m2 = var0 * n0 + batch_var * count + delta**2 * (n0 * count / n)\n",
         new="        m2 = var0 * n0 + batch_var * count\n",
         tests=["tests/test_actor_critic.py::test_obs_normalizer_merged_batches_equal_the_statistics_of_all_rows"],
@@ -106,7 +106,7 @@ MUTANTS = [
     ),
     dict(
         name="a_hung_actor_is_never_dropped_by_the_memory",
-        path="aiorl/runtime/memory.py",
+        path="aiorl/runtime/memory/ingest.py",
         old="            link.conn.abort()  # its reader ends and finishes the actor\n        if self.synchronous:\n            self._actor_finished(index)",
         new="            pass\n        if False:\n            self._actor_finished(index)",
         tests=[
@@ -140,7 +140,7 @@ MUTANTS = [
     ),
     dict(
         name="lost_actors_keep_their_work_items",
-        path="aiorl/runtime/coordinator.py",
+        path="aiorl/runtime/coordinator/service.py",
         old="            items = self.work.release(record.name)\n",
         new="            items = []\n",
         tests=[
@@ -150,7 +150,7 @@ MUTANTS = [
     # ------------------------------------------------------------------ gSDE (issue 18)
     dict(
         name="sde_noise_redrawn_every_step",
-        path="aiorl/algos/_actor_critic.py",
+        path="aiorl/algos/lib/actor_critic.py",
         old="if self._noise is None or self._age >= self.sample_freq or len(self._noise) != len(x):",
         new="if True:",
         tests=[
@@ -160,7 +160,7 @@ MUTANTS = [
     ),
     dict(
         name="sde_std_trains_the_torso",
-        path="aiorl/algos/_actor_critic.py",
+        path="aiorl/algos/lib/actor_critic.py",
         old="variance = x.detach().pow(2) @ torch.exp(2.0 * self.log_std)",
         new="variance = x.pow(2) @ torch.exp(2.0 * self.log_std)",
         tests=[
@@ -169,7 +169,7 @@ MUTANTS = [
     ),
     dict(
         name="sde_logp_of_the_state_independent_std",
-        path="aiorl/algos/_actor_critic.py",
+        path="aiorl/algos/lib/actor_critic.py",
         old="        logp = diag_normal_log_prob_np(noise * np.exp(-log_sigma), log_sigma)",
         new="        logp = diag_normal_log_prob_np(noise, np.zeros_like(log_sigma))",
         tests=[

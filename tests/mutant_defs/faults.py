@@ -3,14 +3,14 @@
 MUTANTS = [
     dict(
         name="checkpoint-checksum-ignored",
-        path="aiorl/checkpoint.py",
+        path="aiorl/io/checkpoint.py",
         old="    if digest != bytes(view[offset + payload_len :]):\n",
         new="    if False:\n",
         tests=["tests/test_checkpoint.py::test_a_damaged_file_is_refused_by_name"],
     ),
     dict(
         name="checkpoint-no-fallback",
-        path="aiorl/checkpoint.py",
+        path="aiorl/io/checkpoint.py",
         old="    for path in reversed(list_checkpoints(directory)):",
         new="    for path in reversed(list_checkpoints(directory)[-1:]):",
         tests=[
@@ -20,14 +20,14 @@ MUTANTS = [
     ),
     dict(
         name="checkpoint-nan-weights-saved",
-        path="aiorl/checkpoint.py",
+        path="aiorl/io/checkpoint.py",
         old="        if state.is_floating_point() and not bool(torch.isfinite(state).all()):",
         new="        if False:",
         tests=["tests/test_checkpoint.py::test_weights_that_blew_up_are_never_checkpointed"],
     ),
     dict(
         name="rundir-reuse-allowed",
-        path="aiorl/rundir.py",
+        path="aiorl/io/rundir.py",
         old='    if owner is not None:\n        attempts = len(owner.get("attempts") or [])',
         new='    if owner is not None and False:\n        attempts = len(owner.get("attempts") or [])',
         tests=[
@@ -37,14 +37,14 @@ MUTANTS = [
     ),
     dict(
         name="rundir-leftover-taken-as-own",
-        path="aiorl/rundir.py",
+        path="aiorl/io/rundir.py",
         old='data.get("launch_id") == self.launch_id',
         new='data.get("launch_id") is not None',
         tests=["tests/test_rundir.py::test_files_are_taken_only_from_this_launch"],
     ),
     dict(
         name="restart-no-backoff-growth",
-        path="aiorl/restart.py",
+        path="aiorl/runtime/restart.py",
         old="        delay = min(self.backoff_max_s, self.backoff_s * 2 ** max(0, quick - 1))",
         new="        delay = self.backoff_s",
         tests=["tests/test_restart.py::test_backoff_doubles_on_quick_failures_and_resets_after_a_healthy_run"],
@@ -68,30 +68,30 @@ MUTANTS = [
     ),
     dict(
         name="credits-unfair",
-        path="aiorl/runtime/memory.py",
+        path="aiorl/runtime/memory/flow.py",
         old="            link = min(open_links, key=lambda l: (l.credits, l.granted))",
         new="            link = min(open_links, key=lambda l: l.credits)",
         tests=["tests/test_ratelimit.py::test_a_slow_learner_holds_the_actors_back_by_credits_and_nothing_is_dropped"],
     ),
     dict(
         name="restart-forgets-counters",
-        path="aiorl/runtime/coordinator.py",
-        old="                record.retired[key] = record.retired.get(key, 0) + value",
-        new="                pass",
+        path="aiorl/runtime/coordinator/roster.py",
+        old="            record.retired[key] = record.retired.get(key, 0) + value",
+        new="            pass",
         tests=[
             "tests/test_faults.py::test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_lost"
         ],
     ),
     dict(
         name="resume-counters-from-zero",
-        path="aiorl/runtime/coordinator.py",
+        path="aiorl/runtime/coordinator/counters.py",
         old="            self.base[key] = int(run.get(key, 0))",
         new="            self.base[key] = 0",
         tests=["tests/test_faults.py::test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint"],
     ),
     dict(
         name="launcher-waits-for-stalled-coordinator",
-        path="aiorl/launch.py",
+        path="aiorl/launch/local.py",
         old="            if others_gone_at is not None and lost_it and now - others_gone_at > c.coordinator_timeout_s:",
         new="            if False:",
         tests=["tests/test_faults.py::test_a_stalled_coordinator_is_killed_and_blamed_alone"],
@@ -105,7 +105,7 @@ MUTANTS = [
     ),
     dict(
         name="interrupted-exits-0",
-        path="aiorl/launch.py",
+        path="aiorl/launch/local.py",
         old='            code = interrupted_exit_code(summary.get("signal"))\n            lines.append',
         new="            code = EXIT_OK\n            lines.append",
         tests=["tests/test_cluster.py::test_sigint_to_the_launcher_runs_the_shutdown_phases"],
@@ -119,14 +119,14 @@ MUTANTS = [
     ),
     dict(
         name="late-restart-counted-as-failure",
-        path="aiorl/launch.py",
+        path="aiorl/launch/local.py",
         old="            and c.name not in late\n",
         new="",
         tests=["tests/test_restart.py::test_a_restart_the_run_ended_without_is_ended_and_not_a_failure"],
     ),
     dict(
         name="late-restart-left-running",
-        path="aiorl/launch.py",
+        path="aiorl/launch/local.py",
         old="            if child.name in late:\n",
         new="            if child.name in late and False:\n",
         tests=["tests/test_restart.py::test_a_restart_the_run_ended_without_is_ended_and_not_a_failure"],

@@ -41,7 +41,7 @@ MUTANTS = [
     ),
     dict(
         name="session-unchecked",
-        path="aiorl/runtime/memory.py",
+        path="aiorl/runtime/memory/role.py",
         old="        reason = await self._check_session(name, session)",
         new="        reason = None",
         tests=[
@@ -51,7 +51,7 @@ MUTANTS = [
     ),
     dict(
         name="duplicate-attach-allowed",
-        path="aiorl/runtime/memory.py",
+        path="aiorl/runtime/memory/role.py",
         old="            if hmac.compare_digest(held[1], session):",
         new="            if False:",
         tests=[
@@ -69,7 +69,7 @@ MUTANTS = [
     ),
     dict(
         name="sampler-not-watched",
-        path="aiorl/runtime/memory.py",
+        path="aiorl/runtime/memory/feed.py",
         old=(
             '        sampler = self.spawn(\n            self._sync_sampler(conn, link, index) if self.synchronous else self._sampler(conn, link),\n            f"sampler for {link.name}",\n'
         ),
@@ -82,7 +82,7 @@ MUTANTS = [
     ),
     dict(
         name="non-finite-priority-rows-kept",
-        path="aiorl/runtime/memory.py",
+        path="aiorl/runtime/memory/ingest.py",
         old="            if good is None or good.all():\n                raise  # not the priorities",
         new="            if True:\n                raise  # not the priorities",
         tests=[

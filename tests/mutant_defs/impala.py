@@ -100,14 +100,14 @@ MUTANTS = [
     ),
     dict(
         name="fragment_without_a_credit_accepted",
-        path="aiorl/runtime/memory.py",
+        path="aiorl/runtime/memory/ingest.py",
         old='        if link.credits < 1:\n            raise BadMessage(f"{link.name} sent a fragment message without a credit")',
         new='        if False:\n            raise BadMessage(f"{link.name} sent a fragment message without a credit")',
         tests=[f"{MEMORY}::test_throttle_grants_credits_as_the_queue_has_room_and_refuses_a_message_without_one"],
     ),
     dict(
         name="memory_ignores_the_learners_version",
-        path="aiorl/runtime/memory.py",
+        path="aiorl/runtime/memory/feed.py",
         old='            self.fragments.saw_version(fields["version"])',
         new="            pass",
         tests=[f"{CLUSTER}::test_fragments_are_whole_across_the_wire_and_batches_stay_unchanged"],
@@ -123,21 +123,21 @@ MUTANTS = [
     ),
     dict(
         name="resumed_coordinator_answers_a_version_without_weights",
-        path="aiorl/runtime/coordinator.py",
-        old="                        lambda: (\n                            (self.weights and self.weights_version >= int(min_version)) or self.phase > Phase.RUNNING\n                        )\n",
-        new="                        lambda: (self.weights_version >= int(min_version)) or self.phase > Phase.RUNNING\n",
+        path="aiorl/runtime/coordinator/params.py",
+        old="lambda: (self.weights and self.weights_version >= int(min_version)) or stopped()",
+        new="lambda: (self.weights_version >= int(min_version)) or stopped()",
         tests=[f"{FAULTS}::test_sigkill_every_process_then_resume_from_the_newest_checkpoint"],
     ),
     dict(
         name="checkpoint_forgets_env_steps_trained",
-        path="aiorl/algos/_common.py",
+        path="aiorl/algos/lib/common.py",
         old='        self.env_steps_trained = int(state["env_steps_trained"])',
         new="        pass",
         tests=["tests/test_impala.py::test_learner_step_checkpoint_and_export"],
     ),
     dict(
         name="algorithm_agent_defaults_ignored",
-        path="aiorl/config.py",
+        path="aiorl/experiment/loading.py",
         old="    _agent_defaults(raw)\n",
         new="",
         tests=[

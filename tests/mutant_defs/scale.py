@@ -3,21 +3,21 @@
 MUTANTS = [
     dict(
         name="totals-add-instead-of-difference",
-        path="aiorl/runtime/coordinator.py",
+        path="aiorl/runtime/coordinator/counters.py",
         old="            totals[key] += counters.get(key, 0) - old.get(key, 0)",
         new="            totals[key] += counters.get(key, 0)",
         tests=["tests/test_scale.py::test_run_totals_follow_each_roles_counters_through_a_restart"],
     ),
     dict(
         name="totals-not-kept-on-heartbeat",
-        path="aiorl/runtime/coordinator.py",
-        old="            self._set_counters(record, counters)",
+        path="aiorl/runtime/coordinator/service.py",
+        old="            self.counters.set_counters(record, counters)",
         new="            record.counters = counters",
         tests=["tests/test_scale.py::test_run_totals_follow_each_roles_counters_through_a_restart"],
     ),
     dict(
         name="broadcast-reads-record-conn-late",
-        path="aiorl/runtime/coordinator.py",
+        path="aiorl/runtime/coordinator/service.py",
         old="        targets = [r.conn for r in self.roles.values() if r.conn is not None]\n"
         "        await asyncio.gather(*(send(conn) for conn in targets))",
         new="        targets = [r for r in self.roles.values() if r.conn is not None]\n\n"
@@ -28,14 +28,14 @@ MUTANTS = [
     ),
     dict(
         name="status-roles-left-in-header",
-        path="aiorl/runtime/coordinator.py",
+        path="aiorl/runtime/coordinator/service.py",
         old='roles = pack_table(status.pop("roles"))',
         new='roles = pack_table(status["roles"])',
         tests=["tests/test_scale.py::test_status_of_a_cluster_too_big_for_one_frame_header"],
     ),
     dict(
         name="status-roles-not-unpacked",
-        path="aiorl/status.py",
+        path="aiorl/cli/status.py",
         old='    if "roles" in reply.arrays:',
         new="    if False:",
         tests=["tests/test_scale.py::test_status_of_a_cluster_too_big_for_one_frame_header"],
@@ -56,8 +56,8 @@ MUTANTS = [
     ),
     dict(
         name="lag-probe-not-in-status",
-        path="aiorl/runtime/coordinator.py",
-        old='            "loop_lag": self.lag_probe.snapshot(),\n',
+        path="aiorl/runtime/coordinator/report.py",
+        old='            "loop_lag": self.liveness.lag_probe.snapshot(),\n',
         new="",
         tests=[
             "tests/test_scale.py::test_status_of_a_cluster_too_big_for_one_frame_header",

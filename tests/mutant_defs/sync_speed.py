@@ -6,18 +6,18 @@ fail on it. Run them with `.venv/bin/python tests/mutants.py --only sync_speed`.
 
 MUTANTS = [
     # ------------------------------------------------------------------ episodes side by side
-    # (aiorl/evaluate.py's run_episodes_together, which the bench's grid uses; the return kept
+    # (aiorl/evaluation/evaluate.py's run_episodes_together, which the bench's grid uses; the return kept
     # as the last reward is eval_during_training's side-by-side-returns-keep-the-last-reward)
     dict(
         name="together_episodes_share_one_seed",
-        path="aiorl/evaluate.py",
+        path="aiorl/evaluation/episodes.py",
         old="obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]",
         new="obs = [np.asarray(env.reset(seed=seed)[0]) for k, env in enumerate(envs)]",
         tests=["tests/test_episodes_together.py"],
     ),
     dict(
         name="together_keeps_acting_on_the_first_observation",
-        path="aiorl/evaluate.py",
+        path="aiorl/evaluation/episodes.py",
         old="                obs[k] = np.asarray(o)\n",
         new="",
         tests=["tests/test_episodes_together.py"],

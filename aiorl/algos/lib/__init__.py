@@ -1,0 +1,1 @@
+"""Pieces several algorithms share: networks, actor-critic heads, losses and replay plumbing."""

@@ -1,0 +1,1 @@
+"""The `aiorl` command (`aiorl.cli.main`) and its subcommands' parsers."""

@@ -1,0 +1,250 @@
+"""`aiorl plot`: learning curves from the metrics.jsonl of one or more runs.
+
+Smoothing (``--smooth N``) is a centred moving average over N rows: each point
+is the mean of the rows around it (fewer at the two ends), so the smoothed
+curve does not lag the data it smooths, as a trailing mean or an EMA would.
+``return_mean_100`` itself is already the mean of the last 100 episodes.
+
+Runs of the same config (config.yaml equal but for ``run.dir`` and
+``run.seed``: ``aiorl plot runs/a runs/b``) are one curve: the mean across
+them, with a band from their min to their max, on the x range they all
+cover. A single run is drawn as its smoothed line over its faint raw data,
+with no band: spread within one run is not seed variance.
+
+The output format follows the file's extension: .png, .svg or .pdf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from aiorl.cli.argtypes import non_negative
+
+# Axis labels with units for the metrics users plot most.
+LABELS = {
+    "return_mean_100": "mean episode return (last 100 episodes)",
+    "eval/return_mean": "mean evaluation return (greedy episodes during training)",
+    "env_steps_per_s": "env steps / s",
+    "learner_steps_per_s": "learner steps / s",
+    "replay_size": "replay size (transitions)",
+    "learner_steps": "learner steps",
+    "env_steps": "env steps",
+}
+X_AXES = {
+    "steps": ("env_steps", "env steps"),
+    "env_steps": ("env_steps", "env steps"),
+    "learner_steps": ("learner_steps", "learner steps"),
+    "time": ("time_s", "wall time (s)"),
+}
+FORMATS = (".png", ".svg", ".pdf")
+# Keys that differ between seeds of one experiment.
+NOT_THE_EXPERIMENT = {"run": ("dir", "seed")}
+
+
+class PlotError(ValueError):
+    """A user's mistake: a bad metric, an unknown format (exit 2)."""
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl" if run_dir.is_dir() else run_dir
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is it an aiorl run directory?)")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not JSON: {exc}") from None
+    return rows
+
+
+def series(rows: list[dict], x_key: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    points = [
+        (r[x_key], r[metric])
+        for r in rows
+        if isinstance(r.get(metric), (int, float)) and isinstance(r.get(x_key), (int, float))
+    ]
+    if not points:
+        return np.empty(0), np.empty(0)
+    x, y = np.array(points, dtype=np.float64).T
+    return x, y
+
+
+def smooth(y: np.ndarray, window: int) -> np.ndarray:
+    """Centred moving average over `window` rows (fewer at the ends), same length as y: no lag."""
+    if len(y) == 0 or window <= 1:
+        return y
+    c = np.concatenate([[0.0], np.cumsum(y)])
+    idx = np.arange(len(y))
+    lo = np.maximum(0, idx - (window - 1) // 2)
+    hi = np.minimum(len(y), idx + window // 2 + 1)
+    return (c[hi] - c[lo]) / (hi - lo)
+
+
+def numeric_metrics(rows: list[dict]) -> list[str]:
+    return sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+
+
+def experiment_key(run_dir: Path) -> str:
+    """What makes runs seeds of one experiment: their config.yaml without run.dir and run.seed."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return f"run:{run_dir.resolve()}"  # no readable config: a group of its own
+    for section, keys in NOT_THE_EXPERIMENT.items():
+        for key in keys:
+            (config.get(section) or {}).pop(key, None)
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def group_runs(run_dirs: list[Path]) -> list[list[Path]]:
+    """Runs of the same experiment together, in the order first given."""
+    groups: dict[str, list[Path]] = {}
+    for run_dir in run_dirs:
+        groups.setdefault(experiment_key(run_dir), []).append(run_dir)
+    return list(groups.values())
+
+
+def across_runs(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
+    """(x, mean, min, max) of several (x, y) curves on the x range they all cover."""
+    lo, hi = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
+    grid = np.unique(np.concatenate([x[(x >= lo) & (x <= hi)] for x, _ in curves]))
+    ys = np.stack([np.interp(grid, x, y) for x, y in curves])
+    return grid, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
+
+
+def plot(
+    run_dirs: list[Path],
+    out: Path,
+    x: str = "steps",
+    metric: str = "return_mean_100",
+    size: tuple[int, int] = (1000, 600),
+    window: int = 10,
+    title: str | None = None,
+) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_key, x_label = X_AXES[x]
+    dpi = 100
+    fig, ax = plt.subplots(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi)
+    plotted, seen, missing = 0, set(), []
+    for group in group_runs(run_dirs):
+        curves = []
+        for run_dir in group:
+            rows = read_metrics(run_dir)
+            seen.update(numeric_metrics(rows))
+            xs, ys = series(rows, x_key, metric)
+            order = np.argsort(xs, kind="stable")  # a resumed run's rows can restart the clock
+            if len(xs) == 0:
+                missing.append(run_dir)
+                continue
+            curves.append((xs[order], ys[order]))
+        if not curves:
+            continue
+        if len(curves) == 1:
+            xs, ys = curves[0]
+            (line,) = ax.plot(xs, smooth(ys, window), linewidth=2, label=group[0].name)
+            ax.plot(xs, ys, color=line.get_color(), alpha=0.35, linewidth=0.8)
+        else:
+            grid, mean, low, high = across_runs([(x, smooth(y, window)) for x, y in curves])
+            (line,) = ax.plot(grid, mean, linewidth=2, label=f"{group[0].name} (mean of {len(curves)} runs)")
+            ax.fill_between(
+                grid,
+                low,
+                high,
+                color=line.get_color(),
+                alpha=0.2,
+                linewidth=0,
+                label=f"{group[0].name} (min-max of {len(curves)} runs)",
+            )
+        plotted += 1
+    if plotted == 0:
+        import difflib
+
+        plt.close(fig)
+        close = difflib.get_close_matches(metric, sorted(seen), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise PlotError(
+            f"--metric {metric!r}: no run has values of it{hint} (metrics there: {', '.join(sorted(seen)) or 'none'})"
+        )
+    for run_dir in missing:
+        print(f"aiorl plot: {run_dir}: no values of {metric!r}; left out", file=sys.stderr)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(LABELS.get(metric, metric))
+    ax.set_title(title or f"{LABELS.get(metric, metric)} vs {x_label}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    if x_key == "env_steps":
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi, format=out.suffix.lower().lstrip("."))
+    plt.close(fig)
+    return out
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT in pixels, e.g. 1000x600, got {text!r}") from None
+    if not (100 <= w <= 8000 and 100 <= h <= 8000):
+        raise argparse.ArgumentTypeError(f"size {text!r}: each side must be 100..8000 pixels")
+    return w, h
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    if Path(args.output).suffix.lower() not in FORMATS:
+        print(f"aiorl plot: -o {args.output!r}: expected a file name ending in {', '.join(FORMATS)}", file=sys.stderr)
+        return 2
+    try:
+        path = plot(
+            [Path(p) for p in args.run_dirs],
+            Path(args.output),
+            x=args.x,
+            metric=args.metric,
+            size=args.size,
+            window=args.smooth,
+            title=args.title,
+        )
+    except PlotError as exc:
+        print(f"aiorl plot: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"aiorl plot: {exc}", file=sys.stderr)
+        return 1
+    print(f"aiorl plot: wrote {path}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plot", help="learning curves from runs' metrics.jsonl (PNG, SVG or PDF)")
+    p.add_argument(
+        "run_dirs",
+        nargs="+",
+        help="run directories; runs of the same config are one curve with a min-max band across them",
+    )
+    p.add_argument("-o", "--output", required=True, help="file to write: .png, .svg or .pdf")
+    p.add_argument(
+        "--x",
+        choices=sorted(X_AXES),
+        default="steps",
+        help="x axis: env steps (steps, env_steps), learner_steps or wall time",
+    )
+    p.add_argument("--metric", default="return_mean_100", help="metrics.jsonl key to plot")
+    p.add_argument("--size", type=_size, default=(1000, 600), help="WIDTHxHEIGHT in pixels")
+    p.add_argument("--smooth", type=non_negative(int), default=10, help="rolling window (rows) of the smoothed line")
+    p.add_argument("--title", default=None)
+    p.set_defaults(func=cmd_plot)

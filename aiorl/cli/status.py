@@ -1,0 +1,151 @@
+"""`aiorl status TARGET`: ask a running cluster how it is doing.
+
+TARGET is a run directory (the coordinator's address is recorded in its
+``coordinator.json``) or ``host:port``. The cluster token comes from
+``AIORL_TOKEN``, ``--token-file`` or the run directory's ``token``. A finished
+run's directory gives its final summary instead, read from ``summary.json``
+without a token or a coordinator, but only a summary its latest launch wrote
+(``run.json`` names it): an earlier launch's is never shown as this one's
+result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from aiorl.config import connect_host
+from aiorl.io.rundir import latest_launch_id, read_json
+from aiorl.runtime.messages import BadMessage, unpack_table
+from aiorl.wire import ConnectionClosed, ProtocolError, WireError, connect, load_token
+
+
+class StatusError(RuntimeError):
+    pass
+
+
+def resolve_target(target: str, token_file: str | None) -> tuple[str, int, bytes | None, Path | None]:
+    path = Path(target)
+    if path.is_dir():
+        address_file = path / "coordinator.json"
+        if not address_file.exists():
+            raise StatusError(f"{path}: no coordinator.json (not an aiorl run directory, or it never started)")
+        address = json.loads(address_file.read_text())
+        host = connect_host(address["host"])
+        token_path = token_file or (path / "token" if (path / "token").exists() else None)
+        return host, int(address["port"]), load_token(token_path), path
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise StatusError(f"TARGET {target!r}: expected a run directory or host:port")
+    return host, int(port), load_token(token_file), None
+
+
+def status_of(reply) -> dict:
+    """The coordinator's status reply as one dict (its roles table travels packed, as an array)."""
+
+    status = dict(reply.meta)
+    if "roles" in reply.arrays:
+        try:
+            status["roles"] = unpack_table(reply.arrays["roles"])
+        except BadMessage as exc:
+            raise ProtocolError(f"the coordinator's status reply: {exc}") from None
+    return status
+
+
+async def fetch_status(host: str, port: int, token: bytes, timeout_s: float = 5.0) -> dict:
+    conn = await asyncio.wait_for(
+        connect(host, port, token=token, name="status", handshake_timeout_s=timeout_s), timeout_s
+    )
+    try:
+        reply = await conn.request("status", timeout_s=timeout_s)
+        return status_of(reply)
+    finally:
+        await conn.close()
+
+
+def render(status: dict) -> str:
+    lines = [
+        f"phase {status['phase']}  elapsed {status.get('elapsed_s', 0):.1f} s"
+        + (f"  (stopping: {status['stop_reason']})" if status.get("stop_reason") else ""),
+        f"env_steps {status['env_steps']}  learner_steps {status['learner_steps']}  "
+        f"episodes {status['episodes']}  return_mean_100 {status.get('return_mean_100')}  "
+        f"weights_version {status.get('weights_version')}  attempt {status.get('attempt', 1)}  "
+        f"restarts {status.get('restarts', 0)}",
+        f"{'role':<12} {'status':<9} {'pid':>8} {'heartbeat':>10}  counters",
+    ]
+    for name, role in status["roles"].items():
+        age = role.get("heartbeat_age_s")
+        lines.append(
+            f"{name:<12} {role['status']:<9} {role.get('pid') or '-':>8} "
+            f"{'-' if age is None else f'{age:.1f} s ago':>10}  "
+            + " ".join(f"{k}={v}" for k, v in (role.get("counters") or {}).items())
+            + (f"  ({role['reason']})" if role.get("reason") else "")
+        )
+    return "\n".join(lines)
+
+
+def finished_summary(run_dir: Path) -> dict | None:
+    """The summary of a run directory's latest launch, when that launch finished; else None.
+
+    A finished run needs no coordinator and no token: its summary is a file. A
+    directory without a launch record (run.json) has nothing to contradict it.
+    """
+    final = read_json(run_dir / "summary.json")
+    latest = latest_launch_id(run_dir)
+    if final is None or (latest is not None and final.get("launch_id") != latest):
+        return None
+    return final
+
+
+def render_final(final: dict) -> str:
+    lines = [
+        f"run {final.get('outcome', 'finished')} ({'ok' if final['ok'] else 'FAILED'}): "
+        f"{final.get('stop_detail') or final.get('stop_reason')}",
+        f"env_steps {final['env_steps']}  learner_steps {final['learner_steps']}  "
+        f"episodes {final['episodes']}  return_mean_100 {final.get('return_mean_100')}",
+    ]
+    for name, role in final["roles"].items():
+        lines.append(f"{name:<12} {role['status']:<9}" + (f"  ({role['reason']})" if role.get("reason") else ""))
+    lines.extend(f"failure: {failure}" for failure in final.get("failures", []))
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    final = finished_summary(Path(args.target)) if Path(args.target).is_dir() else None
+    if final is not None:
+        print(json.dumps({"live": False, **final}) if args.json else render_final(final))
+        return 0
+    try:
+        host, port, token, run_dir = resolve_target(args.target, args.token_file)
+    except (StatusError, WireError, OSError, ValueError) as exc:
+        print(f"aiorl status: {exc}", file=sys.stderr)
+        return 2
+    try:
+        status = asyncio.run(fetch_status(host, port, token, args.timeout))
+        status["live"] = True
+    except (OSError, TimeoutError, ConnectionClosed, WireError) as exc:
+        final = read_json(run_dir / "summary.json") if run_dir is not None else None
+        if final is not None:
+            print(
+                f"aiorl status: cannot reach the coordinator at {host}:{port} ({exc}), and the latest launch "
+                f"of {run_dir} wrote no summary: it did not finish (the summary there is an earlier "
+                f"launch's, attempt {final.get('attempt')})",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"aiorl status: cannot reach the coordinator at {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(status) if args.json else render(status))
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("status", help="live state of a running cluster (or a finished run's summary)")
+    p.add_argument("target", help="run directory or host:port of the coordinator")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--token-file", default=None, help="cluster token file (default: AIORL_TOKEN or RUN_DIR/token)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the coordinator")
+    p.set_defaults(func=cmd_status)

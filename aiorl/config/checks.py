@@ -1,0 +1,162 @@
+"""Checks of the shared sections: values that could never work, refused with the reason."""
+
+from __future__ import annotations
+
+from aiorl.config.schema import ConfigError
+from aiorl.config.sections import Config
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def check_cluster_and_env(cfg: Config) -> None:
+    """Refuse cluster and env values that could never work, saying why."""
+    c, e = cfg.cluster, cfg.env
+    for name in ("actors", "memories", "learners"):
+        value = getattr(c, name)
+        _check(value >= 1, f"cluster.{name}: must be at least 1, got {value}")
+    _check(0 <= c.port <= 65535, f"cluster.port: expected 0..65535, got {c.port}")
+    for name in (
+        "heartbeat_interval_s",
+        "heartbeat_timeout_s",
+        "coordinator_timeout_s",
+        "start_timeout_s",
+        "phase_timeout_s",
+    ):
+        value = getattr(c, name)
+        _check(value > 0, f"cluster.{name}: must be > 0, got {value}")
+    _check(
+        c.heartbeat_timeout_s > c.heartbeat_interval_s,
+        f"cluster.heartbeat_timeout_s ({c.heartbeat_timeout_s}) must exceed "
+        f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})",
+    )
+    _check(
+        c.coordinator_timeout_s > c.heartbeat_interval_s,
+        f"cluster.coordinator_timeout_s ({c.coordinator_timeout_s}) must exceed "
+        f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})",
+    )
+    _check(c.learner_credits >= 1, f"cluster.learner_credits: must be at least 1, got {c.learner_credits}")
+    for name in ("max_handshakes", "max_handshakes_per_host"):
+        _check(getattr(c, name) >= 1, f"cluster.{name}: must be at least 1, got {getattr(c, name)}")
+    _check(
+        0 <= c.actor_flush_delay_s <= 1,
+        f"cluster.actor_flush_delay_s: expected 0..1 seconds, got {c.actor_flush_delay_s}",
+    )
+    _check((c.tls_cert is None) == (c.tls_key is None), "cluster.tls_cert and cluster.tls_key must be given together")
+    _check(e.num_envs >= 1, f"env.num_envs: must be at least 1, got {e.num_envs}")
+    _check(bool(e.id), "env.id: must name a Gymnasium environment")
+    _check(
+        e.max_episode_steps is None or e.max_episode_steps >= 1,
+        f"env.max_episode_steps: must be at least 1 (or null: the env's own limit), got {e.max_episode_steps}",
+    )
+
+
+def check_agent_and_run(cfg: Config) -> None:
+    """The agent and run sections: after the env's and the cluster's subsystems had their say
+    (`aiorl.experiment.loading.check_config`), so a config's first error reads in key order."""
+    c, a, r = cfg.cluster, cfg.agent, cfg.run
+    _check(
+        a.replay_layout in ("auto", "frames", "transitions"),
+        f"agent.replay_layout: expected 'auto', 'frames' or 'transitions', got {a.replay_layout!r}",
+    )
+    _check(a.sample_batch_size >= 1, f"agent.sample_batch_size: must be at least 1, got {a.sample_batch_size}")
+    _check(a.batch_size >= 1, f"agent.batch_size: must be at least 1, got {a.batch_size}")
+    _check(
+        a.buffer_size >= c.memories,
+        f"agent.buffer_size ({a.buffer_size}) must be at least cluster.memories ({c.memories})",
+    )
+    per_memory = a.buffer_size // c.memories
+    _check(
+        a.batch_size <= per_memory,
+        f"agent.batch_size ({a.batch_size}) is larger than the replay of one memory host "
+        f"(agent.buffer_size {a.buffer_size} / cluster.memories {c.memories} = {per_memory})",
+    )
+    _check(
+        0 <= a.learning_starts <= a.buffer_size,
+        f"agent.learning_starts ({a.learning_starts}) must be within 0..agent.buffer_size ({a.buffer_size}),"
+        " or learners would wait forever",
+    )
+    _check(
+        0 <= a.prioritized_replay_alpha <= 1,
+        f"agent.prioritized_replay_alpha: expected 0..1, got {a.prioritized_replay_alpha}",
+    )
+    _check(
+        0 <= a.prioritized_replay_beta <= 1,
+        f"agent.prioritized_replay_beta: expected 0..1, got {a.prioritized_replay_beta}",
+    )
+    if a.prioritized_replay_beta_final is not None:
+        _check(
+            0 <= a.prioritized_replay_beta_final <= 1,
+            f"agent.prioritized_replay_beta_final: expected 0..1, got {a.prioritized_replay_beta_final}",
+        )
+        _check(
+            a.scheduled_global_steps is not None or a.scheduled_timesteps is not None,
+            "agent.prioritized_replay_beta_final anneals beta over the run's schedule: set "
+            "agent.scheduled_global_steps or agent.scheduled_timesteps (or drop it)",
+        )
+    _check(a.prioritized_replay_eps > 0, f"agent.prioritized_replay_eps: must be > 0, got {a.prioritized_replay_eps}")
+    for name in ("scheduled_timesteps", "scheduled_global_steps"):
+        value = getattr(a, name)
+        _check(value is None or value >= 1, f"agent.{name}: must be at least 1, got {value}")
+    _check(
+        a.max_samples_per_insert is None,
+        f"agent.max_samples_per_insert was replaced by agent.samples_per_insert, a limiter that holds "
+        f"back learners and actors alike: set agent.samples_per_insert: {a.max_samples_per_insert} "
+        "(and optionally agent.samples_per_insert_tolerance)",
+    )
+    _check(
+        a.samples_per_insert is None or a.samples_per_insert > 0,
+        f"agent.samples_per_insert: must be > 0, got {a.samples_per_insert}",
+    )
+    _check(
+        a.samples_per_insert_tolerance >= 0,
+        f"agent.samples_per_insert_tolerance: must be >= 0, got {a.samples_per_insert_tolerance}",
+    )
+    _check(c.max_restarts >= 0, f"cluster.max_restarts: must be >= 0, got {c.max_restarts}")
+    _check(
+        0 < c.restart_backoff_s <= c.restart_backoff_max_s,
+        f"cluster.restart_backoff_s ({c.restart_backoff_s}) must be > 0 and at most "
+        f"cluster.restart_backoff_max_s ({c.restart_backoff_max_s})",
+    )
+    _check(a.sync_interval >= 1, f"agent.sync_interval: must be at least 1, got {a.sync_interval}")
+    _check(a.publish_interval >= 1, f"agent.publish_interval: must be at least 1, got {a.publish_interval}")
+    _check(r.max_seconds is None or r.max_seconds > 0, f"run.max_seconds: must be > 0, got {r.max_seconds}")
+    _check(r.metrics_interval_s > 0, f"run.metrics_interval_s: must be > 0, got {r.metrics_interval_s}")
+    _check(
+        r.checkpoint_every is None or r.checkpoint_every >= 1,
+        f"run.checkpoint_every: must be at least 1, got {r.checkpoint_every}",
+    )
+    _check(
+        r.checkpoint_interval_s is None or r.checkpoint_interval_s > 0,
+        f"run.checkpoint_interval_s: must be > 0 (or null), got {r.checkpoint_interval_s}",
+    )
+    _check(r.eval_every is None or r.eval_every >= 1, f"run.eval_every: must be at least 1, got {r.eval_every}")
+    _check(
+        r.eval_interval_s is None or r.eval_interval_s > 0,
+        f"run.eval_interval_s: must be > 0 (or null), got {r.eval_interval_s}",
+    )
+    _check(r.eval_episodes >= 1, f"run.eval_episodes: must be at least 1, got {r.eval_episodes}")
+    _check(0 <= r.eval_nice <= 19, f"run.eval_nice: expected 0 to 19, got {r.eval_nice}")
+    _check(r.keep_checkpoints >= 1, f"run.keep_checkpoints: must be at least 1, got {r.keep_checkpoints}")
+    _check(r.snapshot_interval_s > 0, f"run.snapshot_interval_s: must be > 0, got {r.snapshot_interval_s}")
+    _check(
+        r.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
+        f"run.log_level: expected DEBUG, INFO, WARNING or ERROR, got {r.log_level!r}",
+    )
+
+
+def check_synchronous(cfg: Config) -> None:
+    """Synchronous algorithms aggregate one rollout per actor per iteration: no replay to rate
+    limit, and a barrier that counts every actor (so no restarts)."""
+    _check(
+        cfg.agent.samples_per_insert is None,
+        f"agent.samples_per_insert: {cfg.algo} is synchronous (one rollout per actor per iteration, "
+        "no replay), so there is nothing to rate limit; remove it",
+    )
+    _check(
+        cfg.cluster.max_restarts == 0,
+        f"cluster.max_restarts: {cfg.algo} is synchronous; its iteration barrier cannot take a "
+        "restarted actor back, so restarts are for asynchronous algorithms only (set it to 0)",
+    )

@@ -1,0 +1,1 @@
+"""Packages every floor may use: the console flag, the rate-limited log, the buffer pool."""

@@ -1,0 +1,54 @@
+"""`gymnasium.make` for an env id: a registered one, or a `module:Name` of the user's, with what
+Gymnasium refuses turned into a config error naming the key."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from aiorl.config import ConfigError
+
+
+def gym_make(env_id: str, kwargs: dict) -> gym.Env:
+    """`gym.make`, with what it refuses turned into a config error naming the key."""
+    target = custom_env(env_id) if ":" in env_id else env_id
+    try:
+        return gym.make(target, **kwargs)
+    except gym.error.Error as exc:
+        raise ConfigError(f"env.id: Gymnasium cannot make {env_id!r}: {exc}") from None
+    except TypeError as exc:
+        raise ConfigError(f"env.kwargs: {env_id!r} rejected {kwargs}: {exc}") from None
+
+
+def custom_env(env_id: str) -> str | gym.envs.registration.EnvSpec:
+    """A ``module:Name`` env id, its module imported: the id itself when the module registers
+    ``Name`` with Gymnasium, else a spec whose entry point is ``module.Name`` (an Env class or
+    a function returning an env).
+
+    The module is looked up on sys.path and, as ``python -m`` would, in the current directory
+    (the `aiorl` script does not put it there; role processes inherit the launcher's directory).
+    """
+    import importlib
+    import os
+    import sys
+
+    module_name, _, name = env_id.partition(":")
+    if not module_name or not name:
+        raise ConfigError(f"env.id: {env_id!r}: expected 'module:EnvId' or 'module:EnvClass'")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"env.id: cannot import module {module_name!r} of {env_id!r} ({exc}); it is looked "
+            f"up in the current directory ({cwd}) and on sys.path"
+        ) from None
+    except Exception as exc:  # the user's module failed while importing: say where, in one line
+        raise ConfigError(
+            f"env.id: importing module {module_name!r} of {env_id!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    entry = getattr(module, name, None)
+    if name in gym.registry or not callable(entry):
+        return env_id  # a registered id (Gymnasium names what is missing if it is not)
+    return gym.envs.registration.EnvSpec(id=name, entry_point=entry)

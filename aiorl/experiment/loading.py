@@ -1,0 +1,73 @@
+"""Loading a run config with its algorithm: the file, the `--set` overrides, the algorithm's
+`agent` defaults, the shared sections, the algorithm's model section, each subsystem's check
+and the algorithm's own checks. The loaded `Config` carries its algorithm class
+(`Config.algorithm`), which the runtime takes from there.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from aiorl import algos
+from aiorl.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    build_dataclass,
+    check_agent_and_run,
+    check_cluster_and_env,
+    check_synchronous,
+    coerce,
+    read_config_file,
+)
+from aiorl.io.loggers import check_names
+from aiorl.launch.placement import check_launcher
+from aiorl.replay.frames import check_compression
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, data: dict | None = None) -> Config:
+    """Read, override, type-check and validate a run config; raise ConfigError on any problem."""
+    # A deep copy: overrides must not change the caller's nested mappings (aiorl.run(dict) twice).
+    raw = copy.deepcopy(dict(data)) if data is not None else read_config_file(path)
+    raw = apply_overrides(raw, list(overrides or []))
+    _agent_defaults(raw)
+    model_raw = raw.pop("model", None)
+    cfg = build_dataclass(Config, raw, "")
+    if cfg.algo is None:
+        raise ConfigError(
+            f"algo: required; set one of {', '.join(algos.available_algorithms())} "
+            "(e.g. `algo: apex_dqn`; `aiorl config ALGO` prints a full config)"
+        )
+    algo = algos.get_algorithm(cfg.algo)  # the algorithm owns the model section
+    cfg.model = coerce(model_raw, algo.model_config, "model")
+    cfg.bind_algorithm(algo)
+    check_config(cfg)
+    algo.validate(cfg)
+    if algo.is_synchronous(cfg):
+        check_synchronous(cfg)
+    return cfg
+
+
+def check_config(cfg: Config) -> None:
+    """The shared sections and each subsystem's keys, in the order a config reads."""
+    from aiorl.envs.wrappers import check_env_config  # gymnasium: not for `aiorl --help`
+
+    check_cluster_and_env(cfg)
+    check_env_config(cfg.env)
+    check_compression(cfg.cluster.frame_compression)
+    check_launcher(cfg.cluster)
+    check_agent_and_run(cfg)
+    bad_loggers = check_names(cfg.run.loggers)
+    if bad_loggers is not None:
+        raise ConfigError(bad_loggers)
+
+
+def _agent_defaults(raw: dict) -> None:
+    """Fill in the algorithm's own `agent` defaults (`Algorithm.agent_defaults`) the config leaves out."""
+    name, agent = raw.get("algo"), raw.get("agent") or {}
+    if not isinstance(name, str) or name not in algos.available_algorithms() or not isinstance(agent, dict):
+        return  # the checks that follow name what is wrong
+    defaults = algos.get_algorithm(name).agent_defaults
+    if defaults:
+        raw["agent"] = {**defaults, **agent}

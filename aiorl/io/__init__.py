@@ -1,0 +1,1 @@
+"""Files of a run: its directory, checkpoints, the exported policy, metrics and loggers."""

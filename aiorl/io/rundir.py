@@ -1,0 +1,326 @@
+"""A run directory belongs to one run: who owns it, which launch wrote what, resuming it.
+
+``run.json`` is the owner record, written when a run directory is made and
+updated at each launch::
+
+    {"format": "aiorl.run", "version": 1, "run_id": "<hex>", "created": <unix time>,
+     "attempts": [{"attempt": 1, "launch_id": "<hex>", "started": <unix time>,
+                   "resume_from": null | "<checkpoint path>", "overrides": [...], "pid": <launcher pid>}, ...]}
+
+- ``run_id`` names the run for its whole life; ``launch_id`` names one launch
+  of it (the first one, or a ``--resume``). Every file a launch's processes
+  write for others to read back (``coordinator.json``, ``summary.json``,
+  ``restarts.json``, checkpoints' meta) carries both, and a reader takes a
+  file only when they are its own (`Identity.owns`): a leftover of an earlier
+  launch is never taken for this one's. The launcher's own records
+  (``pids.json``, ``exits.json``: role name -> pid / exit code) are removed
+  when a launch starts.
+- A launcher holds an exclusive lock (``flock``) on ``.lock`` for as long as
+  it runs, so two launchers never share a directory.
+- A new run refuses a directory that already holds anything; an earlier run
+  is continued with ``aiorl run --resume RUN_DIR``.
+
+Role processes learn their launch from the environment the launcher gives
+them (`Identity.env`): ``AIORL_RUN_ID``, ``AIORL_LAUNCH_ID``, ``AIORL_ATTEMPT``
+and, when resuming, ``AIORL_RESUME_FROM`` (the checkpoint to continue from).
+Another launcher (Ray) passes the same variables.
+
+A run directory is created 0700: only its owner can enter it. Inside it the
+token file is 0600 and every other file 0644 (readable, through the
+directory, by its owner alone).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiorl.io import checkpoint
+
+FILE_MODE = 0o644
+DIR_MODE = 0o700
+OWNER_FILE = "run.json"
+LOCK_FILE = ".lock"
+# Files of one launch: a new launch removes the previous launch's.
+LAUNCH_FILES = ("coordinator.json", "pids.json", "exits.json")
+ENV_RUN_ID = "AIORL_RUN_ID"
+ENV_LAUNCH_ID = "AIORL_LAUNCH_ID"
+ENV_ATTEMPT = "AIORL_ATTEMPT"
+ENV_RESUME_FROM = "AIORL_RESUME_FROM"
+
+
+class RunDirError(Exception):
+    """A run directory that cannot be used as asked (a user mistake: one line, exit 2)."""
+
+
+def write_json_atomic(path: str | Path, data, indent: int | None = None) -> None:
+    """Write JSON so that a reader polling `path` never sees a half-written file, even after a crash.
+
+    The data is fsynced before the rename (else a crash can leave the new name
+    pointing at an empty file), and the directory after it.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=indent, default=str))
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems do not sync directories
+    finally:
+        os.close(fd)
+
+
+def make_run_dir(run_dir: str | Path) -> Path:
+    """Create `run_dir` (and its parents) owner-only; tighten it if others could read it."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    if os.stat(run_dir).st_mode & 0o077:
+        os.chmod(run_dir, DIR_MODE)  # it will hold the token and code-like files (policies)
+    return run_dir
+
+
+def read_json(path: str | Path) -> dict | None:
+    """A JSON object from `path`, or None if it is missing or not a whole JSON object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which run and which launch of it a process belongs to."""
+
+    run_id: str
+    launch_id: str
+    attempt: int = 1
+    resume_from: str | None = None
+
+    def env(self) -> dict[str, str]:
+        env = {ENV_RUN_ID: self.run_id, ENV_LAUNCH_ID: self.launch_id, ENV_ATTEMPT: str(self.attempt)}
+        if self.resume_from:
+            env[ENV_RESUME_FROM] = self.resume_from
+        return env
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> Identity:
+        """The launch this process was started for; a role started by hand gets a launch of its own."""
+        launch_id = environ.get(ENV_LAUNCH_ID)
+        if not launch_id:
+            return cls(run_id="", launch_id=new_id())
+        return cls(
+            run_id=environ.get(ENV_RUN_ID, ""),
+            launch_id=launch_id,
+            attempt=int(environ.get(ENV_ATTEMPT, "1")),
+            resume_from=environ.get(ENV_RESUME_FROM) or None,
+        )
+
+    def stamp(self, data: dict) -> dict:
+        return {**data, "run_id": self.run_id, "launch_id": self.launch_id, "attempt": self.attempt}
+
+    def owns(self, data: dict | None) -> bool:
+        return isinstance(data, dict) and data.get("launch_id") == self.launch_id and data.get("run_id") == self.run_id
+
+
+def new_id() -> str:
+    return secrets.token_hex(8)
+
+
+def default_path(algo: str, env_id: str) -> Path:
+    """runs/<algo>-<env>-<timestamp>, with a -2, -3... suffix when that one is taken."""
+    env = env_id.replace("/", "-")  # ALE/Pong-v5: one directory, not two
+    base = Path("runs") / f"{algo}-{env}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def role_run_dir(path: str | Path | None, algo: str, env_id: str) -> Path:
+    """The directory a role started by the launcher writes into (made if needed); a role started
+    by hand gets its own complete one (`aiorl.experiment.by_hand`)."""
+    return make_run_dir(Path(path) if path else default_path(algo, env_id))
+
+
+class RunDir:
+    """A run directory held by one launcher: made new (`create`) or continued (`resume`)."""
+
+    def __init__(self, path: Path, owner: dict, identity: Identity, lock_fd: int):
+        self.path = path
+        self.owner = owner
+        self.identity = identity
+        self._lock_fd: int | None = lock_fd
+        self.skipped: list = []  # resume: newer checkpoints that failed their checks
+        self.resume_meta: dict | None = None  # resume: the meta of the checkpoint continued from
+
+    def __repr__(self) -> str:
+        return f"<RunDir {self.path} run_id={self.identity.run_id} attempt={self.identity.attempt}>"
+
+    @classmethod
+    def create(cls, path: str | Path, overrides: list[str] = ()) -> RunDir:
+        path = Path(path)
+        _refuse_taken(path)
+        try:
+            make_run_dir(path)
+        except OSError as exc:
+            raise RunDirError(f"cannot make run directory {path}: {exc.strerror or exc}") from None
+        lock_fd = _lock(path)
+        try:
+            _refuse_taken(path, ignore=(LOCK_FILE,))  # another launcher may have won the race
+            identity = Identity(run_id=new_id(), launch_id=new_id(), attempt=1)
+            owner = {
+                "format": "aiorl.run",
+                "version": 1,
+                "run_id": identity.run_id,
+                "created": time.time(),
+                "attempts": [],
+            }
+            run_dir = cls(path, owner, identity, lock_fd)
+            run_dir._record_attempt(None, overrides)
+            return run_dir
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    @classmethod
+    def resume(cls, path: str | Path, overrides: list[str] = ()) -> RunDir:
+        """Take `path` (written by an earlier launch) for a new launch that continues from its newest
+        good checkpoint; `skipped` lists the newer checkpoints that failed their checks."""
+
+        path = Path(path)
+        owner = check_resumable(path)
+        lock_fd = _lock(path)
+        try:
+            resume_from, meta, skipped = checkpoint.newest_good(path / "checkpoints")
+            if resume_from is None:
+                found = f" ({'; '.join(str(e) for e in skipped)})" if skipped else ""
+                raise RunDirError(
+                    f"--resume {path}: no usable checkpoint in {path / 'checkpoints'}{found}; nothing to continue from"
+                )
+            identity = Identity(
+                run_id=str(owner["run_id"]),
+                launch_id=new_id(),
+                attempt=len(owner.get("attempts", [])) + 1,
+                resume_from=str(resume_from),
+            )
+            run_dir = cls(path, owner, identity, lock_fd)
+            run_dir.skipped = skipped
+            run_dir.resume_meta = meta
+            for name in LAUNCH_FILES:
+                (path / name).unlink(missing_ok=True)
+            run_dir._record_attempt(str(resume_from), overrides)
+            return run_dir
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    def _record_attempt(self, resume_from: str | None, overrides) -> None:
+        self.owner.setdefault("attempts", []).append(
+            {
+                "attempt": self.identity.attempt,
+                "launch_id": self.identity.launch_id,
+                "started": time.time(),
+                "resume_from": resume_from,
+                "overrides": list(overrides),
+                "pid": os.getpid(),
+            }
+        )
+        write_json_atomic(self.path / OWNER_FILE, self.owner, indent=1)
+
+    def read_owned(self, name: str) -> dict | None:
+        """`name` (a JSON file of the run directory) if this launch wrote it, else None."""
+        data = read_json(self.path / name)
+        return data if self.identity.owns(data) else None
+
+    def write_owned(self, name: str, data: dict, indent: int | None = 1) -> None:
+        write_json_atomic(self.path / name, self.identity.stamp(data), indent=indent)
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def check_resumable(path: Path) -> dict:
+    """The owner record of `path`, or RunDirError saying why `--resume` cannot take it."""
+    owner = read_json(path / OWNER_FILE)
+    if not path.is_dir() or owner is None or owner.get("format") != "aiorl.run" or "run_id" not in owner:
+        raise RunDirError(f"--resume {path}: not an aiorl run directory (no readable {OWNER_FILE})")
+    if not (path / "config.yaml").is_file():
+        raise RunDirError(f"--resume {path}: the run directory has no config.yaml")
+    return owner
+
+
+def claim(cfg, resume: str | None, overrides: list[str]) -> RunDir:
+    """The run directory of a local launch, held until `close`: new (refusing one that holds
+    anything) or, with `resume`, the given one continued. Writes the resolved config into it."""
+    if resume is not None:
+        run_dir = RunDir.resume(Path(resume).resolve(), overrides)  # roles may not share our cwd
+    else:
+        run_dir = RunDir.create(cfg.run.dir or default_path(cfg.algo, cfg.env.id), overrides)
+    cfg.run.dir = str(run_dir.path.resolve())
+    cfg.dump(run_dir.path / "config.yaml")
+    return run_dir
+
+
+def latest_launch_id(path: str | Path) -> str | None:
+    """The launch_id of the newest launch recorded in a run directory's run.json."""
+    owner = read_json(Path(path) / OWNER_FILE)
+    attempts = (owner or {}).get("attempts") or []
+    return attempts[-1].get("launch_id") if attempts else None
+
+
+def _refuse_taken(path: Path, ignore: tuple[str, ...] = ()) -> None:
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise RunDirError(f"run directory {path} is a file, not a directory; give a new run.dir")
+    owner = read_json(path / OWNER_FILE)
+    if owner is not None:
+        attempts = len(owner.get("attempts") or [])
+        raise RunDirError(
+            f"run directory {path} already holds a run (run id {owner.get('run_id')}, "
+            f"{attempts} launch(es)); continue it with `aiorl run --resume {path}`, "
+            "or give a new run.dir"
+        )
+    entries = [p.name for p in path.iterdir() if p.name not in ignore]
+    if entries:
+        raise RunDirError(
+            f"run directory {path} is not empty ({', '.join(sorted(entries)[:3])}"
+            f"{', ...' if len(entries) > 3 else ''}) and holds no aiorl run; give an empty "
+            "or new run.dir"
+        )
+
+
+def _lock(path: Path) -> int:
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunDirError(f"run directory {path} is in use by another `aiorl run`") from None
+    return fd

@@ -1,0 +1,465 @@
+"""Local launcher: runs every role of a cluster as a child process of `aiorl run`.
+
+It starts memory host 0 (the coordinator) first, reads the port it bound from
+``coordinator.json`` (only one this launch wrote: see `aiorl.io.rundir`), then
+starts the other roles pointed at it. Ctrl-C or SIGTERM is forwarded to the
+coordinator, which runs the shutdown phases; a second one kills every child.
+A role that exits abnormally is restarted under ``cluster.max_restarts``
+(`aiorl.runtime.restart`). Every wait is bounded: a coordinator that stops answering
+(every other role lost it) or overstays its shutdown is killed, and the
+launcher then writes the summary itself, blaming the role that stalled.
+Whatever happens, no child outlives the launcher: each gets SIGTERM if the
+launcher dies (PR_SET_PDEATHSIG) and the launcher kills any that overstay.
+
+Exit code: 0 when the run finished (a stop criterion held), 128 + the signal
+(130 SIGINT, 143 SIGTERM) when it was interrupted and shut down cleanly (so a
+scheduler can requeue it with ``--resume``), 1 when it failed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiorl.config import Config
+from aiorl.io.rundir import RunDir, write_json_atomic
+from aiorl.launch.panel import Progress, next_command, stopped_at_note
+from aiorl.runtime.phase import (
+    EXIT_COORDINATOR_LOST,
+    EXIT_OK,
+    EXIT_REFUSED,
+    FAILED,
+    FINISHED,
+    INTERRUPTED,
+    interrupted_exit_code,
+    last_checkpoint_budget_s,
+    role_name,
+)
+from aiorl.runtime.restart import RestartPolicy
+from aiorl.wire import generate_token, write_token_file
+
+log = logging.getLogger("aiorl.launch")
+POLL_S = 0.1
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    started: float = field(default_factory=time.monotonic)
+    handled: bool = False  # its exit was seen (and a restart decided)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    meaning = {
+        0: "ok",
+        1: "error",
+        2: "failed",
+        3: "lost the coordinator",
+        4: "refused by the coordinator",
+        130: "interrupted (SIGINT)",
+        143: "interrupted (SIGTERM)",
+    }
+    return f"exit code {code} ({meaning.get(code, 'error')})"
+
+
+class LocalLauncher:
+    def __init__(self, cfg: Config, run_dir: RunDir, quiet: bool = False):
+        self.cfg = cfg
+        self.rundir = run_dir
+        self.run_dir = run_dir.path
+        self.quiet = quiet
+        self.children: dict[str, Child] = {}  # the current process of each role, memory-0 first
+        self.ended: list[Child] = []  # earlier processes of restarted roles
+        self.policy = RestartPolicy.from_config(cfg)
+        self.restart_at: dict[str, float] = {}  # role -> monotonic time of its pending restart
+        self.signals = 0
+        self.signal_name: str | None = None
+        self.stalled: str | None = None  # why the launcher killed the coordinator, if it did
+        self.config_path = self.run_dir / "config.yaml"
+        self.port: int | None = None
+        self.progress: Progress | None = None
+
+    @property
+    def coordinator(self) -> Child | None:
+        return self.children.get("memory-0")
+
+    def _role_args(self, kind: str, index: int) -> list[str]:
+        """The arguments after ``python`` that start one role process (the Ray launcher's too)."""
+        args = ["-m", "aiorl", "run", str(self.config_path), "--role", kind, "--index", str(index)]
+        if self.port is not None:
+            args += ["--set", f"cluster.port={self.port}"]
+        return args
+
+    def _start(self, kind: str, index: int, log_path: Path):
+        """Start one role process; returns its Popen (a Ray launcher returns an object with its calls)."""
+        # The role's stdout and stderr (a stray print, a warning, a traceback) go into its log,
+        # not the terminal, where they would tear the live panel; the panel counts them.
+        with open(log_path, "ab") as log_file:
+            return subprocess.Popen(
+                [sys.executable, *self._role_args(kind, index)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                env={**os.environ, **self.rundir.identity.env()},
+            )
+
+    def _spawn(self, kind: str, index: int) -> Child:
+        name = role_name(kind, index)
+        logs = self.run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        proc = self._start(kind, index, logs / f"{name}.log")
+        child = Child(name, proc)
+        self.children[child.name] = child
+        log.debug("started %s (pid %d)", child.name, proc.pid)
+        return child
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signals += 1
+        coordinator = self.coordinator
+        if self.signals == 1 and coordinator is not None and coordinator.proc.poll() is None:
+            self.signal_name = signal.Signals(signum).name
+            print(
+                f"\naiorl: {self.signal_name}: stopping the run cleanly (press Ctrl-C again to kill it)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.restart_at.clear()
+            if self.progress is not None:
+                self.progress.interrupted()
+            coordinator.proc.send_signal(signum)  # the coordinator records which signal stopped the run
+        else:
+            print("\naiorl: killing every role", file=sys.stderr, flush=True)
+            self.kill_all()
+
+    def kill_all(self) -> None:
+        self.restart_at.clear()
+        for child in self.children.values():
+            if child.proc.poll() is None:
+                child.proc.kill()
+
+    def _wait_coordinator_address(self, child: Child) -> int:
+        deadline = time.monotonic() + self.cfg.cluster.start_timeout_s
+        while time.monotonic() < deadline:
+            address = self.rundir.read_owned("coordinator.json")
+            if address is not None:
+                return int(address["port"])
+            if child.proc.poll() is not None:
+                raise LaunchError(
+                    f"memory-0 (the coordinator) exited before listening: "
+                    f"{describe_exit(child.proc.returncode)}; see {self.run_dir}/logs/memory-0.log"
+                )
+            time.sleep(0.05)
+        raise LaunchError(f"memory-0 did not start listening within {self.cfg.cluster.start_timeout_s:g} s")
+
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.rundir.close()
+
+    def _run(self) -> int:
+        token_path = self.run_dir / "token"
+        if self.cfg.run.token_file is None and not os.environ.get("AIORL_TOKEN") and not token_path.exists():
+            write_token_file(token_path, generate_token())
+        for error in self.rundir.skipped:
+            print(f"aiorl: {error}; falling back to the previous checkpoint", file=sys.stderr, flush=True)
+        if self.rundir.identity.resume_from:
+            counters = (self.rundir.resume_meta or {}).get("run", {})
+            print(
+                f"aiorl: resuming from {self.rundir.identity.resume_from} (env_steps {counters.get('env_steps')}, "
+                f"learner_steps {counters.get('learner_steps')})",
+                flush=True,
+            )
+        # Signal handlers can only be set from the main thread; elsewhere (aiorl.run() in a thread)
+        # the run keeps Python's and is stopped through its stop criteria.
+        in_main = threading.current_thread() is threading.main_thread()
+        old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
+        progress = self.progress = Progress(self.cfg, self.run_dir, quiet=self.quiet)
+        metrics = self.run_dir / "metrics.jsonl"
+        progress.tail.offset = metrics.stat().st_size if metrics.exists() else 0  # a resume appends
+        progress.logs.skip_existing()
+        supervised = False
+        try:
+            coordinator = self._spawn("memory", 0)
+            self.port = self._wait_coordinator_address(coordinator)
+            c = self.cfg.cluster
+            for kind, count, first in (("memory", c.memories, 1), ("learner", c.learners, 0), ("actor", c.actors, 0)):
+                for i in range(first, count):
+                    self._spawn(kind, i)
+            self._write_pids()
+            progress.start()
+            self._supervise(progress)
+            supervised = True  # _report draws the last frame, with the summary
+        except LaunchError as exc:
+            progress.stop()
+            self.kill_all()
+            self._reap(5.0)
+            print(f"aiorl: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            if not supervised:
+                progress.stop()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            self.kill_all()
+            self._reap(5.0)
+        return self._report(progress)
+
+    def _write_pids(self) -> None:
+        write_json_atomic(self.run_dir / "pids.json", {c.name: c.pid for c in self.children.values()})
+
+    def _restart_due(self, now: float) -> None:
+        """Decide on children that just exited; start those whose backoff has passed."""
+        coordinator = self.coordinator
+        for child in list(self.children.values()):
+            if child is coordinator or child.handled or child.proc.poll() is None:
+                continue
+            child.handled = True
+            code = child.proc.returncode
+            delay = None if self.signals else self.policy.decide(child.name, code, now - child.started)
+            if delay is not None:
+                print(
+                    f"aiorl: {child.name} (pid {child.pid}) {describe_exit(code)}; restarting it in "
+                    f"{delay:.1f} s (restart {self.policy.restarts[child.name]} of {self.policy.max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.restart_at[child.name] = now + delay
+        for name, at in list(self.restart_at.items()):
+            if now >= at and coordinator.proc.poll() is None:
+                del self.restart_at[name]
+                self.ended.append(self.children[name])
+                kind, _, index = name.rpartition("-")
+                self._spawn(kind, int(index))
+                self._write_pids()
+
+    def _supervise(self, progress: Progress) -> None:
+        """Wait for the children, restarting those the policy allows; every wait is bounded.
+
+        Once the coordinator is gone the others get a bounded time. Once every other role
+        is gone (and none is due a restart) the coordinator gets one too: if they all lost
+        it, it has stopped answering; else it is only finishing its summary.
+        """
+        coordinator = self.coordinator
+        c = self.cfg.cluster
+        # Roles notice a lost coordinator within its timeout, then learner 0 writes its last checkpoint.
+        grace = c.coordinator_timeout_s + last_checkpoint_budget_s(c) + 5.0
+        others_gone_at = signalled_at = None
+        while True:
+            progress.update()
+            now = time.monotonic()
+            self._restart_due(now)
+            alive = [ch for ch in self.children.values() if ch.proc.poll() is None]
+            if not alive and not self.restart_at:
+                return
+            if coordinator.proc.poll() is not None:
+                self.restart_at.clear()
+                self._end_late_restarts(alive)
+                self._wait_rest([ch for ch in alive if ch.proc.poll() is None], grace)
+                return
+            others = [ch for ch in alive if ch is not coordinator]
+            if others or self.restart_at:
+                others_gone_at = None
+            elif others_gone_at is None:
+                others_gone_at = now
+            if signalled_at is None and self.signals:
+                signalled_at = now
+            lost_it = [
+                ch.name
+                for ch in self.children.values()
+                if ch is not coordinator and ch.proc.returncode == EXIT_COORDINATOR_LOST
+            ]
+            if others_gone_at is not None and lost_it and now - others_gone_at > c.coordinator_timeout_s:
+                self._kill_coordinator(
+                    f"memory-0 (the coordinator) stopped answering: {', '.join(lost_it)} "
+                    f"lost it, and it did not exit within {c.coordinator_timeout_s:g} s; "
+                    "killed by the launcher"
+                )
+            elif others_gone_at is not None and now - others_gone_at > c.phase_timeout_s:
+                self._kill_coordinator(
+                    f"memory-0 (the coordinator) did not exit {c.phase_timeout_s:g} s after "
+                    "every other role had; killed by the launcher"
+                )
+            elif signalled_at is not None and now - signalled_at > 3 * c.phase_timeout_s + grace:
+                self._kill_coordinator(
+                    f"the shutdown after {self.signal_name} did not end within its phase "
+                    f"deadlines (3 x {c.phase_timeout_s:g} s); killed by the launcher"
+                )
+            time.sleep(POLL_S)
+
+    def _kill_coordinator(self, reason: str) -> None:
+        print(f"aiorl: {reason}", file=sys.stderr, flush=True)
+        self.stalled = reason
+        self.coordinator.proc.kill()
+
+    def _late_restarts(self) -> set[str]:
+        """Restarted roles whose new process the run ended without: the coordinator's summary
+        lists them as lost with restarts left (it never admitted the new incarnation)."""
+        summary = self.rundir.read_owned("summary.json") or {}
+        return {name for name in summary.get("lost_with_restarts_left", []) if self.policy.restarts.get(name)}
+
+    def _end_late_restarts(self, alive: list[Child]) -> None:
+        # Such a process is still starting or looking for the coordinator, which is gone: it has
+        # no part in the run left, so it is ended now instead of after the grace for live roles.
+        late = self._late_restarts()
+        for child in alive:
+            if child.name in late:
+                log.info("%s was restarting when the run ended; ending its new process", child.name)
+                child.proc.kill()
+                child.proc.wait()
+
+    def failed_children(self, ok_codes: set[int]) -> list[Child]:
+        """The current processes that ended badly. Not failures: a restart that came after the run
+        had left RUNNING and was turned away (exit 4), or that the run ended before it registered."""
+        late = self._late_restarts()
+        return [
+            c
+            for c in self.children.values()
+            if c.proc.returncode not in ok_codes
+            and not (c.proc.returncode == EXIT_REFUSED and self.policy.restarts.get(c.name))
+            and c.name not in late
+        ]
+
+    def _wait_rest(self, alive: list[Child], grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while any(ch.proc.poll() is None for ch in alive) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        for child in alive:
+            if child.proc.poll() is None:
+                print(
+                    f"aiorl: {child.name} (pid {child.pid}) did not exit {grace:g} s after the coordinator; killing it",
+                    file=sys.stderr,
+                )
+                child.proc.kill()
+
+    def _reap(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for child in [*self.ended, *self.children.values()]:
+            try:
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+
+    # ------------------------------------------------------------------ outcome
+
+    def _own_summary(self, progress: Progress) -> dict:
+        """The summary when the coordinator wrote none: what the launcher saw, blaming who stalled."""
+        coordinator = self.coordinator
+        if self.stalled:
+            failures = [self.stalled]
+        elif self.signals > 1:
+            failures = [f"killed by a second {self.signal_name or 'signal'} (no clean shutdown)"]
+        else:
+            failures = [
+                f"memory-0 (the coordinator) {describe_exit(coordinator.proc.returncode)} before writing its summary"
+            ]
+        row = progress.tail.poll() or {}
+        roles = {}
+        for name, child in self.children.items():
+            code = child.proc.returncode
+            status = (
+                "stalled"
+                if name == "memory-0" and self.stalled
+                else "lost the coordinator"
+                if code == EXIT_COORDINATOR_LOST
+                else "done"
+                if code == EXIT_OK
+                else "failed"
+            )
+            roles[name] = {"status": status, "reason": describe_exit(code), "pid": child.pid}
+        summary = {
+            "ok": False,
+            "outcome": FAILED,
+            "stop_reason": failures[0],
+            "failures": failures,
+            "written_by": "launcher",
+            "env_steps": row.get("env_steps", 0),
+            "learner_steps": row.get("learner_steps", 0),
+            "episodes": row.get("episodes", 0),
+            "return_mean_100": row.get("return_mean_100"),
+            "roles": roles,
+        }
+        self.rundir.write_owned("summary.json", summary)
+        return self.rundir.read_owned("summary.json")
+
+    def _report(self, progress: Progress) -> int:
+        summary = self.rundir.read_owned("summary.json")
+        if summary is None:
+            summary = self._own_summary(progress)
+        progress.stop(summary, roles_alive=sum(c.proc.poll() is None for c in self.children.values()))
+        outcome = summary.get("outcome", FAILED)
+        ok_codes = {EXIT_OK}
+        if outcome == INTERRUPTED:
+            ok_codes.add(interrupted_exit_code(summary.get("signal")))
+        failed = self.failed_children(ok_codes)
+        write_json_atomic(self.run_dir / "exits.json", {c.name: c.proc.returncode for c in self.children.values()})
+        if self.policy.history:
+            self.rundir.write_owned("restarts.json", {"restarts": self.policy.history})
+        counts = (
+            f"env_steps {summary.get('env_steps')}, learner_steps {summary.get('learner_steps')}, "
+            f"episodes {summary.get('episodes')}"
+        )
+        restarts = sum(self.policy.restarts.values())
+        counts += f", {restarts} restart(s)" if restarts else ""
+        lines = []
+        if summary.get("written_by") == "launcher":
+            lines.append("aiorl: the coordinator wrote no summary (it did not finish)")
+        lines.append(f"aiorl: run {outcome} ({summary.get('stop_detail') or summary.get('stop_reason')}): {counts}")
+        note = stopped_at_note(summary)
+        if note:
+            lines.append(f"aiorl: {note}")
+        for failure in summary.get("failures", []):
+            lines.append(f"aiorl: {failure}")
+        problems = progress.logs.summary()
+        if problems:
+            lines.append(f"aiorl: {problems}")
+        for child in failed:
+            lines.append(
+                f"aiorl: {child.name} (pid {child.pid}) {describe_exit(child.proc.returncode)}; "
+                f"log: {self.run_dir}/logs/{child.name}.log"
+            )
+        clean = not failed and bool(summary.get("ok"))
+        if clean and outcome == FINISHED:
+            code = EXIT_OK
+        elif clean and outcome == INTERRUPTED:
+            code = interrupted_exit_code(summary.get("signal"))
+            lines.append(f"aiorl: continue it with `aiorl run --resume {self.run_dir}`")
+        else:
+            code = 1
+        verdict = {EXIT_OK: "ok", 1: "FAILED"}.get(code, "interrupted")
+        lines.append(f"aiorl: run directory {self.run_dir} ({verdict})")
+        hint = next_command(self.run_dir)
+        if hint:
+            lines.append(f"aiorl: {hint}")
+        print("\n".join(lines), file=sys.stderr if code else sys.stdout, flush=True)
+        return code

@@ -1,0 +1,159 @@
+"""The run's counters and its stop: global counters summed over every role's (retired
+incarnations included), the last 100 episodes' returns, learner 0's evaluations, the
+run's clock, the stop criteria, and the stop once decided.
+
+A resumed run (``AIORL_RESUME_FROM``, see `aiorl.io.rundir`) starts its global
+counters, return window and clock from the checkpoint's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+import numpy as np
+
+from aiorl.config import Config
+from aiorl.io import checkpoint
+from aiorl.runtime.coordinator.roster import RoleRecord
+from aiorl.runtime.evaluator import evaluation_on
+
+log = logging.getLogger("aiorl.coordinator")
+
+COUNTERS = ("env_steps", "learner_steps")
+
+
+class RunCounters:
+    """Counters, returns, evaluations and the clock of the whole run."""
+
+    def __init__(self):
+        self.base = {"env_steps": 0, "learner_steps": 0, "episodes": 0}  # from the checkpoint resumed
+        self._totals = dict.fromkeys(COUNTERS, 0)  # over every role's counters, retired ones too
+        self.returns = collections.deque(maxlen=100)
+        self.lengths = collections.deque(maxlen=100)
+        self.episodes = 0
+        self.evaluation: dict | None = None  # learner 0's last and best evaluations (aiorl.runtime.evaluator)
+        self.evaluation_row = False  # the next metrics row carries a new evaluation
+        self.t_start = time.time()
+        self.t_running: float | None = None
+        self.resumed_from: dict | None = None
+
+    def resume(self, path: str) -> dict:
+        """Start counters, returns and clock where the checkpoint at `path` left them; return the
+        run state it recorded."""
+        run = checkpoint.read_meta(path).get("run") or {}
+        for key in self.base:
+            self.base[key] = int(run.get(key, 0))
+        self.episodes = self.base["episodes"]
+        self.returns.extend(float(r) for r in run.get("returns", ()))
+        self.lengths.extend(int(n) for n in run.get("lengths", ()))
+        self.t_start -= float(run.get("time_s", 0.0))
+        self.resumed_from = {"checkpoint": path, **self.base}
+        log.info(
+            "resuming from %s: env_steps %d, learner_steps %d, episodes %d",
+            path,
+            self.base["env_steps"],
+            self.base["learner_steps"],
+            self.base["episodes"],
+        )
+        return run
+
+    @property
+    def env_steps(self) -> int:
+        return self.base["env_steps"] + self._totals["env_steps"]
+
+    @property
+    def learner_steps(self) -> int:
+        return self.base["learner_steps"] + self._totals["learner_steps"]
+
+    def set_counters(self, record: RoleRecord, counters: dict) -> None:
+        """A role's new counters, and the run's totals moved by the difference.
+
+        Every heartbeat reply carries the totals: summing every role's counters
+        for each one made a heartbeat cost O(roles), a round of them O(roles^2)
+        (a third of the coordinator's time at 512 actors, bench/scale.py).
+        A restart moves counters to ``retired``, which leaves the totals as they are.
+        """
+        totals, old = self._totals, record.counters
+        for key in COUNTERS:
+            totals[key] += counters.get(key, 0) - old.get(key, 0)
+        record.counters = counters
+
+    def add_episodes(self, returns: list, lengths) -> None:
+        self.returns.extend(returns)
+        self.lengths.extend(lengths)
+        self.episodes += len(returns)
+
+    def add_evaluation(self, evaluation: dict) -> None:
+        """Learner 0's evaluations as its heartbeat carries them; a new one makes a metrics row."""
+        if self.evaluation is None or evaluation["count"] != self.evaluation["count"]:
+            self.evaluation = evaluation
+            self.evaluation_row = evaluation["last"] is not None
+
+    def return_mean(self) -> float | None:
+        return float(np.mean(self.returns)) if self.returns else None
+
+    def run_state(self, weights_version: int) -> dict:
+        """What a checkpoint records of the run, so that a resume continues it."""
+        return {
+            "env_steps": self.env_steps,
+            "learner_steps": self.learner_steps,
+            "episodes": self.episodes,
+            "weights_version": weights_version,
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+            "time_s": round(time.time() - self.t_start, 3),
+        }
+
+
+def stop_criterion(cfg: Config, counters: RunCounters) -> str | None:
+    """Why the run should stop now by its criteria (`agent.*`), or None."""
+    a = cfg.agent
+    if a.scheduled_timesteps is not None and counters.env_steps >= a.scheduled_timesteps:
+        return f"reached scheduled_timesteps ({counters.env_steps} >= {a.scheduled_timesteps})"
+    if a.scheduled_global_steps is not None and counters.learner_steps >= a.scheduled_global_steps:
+        return f"reached scheduled_global_steps ({counters.learner_steps} >= {a.scheduled_global_steps})"
+    if a.target_return is not None and evaluation_on(cfg):
+        last = (counters.evaluation or {}).get("last")
+        if last is not None and last["return_mean"] >= a.target_return:
+            return (
+                f"evaluation {last['n']} (learner step {last['learner_steps']}): mean return "
+                f"{last['return_mean']:.1f} >= target_return {a.target_return}"
+            )
+        return None
+    returns = counters.returns
+    if a.target_return is not None and len(returns) >= min(100, returns.maxlen):
+        mean = float(np.mean(returns))
+        if mean >= a.target_return:
+            return f"mean return of the last {len(returns)} episodes {mean:.1f} >= target_return {a.target_return}"
+    return None
+
+
+class Stop:
+    """The run's stop, once decided: why, at which counters, and whether it is a failure."""
+
+    def __init__(self):
+        self.reason: str | None = None
+        # The counters the stop was decided on; the final ones are larger by the work in flight
+        # then (a learner trains the batches it holds credits for).
+        self.at: dict | None = None
+        self.event = asyncio.Event()
+        self.failures: list[str] = []  # run-level; lost and failed roles are added at the end
+        self.by_failure = False
+        self.interrupted_by: str | None = None  # the signal that stopped the run
+
+    def begin(self, reason: str, counters: RunCounters, failed: bool = False, listed_later: bool = False) -> None:
+        """Stop the run; `failed`: because something went wrong (`listed_later`: a role's loss,
+        which the outcome lists at the end)."""
+        if failed:
+            self.by_failure = True
+            if not listed_later:
+                self.failures.append(reason)
+        if self.event.is_set():
+            return
+        log.info("stopping: %s", reason)
+        self.reason = reason
+        self.at = {"env_steps": counters.env_steps, "learner_steps": counters.learner_steps}
+        self.event.set()

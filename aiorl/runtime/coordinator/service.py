@@ -1,0 +1,633 @@
+"""The coordinator's service: registration, heartbeats, counters, stop criteria, barriers,
+the parameter store and the shutdown phases, answered over every role's control
+connection. It lives in memory host 0.
+
+Every role keeps one control connection to it. Requests (register, heartbeat,
+publish, get_weights, barrier, work, done, stop, run_state) are answered on
+that connection; phase changes, ``role_lost`` (to memories), memory host
+addresses and the final ``exit`` are pushed to roles on it. Every request is
+checked (`aiorl.runtime.messages`): a bad one closes that connection, which
+loses that role. Each registration gets a session id, which memory hosts
+check (``check_session``) before a role may attach.
+
+The service dispatches and acts; its parts decide: who is admitted and who is
+lost (`roster`, `liveness`), when the run stops (`counters`), which weights an
+actor gets (`params`), how the run ended (`phases`), and what is reported
+(`report`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from pathlib import Path
+
+from aiorl.config import Config
+from aiorl.core.ratelog import RateLimitedLog
+from aiorl.io.metrics import MetricsWriter
+from aiorl.io.rundir import Identity
+from aiorl.runtime import frame_limits
+from aiorl.runtime.algorithm import build_algorithm
+from aiorl.runtime.coordinator.counters import RunCounters, Stop, stop_criterion
+from aiorl.runtime.coordinator.liveness import Liveness
+from aiorl.runtime.coordinator.params import ParameterStore
+from aiorl.runtime.coordinator.phases import PhaseClock, settle_outcome, wait_done
+from aiorl.runtime.coordinator.report import Report
+from aiorl.runtime.coordinator.requests import Requests, reply_error
+from aiorl.runtime.coordinator.roster import RoleRecord, Roster
+from aiorl.runtime.messages import BadMessage, any_map, check, pack_table, unpack_table
+from aiorl.runtime.phase import FAILED, PHASE_OWNER, Phase
+from aiorl.runtime.resources import listen_backlog
+from aiorl.runtime.work import WorkQueue
+from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
+from aiorl.wire.names import safe_text
+
+log = logging.getLogger("aiorl.coordinator")
+
+
+class Coordinator:
+    """Owns the run's global state; one instance, inside memory host 0."""
+
+    def __init__(self, cfg: Config, run_dir: str | Path, token: bytes, ssl=None, identity: Identity | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.token = token
+        self.ssl = ssl
+        self.identity = identity or Identity.from_env()
+        self.config_hash = cfg.config_hash()
+        algo = cfg.algorithm
+        self.synchronous = algo.is_synchronous(cfg)
+        self.roster = Roster(cfg, self.synchronous)
+        self.phases = PhaseClock()
+        self.started = asyncio.Event()
+        self.start_settled = asyncio.Event()  # the run started, or stopped before it could
+        self.stop = Stop()
+        self.counters = RunCounters()
+        self.params = ParameterStore()
+        self.liveness = Liveness(cfg)
+        self.lost_restartable: list[str] = []  # lost at the end with restarts left (not failures)
+        items = algo.work_items(cfg) if self.synchronous else None
+        self.work = WorkQueue(items) if items else None  # work items of the current iteration
+        self.requests = Requests(cfg, self.phases, self.roster, self.params, self.stop, self.work, self.start_settled)
+        self.barriers = self.requests.barriers
+        self._pushes: set[asyncio.Task] = set()
+        self.server: Server | None = None
+        if self.identity.resume_from:
+            run = self.counters.resume(self.identity.resume_from)
+            if not self.synchronous:  # synchronous iterations count versions from 0 in every launch
+                self.params.weights_version = int(run.get("weights_version", -1))
+        self.report = Report(
+            cfg,
+            self.identity,
+            self.phases,
+            self.roster,
+            self.counters,
+            self.params,
+            self.liveness,
+            self.stop,
+            self.work,
+        )
+        # Made now, before serving: importing TensorBoard's writer takes a while.
+        self._metrics = MetricsWriter(
+            self.run_dir,
+            tensorboard=cfg.run.tensorboard,
+            purge_step=self.counters.base["env_steps"] if self.counters.resumed_from else None,
+            loggers=cfg.run.loggers,
+            config=cfg.to_dict(),
+        )
+        self.last_row: dict = {}
+        self.outcome: str | None = None
+        self.registrations_refused = 0
+        self.bad_messages = 0
+        self._log_refusal = RateLimitedLog(log, logging.WARNING, burst=10, per_s=0.5)
+        self._log_housekeeping = RateLimitedLog(log, logging.ERROR, burst=5, per_s=0.1)
+
+    def __repr__(self) -> str:
+        alive = sum(r.live for r in self.roles.values())
+        return f"<Coordinator phase={self.phase.name} roles={alive}/{len(self.roles)} weights_v={self.weights_version}>"
+
+    # ------------------------------------------------------------------ the parts' state, by name
+
+    @property
+    def roles(self) -> dict[str, RoleRecord]:
+        return self.roster.roles
+
+    @property
+    def phase(self) -> Phase:
+        return self.phases.phase
+
+    @property
+    def env_steps(self) -> int:
+        return self.counters.env_steps
+
+    @property
+    def learner_steps(self) -> int:
+        return self.counters.learner_steps
+
+    @property
+    def restarts(self) -> int:
+        return self.roster.restarts
+
+    @property
+    def weights_version(self) -> int:
+        return self.params.weights_version
+
+    @property
+    def stalled_s(self) -> float:
+        return self.liveness.stalled_s
+
+    @property
+    def lag_probe(self):
+        return self.liveness.lag_probe
+
+    @property
+    def stop_event(self) -> asyncio.Event:
+        return self.stop.event
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.stop.reason
+
+    @property
+    def stopped_by_failure(self) -> bool:
+        return self.stop.by_failure
+
+    @property
+    def failures(self) -> list[str]:
+        return self.stop.failures
+
+    @property
+    def interrupted_by(self) -> str | None:
+        return self.stop.interrupted_by
+
+    def run_state(self) -> dict:
+        """What a checkpoint records of the run, so that a resume continues it."""
+        return self.counters.run_state(self.params.weights_version)
+
+    def silence_s(self, record: RoleRecord, now: float) -> float:
+        return self.liveness.silence_s(record, now)
+
+    def check_session(self, name: str, session: str) -> str | None:
+        """None when `session` is the id of `name`'s live registration, else why not."""
+        return self.roster.check_session(name, session)
+
+    def status(self) -> dict:
+        return self.report.status(self.last_row)
+
+    def metrics_row(self) -> dict:
+        return self.report.metrics_row()
+
+    # ------------------------------------------------------------------ the stop
+
+    def _check_stop_criteria(self) -> None:
+        if self.phase != Phase.RUNNING or self.stop_event.is_set():
+            return
+        reason = stop_criterion(self.cfg, self.counters)
+        if reason is not None:
+            self.begin_stop(reason)
+
+    def begin_stop(self, reason: str, failed: bool = False, role: RoleRecord | None = None) -> None:
+        """Stop the run; `failed`: because something went wrong (a `role`'s loss is listed at the end)."""
+        self.stop.begin(reason, self.counters, failed, listed_later=role is not None)
+
+    def interrupt(self, signal_name: str, who: str) -> None:
+        """A signal asked the run to stop before its stop criterion held."""
+        if self.stop_event.is_set():
+            return
+        self.stop.interrupted_by = signal_name
+        self.begin_stop(f"interrupted by {signal_name} ({who})")
+
+    # ------------------------------------------------------------------ serving
+
+    async def start(self, host: str, port: int) -> int:
+        self.algo = build_algorithm(self.cfg)
+        self.params.set_spec(self.algo.weights_spec())
+        c = self.cfg.cluster
+        # Every role, room for restarted ones whose old connection lingers, and `aiorl status`.
+        self.server = await serve(
+            self._on_connection,
+            host=host,
+            port=port,
+            token=self.token,
+            name="coordinator",
+            ssl=self.ssl,
+            limits=frame_limits.UNKNOWN_PEER,
+            max_connections=2 * len(self.roles) + 16,
+            backlog=listen_backlog(len(self.roles)),
+            max_handshakes=c.max_handshakes,
+            max_handshakes_per_host=c.max_handshakes_per_host,
+        )
+        return self.server.port
+
+    async def _on_connection(self, conn: Connection) -> None:
+        record: RoleRecord | None = None
+        # Requests that wait (start, barrier, weights of a version) get a task each so
+        # the heartbeats on this connection keep being answered; they end with it.
+        waiters: set[asyncio.Task] = set()
+        try:
+            async for msg in conn:
+                fields = check(msg.kind, msg.meta)
+                if msg.request_id is None:
+                    raise BadMessage(f"{msg.kind} must be a request")
+                if record is None and msg.kind == "register":
+                    record = await self._register(conn, msg, fields)
+                    if record is None:
+                        return
+                    continue
+                if msg.kind == "status":
+                    status = self.status()
+                    roles = pack_table(status.pop("roles"))  # over 64 KiB of header from ~400 roles on
+                    await conn.reply(msg, meta=status, arrays={"roles": roles})
+                    continue
+                if record is None:
+                    await reply_error(conn, msg, f"{msg.kind!r} before register")
+                    return
+                waiter = await self._dispatch(record, conn, msg, fields)
+                if waiter is not None:
+                    waiters.add(waiter)
+                    waiter.add_done_callback(waiters.discard)
+                    waiter.add_done_callback(self._waiter_done)
+        except ConnectionClosed:
+            pass
+        except BadMessage as exc:
+            self.bad_messages += 1
+            who = record.name if record is not None else f"{conn.peer_name} (unregistered)"
+            if record is None:
+                self._log_refusal("closing the connection of %s from %s: %s", who, conn.peer, exc)
+            else:
+                log.error("closing the connection of %s: bad message: %s", who, exc)
+            conn.abort()
+        finally:
+            for waiter in list(waiters):
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            if record is not None and record.conn is conn:
+                self._connection_lost(record)
+
+    def _waiter_done(self, task: asyncio.Task) -> None:
+        """A request's task that raised is a bug of the coordinator's: log it, fail the run."""
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("%s failed: %s: %s", task.get_name(), type(exc).__name__, exc, exc_info=exc)
+            self.begin_stop(f"coordinator task {task.get_name()} failed: {type(exc).__name__}: {exc}", failed=True)
+
+    async def _register(self, conn: Connection, msg: Message, meta: dict) -> RoleRecord | None:
+        name = meta["role"]
+        incarnation = meta.get("incarnation", "")
+        record = self.roles.get(name)
+        reason = self.roster.unknown_role(name)
+        if reason is None and meta.get("config_hash") != self.config_hash:
+            reason = (
+                f"config hash mismatch: {name} runs config {meta.get('config_hash')}, the coordinator "
+                f"runs {self.config_hash}; start every role with the same config"
+            )
+        if reason is not None:  # a misconfigured process: the error is the user's to fix
+            self.registrations_refused += 1
+            self._log_refusal("refused registration from %s: %s", conn.peer, reason)
+            await conn.reply_error(msg, reason)
+            await conn.close()
+            return None
+        if record.status == "running" and record.incarnation != incarnation:
+            await self.roster.await_replaced(record)
+        admission, reason = self.roster.admission(record, incarnation, self.phase)
+        if reason is not None:  # the right process at the wrong time (or an impostor): it exits
+            self.registrations_refused += 1
+            self._log_refusal("did not admit %s from %s: %s", name, conn.peer, reason)
+            await conn.reply(msg, meta={"admitted": False, "reason": reason})
+            await conn.close()
+            return None
+        if record.conn is not None and record.conn is not conn:
+            record.conn.abort()  # a half-open connection of the process that just rejoined
+        record.conn = conn
+        record.pid = meta.get("pid")
+        record.host = meta.get("host")
+        address = meta.get("address")
+        old_address = record.address
+        record.address = (str(address[0]), int(address[1])) if address else None
+        if admission != "rejoin" or record.session is None:
+            record.session = secrets.token_hex(16)  # a rejoin keeps its memory hosts' connections
+        if name == "learner-0" and meta.get("rendezvous"):
+            self.requests.rendezvous = meta["rendezvous"]  # learner 0 listens there (aiorl.runtime.rendezvous)
+        self.liveness.heard(record)
+        record.disconnected_at = None
+        if admission == "restart":
+            self.roster.restarted(record, incarnation)
+            log.warning(
+                "%s restarted (restart %d of %d; pid %s, %s)",
+                name,
+                record.restarts,
+                self.cfg.cluster.max_restarts,
+                record.pid,
+                conn.peer,
+            )
+        elif admission == "rejoin":
+            log.warning("%s rejoined after its connection dropped (pid %s, %s)", name, record.pid, conn.peer)
+        else:
+            record.incarnation = incarnation
+            log.info("registered %s (pid %s, %s)", name, record.pid, conn.peer)
+        if record.status != "done":
+            record.status = "running"
+            record.reason = None
+        for barrier in self.barriers.values():
+            if record.kind == "actor" and record.status == "running":
+                barrier.add(record.name)
+        if record.kind == "actor":
+            self.liveness.no_actor_since = None
+        self.roster.changed.set()
+        conn.set_limits(frame_limits.to_coordinator(name, self.algo))
+        await conn.reply(
+            msg,
+            meta={
+                "phase": int(self.phase),
+                "config_hash": self.config_hash,
+                "admission": admission,
+                "restarts": record.restarts,
+                "session": record.session,
+            },
+        )
+        if self.started.is_set() and record.kind == "memory" and record.address != old_address:
+            await self.broadcast("memories", {"memories": self.roster.memory_addresses()})
+        if all(r.status == "running" for r in self.roles.values()):
+            self.started.set()
+        return record
+
+    def _connection_lost(self, record: RoleRecord) -> None:
+        self.roster.connection_lost(record, asyncio.get_running_loop().time())
+
+    # ------------------------------------------------------------------ verdicts and what they mean
+
+    def _mark(self, record: RoleRecord, status: str, reason: str) -> None:
+        if not self.roster.mark(record, status, reason):
+            return
+        for name, barrier in self.barriers.items():
+            if record.name in barrier.participants:
+                barrier.remove(record.name)
+                log.warning(
+                    "barrier %r goes on without %s: %d parties left", name, record.name, len(barrier.participants)
+                )
+        if status in ("lost", "failed"):
+            if record.kind == "actor":
+                self._actor_gone(record)
+            self._role_failed(record)
+
+    def _actor_gone(self, record: RoleRecord) -> None:
+        """Its work items go to other actors; memories stop waiting for its rollouts."""
+        if self.work is not None:
+            items = self.work.release(record.name)
+            if items:
+                log.warning(
+                    "work items %s of iteration %d, held by %s, go back to the queue",
+                    items,
+                    self.work.iteration,
+                    record.name,
+                )
+                self.requests.wake_work()
+        memories = [r for r in self.roles.values() if r.kind == "memory" and r.conn is not None]
+        if memories:
+            task = asyncio.get_running_loop().create_task(self._push(memories, "role_lost", {"role": record.name}))
+            self._pushes.add(task)
+            task.add_done_callback(self._pushes.discard)
+
+    async def _push(self, records: list[RoleRecord], kind: str, meta: dict) -> None:
+        for record in records:
+            try:
+                await record.conn.send(kind, meta)
+            except (ConnectionClosed, AttributeError):
+                pass  # gone meanwhile (conn reset to None)
+
+    def _role_failed(self, record: RoleRecord) -> None:
+        """A role was lost or failed: what it means for the run (its own line is listed at the end)."""
+        kind_alive = self.roster.alive(record.kind)
+        restart = self.phase == Phase.RUNNING and self.roster.restart_left(record)
+        if restart:
+            log.warning(
+                "%s may come back: %d restart(s) left", record.name, self.cfg.cluster.max_restarts - record.restarts
+            )
+        if record.kind == "actor":
+            if self.phase <= Phase.RUNNING and not kind_alive:
+                if restart:  # the heartbeat monitor ends the run if none is back in time
+                    self.liveness.no_actor_since = asyncio.get_running_loop().time()
+                else:
+                    self.begin_stop("every actor is gone", failed=True)
+            return
+        if restart:
+            return
+        # Losing a learner or a memory host loses data or learning: end the run.
+        self.begin_stop(f"{record.name} {record.status}: {record.reason}", failed=True, role=record)
+
+    # ------------------------------------------------------------------ requests
+
+    async def _dispatch(self, record: RoleRecord, conn: Connection, msg: Message, fields: dict) -> asyncio.Task | None:
+        kind = msg.kind
+        if kind == "heartbeat":
+            self._heartbeat(record, fields)
+            await conn.reply(
+                msg,
+                meta={
+                    "phase": int(self.phase),
+                    "weights_version": self.weights_version,
+                    "env_steps": self.env_steps,
+                    "learner_steps": self.learner_steps,
+                    "episodes": self.counters.episodes,
+                },
+            )
+        elif kind == "run_state":  # learner 0 checkpointing: its own counters first, so they are exact
+            self._heartbeat(record, {"counters": fields.get("counters")})
+            await conn.reply(msg, meta=self.run_state())
+        elif kind == "wait_start":
+            return asyncio.create_task(self.requests.start(conn, msg), name=f"start for {record.name}")
+        elif kind == "publish":
+            await self.requests.publish(record, conn, msg)
+        elif kind == "get_weights":
+            return asyncio.create_task(self.requests.weights(conn, msg, fields), name=f"weights for {record.name}")
+        elif kind == "barrier":
+            return asyncio.create_task(
+                self.requests.barrier(record, conn, msg, fields), name=f"barrier for {record.name}"
+            )
+        elif kind == "work":
+            return asyncio.create_task(
+                self.requests.work_item(record, conn, msg, fields), name=f"work for {record.name}"
+            )
+        elif kind == "check_session":
+            if record.kind != "memory":
+                await conn.reply_error(msg, f"only memory hosts check sessions, not {record.name}")
+            else:
+                reason = self.check_session(fields["role"], fields["session"])
+                await conn.reply(msg, meta={"ok": reason is None, "reason": reason})
+        elif kind == "done":
+            self._heartbeat(record, fields)
+            stats = unpack_table(msg.arrays["stats"]) if "stats" in msg.arrays else fields.get("stats", {})
+            record.stats = any_map(stats, "done.stats")
+            if record.status == "running":
+                record.status = "done"
+                record.done_phase = self.phase.name
+                log.info("%s done in phase %s", record.name, self.phase.name)
+                self.roster.changed.set()
+            await conn.reply(msg)
+        elif kind == "fail":
+            reason = safe_text(fields.get("reason", "no reason given"), 1000)
+            self._mark(record, "failed", reason)
+            await conn.reply(msg)
+        elif kind == "stop":  # the role got a signal
+            self.interrupt(safe_text(fields.get("reason", "a signal")), record.name)
+            await conn.reply(msg)
+        else:
+            await reply_error(conn, msg, f"unknown control message {kind!r}")
+        return None
+
+    def _heartbeat(self, record: RoleRecord, fields: dict) -> None:
+        self.liveness.heard(record)
+        counters = fields.get("counters")
+        if counters:
+            self.counters.set_counters(record, counters)
+        metrics = fields.get("metrics")
+        if metrics:
+            record.metrics = metrics
+        evaluation = fields.get("evaluation")
+        if evaluation is not None and record.kind == "learner":
+            self.counters.add_evaluation(evaluation)
+        returns = fields.get("episode_returns")
+        if returns:
+            self.counters.add_episodes(returns, fields.get("episode_lengths", ()))
+        self._check_stop_criteria()
+
+    # ------------------------------------------------------------------ phases
+
+    async def broadcast(self, kind: str, meta: dict) -> None:
+        async def send(conn: Connection) -> None:
+            try:
+                await conn.send(kind, meta)
+            except ConnectionClosed:
+                pass
+
+        # The connections as they are now: gather starts each send a loop turn later, by when a
+        # role's connection may have closed (record.conn None: at 512 actors that crashed the
+        # coordinator in the phase change to STOPPING, bench/scale.py).
+        targets = [r.conn for r in self.roles.values() if r.conn is not None]
+        await asyncio.gather(*(send(conn) for conn in targets))
+
+    async def _set_phase(self, phase: Phase) -> None:
+        self.phases.enter(phase)
+        await self.params.wake()  # actors waiting for weights learn the run stopped
+        if phase > Phase.RUNNING:
+            for barrier in self.barriers.values():
+                barrier.abort(f"the run is {phase.name}")
+            self.requests.wake_work()
+        await self.broadcast("phase", {"phase": int(phase), "reason": self.stop_reason})
+
+    async def _wait_roles(self, kind: str | None, deadline_s: float, what: str) -> None:
+        """Wait until every live role of `kind` reported done; mark late ones failed."""
+        for record in await wait_done(self.roster, kind, deadline_s):
+            self._mark(record, "failed", f"missed the {what} deadline ({deadline_s:g} s)")
+            if record.conn is not None:
+                await self._send_exit(record, ok=False)
+
+    async def _send_exit(self, record: RoleRecord, ok: bool) -> None:
+        try:
+            await record.conn.send(
+                "exit",
+                {
+                    "ok": ok,
+                    "role_ok": record.status == "done",
+                    "reason": record.reason,
+                    "outcome": self.outcome,
+                    "signal": self.interrupted_by,
+                },
+            )
+        except ConnectionClosed:
+            pass
+
+    async def run(self) -> bool:
+        """Drive the phases of the run; return True when it ended cleanly."""
+        c = self.cfg.cluster
+        metrics_task = asyncio.create_task(self._metrics_loop())
+        monitor_task = asyncio.create_task(self._heartbeat_monitor())
+        lag_task = asyncio.create_task(self.lag_probe.run())
+        try:
+            try:
+                async with asyncio.timeout(c.start_timeout_s):
+                    await self.started.wait()
+            except TimeoutError:
+                missing = sorted(r.name for r in self.roles.values() if r.status != "running")
+                self.begin_stop(
+                    f"roles did not register within cluster.start_timeout_s "
+                    f"({c.start_timeout_s:g} s): {', '.join(missing)}",
+                    failed=True,
+                )
+                for record in self.roles.values():
+                    if record.status == "expected":
+                        self._mark(record, "lost", "never registered")
+            self.start_settled.set()
+            if not self.stop_event.is_set():
+                self.counters.t_running = time.time()
+                await self._set_phase(Phase.RUNNING)
+                try:
+                    async with asyncio.timeout(self.cfg.run.max_seconds):
+                        await self.stop_event.wait()
+                except TimeoutError:
+                    self.begin_stop(f"reached run.max_seconds ({self.cfg.run.max_seconds:g} s)")
+            for phase in (Phase.STOPPING, Phase.DRAINING, Phase.CLOSING):
+                await self._set_phase(phase)
+                await self._wait_roles(PHASE_OWNER[phase], c.phase_timeout_s, phase.name)
+            self.outcome, self.lost_restartable = settle_outcome(self.roster, self.stop)
+            ok = self.outcome != FAILED
+            self.phases.exited()
+            self.write_summary(ok)
+            for record in self.roles.values():
+                if record.conn is not None:
+                    await self._send_exit(record, ok)
+            return ok
+        finally:
+            metrics_task.cancel()
+            monitor_task.cancel()
+            lag_task.cancel()
+            await asyncio.gather(metrics_task, monitor_task, lag_task, *self._pushes, return_exceptions=True)
+            self._write_metrics_row()
+            self._metrics.close()
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Let roles read their exit message, then close every connection."""
+        conns = [r.conn for r in self.roles.values() if r.conn is not None]
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(conn.wait_closed() for conn in conns))
+        except TimeoutError:
+            pass
+        if self.server is not None:
+            await self.server.close()
+
+    async def _heartbeat_monitor(self) -> None:
+        while True:
+            now = await self.liveness.tick()
+            for record, reason, abort in self.liveness.verdicts(self.roles.values(), now, self.roster.rejoin_grace_s):
+                self._mark(record, "lost", reason)
+                if abort and record.conn is not None:
+                    record.conn.abort()
+            reason = self.liveness.actors_gone(now)
+            if reason is not None:
+                self.begin_stop(reason, failed=True)
+
+    # ------------------------------------------------------------------ reporting
+
+    def _write_metrics_row(self) -> None:
+        self.last_row = self.metrics_row()
+        try:
+            self._metrics.write(self.last_row)
+        except OSError as exc:  # a full disk or no file descriptor left must not end the run
+            self._log_housekeeping("could not write a metrics row: %s", exc)
+
+    async def _metrics_loop(self) -> None:
+        while True:
+            self._write_metrics_row()
+            await asyncio.sleep(self.cfg.run.metrics_interval_s)
+
+    def write_summary(self, ok: bool) -> None:
+        refusals = {
+            "registrations_refused": self.registrations_refused,
+            "bad_messages": self.bad_messages,
+            "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
+            "handshakes_failed": self.server.stats["handshake_failures"] if self.server else 0,
+        }
+        self.report.write_summary(self.run_dir, ok, self.outcome, self.lost_restartable, refusals)

@@ -1,0 +1,216 @@
+"""The actor side of the memory host: each actor connection's batches into
+replay, its fragments into the trajectory queue (IMPALA), its rollouts into
+the rounds (synchronous algorithms), and its account.
+
+Each actor connection is accounted on its own (batches, transitions, a
+sequence number from 0): a restarted actor's new connection starts again at
+0, and every transition accepted is counted in exactly one of them. Batch
+rows with a non-finite or negative priority are dropped and counted
+(``rows_rejected``), the rest of the batch is kept (in the frame layout, where
+the rows of a message share its frames, such rows are kept at priority 0).
+
+IMPALA's memories keep a bounded FIFO of whole fragments instead
+(`aiorl.runtime.fragments.FragmentHub`): actors send against credits this
+memory gives them (`aiorl.runtime.memory.flow`).
+
+For synchronous algorithms the memory gathers rounds (`aiorl.runtime.rounds`):
+exactly one rollout per iteration from each live actor assigned to it (actor
+i goes to memory i % memories), or every work item assigned to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from aiorl.replay import PrioritizedReplayBuffer
+from aiorl.replay.frames import FrameReplayBuffer
+from aiorl.runtime.memory.links import ActorLink
+from aiorl.runtime.messages import BadMessage
+from aiorl.runtime.phase import parse_role_name
+from aiorl.wire import Connection
+
+
+class ActorIngest:
+    """`MemoryRole`'s actor side, a mixin: it stores into the role's replay, queue or rounds and
+    counts on the role (`inserted`, `rows_rejected`), under the role's `flow` of credits."""
+
+    async def _serve_actor(self, conn: Connection, index: int) -> None:
+        link = ActorLink(conn.peer_name, conn)
+        self.actor_links.append(link)
+        if isinstance(self.replay, FrameReplayBuffer):
+            link.frames = self.replay.stream()  # frame ids start over with every connection
+        elif self.fragments is not None:
+            link.frames = self.fragments.stream()
+
+        def handle(msg, fields) -> None:
+            if msg.kind == "batch":
+                self._ingest(link, msg, fields)
+            elif msg.kind == "fragment":
+                self._ingest_fragment(link, index, msg, fields)
+            else:
+                self._ingest_rollout(link, index, msg, fields)
+
+        allowed = {"rollout"} if self.synchronous else {"fragment"} if self.fragments is not None else {"batch"}
+        sender = self.spawn(self.flow.send_credits(link), f"credits for {link.name}") if self.flow.limiter else None
+        self.flow.grant_actor_credits()
+        try:
+            link.done_meta = await self._read(conn, link.name, "actor_done", allowed, handle)
+        finally:
+            link.closed = True
+            if link.frames is not None:
+                link.frames.release()
+                link.frames = None
+            if sender is not None:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+            self.flow.actor_closed(link)
+            if link.done_meta is None:
+                self.log.warning("%s went away without finishing (%d batches received)", link.name, link.batches)
+            if self.synchronous:
+                self._actor_finished(index)
+            self.changed.fire()
+
+    def _ingest(self, link: ActorLink, msg, fields: dict) -> None:
+        seq = fields["seq"]
+        if seq != link.next_seq:
+            link.seq_errors += 1
+            self.log.error("%s batch seq %d, expected %d", link.name, seq, link.next_seq)
+        link.next_seq = seq + 1
+        arrays = dict(msg.arrays)
+        priorities = arrays.pop("priorities", None)
+        frames = {k: arrays.pop(k) for k in ("frames", "frames_lz4", "frame_ids") if k in arrays}
+        n = self.rows.rows("batch", arrays)
+        if priorities is not None and (priorities.dtype != np.float64 or priorities.shape != (n,)):
+            raise BadMessage(f"batch.priorities is {priorities.dtype}{list(priorities.shape)}, expected float64[{n}]")
+        if link.frames is not None:
+            self._add_frames(link, {**arrays, **frames}, priorities, n, fields)
+        elif frames:
+            raise BadMessage(f"batch carries {sorted(frames)}, but this run does not use the frame layout")
+        elif isinstance(self.replay, PrioritizedReplayBuffer):
+            n = self._add_prioritized(link, arrays, priorities, n)
+        else:
+            self.replay.add(arrays)
+        link.batches += 1
+        link.transitions += n
+        self.inserted += n
+        self.flow.inserted(link, n)
+        self.changed.fire()
+
+    def _ingest_fragment(self, link: ActorLink, actor_index: int, msg, fields: dict) -> None:
+        """One fragment per env, sent against a credit (the queue's room is counted in credits)."""
+        if link.credits < 1:
+            raise BadMessage(f"{link.name} sent a fragment message without a credit")
+        seq = fields["seq"]
+        if seq != link.next_seq:
+            link.seq_errors += 1
+            self.log.error("%s fragment message seq %d, expected %d", link.name, seq, link.next_seq)
+        link.next_seq = seq + 1
+        try:
+            self.fragments.ingest(
+                actor_index,
+                fields["weights_version"],
+                dict(msg.arrays),
+                stream=link.frames,
+                keep_from=fields.get("keep_from"),
+            )
+        except ValueError as exc:
+            raise BadMessage(f"{link.name}: {exc}") from None
+        n = self.fragments.num_envs * self.fragments.queue.steps
+        link.batches += 1
+        link.transitions += n
+        self.inserted += n
+        self.flow.inserted(link, n)  # with the credit checked above
+        self.changed.fire()
+
+    def _add_prioritized(self, link: ActorLink, arrays: dict, priorities, n: int) -> int:
+        """Add rows; rows with a non-finite or negative priority are dropped and counted
+        (one bad row must not cost the actor its connection). Returns the rows added."""
+        try:
+            self.replay.add(arrays, priorities)  # refuses the whole batch if a priority is bad
+            return n
+        except ValueError:
+            good = None if priorities is None else np.isfinite(priorities) & (priorities >= 0)
+            if good is None or good.all():
+                raise  # not the priorities: a bug of ours
+        bad = int(n - good.sum())
+        link.rows_rejected += bad
+        self.rows_rejected += bad
+        self._log_peer("%s: dropped %d of %d rows with a non-finite or negative priority", link.name, bad, n)
+        self.replay.add({k: v[good] for k, v in arrays.items()}, priorities[good])
+        return n - bad
+
+    def _add_frames(self, link: ActorLink, arrays: dict, priorities, n: int, fields: dict) -> None:
+        """Frame layout: every row stays (later messages of the stream lean on this one's
+        frames); a row with a non-finite or negative priority is stored at priority 0."""
+        if "keep_from" not in fields:
+            raise BadMessage("batch without its 'keep_from' field (the frame layout needs it)")
+        if priorities is not None:
+            good = np.isfinite(priorities) & (priorities >= 0)
+            if not good.all():
+                bad = int(n - good.sum())
+                link.rows_rejected += bad
+                self.rows_rejected += bad
+                self._log_peer(
+                    "%s: %d of %d rows with a non-finite or negative priority kept at priority 0", link.name, bad, n
+                )
+                priorities = np.where(good, priorities, 0.0)
+        try:  # nothing is stored if any part of the message is invalid
+            self.replay.add(arrays, priorities, stream=link.frames, keep_from=fields["keep_from"])
+        except ValueError as exc:
+            raise BadMessage(str(exc)) from None
+
+    def _ingest_rollout(self, link: ActorLink, actor_index: int, msg, fields: dict) -> None:
+        n = self.rows.rows("rollout", msg.arrays)
+        try:
+            outcome = self.rounds.add(actor_index, fields, dict(msg.arrays))
+        except ValueError as exc:
+            raise BadMessage(f"{link.name}: {exc}") from None
+        if outcome != "added":
+            self.log.debug("%s: ignored a %s part (%r)", link.name, outcome, fields)
+            return
+        link.batches += 1
+        link.next_seq += 1
+        link.transitions += n
+        self.inserted += n
+        self.changed.fire()
+
+    def _actor_finished(self, actor_index: int) -> None:
+        """Actor `actor_index` will send nothing more here (done, connection gone, or lost)."""
+        if actor_index in self.finished_actors:
+            return
+        self.finished_actors.add(actor_index)
+        self.rounds.drop_actor(actor_index)
+        if len(self.finished_actors) == self.cfg.cluster.actors:
+            self.rounds.finalize()
+        self.changed.fire()
+
+    def on_role_lost(self, name: str) -> None:
+        """The coordinator declared `name` lost or failed: a hung actor's rollouts are not waited for."""
+        kind, index = parse_role_name(name)  # checked as a name; the coordinator only sends role names
+        if kind != "actor" or not 0 <= index < self.cfg.cluster.actors:
+            return
+        for link in self.actor_links:
+            if link.name == name and not link.closed:
+                link.conn.abort()  # its reader ends and finishes the actor
+        if self.synchronous:
+            self._actor_finished(index)
+
+    def _actor_stats(self) -> dict:
+        """Per actor: totals over its connections, the last one's sequence state, and each connection."""
+        by_name: dict[str, list[ActorLink]] = {}
+        for link in self.actor_links:
+            by_name.setdefault(link.name, []).append(link)
+        return {
+            name: {
+                "batches": sum(l.batches for l in links),
+                "transitions": sum(l.transitions for l in links),
+                "next_seq": links[-1].next_seq,
+                "seq_errors": sum(l.seq_errors for l in links),
+                "rows_rejected": sum(l.rows_rejected for l in links),
+                "finished": links[-1].done_meta is not None,
+                "connections": [l.stats() for l in links],
+            }
+            for name, links in by_name.items()
+        }
