@@ -1,7 +1,7 @@
 """A run directory written by an earlier aiorl still evaluates and resumes.
 
 tests/fixtures/run_before_layout is a whole run directory as aiorl wrote it before its
-modules moved into packages (commit 6486f22): Ape-X DQN on CartPole-v1 with a 16-unit
+modules moved into packages (commit 2206e43): Ape-X DQN on CartPole-v1 with a 16-unit
 network, 400 learner steps, its final checkpoint, the exported final and best policies,
 metrics and summary. Nothing in a run directory names a module, so it must keep working.
 """
