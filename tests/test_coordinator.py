@@ -9,6 +9,8 @@ import pytest
 
 from aiorl.experiment.loading import load_config
 from aiorl.runtime.coordinator import Coordinator
+from aiorl.runtime.coordinator.liveness import Liveness
+from aiorl.runtime.coordinator.roster import RoleRecord
 from aiorl.runtime.phase import Phase
 from aiorl.wire import RemoteError, connect, generate_token
 
@@ -81,6 +83,30 @@ async def test_registration_refuses_unknown_duplicate_mismatched_and_late_roles(
     assert roles["learner-0"].status == roles["memory-0"].status == "lost"
     assert roles["learner-0"].reason == "never registered"
     assert roles["actor-0"].status == "failed" and "missed the STOPPING deadline" in roles["actor-0"].reason
+
+
+async def test_a_stall_between_two_wake_ups_of_the_monitor_is_granted_too():
+    """The stall lands after the monitor woke and before it sleeps again (while it judges, or in
+    a callback the loop runs next): its next wake-up is late by as much, and that is granted, so a
+    role heard at the first wake-up is not lost at the second. A stall outside the monitor's own
+    sleep, unseen, once lost every role of a CI run."""
+    cfg = load_config(
+        data={"algo": "random_agent", "cluster": {"heartbeat_interval_s": 0.05, "heartbeat_timeout_s": 1.0}}
+    )
+    liveness = Liveness(cfg)
+    record = RoleRecord(name="actor-0", kind="actor", index=0)
+    record.status = "running"
+    await liveness.tick()
+    liveness.heard(record)
+    time.sleep(1.4)  # the stall itself, outside the monitor's sleep
+    now = await liveness.tick()
+    assert liveness.stalled_s >= 1.3 and liveness.loop_lag_max_s >= 1.3  # the stall less one interval
+    assert liveness.verdicts([record], now, rejoin_grace_s=5.0) == []
+    # Silent on while the monitor itself is on time: lost.
+    async with asyncio.timeout(HANG_S):
+        while not liveness.verdicts([record], now, rejoin_grace_s=5.0):
+            now = await liveness.tick()
+    assert liveness.silence_s(record, now) > 1.0
 
 
 async def test_a_stall_of_the_coordinators_own_loop_is_granted_to_silent_roles_then_they_are_lost(tmp_path):

@@ -7,6 +7,7 @@ Each is a plausible bug; the tests named with it must fail on it. Run them with
 CLUSTER = "tests/test_cluster.py::test_2x2x2_run_reaches_schedule_loses_nothing_and_leaves_no_process"
 OPTIONS = "tests/test_cluster_options.py::test_uniform_replay_credits_snapshots_and_env_options"
 BETA = "tests/test_cluster_options.py::test_beta_anneals_to_its_final_value_and_sync_interval_spaces_weight_pulls"
+STALL_BETWEEN = "tests/test_coordinator.py::test_a_stall_between_two_wake_ups_of_the_monitor_is_granted_too"
 STALL = "tests/test_cluster_faults.py::test_silence_is_judged_against_the_coordinators_own_stalls"
 # The grace on its own (in a real run, reading the queued heartbeats first often saves the roles too).
 STALL_GRACE = (
@@ -87,6 +88,13 @@ MUTANTS = [
         old="self.stalled_s += lag",
         new="self.stalled_s += 0.0",
         tests=[STALL_GRACE, STALL],
+    ),
+    dict(
+        name="stall_between_wake_ups_not_seen",
+        path="aiorl/runtime/coordinator/liveness.py",
+        old="expected = self._woke + interval",
+        new="expected = loop.time() + interval",
+        tests=[STALL_BETWEEN],
     ),
     dict(
         name="silent_role_never_lost",

@@ -23,6 +23,7 @@ class Liveness:
         self.stalled_s = 0.0  # how long the coordinator's own loop was stalled, in total
         self.lag_probe = LoopLagProbe()  # its loop's lateness, finer than the heartbeat monitor's
         self.no_actor_since: float | None = None  # loop time the last live actor was lost
+        self._woke: float | None = None  # loop time the monitor last woke up
 
     def heard(self, record: RoleRecord) -> None:
         """`record` spoke (registered or heartbeat) now."""
@@ -34,19 +35,29 @@ class Liveness:
         return now - record.last_heartbeat - (self.stalled_s - record.stall_at_heartbeat_s)
 
     async def tick(self) -> float:
-        """Sleep one heartbeat interval; grant the loop's lateness as a stall; return the loop time."""
+        """Sleep until one heartbeat interval after the last wake-up; grant the lateness as a stall;
+        return the loop time of this wake-up, the time the roles are judged at."""
         loop = asyncio.get_running_loop()
-        expected = loop.time() + self.cfg.cluster.heartbeat_interval_s
-        await asyncio.sleep(self.cfg.cluster.heartbeat_interval_s)
-        lag = max(0.0, loop.time() - expected)
+        interval = self.cfg.cluster.heartbeat_interval_s
+        if self._woke is None:
+            self._woke = loop.time()
+        # The interval runs from the last wake-up, not from this call: a stall between the two
+        # (while judging, or in a callback the loop ran before this one) makes this wake-up late
+        # too, and is granted like a stall during the sleep.
+        expected = self._woke + interval
+        await asyncio.sleep(max(0.0, expected - loop.time()))
+        now = loop.time()
+        lag = max(0.0, now - expected)
         self.loop_lag_max_s = max(self.loop_lag_max_s, lag)
+        self._woke = now
         if lag > 0:
             # The stall is granted as grace, and the heartbeats that queued up
             # during it are read before anyone is judged: after a stall this
             # timer can fire before the loop has run the readers of the sockets.
+            # Those read after `now` only make a role's silence shorter.
             self.stalled_s += lag
             await asyncio.sleep(0)
-        return loop.time()
+        return now
 
     def verdicts(self, records, now: float, rejoin_grace_s: float) -> list[tuple[RoleRecord, str, bool]]:
         """(record, why it is lost, whether to abort its connection) for every role given up now."""
