@@ -87,6 +87,16 @@ class ESConfig:
         default=False,
     )
     obs_norm_clip: float = doc("Clip normalized observations to +-this.", default=5.0)
+    obs_norm_std_floor: float = doc(
+        "Smallest std a feature is normalized by (OpenAI's ES: 0.1): a near-constant feature is not "
+        "scaled into the clip.",
+        default=0.1,
+    )
+    episode_step_cap: int = doc(
+        "Most steps of one episode of a work item, where the env has not ended it (an env without "
+        "a time limit would hold its work item for ever).",
+        default=10_000,
+    )
     torch_threads: int = doc("torch intra-op threads of the learner.", default=1)
 
 
@@ -289,7 +299,7 @@ class ESActor(ActorPolicy):
             obs, reward, terminated, truncated, _ = self.env.step(action)
             total += float(reward)
             length += 1
-            done = terminated or truncated
+            done = terminated or truncated or length >= self.m.episode_step_cap
         return total, length
 
     def run_work(self, iteration, item):
@@ -431,6 +441,10 @@ class ES(Algorithm):
                 raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)}")
         if m.weight_decay < 0:
             raise ConfigError(f"model.weight_decay: must be >= 0, got {m.weight_decay}")
+        if m.obs_norm_std_floor < 0:
+            raise ConfigError(f"model.obs_norm_std_floor: must be >= 0, got {m.obs_norm_std_floor}")
+        if m.episode_step_cap < 1:
+            raise ConfigError(f"model.episode_step_cap: must be at least 1, got {m.episode_step_cap}")
         if c.learners != 1:
             raise ConfigError(
                 f"cluster.learners: es combines every result on one learner, got {c.learners} "
@@ -475,6 +489,7 @@ class ES(Algorithm):
             critic=False,
             obs_norm=self.obs_norm,
             obs_norm_clip=self.cfg.model.obs_norm_clip,
+            obs_norm_std_floor=self.cfg.model.obs_norm_std_floor,
             learn_std=False,
         )
 

@@ -49,6 +49,7 @@ def _run_role(cfg, kind: str, index: int) -> int:
         return run_role(cfg, kind, index, run_dir, console=True)
 
     run_dir = role_run_dir(cfg.run.dir, cfg.algo, cfg.env.id)
+    by_hand.check_launched(run_dir)
     by_hand.check_role(cfg, kind, index, run_dir)
     return run_role(cfg, kind, index, run_dir)
 

@@ -122,6 +122,10 @@ def check_agent_and_run(cfg: Config) -> None:
     )
     _check(a.sync_interval >= 1, f"agent.sync_interval: must be at least 1, got {a.sync_interval}")
     _check(a.publish_interval >= 1, f"agent.publish_interval: must be at least 1, got {a.publish_interval}")
+    _check(
+        0 <= r.seed <= 2**32 - 1,
+        f"run.seed: expected 0 to 2**32 - 1 (every role derives its seeds from it), got {r.seed}",
+    )
     _check(r.max_seconds is None or r.max_seconds > 0, f"run.max_seconds: must be > 0, got {r.max_seconds}")
     _check(r.metrics_interval_s > 0, f"run.metrics_interval_s: must be > 0, got {r.metrics_interval_s}")
     _check(

@@ -24,8 +24,9 @@ def custom_env(env_id: str) -> str | gym.envs.registration.EnvSpec:
     ``Name`` with Gymnasium, else a spec whose entry point is ``module.Name`` (an Env class or
     a function returning an env).
 
-    The module is looked up on sys.path and, as ``python -m`` would, in the current directory
-    (the `aiorl` script does not put it there; role processes inherit the launcher's directory).
+    The module is looked up on sys.path and in the current directory, which is appended after
+    every installed package: it can add the user's module, never shadow a package (role
+    processes start with ``-P`` and inherit the launcher's directory).
     """
     import importlib
     import os

@@ -27,12 +27,30 @@ from pathlib import Path
 
 from aiorl.config import Config, ConfigError
 from aiorl.experiment.loading import load_config
-from aiorl.io.rundir import ENV_LAUNCH_ID, OWNER_FILE, RunDirError, default_path, make_run_dir
+from aiorl.io.rundir import ENV_LAUNCH_ID, OWNER_FILE, Identity, RunDirError, default_path, make_run_dir, read_json
 from aiorl.runtime.phase import role_name
 
 
 def started_by_hand(environ=os.environ) -> bool:
     return not environ.get(ENV_LAUNCH_ID)
+
+
+def check_launched(run_dir: Path, environ=os.environ) -> None:
+    """A role that says a launcher started it (its identity in the environment) writes into
+    `run_dir` only if that directory's own record names this launch as its newest (RunDirError
+    otherwise): the environment alone is anybody's to set. A directory without a record (a
+    Ray node's own, where the run directory is not shared) is the role's to make."""
+    owner = read_json(run_dir / OWNER_FILE)
+    if owner is None:
+        return
+    identity = Identity.from_env(environ)
+    attempts = owner.get("attempts") or [{}]
+    if owner.get("run_id") != identity.run_id or attempts[-1].get("launch_id") != identity.launch_id:
+        raise RunDirError(
+            f"run directory {run_dir} belongs to launch {attempts[-1].get('launch_id')} of run "
+            f"{owner.get('run_id')} ({OWNER_FILE}), not to the launch this role names ({ENV_LAUNCH_ID}="
+            f"{identity.launch_id}); a role started by hand needs a run.dir of its own"
+        )
 
 
 def run_dir_path(cfg: Config, kind: str, index: int) -> Path:

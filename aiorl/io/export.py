@@ -23,9 +23,12 @@ import json
 import logging
 import os
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from aiorl.io.policy_archive import check_policy_archive
 
 log = logging.getLogger("aiorl.export")
 
@@ -115,6 +118,12 @@ def load_policy_file(path: str | Path):
     if not path.is_file():
         raise PolicyFileError(f"no exported policy at {path}; learner 0 exports it when a run shuts down")
     if path.suffix == ".pt2":
+        try:
+            check_policy_archive(path)
+        except ValueError as exc:
+            if not zipfile.is_zipfile(path):
+                raise PolicyFileError(f"{path} is not a torch.export policy ({exc})") from None
+            raise PolicyFileError(f"{path} is refused, nothing of it was run: {exc}") from None
         try:
             return torch.export.load(str(path)).module()
         except Exception as exc:  # a torn, foreign or garbage file: torch raises many types

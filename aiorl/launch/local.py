@@ -112,7 +112,10 @@ class LocalLauncher:
 
     def _role_args(self, kind: str, index: int) -> list[str]:
         """The arguments after ``python`` that start one role process (the Ray launcher's too)."""
-        args = ["-m", "aiorl", "run", str(self.config_path), "--role", kind, "--index", str(index)]
+        # -P: nothing from the launcher's working directory is imported by accident (a directory
+        # another user can write may hold an aiorl/ or a numpy.py); module:Env ids still load
+        # from it, through the path aiorl.envs.gym adds for them alone.
+        args = ["-P", "-m", "aiorl", "run", str(self.config_path), "--role", kind, "--index", str(index)]
         if self.port is not None:
             args += ["--set", f"cluster.port={self.port}"]
         return args

@@ -66,6 +66,7 @@ class EvalWorker:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
+                "-P",  # nothing from the working directory (see aiorl.launch.local)
                 "-m",
                 "aiorl.evaluation.worker",
                 "--parent",

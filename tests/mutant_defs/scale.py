@@ -11,8 +11,8 @@ MUTANTS = [
     dict(
         name="totals-not-kept-on-heartbeat",
         path="aiorl/runtime/coordinator/service.py",
-        old="            self.counters.set_counters(record, counters)",
-        new="            record.counters = counters",
+        old="            self.counters.set_counters(record, accepted)",
+        new="            record.counters = accepted",
         tests=["tests/test_scale.py::test_run_totals_follow_each_roles_counters_through_a_restart"],
     ),
     dict(

@@ -59,14 +59,18 @@ class ObsNormalizer(nn.Module):
 
     ``count``, ``mean`` and ``var`` (float64) are the running statistics;
     ``shift`` and ``scale`` (float32) are what `forward` uses, refreshed by
-    `update`. Disabled (``size == 0``) it only converts to float32.
+    `update`; ``std_floor`` bounds the scale (the std used is at least it). Disabled
+    (``size == 0``) it only converts to float32.
     """
 
-    def __init__(self, size: int, clip: float = 10.0, eps: float = 1e-8):
+    def __init__(self, size: int, clip: float = 10.0, eps: float = 1e-8, std_floor: float = 0.0):
         super().__init__()
         self.enabled = size > 0
         self.clip = float(clip)
         self.eps = float(eps)
+        # A feature that barely varies is scaled by at most 1 / std_floor: else 1 / sqrt(eps)
+        # multiplies its tiny wobbles into the clip (OpenAI's ES floors its std at 0.1).
+        self.std_floor = float(std_floor)
         n = max(size, 1)
         # A tiny prior count: the first update is, in effect, the first batch's statistics.
         self.register_buffer("count", torch.full((1,), 1e-4, dtype=torch.float64))
@@ -98,7 +102,8 @@ class ObsNormalizer(nn.Module):
         self.mean.copy_(torch.from_numpy(mean))
         self.var.copy_(torch.from_numpy(m2 / n))
         self.shift.copy_(self.mean.to(torch.float32))
-        self.scale.copy_((1.0 / torch.sqrt(self.var + self.eps)).to(torch.float32))
+        std = torch.sqrt(self.var + self.eps).clamp(min=self.std_floor)
+        self.scale.copy_((1.0 / std).to(torch.float32))
 
 
 def obs_norm_size(space: gym.Space, key: str) -> int:
@@ -309,12 +314,13 @@ class ActorCritic(nn.Module):
         critic: bool = True,
         obs_norm: int = 0,
         obs_norm_clip: float = 10.0,
+        obs_norm_std_floor: float = 0.0,
         log_std_init: float = 0.0,
         learn_std: bool = True,
         sde_sample_freq: int | None = None,
     ):
         super().__init__()
-        self.normalizer = ObsNormalizer(obs_norm, obs_norm_clip)
+        self.normalizer = ObsNormalizer(obs_norm, obs_norm_clip, std_floor=obs_norm_std_floor)
         self.pi_torso = Torso(obs_space, layers)
         self.v_torso = Torso(obs_space, layers) if critic and not shared else None
         self.head = make_head(self.pi_torso.features, action_space, log_std_init, learn_std, sde_sample_freq)

@@ -23,6 +23,35 @@ from aiorl.runtime.evaluator import evaluation_on
 log = logging.getLogger("aiorl.coordinator")
 
 COUNTERS = ("env_steps", "learner_steps")
+# Each counter comes only from the role kind that owns it.
+OWNERS = {"env_steps": "actor", "learner_steps": "learner"}
+# The most a role's counter can grow per second of the coordinator's time, plus a step's worth:
+# far above any real role (a vectorized ALE actor makes ~50k env steps/s, a small learner a few
+# thousand steps/s), far below a forged total (10**12 learner steps in one heartbeat).
+MAX_GROWTH_PER_S = {"env_steps": 10_000_000, "learner_steps": 100_000}
+MAX_GROWTH = {"env_steps": 1_000_000, "learner_steps": 10_000}
+
+
+def owned_counters(record: RoleRecord, counters: dict, now: float) -> tuple[dict, list[str]]:
+    """`record`'s counters with what `counters` may change of them: only the keys its kind owns,
+    only growing, by a plausible amount since they were last accepted; and why the rest was
+    refused. The counters accepted are stamped `now` (loop time)."""
+    accepted, refused = dict(record.counters), []
+    dt = max(0.0, now - record.counters_time)
+    for key, value in counters.items():
+        owner = OWNERS.get(key)
+        old = record.counters.get(key, 0)
+        if owner != record.kind:
+            refused.append(f"{key}: only {owner or 'no role'}s count it, not {record.name}")
+        elif value < old:
+            refused.append(f"{key}: went down from {old} to {value}")
+        elif value - old > MAX_GROWTH[key] + MAX_GROWTH_PER_S[key] * dt:
+            refused.append(f"{key}: grew by {value - old} in {dt:.1f} s, more than a role can")
+        else:
+            accepted[key] = value
+    if not refused:  # a refused burst is judged again against the time since the last accepted
+        record.counters_time = now
+    return accepted, refused
 
 
 class RunCounters:

@@ -51,6 +51,7 @@ class RoleRecord:
     restarts: int = 0
     retired: dict[str, int] = field(default_factory=dict)  # counters of its earlier incarnations
     disconnected_at: float | None = None
+    counters_time: float = 0.0  # loop time its counters were last accepted (or it registered)
 
     @property
     def live(self) -> bool:

@@ -30,7 +30,7 @@ from aiorl.io.metrics import MetricsWriter
 from aiorl.io.rundir import Identity
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import build_algorithm
-from aiorl.runtime.coordinator.counters import RunCounters, Stop, stop_criterion
+from aiorl.runtime.coordinator.counters import RunCounters, Stop, owned_counters, stop_criterion
 from aiorl.runtime.coordinator.liveness import Liveness
 from aiorl.runtime.coordinator.params import ParameterStore
 from aiorl.runtime.coordinator.phases import PhaseClock, settle_outcome, wait_done
@@ -100,8 +100,10 @@ class Coordinator:
         self.last_row: dict = {}
         self.outcome: str | None = None
         self.registrations_refused = 0
+        self.counters_refused = 0
         self.bad_messages = 0
         self._log_refusal = RateLimitedLog(log, logging.WARNING, burst=10, per_s=0.5)
+        self._log_bad = RateLimitedLog(log, logging.ERROR, burst=10, per_s=0.5)
         self._log_housekeeping = RateLimitedLog(log, logging.ERROR, burst=5, per_s=0.1)
 
     def __repr__(self) -> str:
@@ -257,7 +259,7 @@ class Coordinator:
             if record is None:
                 self._log_refusal("closing the connection of %s from %s: %s", who, conn.peer, exc)
             else:
-                log.error("closing the connection of %s: bad message: %s", who, exc)
+                self._log_bad("closing the connection of %s: bad message: %s", who, exc)
             conn.abort()
         finally:
             for waiter in list(waiters):
@@ -278,6 +280,8 @@ class Coordinator:
         incarnation = meta.get("incarnation", "")
         record = self.roles.get(name)
         reason = self.roster.unknown_role(name)
+        if reason is None and name != conn.peer_name:  # the name the token holder proved, not one it claims
+            reason = f"{conn.peer_name} cannot register as {name}: a role registers under the name it connected with"
         if reason is None and meta.get("config_hash") != self.config_hash:
             reason = (
                 f"config hash mismatch: {name} runs config {meta.get('config_hash')}, the coordinator "
@@ -311,6 +315,7 @@ class Coordinator:
         if name == "learner-0" and meta.get("rendezvous"):
             self.requests.rendezvous = meta["rendezvous"]  # learner 0 listens there (aiorl.runtime.rendezvous)
         self.liveness.heard(record)
+        record.counters_time = asyncio.get_running_loop().time()
         record.disconnected_at = None
         if admission == "restart":
             self.roster.restarted(record, incarnation)
@@ -434,6 +439,9 @@ class Coordinator:
                 },
             )
         elif kind == "run_state":  # learner 0 checkpointing: its own counters first, so they are exact
+            if record.name != "learner-0":
+                await reply_error(conn, msg, f"only learner-0 checkpoints the run, not {record.name}")
+                return None
             self._heartbeat(record, {"counters": fields.get("counters")})
             await conn.reply(msg, meta=self.run_state())
         elif kind == "wait_start":
@@ -478,18 +486,23 @@ class Coordinator:
         return None
 
     def _heartbeat(self, record: RoleRecord, fields: dict) -> None:
+        """A role's report (heartbeat, done, run_state): each value only from the role that owns it."""
         self.liveness.heard(record)
         counters = fields.get("counters")
         if counters:
-            self.counters.set_counters(record, counters)
+            accepted, refused = owned_counters(record, counters, asyncio.get_running_loop().time())
+            if refused:
+                self.counters_refused += len(refused)
+                self._log_refusal("refused counters of %s: %s", record.name, "; ".join(refused))
+            self.counters.set_counters(record, accepted)
         metrics = fields.get("metrics")
         if metrics:
             record.metrics = metrics
         evaluation = fields.get("evaluation")
-        if evaluation is not None and record.kind == "learner":
+        if evaluation is not None and record.name == "learner-0":
             self.counters.add_evaluation(evaluation)
         returns = fields.get("episode_returns")
-        if returns:
+        if returns and record.kind == "actor":
             self.counters.add_episodes(returns, fields.get("episode_lengths", ()))
         self._check_stop_criteria()
 
@@ -626,6 +639,7 @@ class Coordinator:
     def write_summary(self, ok: bool) -> None:
         refusals = {
             "registrations_refused": self.registrations_refused,
+            "counters_refused": self.counters_refused,
             "bad_messages": self.bad_messages,
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
             "handshakes_failed": self.server.stats["handshake_failures"] if self.server else 0,

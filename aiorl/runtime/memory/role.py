@@ -80,6 +80,8 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         self.rows_rejected = 0
         self.bad_messages = 0  # connections closed for a message that broke the protocol
         self._log_peer = RateLimitedLog(self.log, logging.WARNING, burst=10, per_s=0.5)
+        # Bad input from a peer that authenticated: every one is counted, the lines are bounded.
+        self._log_bad = RateLimitedLog(self.log, logging.ERROR, burst=10, per_s=0.5)
 
     def advertised_address(self):
         return (self.cfg.cluster.advertise_host or self.coordinator_address()[0], self.server.port)
@@ -274,7 +276,7 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
             pass
         except BadMessage as exc:
             self.bad_messages += 1
-            self.log.error("closing connection of %s: bad message: %s", name, exc)
+            self._log_bad("closing connection of %s: bad message: %s", name, exc)
             conn.abort()
         return None
 
