@@ -237,6 +237,25 @@ class Algorithm:
     def transition_spec(self) -> Spec:
         raise NotImplementedError
 
+    def value_bounds(self) -> dict[str, tuple[int, int]]:
+        """Inclusive bounds of the transition spec's integer fields that index something, which a
+        memory host holds every row to (`aiorl.runtime.messages.RowSpec.bad_rows`; float fields
+        must be finite, with no entry here). By default a Discrete action space's actions and a
+        Discrete observation space's observations; an algorithm adds its own indices (ES)."""
+        spec = self.transition_spec()
+        bounds = {}
+        for fields, space in (
+            (("action",), self.env_spec.action_space),
+            (self.observation_fields, self.env_spec.observation_space),
+        ):
+            if not hasattr(space, "n"):  # not Discrete
+                continue
+            start = int(getattr(space, "start", 0))
+            for name in fields:
+                if name in spec and np.dtype(spec[name][1]).kind in "iu":
+                    bounds[name] = (start, start + int(space.n) - 1)
+        return bounds
+
     def max_batch_rows(self) -> int:
         """Most rows one actor batch (or synchronous rollout) can hold; bounds an actor's frames.
 
