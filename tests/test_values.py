@@ -92,17 +92,18 @@ async def test_actions_outside_the_discrete_space_are_dropped_counted_and_the_co
     assert lines(caplog, f"actor-0: dropped 3 of 6 rows {DROPPED}")
 
 
+@pytest.mark.parametrize("bad", [(np.nan, np.inf, -np.inf), (np.inf, -np.inf, np.inf)], ids=["nan", "infinities"])
 @pytest.mark.parametrize(
     "cluster, field",
     [((), "obs"), ((), "reward"), ((), "next_obs"), ((), "discount"), (("env.id=Pendulum-v1",), "action")],
     indirect=["cluster"],
 )
-async def test_non_finite_floats_are_dropped_and_counted(cluster, field):
+async def test_non_finite_floats_are_dropped_and_counted(cluster, field, bad):
     m = cluster
     actor = await m.attach("actor-0", m.actor_session)
     rows = rows_of(spec_of(m), 5)
     flat = rows[field].reshape(5, -1)
-    flat[1, 0], flat[2, -1], flat[4, 0] = np.nan, np.inf, -np.inf
+    flat[1, 0], flat[2, -1], flat[4, 0] = bad
     await actor.send("batch", {"actor": 0, "seq": 0}, {**rows, "priorities": np.ones(5)})
     await m.until(lambda: m.memory.inserted == 2, "the two finite rows")
     assert m.memory.rows_rejected == 3 and not actor.closed

@@ -96,7 +96,7 @@ class ActorIngest:
             self._reject(link, n - int(keep.sum()), n, "dropped", "with a value out of range or not finite")
             arrays = {k: v[keep] for k, v in arrays.items()}
             priorities = None if priorities is None else priorities[keep]
-            n = len(priorities) if priorities is not None else int(keep.sum())
+            n = int(keep.sum())
         if link.frames is not None:
             self._add_frames(link, {**arrays, **frames}, priorities, n, fields)
         elif frames:
