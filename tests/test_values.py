@@ -89,7 +89,7 @@ async def test_actions_outside_the_discrete_space_are_dropped_counted_and_the_co
     assert len(m.memory.replay) == 5
     sampled = m.memory.replay.sample(64, 0.4) if m.cfg.agent.prioritized_replay else m.memory.replay.sample(64)
     assert set(np.unique(sampled["action"])) <= {0, 1}
-    assert lines(caplog, f"actor-0: dropped 3 of 6 rows {DROPPED}")
+    assert lines(caplog, f"actor-0: dropped 3 of 6 rows {DROPPED} (in action)")
 
 
 @pytest.mark.parametrize("bad", [(np.nan, np.inf, -np.inf), (np.inf, -np.inf, np.inf)], ids=["nan", "infinities"])
@@ -176,6 +176,8 @@ async def test_fragments_with_bad_values_or_an_unpublished_version_are_dropped(c
     batch, _ = m.memory.fragments.take()
     assert np.isfinite(batch["behaviour_logits"]).all() and set(np.unique(batch["action"])) <= {0, 1}
     assert lines(caplog, f"actor-0: dropped {2 * T} of {2 * T} rows acted with weights version 1, not yet published")
+    assert lines(caplog, f"actor-0: dropped {T} of {2 * T} rows {DROPPED} (in behaviour_logits)")
+    assert lines(caplog, f"actor-0: dropped {T} of {2 * T} rows {DROPPED} (in obs, reward)")
 
 
 async def test_a_memory_host_that_has_not_heard_of_a_version_asks_before_it_drops(tmp_path, caplog):

@@ -110,18 +110,20 @@ class FragmentHub:
         keep_from: int | None = None,
         values=None,
         drop_all: bool = False,
-    ) -> int:
+    ) -> tuple[int, list[str]]:
         """A fragment message (its credit checked by the caller): one fragment per env, checked
         whole, then queued but for the fragments holding a value `values` refuses (a `RowSpec`'s
-        `bad_rows`), or all of them with `drop_all`. Returns how many were left out. Frames are
-        kept whatever is left out: the actor's later messages lean on them."""
+        `bad_rows`), or all of them with `drop_all`. Returns how many were left out, and the
+        fields `values` refused. Frames are kept whatever is left out: the actor's later
+        messages lean on them."""
         frame_keys = ("frames", "frames_lz4", "frame_ids")
         frames = isinstance(self.queue, FrameTrajectoryQueue)
         rows = {k: v for k, v in arrays.items() if k not in frame_keys} if frames else arrays
         n = self.queue.check(rows)
         if n != self.num_envs:
             raise ValueError(f"a fragment message holds one fragment per env ({self.num_envs}), got {n}")
-        bad = np.ones(n, np.bool_) if drop_all else values.bad_rows(rows) if values is not None else None
+        found = None if drop_all or values is None else values.bad_rows(rows)
+        bad, fields = (np.ones(n, np.bool_), []) if drop_all else found or (None, [])
         envs = None
         if bad is not None:
             envs = np.flatnonzero(~bad)
@@ -137,7 +139,7 @@ class FragmentHub:
             raise ValueError(str(exc)) from None
         self.messages += 1
         self._drop_stale()
-        return 0 if bad is None else int(bad.sum())
+        return (0 if bad is None else int(bad.sum())), fields
 
     def saw_version(self, version: int) -> None:
         """A weights version exists (a learner's credit, a heartbeat): older fragments may be stale now."""

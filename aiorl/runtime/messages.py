@@ -244,7 +244,7 @@ def check(kind: str, meta: Mapping[str, Any], allowed: frozenset[str] | set[str]
 class RowSpec:
     """Checks that a batch holds exactly a spec's fields (plus optional 1-d `extra` ones),
     each ``[n, *row_shape]`` in the spec's dtype, with one n (`rows`), and which of its rows
-    hold a value no learner may get (`bad_rows`). Built once per spec: the checks run for
+    hold a value no learner may get, in which fields (`bad_rows`). Built once per spec: the checks run for
     every batch a memory host receives.
 
     `bounds`: inclusive ``(lo, hi)`` of integer fields that index something (a Discrete action,
@@ -269,11 +269,12 @@ class RowSpec:
             if name in self.fields and self.fields[name][0].kind in "iu":
                 self.values[name] = (int(lo), int(hi))
 
-    def bad_rows(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    def bad_rows(self, arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[str]] | None:
         """A mask of the rows (first axis) holding a non-finite float or an integer out of its
-        bounds; None when no row does. Call it on arrays `rows` (or the trajectory queue) checked:
-        fields it does not know are ignored."""
+        bounds, and the fields that hold them; None when no row does. Call it on arrays `rows`
+        (or the trajectory queue) checked: fields it does not know are ignored."""
         bad = None
+        fields = []
         for field, limits in self.values.items():
             array = arrays.get(field)
             if array is None or array.size == 0:
@@ -290,7 +291,8 @@ class RowSpec:
                 flat = array.reshape(len(array), -1)
                 rows = ((flat < limits[0]) | (flat > limits[1])).any(axis=1)
             bad = rows if bad is None else bad | rows
-        return bad
+            fields.append(field)
+        return None if bad is None else (bad, fields)
 
     def rows(self, kind: str, arrays: Mapping[str, np.ndarray]) -> int:
         """The batch's row count n; BadMessage if it does not match."""

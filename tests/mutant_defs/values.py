@@ -36,8 +36,8 @@ MUTANTS = [
     dict(
         name="batch-rows-kept-whatever-their-values",
         path="aiorl/runtime/memory/ingest.py",
-        old='expected float64[{n}]")\n        bad = self.rows.bad_rows(arrays)',
-        new='expected float64[{n}]")\n        bad = None',
+        old="        keep = self._good_values(link, arrays, n)\n        if keep is not None:\n",
+        new="        keep = None\n        if keep is not None:\n",
         tests=[ACTIONS, FLOATS],
     ),
     dict(
@@ -57,8 +57,8 @@ MUTANTS = [
     dict(
         name="rollout-rows-kept-whatever-their-values",
         path="aiorl/runtime/memory/ingest.py",
-        old="        bad = self.rows.bad_rows(arrays)\n        if bad is not None:  # the part still counts",
-        new="        bad = None\n        if bad is not None:  # the part still counts",
+        old="        keep = self._good_values(link, arrays, n)\n        if keep is not None:  # the part",
+        new="        keep = None\n        if keep is not None:  # the part",
         tests=[ES],
     ),
     dict(
@@ -78,8 +78,8 @@ MUTANTS = [
     dict(
         name="fragment-values-unchecked",
         path="aiorl/runtime/fragments.py",
-        old="else values.bad_rows(rows) if values is not None else None",
-        new="else None",
+        old="        found = None if drop_all or values is None else values.bad_rows(rows)",
+        new="        found = None",
         tests=[FRAGMENTS],
     ),
     dict(

@@ -38,6 +38,11 @@ from aiorl.runtime.phase import parse_role_name
 from aiorl.wire import Connection
 
 
+def values_why(fields: list[str]) -> str:
+    # Named: an env whose observations are legitimately infinite shows up here, not as a mystery.
+    return f"with a value out of range or not finite (in {', '.join(fields)})"
+
+
 class ActorIngest:
     """`MemoryRole`'s actor side, a mixin: it stores into the role's replay, queue or rounds and
     counts on the role (`inserted`, `rows_rejected`), under the role's `flow` of credits."""
@@ -90,10 +95,8 @@ class ActorIngest:
         n = self.rows.rows("batch", arrays)
         if priorities is not None and (priorities.dtype != np.float64 or priorities.shape != (n,)):
             raise BadMessage(f"batch.priorities is {priorities.dtype}{list(priorities.shape)}, expected float64[{n}]")
-        bad = self.rows.bad_rows(arrays)
-        if bad is not None:
-            keep = ~bad
-            self._reject(link, n - int(keep.sum()), n, "dropped", "with a value out of range or not finite")
+        keep = self._good_values(link, arrays, n)
+        if keep is not None:
             arrays = {k: v[keep] for k, v in arrays.items()}
             priorities = None if priorities is None else priorities[keep]
             n = int(keep.sum())
@@ -124,7 +127,7 @@ class ActorIngest:
         # A version from the future would never age past max_policy_lag, and its policy lag is negative.
         unpublished = version > self._newest_version() and version > await self._published_version()
         try:
-            rejected = self.fragments.ingest(
+            rejected, fields = self.fragments.ingest(
                 actor_index,
                 version,
                 dict(msg.arrays),
@@ -138,8 +141,8 @@ class ActorIngest:
         steps = self.fragments.queue.steps
         n = self.fragments.num_envs * steps
         if rejected:
-            why = f"acted with weights version {version}, not yet published" if unpublished else None
-            self._reject(link, rejected * steps, n, "dropped", why or "with a value out of range or not finite")
+            why = f"acted with weights version {version}, not yet published" if unpublished else values_why(fields)
+            self._reject(link, rejected * steps, n, "dropped", why)
             n -= rejected * steps
         link.batches += 1
         link.transitions += n
@@ -161,6 +164,15 @@ class ActorIngest:
         reply = await self._request_or_lost("get_weights", {"have": MAX_COUNT})  # the version, no weights
         self.weights_version_seen = max(self.weights_version_seen, int(reply.meta.get("version", -1)))
         return self.weights_version_seen
+
+    def _good_values(self, link: ActorLink, arrays: dict, n: int) -> np.ndarray | None:
+        """The mask of `arrays`' rows to keep, the others rejected; None: every row is good."""
+        found = self.rows.bad_rows(arrays)
+        if found is None:
+            return None
+        bad, fields = found
+        self._reject(link, int(bad.sum()), n, "dropped", values_why(fields))
+        return ~bad
 
     def _reject(self, link: ActorLink, bad: int, n: int, done: str, why: str) -> None:
         """Rows a learner must not get: counted every time, logged at a bounded rate."""
@@ -202,10 +214,8 @@ class ActorIngest:
     def _ingest_rollout(self, link: ActorLink, actor_index: int, msg, fields: dict) -> None:
         arrays = dict(msg.arrays)
         n = self.rows.rows("rollout", arrays)
-        bad = self.rows.bad_rows(arrays)
-        if bad is not None:  # the part still counts as delivered: its round does not wait for it
-            keep = ~bad
-            self._reject(link, n - int(keep.sum()), n, "dropped", "with a value out of range or not finite")
+        keep = self._good_values(link, arrays, n)
+        if keep is not None:  # the part still counts as delivered: its round does not wait for it
             arrays = {k: v[keep] for k, v in arrays.items()}
             n = int(keep.sum())
         try:
