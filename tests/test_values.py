@@ -111,6 +111,41 @@ async def test_non_finite_floats_are_dropped_and_counted(cluster, field, bad):
     assert all(np.isfinite(v).all() for v in stored.values() if v.dtype.kind == "f")
 
 
+FRAMES = ["env.wrappers=[{FrameStackObservation: {stack_size: 2}}]", "agent.replay_layout=frames"]
+
+
+def frame_rows(obs: list, next_obs: list, actions: list) -> dict[str, np.ndarray]:
+    """Rows of the frame layout (stacks of 2 CartPole frames, as frame ids)."""
+    n = len(actions)
+    return {
+        "obs": np.array(obs, np.int64),
+        "action": np.array(actions, np.int64),
+        "reward": np.ones(n, np.float32),
+        "next_obs": np.array(next_obs, np.int64),
+        "done": np.zeros(n, np.bool_),
+        "discount": np.full(n, 0.99, np.float32),
+        "priorities": np.ones(n),
+    }
+
+
+@pytest.mark.parametrize("cluster", [FRAMES], indirect=True)
+async def test_frame_layout_rows_are_dropped_and_their_frames_kept_for_later_messages(cluster):
+    m = cluster
+    actor = await m.attach("actor-0", m.actor_session)
+    frames = np.arange(5 * 4, dtype=np.float32).reshape(5, 4)
+    # Row 1 is the only one referencing frame 3; message 2 leans on frame 3 without sending it.
+    first = frame_rows([[0, 1], [1, 2]], [[1, 2], [2, 3]], [0, 7])
+    await actor.send("batch", {"seq": 0, "keep_from": 0}, {**first, "frames": frames[:4], "frame_ids": np.arange(4)})
+    second = frame_rows([[2, 3]], [[3, 4]], [1])
+    await actor.send("batch", {"seq": 1, "keep_from": 0}, {**second, "frames": frames[4:], "frame_ids": np.array([4])})
+    await m.until(lambda: m.memory.inserted == 2, "rows 0 and the second message's")
+    assert m.memory.rows_rejected == 1 and not actor.closed and m.memory.bad_messages == 0
+    sampled = m.memory.replay.sample(16, 0.4)
+    assert set(np.unique(sampled["action"])) <= {0, 1}
+    stacks = {tuple(map(tuple, s)) for s in sampled["next_obs"]}
+    assert stacks <= {tuple(map(tuple, frames[[1, 2]])), tuple(map(tuple, frames[[3, 4]]))}
+
+
 # ------------------------------------------------------------------ ES results (rollouts of work items)
 
 

@@ -4,6 +4,7 @@ learner: each lets through one value the tests in tests/test_values.py pin."""
 V = "tests/test_values.py::"
 ACTIONS = V + "test_actions_outside_the_discrete_space_are_dropped_counted_and_the_connection_stays"
 FLOATS = V + "test_non_finite_floats_are_dropped_and_counted"
+FRAMES = V + "test_frame_layout_rows_are_dropped_and_their_frames_kept_for_later_messages"
 ES = V + "test_es_noise_indices_off_the_table_and_non_finite_returns_are_dropped"
 FRAGMENTS = V + "test_fragments_with_bad_values_or_an_unpublished_version_are_dropped"
 ASKS = V + "test_a_memory_host_that_has_not_heard_of_a_version_asks_before_it_drops"
@@ -38,7 +39,7 @@ MUTANTS = [
         path="aiorl/runtime/memory/ingest.py",
         old="        keep = self._good_values(link, arrays, n)\n        if keep is not None:\n",
         new="        keep = None\n        if keep is not None:\n",
-        tests=[ACTIONS, FLOATS],
+        tests=[FRAMES, ACTIONS, FLOATS],
     ),
     dict(
         name="priorities-not-dropped-with-their-rows",
