@@ -19,7 +19,7 @@ from hostile_helpers import HANG_S, Memory0
 
 from aiorl.experiment.loading import load_config
 from aiorl.replay import vtrace
-from aiorl.runtime.algorithm import LearnerCore, build_algorithm
+from aiorl.runtime.algorithm import LearnerCore, PeerNotFinite, build_algorithm
 from aiorl.runtime.learner import _END, LearnerRole
 from aiorl.runtime.memory import MemoryRole
 from aiorl.wire import Message
@@ -322,6 +322,20 @@ class Diverged(LearnerCore):
 
     def get_weights(self):
         return {"w": np.zeros(1, np.float32)}
+
+
+class PeerPoisoned(Diverged):
+    def step(self, batch):
+        raise PeerNotFinite("loss is NaN or infinite on a data-parallel peer learner")
+
+
+async def test_a_learner_drops_the_step_its_data_parallel_peer_could_not_take(tmp_path):
+    """Its own batch is finite; the peer's was not (the peer drops it too): neither applies the
+    step, both go on in step."""
+    learner, algo = impala_learner(tmp_path)
+    learner.core = PeerPoisoned()
+    assert await learner._train(0, fragment_batch(algo, np.random.default_rng(0))) is False
+    assert learner.batches_dropped == 1 and learner.counters["learner_steps"] == 0
 
 
 async def test_a_non_finite_loss_on_finite_data_still_fails_the_learner(tmp_path):

@@ -41,6 +41,12 @@ Batch = dict[str, np.ndarray]
 Spec = dict[str, tuple[tuple[int, ...], str]]
 
 
+class PeerNotFinite(FloatingPointError):
+    """A data-parallel peer's loss was not finite at this step, this learner's was: no learner
+    applied the step. The peer knows whether its batch or its model was at fault; this learner
+    drops its batch and stays in step with it (a diverged peer fails the run on its own)."""
+
+
 @dataclass
 class LearnerResult:
     """What one learner step gives back to the runtime."""

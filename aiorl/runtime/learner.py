@@ -32,6 +32,7 @@ import numpy as np
 
 from aiorl.core.ratelog import RateLimitedLog
 from aiorl.runtime import rendezvous
+from aiorl.runtime.algorithm import PeerNotFinite
 from aiorl.runtime.fragments import LagMeter
 from aiorl.runtime.learner_outputs import LearnerOutputs
 from aiorl.runtime.phase import Phase
@@ -77,7 +78,7 @@ class LearnerRole(LearnerOutputs, Role):
         # may wait on a slow peer for long, and the loop must keep heartbeating.
         self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
-        self.batches_dropped = 0  # non-finite values in the batch made the loss non-finite: not applied
+        self.batches_dropped = 0  # not applied: non-finite values in this batch (or a peer's) made the loss so
         self._log_dropped = RateLimitedLog(self.log, logging.WARNING, burst=10, per_s=0.5)
         self.batches_queued = 0
         self.queue_depth_max = 0  # batches received and not yet trained on, worst case
@@ -320,10 +321,10 @@ class LearnerRole(LearnerOutputs, Role):
         except FloatingPointError as exc:
             # Finite data and a non-finite loss: the model diverged, which ends the run. Non-finite
             # data (memory hosts drop such rows; this is the last line) costs only that batch.
-            if not holds_non_finite(batch):
+            if not (holds_non_finite(batch) or isinstance(exc, PeerNotFinite)):
                 raise RuntimeError(f"learner step {step} on a batch from {source}: {exc}") from exc
             self.batches_dropped += 1
-            self._log_dropped("dropped a batch from %s holding non-finite values (%s), not applied", source, exc)
+            self._log_dropped("dropped a batch from %s, not applied: %s", source, exc)
             return False
         except Exception as exc:
             raise RuntimeError(f"learner step {step} on a batch from {source}: {exc}") from exc

@@ -11,6 +11,8 @@ ASKS = V + "test_a_memory_host_that_has_not_heard_of_a_version_asks_before_it_dr
 VTRACE = V + "test_vtrace_lets_a_nan_importance_ratio_through"
 POISONED = V + "test_a_learner_drops_a_batch_holding_non_finite_values_and_goes_on"
 DIVERGED = V + "test_a_non_finite_loss_on_finite_data_still_fails_the_learner"
+PEER = V + "test_a_learner_drops_the_step_its_data_parallel_peer_could_not_take"
+PEER_CORE = "tests/test_apex_data_parallel.py::test_nan_loss_stops_every_learner"
 
 MUTANTS = [
     dict(
@@ -108,16 +110,30 @@ MUTANTS = [
     dict(
         name="poisoned-batch-fails-the-learner",
         path="aiorl/runtime/learner.py",
-        old="            if not holds_non_finite(batch):",
-        new="            if True:",
+        old="            if not (holds_non_finite(batch) or isinstance(exc, PeerNotFinite)):",
+        new="            if not isinstance(exc, PeerNotFinite):",
         tests=[POISONED],
     ),
     dict(
         name="diverged-learner-drops-its-batches",
         path="aiorl/runtime/learner.py",
-        old="            if not holds_non_finite(batch):",
+        old="            if not (holds_non_finite(batch) or isinstance(exc, PeerNotFinite)):",
         new="            if False:",
         tests=[DIVERGED],
+    ),
+    dict(
+        name="a-peers-poisoned-batch-fails-this-learner",
+        path="aiorl/runtime/learner.py",
+        old="            if not (holds_non_finite(batch) or isinstance(exc, PeerNotFinite)):",
+        new="            if not holds_non_finite(batch):",
+        tests=[PEER],
+    ),
+    dict(
+        name="peer-not-finite-is-a-plain-floating-point-error",
+        path="aiorl/algos/lib/common.py",
+        old="        raise PeerNotFinite(",
+        new="        raise FloatingPointError(",
+        tests=[PEER_CORE],
     ),
     dict(
         name="dropped-batch-keeps-its-credit",
