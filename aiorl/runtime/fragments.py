@@ -122,8 +122,10 @@ class FragmentHub:
         n = self.queue.check(rows)
         if n != self.num_envs:
             raise ValueError(f"a fragment message holds one fragment per env ({self.num_envs}), got {n}")
-        found = None if drop_all or values is None else values.bad_rows(rows)
-        bad, fields = (np.ones(n, np.bool_), []) if drop_all else found or (None, [])
+        if drop_all:
+            bad, fields = np.ones(n, np.bool_), []
+        else:
+            bad, fields = (values.bad_rows(rows) if values is not None else None) or (None, [])
         envs = None
         if bad is not None:
             envs = np.flatnonzero(~bad)

@@ -244,8 +244,8 @@ def check(kind: str, meta: Mapping[str, Any], allowed: frozenset[str] | set[str]
 class RowSpec:
     """Checks that a batch holds exactly a spec's fields (plus optional 1-d `extra` ones),
     each ``[n, *row_shape]`` in the spec's dtype, with one n (`rows`), and which of its rows
-    hold a value no learner may get, in which fields (`bad_rows`). Built once per spec: the checks run for
-    every batch a memory host receives.
+    hold a value no learner may get, in which fields (`bad_rows`). Built once per spec: the
+    checks run for every batch a memory host receives.
 
     `bounds`: inclusive ``(lo, hi)`` of integer fields that index something (a Discrete action,
     an ES noise index); a learner indexes out of range, or silently reads the wrong slice, with

@@ -81,8 +81,8 @@ MUTANTS = [
     dict(
         name="fragment-values-unchecked",
         path="aiorl/runtime/fragments.py",
-        old="        found = None if drop_all or values is None else values.bad_rows(rows)",
-        new="        found = None",
+        old="            bad, fields = (values.bad_rows(rows) if values is not None else None) or (None, [])",
+        new="            bad, fields = None, []",
         tests=[FRAGMENTS],
     ),
     dict(
