@@ -105,6 +105,14 @@ class Memory0:
         await conn.request("attach", {"session": session}, timeout_s=HANG_S)
         return conn
 
+    async def publish(self, learner0) -> int:
+        """Weights of the next version (zeros of the algorithm's weights spec), published over
+        learner 0's control connection `learner0`; returns the version."""
+        spec = self.memory.algorithm().weights_spec()
+        weights = {k: np.zeros(shape, dtype) for k, (shape, dtype) in spec.items()}
+        reply = await learner0.request("publish", {"learner_steps": 0}, arrays=weights, timeout_s=HANG_S)
+        return int(reply.meta["version"])
+
     async def until(self, predicate, what: str) -> None:
         async with asyncio.timeout(HANG_S):
             while not predicate():

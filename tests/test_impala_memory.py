@@ -39,8 +39,9 @@ def fragment(seed: int) -> dict[str, np.ndarray]:
 
 async def actor_attached(m: Memory0):
     _, session = await m.register("actor-0")
-    await m.register("learner-0")  # registered, never attached: nothing takes from the queue
+    learner0, _ = await m.register("learner-0")  # registered, never attached: nothing takes from the queue
     await m.running()
+    await m.publish(learner0)  # version 0, the one the fragments are acted with
     return await m.attach("actor-0", session)
 
 

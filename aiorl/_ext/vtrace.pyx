@@ -36,7 +36,8 @@ cnp.import_array()
 
 
 cdef inline double _clip(double bound, double x) noexcept nogil:
-    return x if x < bound else bound
+    # NaN stays NaN: clipped to the bound it would make a NaN behaviour logit a finite loss.
+    return bound if x > bound else x
 
 
 cdef void _vtrace_kernel(const floating[:, ::1] log_rhos, const floating[:, ::1] rewards,

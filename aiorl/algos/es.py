@@ -475,7 +475,7 @@ class ES(Algorithm):
         self.obs_norm = obs_norm_size(obs_space, "model.obs_norm") if m.obs_norm else 0
         self.stats_dim = max(self.obs_norm, 1)
         self.layers = parse_network(layers_of(m), "model.network")
-        dim = len(get_flat(self.network()))
+        self.dim = dim = len(get_flat(self.network()))
         if m.noise_table_size < dim:
             raise ConfigError(
                 f"model.noise_table_size ({m.noise_table_size}) must be at least the policy's parameter count ({dim})"
@@ -514,6 +514,11 @@ class ES(Algorithm):
             "obs_sum": ((d,), "<f8"),
             "obs_sumsq": ((d,), "<f8"),
         }
+
+    def value_bounds(self):
+        # A perturbation is dim entries from its index: one nearer the end is a shorter slice,
+        # which numpy broadcasts over every parameter without a word.
+        return {**super().value_bounds(), "noise_index": (0, self.cfg.model.noise_table_size - self.dim)}
 
     def make_actor(self, actor_index, num_actors, seed):
         return ESActor(self, actor_index, seed)

@@ -41,6 +41,12 @@ Batch = dict[str, np.ndarray]
 Spec = dict[str, tuple[tuple[int, ...], str]]
 
 
+class PeerNotFinite(FloatingPointError):
+    """A data-parallel peer's loss was not finite at this step, this learner's was: no learner
+    applied the step. The peer knows whether its batch or its model was at fault; this learner
+    drops its batch and stays in step with it (a diverged peer fails the run on its own)."""
+
+
 @dataclass
 class LearnerResult:
     """What one learner step gives back to the runtime."""
@@ -236,6 +242,25 @@ class Algorithm:
 
     def transition_spec(self) -> Spec:
         raise NotImplementedError
+
+    def value_bounds(self) -> dict[str, tuple[int, int]]:
+        """Inclusive bounds of the transition spec's integer fields that index something, which a
+        memory host holds every row to (`aiorl.runtime.messages.RowSpec.bad_rows`; float fields
+        must be finite, with no entry here). By default a Discrete action space's actions and a
+        Discrete observation space's observations; an algorithm adds its own indices (ES)."""
+        spec = self.transition_spec()
+        bounds = {}
+        for fields, space in (
+            (("action",), self.env_spec.action_space),
+            (self.observation_fields, self.env_spec.observation_space),
+        ):
+            if not hasattr(space, "n"):  # not Discrete
+                continue
+            start = int(getattr(space, "start", 0))
+            for name in fields:
+                if name in spec and np.dtype(spec[name][1]).kind in "iu":
+                    bounds[name] = (start, start + int(space.n) - 1)
+        return bounds
 
     def max_batch_rows(self) -> int:
         """Most rows one actor batch (or synchronous rollout) can hold; bounds an actor's frames.

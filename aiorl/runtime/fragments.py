@@ -101,26 +101,47 @@ class FragmentHub:
         """A new actor connection's frame stream (frame ids start over with it); None without frames."""
         return self.queue.stream() if isinstance(self.queue, FrameTrajectoryQueue) else None
 
-    def ingest(self, actor_index: int, version: int, arrays: dict, stream=None, keep_from: int | None = None) -> int:
+    def ingest(
+        self,
+        actor_index: int,
+        version: int,
+        arrays: dict,
+        stream=None,
+        keep_from: int | None = None,
+        values=None,
+        drop_all: bool = False,
+    ) -> tuple[int, list[str]]:
         """A fragment message (its credit checked by the caller): one fragment per env, checked
-        whole, then queued. Returns the fragments dropped to make room (drop_oldest)."""
+        whole, then queued but for the fragments holding a value `values` refuses (a `RowSpec`'s
+        `bad_rows`), or all of them with `drop_all`. Returns how many were left out, and the
+        fields `values` refused. Frames are kept whatever is left out: the actor's later
+        messages lean on them."""
+        frame_keys = ("frames", "frames_lz4", "frame_ids")
         frames = isinstance(self.queue, FrameTrajectoryQueue)
-        rows = {k: v for k, v in arrays.items() if k not in ("frames", "frames_lz4", "frame_ids")} if frames else arrays
+        rows = {k: v for k, v in arrays.items() if k not in frame_keys} if frames else arrays
         n = self.queue.check(rows)
         if n != self.num_envs:
             raise ValueError(f"a fragment message holds one fragment per env ({self.num_envs}), got {n}")
+        if drop_all:
+            bad, fields = np.ones(n, np.bool_), []
+        else:
+            bad, fields = (values.bad_rows(rows) if values is not None else None) or (None, [])
+        envs = None
+        if bad is not None:
+            envs = np.flatnonzero(~bad)
+            arrays = {k: v if k in frame_keys else v[envs] for k, v in arrays.items()}
         try:
             if frames:
                 if keep_from is None:
                     raise ValueError("fragment without its 'keep_from' field (the frame layout needs it)")
-                dropped = self.queue.push(arrays, version, actor_index, stream=stream, keep_from=keep_from)
+                self.queue.push(arrays, version, actor_index, envs, stream=stream, keep_from=keep_from)
             else:
-                dropped = self.queue.push(arrays, version, actor_index)
+                self.queue.push(arrays, version, actor_index, envs)
         except QueueFull as exc:
             raise ValueError(str(exc)) from None
         self.messages += 1
         self._drop_stale()
-        return dropped
+        return (0 if bad is None else int(bad.sum())), fields
 
     def saw_version(self, version: int) -> None:
         """A weights version exists (a learner's credit, a heartbeat): older fragments may be stale now."""

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import threading
 import time
 
 import numpy as np
 
+from aiorl.core.ratelog import RateLimitedLog
 from aiorl.runtime import rendezvous
+from aiorl.runtime.algorithm import PeerNotFinite
 from aiorl.runtime.fragments import LagMeter
 from aiorl.runtime.learner_outputs import LearnerOutputs
 from aiorl.runtime.phase import Phase
@@ -40,6 +43,11 @@ from aiorl.wire.names import safe_text
 _END = None  # a memory finished sending
 _AWAY = "away"  # a memory's connection closed before its end
 _WAKE = "wake"  # the phase changed
+
+
+def holds_non_finite(batch: dict) -> bool:
+    """Does a float array of `batch` hold a NaN or an infinity?"""
+    return any(v.dtype.kind == "f" and v.size and not np.isfinite(v).all() for v in batch.values())
 
 
 def weights_digest(weights: dict[str, np.ndarray]) -> str:
@@ -70,6 +78,8 @@ class LearnerRole(LearnerOutputs, Role):
         # may wait on a slow peer for long, and the loop must keep heartbeating.
         self.offload = Offload(allowed=self.cfg.cluster.learners == 1)
         self.unused_batches = 0
+        self.batches_dropped = 0  # not applied: non-finite values in this batch (or a peer's) made the loss so
+        self._log_dropped = RateLimitedLog(self.log, logging.WARNING, burst=10, per_s=0.5)
         self.batches_queued = 0
         self.queue_depth_max = 0  # batches received and not yet trained on, worst case
         self.iterations: list[dict] = []  # synchronous algorithms: one entry per iteration trained
@@ -106,6 +116,7 @@ class LearnerRole(LearnerOutputs, Role):
             "wait_s": round(self.wait_s, 3),
             "train_s": round(self.train_s, 3),
             "queue_depth": self.queue.qsize(),
+            "batches_dropped": self.batches_dropped,
         }
 
     def heartbeat_extra(self) -> dict:
@@ -223,6 +234,7 @@ class LearnerRole(LearnerOutputs, Role):
             "published": self.published,
             "checkpoints": self.checkpoints,
             "unused_batches": self.unused_batches,
+            "batches_dropped": self.batches_dropped,
             "iterations": self.iterations,
             "prioritized_replay_beta_last": self.last_beta,
             "queue_depth_max": self.queue_depth_max,
@@ -303,10 +315,18 @@ class LearnerRole(LearnerOutputs, Role):
         step = self.total_steps + 1
         if "weights_version" in batch:  # whole fragments, each acted with one version
             self.lag.add(self.weights_version(), batch["weights_version"])
+        source = f"memory-{m}" if m is not None else "every memory (synchronous aggregate)"
         try:
             result = await self.offload(self._locked_step, batch)
+        except FloatingPointError as exc:
+            # Finite data and a non-finite loss: the model diverged, which ends the run. Non-finite
+            # data (memory hosts drop such rows; this is the last line) costs only that batch.
+            if not (holds_non_finite(batch) or isinstance(exc, PeerNotFinite)):
+                raise RuntimeError(f"learner step {step} on a batch from {source}: {exc}") from exc
+            self.batches_dropped += 1
+            self._log_dropped("dropped a batch from %s, not applied: %s", source, exc)
+            return False
         except Exception as exc:
-            source = f"memory-{m}" if m is not None else "every memory (synchronous aggregate)"
             raise RuntimeError(f"learner step {step} on a batch from {source}: {exc}") from exc
         self.train_s += time.perf_counter() - t0
         if result.stop:

@@ -243,14 +243,56 @@ def check(kind: str, meta: Mapping[str, Any], allowed: frozenset[str] | set[str]
 
 class RowSpec:
     """Checks that a batch holds exactly a spec's fields (plus optional 1-d `extra` ones),
-    each ``[n, *row_shape]`` in the spec's dtype, with one n. Built once per spec: the
-    check runs for every batch a memory host receives."""
+    each ``[n, *row_shape]`` in the spec's dtype, with one n (`rows`), and which of its rows
+    hold a value no learner may get, in which fields (`bad_rows`). Built once per spec: the
+    checks run for every batch a memory host receives.
 
-    def __init__(self, spec: Mapping[str, tuple[tuple, str]], extra: Mapping[str, str] = {}):
+    `bounds`: inclusive ``(lo, hi)`` of integer fields that index something (a Discrete action,
+    an ES noise index); a learner indexes out of range, or silently reads the wrong slice, with
+    anything outside. Every float field must be finite: one NaN reward makes the whole loss NaN.
+    """
+
+    def __init__(
+        self,
+        spec: Mapping[str, tuple[tuple, str]],
+        extra: Mapping[str, str] = {},
+        bounds: Mapping[str, tuple[int, int]] = {},
+    ):
         self.fields = {name: (np.dtype(dtype), tuple(shape)) for name, (shape, dtype) in spec.items()}
         self.fields.update({name: (np.dtype(dtype), ()) for name, dtype in extra.items()})
         self.required = len(spec)
         self.optional = frozenset(extra)
+        self.values: dict[str, tuple[int, int] | None] = {  # None: finite
+            name: None for name, (dtype, _) in self.fields.items() if dtype.kind == "f"
+        }
+        for name, (lo, hi) in bounds.items():
+            if name in self.fields and self.fields[name][0].kind in "iu":
+                self.values[name] = (int(lo), int(hi))
+
+    def bad_rows(self, arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[str]] | None:
+        """A mask of the rows (first axis) holding a non-finite float or an integer out of its
+        bounds, and the fields that hold them; None when no row does. Call it on arrays `rows`
+        (or the trajectory queue) checked: fields it does not know are ignored."""
+        bad = None
+        fields = []
+        for field, limits in self.values.items():
+            array = arrays.get(field)
+            if array is None or array.size == 0:
+                continue
+            # The common case, every row good, costs a min and a max (NaN propagates through both).
+            low, high = array.min(), array.max()
+            if limits is None:
+                if math.isfinite(low) and math.isfinite(high):
+                    continue
+                rows = ~np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+            else:
+                if limits[0] <= low and high <= limits[1]:
+                    continue
+                flat = array.reshape(len(array), -1)
+                rows = ((flat < limits[0]) | (flat > limits[1])).any(axis=1)
+            bad = rows if bad is None else bad | rows
+            fields.append(field)
+        return None if bad is None else (bad, fields)
 
     def rows(self, kind: str, arrays: Mapping[str, np.ndarray]) -> int:
         """The batch's row count n; BadMessage if it does not match."""

@@ -14,7 +14,7 @@ from torch import nn
 from aiorl.config import ConfigError
 from aiorl.io.export import save_policy
 from aiorl.replay import NStep
-from aiorl.runtime.algorithm import ActorPolicy, LearnerCore
+from aiorl.runtime.algorithm import ActorPolicy, LearnerCore, PeerNotFinite
 from aiorl.runtime.rendezvous import init_process_group
 
 # --------------------------------------------------------------------------
@@ -291,7 +291,7 @@ def check_step(losses: dict[str, torch.Tensor], status: str) -> bool:
     if status == "stop":
         return True
     if status == "peer_not_finite":
-        raise FloatingPointError(f"{' / '.join(losses)} is NaN or infinite on a data-parallel peer learner")
+        raise PeerNotFinite(f"{' / '.join(losses)} is NaN or infinite on a data-parallel peer learner")
     return False
 
 

@@ -4,10 +4,16 @@ the rounds (synchronous algorithms), and its account.
 
 Each actor connection is accounted on its own (batches, transitions, a
 sequence number from 0): a restarted actor's new connection starts again at
-0, and every transition accepted is counted in exactly one of them. Batch
-rows with a non-finite or negative priority are dropped and counted
-(``rows_rejected``), the rest of the batch is kept (in the frame layout, where
-the rows of a message share its frames, such rows are kept at priority 0).
+0, and every transition accepted is counted in exactly one of them.
+
+Rows that would crash a learner or quietly corrupt its update are dropped and
+counted (``rows_rejected``), the rest of the message is kept and the
+connection stays open: a value out of range or not finite
+(`aiorl.runtime.messages.RowSpec.bad_rows`: Discrete actions, ES noise
+indices, every float), a non-finite or negative priority (in the frame layout
+such rows are kept at priority 0), every fragment of a message acted with a
+weights version not yet published. A message whose shape breaks the protocol
+closes the connection instead.
 
 IMPALA's memories keep a bounded FIFO of whole fragments instead
 (`aiorl.runtime.fragments.FragmentHub`): actors send against credits this
@@ -27,9 +33,14 @@ import numpy as np
 from aiorl.replay import PrioritizedReplayBuffer
 from aiorl.replay.frames import FrameReplayBuffer
 from aiorl.runtime.memory.links import ActorLink
-from aiorl.runtime.messages import BadMessage
+from aiorl.runtime.messages import MAX_COUNT, BadMessage
 from aiorl.runtime.phase import parse_role_name
 from aiorl.wire import Connection
+
+
+def values_why(fields: list[str]) -> str:
+    # Named: an env whose observations are legitimately infinite shows up here, not as a mystery.
+    return f"with a value out of range or not finite (in {', '.join(fields)})"
 
 
 class ActorIngest:
@@ -44,11 +55,11 @@ class ActorIngest:
         elif self.fragments is not None:
             link.frames = self.fragments.stream()
 
-        def handle(msg, fields) -> None:
+        def handle(msg, fields):
             if msg.kind == "batch":
                 self._ingest(link, msg, fields)
             elif msg.kind == "fragment":
-                self._ingest_fragment(link, index, msg, fields)
+                return self._ingest_fragment(link, index, msg, fields)
             else:
                 self._ingest_rollout(link, index, msg, fields)
 
@@ -84,6 +95,11 @@ class ActorIngest:
         n = self.rows.rows("batch", arrays)
         if priorities is not None and (priorities.dtype != np.float64 or priorities.shape != (n,)):
             raise BadMessage(f"batch.priorities is {priorities.dtype}{list(priorities.shape)}, expected float64[{n}]")
+        keep = self._good_values(link, arrays, n)
+        if keep is not None:
+            arrays = {k: v[keep] for k, v in arrays.items()}
+            priorities = None if priorities is None else priorities[keep]
+            n = int(keep.sum())
         if link.frames is not None:
             self._add_frames(link, {**arrays, **frames}, priorities, n, fields)
         elif frames:
@@ -98,7 +114,7 @@ class ActorIngest:
         self.flow.inserted(link, n)
         self.changed.fire()
 
-    def _ingest_fragment(self, link: ActorLink, actor_index: int, msg, fields: dict) -> None:
+    async def _ingest_fragment(self, link: ActorLink, actor_index: int, msg, fields: dict) -> None:
         """One fragment per env, sent against a credit (the queue's room is counted in credits)."""
         if link.credits < 1:
             raise BadMessage(f"{link.name} sent a fragment message without a credit")
@@ -107,22 +123,62 @@ class ActorIngest:
             link.seq_errors += 1
             self.log.error("%s fragment message seq %d, expected %d", link.name, seq, link.next_seq)
         link.next_seq = seq + 1
+        version = fields["weights_version"]
+        # A version from the future would never age past max_policy_lag, and its policy lag is negative.
+        unpublished = version > self._newest_version() and version > await self._published_version()
         try:
-            self.fragments.ingest(
+            rejected, fields = self.fragments.ingest(
                 actor_index,
-                fields["weights_version"],
+                version,
                 dict(msg.arrays),
                 stream=link.frames,
                 keep_from=fields.get("keep_from"),
+                values=self.rows,
+                drop_all=unpublished,
             )
         except ValueError as exc:
             raise BadMessage(f"{link.name}: {exc}") from None
-        n = self.fragments.num_envs * self.fragments.queue.steps
+        steps = self.fragments.queue.steps
+        n = self.fragments.num_envs * steps
+        if rejected:
+            why = f"acted with weights version {version}, not yet published" if unpublished else values_why(fields)
+            self._reject(link, rejected * steps, n, "dropped", why)
+            n -= rejected * steps
         link.batches += 1
         link.transitions += n
         self.inserted += n
         self.flow.inserted(link, n)  # with the credit checked above
         self.changed.fire()
+
+    def _newest_version(self) -> int:
+        """The newest published weights version this memory host knows of without asking."""
+        if self.local_coordinator is not None:
+            return self.local_coordinator.params.weights_version  # exact: the store is in this process
+        return max(self.weights_version_seen, self.fragments.known_version)
+
+    async def _published_version(self) -> int:
+        """The coordinator's newest version: an actor may have fetched it before the heartbeat
+        or a learner's credit told this memory host of it."""
+        if self.local_coordinator is not None:
+            return self.local_coordinator.params.weights_version
+        reply = await self._request_or_lost("get_weights", {"have": MAX_COUNT})  # the version, no weights
+        self.weights_version_seen = max(self.weights_version_seen, int(reply.meta.get("version", -1)))
+        return self.weights_version_seen
+
+    def _good_values(self, link: ActorLink, arrays: dict, n: int) -> np.ndarray | None:
+        """The mask of `arrays`' rows to keep, the others rejected; None: every row is good."""
+        found = self.rows.bad_rows(arrays)
+        if found is None:
+            return None
+        bad, fields = found
+        self._reject(link, int(bad.sum()), n, "dropped", values_why(fields))
+        return ~bad
+
+    def _reject(self, link: ActorLink, bad: int, n: int, done: str, why: str) -> None:
+        """Rows a learner must not get: counted every time, logged at a bounded rate."""
+        link.rows_rejected += bad
+        self.rows_rejected += bad
+        self._log_peer("%s: %s %d of %d rows %s", link.name, done, bad, n, why)
 
     def _add_prioritized(self, link: ActorLink, arrays: dict, priorities, n: int) -> int:
         """Add rows; rows with a non-finite or negative priority are dropped and counted
@@ -135,9 +191,7 @@ class ActorIngest:
             if good is None or good.all():
                 raise  # not the priorities: a bug of ours
         bad = int(n - good.sum())
-        link.rows_rejected += bad
-        self.rows_rejected += bad
-        self._log_peer("%s: dropped %d of %d rows with a non-finite or negative priority", link.name, bad, n)
+        self._reject(link, bad, n, "dropped", "with a non-finite or negative priority")
         self.replay.add({k: v[good] for k, v in arrays.items()}, priorities[good])
         return n - bad
 
@@ -150,11 +204,7 @@ class ActorIngest:
             good = np.isfinite(priorities) & (priorities >= 0)
             if not good.all():
                 bad = int(n - good.sum())
-                link.rows_rejected += bad
-                self.rows_rejected += bad
-                self._log_peer(
-                    "%s: %d of %d rows with a non-finite or negative priority kept at priority 0", link.name, bad, n
-                )
+                self._reject(link, bad, n, "kept", "with a non-finite or negative priority at priority 0")
                 priorities = np.where(good, priorities, 0.0)
         try:  # nothing is stored if any part of the message is invalid
             self.replay.add(arrays, priorities, stream=link.frames, keep_from=fields["keep_from"])
@@ -162,9 +212,14 @@ class ActorIngest:
             raise BadMessage(str(exc)) from None
 
     def _ingest_rollout(self, link: ActorLink, actor_index: int, msg, fields: dict) -> None:
-        n = self.rows.rows("rollout", msg.arrays)
+        arrays = dict(msg.arrays)
+        n = self.rows.rows("rollout", arrays)
+        keep = self._good_values(link, arrays, n)
+        if keep is not None:  # the part still counts as delivered: its round does not wait for it
+            arrays = {k: v[keep] for k, v in arrays.items()}
+            n = int(keep.sum())
         try:
-            outcome = self.rounds.add(actor_index, fields, dict(msg.arrays))
+            outcome = self.rounds.add(actor_index, fields, arrays)
         except ValueError as exc:
             raise BadMessage(f"{link.name}: {exc}") from None
         if outcome != "added":

@@ -51,7 +51,7 @@ class ActorLink:
     transitions: int = 0
     next_seq: int = 0
     seq_errors: int = 0
-    rows_rejected: int = 0  # rows dropped for a non-finite or negative priority
+    rows_rejected: int = 0  # rows a learner must not get (see aiorl.runtime.memory.ingest)
     done_meta: dict | None = None  # the actor's own account, from its actor_done
     closed: bool = False
     frames: object = None  # frame layout: the FrameStream of this connection

@@ -112,7 +112,7 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         spec = algo.transition_spec()
         layout = frame_layout(self.cfg, algo)
         # Frame layout: a batch's rows carry frame ids; its frames travel beside them.
-        self.rows = RowSpec(layout.wire_spec(spec) if layout is not None else spec)
+        self.rows = RowSpec(layout.wire_spec(spec) if layout is not None else spec, bounds=algo.value_bounds())
         a, c = self.cfg.agent, self.cfg.cluster
         queue = algo.fragment_queue(self.cfg)
         if self.synchronous:
@@ -265,13 +265,16 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
 
     async def _read(self, conn: Connection, name: str, done_kind: str, allowed: set[str], handle) -> dict | None:
         """Feed each checked message to `handle` until the peer's `done_kind` message, whose
-        fields are returned; None when the connection ended first or sent something bad (logged)."""
+        fields are returned; None when the connection ended first or sent something bad (logged).
+        What `handle` returns, if anything, is awaited before the next message is read."""
         try:
             async for msg in conn:
                 fields = check(msg.kind, msg.meta, allowed | {done_kind})
                 if msg.kind == done_kind:
                     return fields
-                handle(msg, fields)
+                pending = handle(msg, fields)
+                if pending is not None:
+                    await pending
         except ConnectionClosed:
             pass
         except BadMessage as exc:
