@@ -311,6 +311,22 @@ def baseline(tests: tuple[str, ...], root: Path, python: str, timeout_s: float) 
     return f"its tests fail without the mutant (pytest exit code {code}): {' | '.join(_tail(out, 3))}"
 
 
+def installed_tree(python: str) -> Path | None:
+    """The tree `python` imports aiorl from without PYTHONPATH (None if it imports none).
+
+    Tests that start the `aiorl` script as a user would drop PYTHONPATH, so they test that
+    tree, whatever root the mutants were applied to."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [python, "-P", "-c", "import aiorl, pathlib; print(pathlib.Path(aiorl.__file__).resolve().parent.parent)"],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else None
+
+
 # ---------------------------------------------------------------------------- command line
 
 
@@ -353,6 +369,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(mutants)} mutant(s)")
         return 0
 
+    installed = installed_tree(sys.executable)
+    if installed != root:
+        print(
+            f"mutants: warning: without PYTHONPATH this interpreter imports aiorl from {installed}, not from "
+            f"{root}: the tests that run the `aiorl` script without PYTHONPATH test that tree, so their "
+            "mutants may survive here; run from the tree the venv is installed from",
+            file=sys.stderr,
+        )
     old_handlers = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     outcomes: list[Outcome] = []
     t0 = time.monotonic()
@@ -383,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                         "outcomes": [asdict(o) for o in outcomes],
                         "seconds": round(time.monotonic() - t0, 1),
                         "python": sys.version.split()[0],
+                        "root": str(root),
+                        "installed_tree": str(installed),
                     },
                     indent=1,
                 )
