@@ -20,7 +20,7 @@ from pathlib import Path
 from aiorl.config import connect_host
 from aiorl.io.rundir import latest_launch_id, read_json
 from aiorl.runtime.messages import BadMessage, unpack_table
-from aiorl.wire import ConnectionClosed, ProtocolError, WireError, connect, load_token
+from aiorl.wire import ConnectionClosed, ProtocolError, ServerBusy, WireError, connect, load_token
 
 
 class StatusError(RuntimeError):
@@ -56,14 +56,29 @@ def status_of(reply) -> dict:
 
 
 async def fetch_status(host: str, port: int, token: bytes, timeout_s: float = 5.0) -> dict:
-    conn = await asyncio.wait_for(
-        connect(host, port, token=token, name="status", handshake_timeout_s=timeout_s), timeout_s
-    )
+    conn = await _connect(host, port, token, timeout_s)
     try:
         reply = await conn.request("status", timeout_s=timeout_s)
         return status_of(reply)
     finally:
         await conn.close()
+
+
+async def _connect(host: str, port: int, token: bytes, timeout_s: float):
+    """Connect, retrying while the coordinator is busy: its handshake slots go to peers that
+    complete quickly, so a busy refusal lasts at most a stalled handshake's first_bytes_timeout_s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    delay = 0.05
+    while True:
+        remaining = deadline - loop.time()
+        try:
+            return await connect(host, port, token=token, name="status", handshake_timeout_s=max(0.1, remaining))
+        except ServerBusy:
+            if loop.time() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.5)
 
 
 def render(status: dict) -> str:

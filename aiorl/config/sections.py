@@ -100,6 +100,12 @@ class ClusterConfig:
         "Of those, how many may come from one address (a flood from one host cannot take them all).",
         default=32,
     )
+    first_bytes_timeout_s: float = doc(
+        "Seconds a coordinator or memory host waits for a new connection's first byte before closing it "
+        "(a role's handshake starts at once; the whole handshake has longer). Also how long a handshake may "
+        "take before a newcomer may take its slot when the caps above are full.",
+        default=1.5,
+    )
     tls_cert: str | None = doc("PEM certificate of this host (enables TLS).", default=None)
     tls_key: str | None = doc("PEM private key for tls_cert.", default=None)
     tls_ca: str | None = doc("CA bundle used to verify peers when TLS is on.", default=None)

@@ -49,6 +49,12 @@ __all__ = ["Connection", "Server", "connect", "serve"]
 
 logger = logging.getLogger("aiorl.wire")
 
+#: Seconds a server waits for a new connection's first byte. A role's HELLO leaves the moment
+#: it connects, so only a socket that is not an aiorl peer (or one behind a stalled machine)
+#: stays silent this long; it is also how long a handshake may take before a newcomer may take
+#: its slot when the slots are full.
+FIRST_BYTES_TIMEOUT_S = 1.5
+
 
 def _check_common(token: bytes, name: str, recv_queue_size: int, handshake_timeout_s: float) -> None:
     if not isinstance(token, bytes) or not token:
@@ -118,11 +124,18 @@ class Server:
 
     Connections that have not finished the handshake are capped globally
     (``max_handshakes``) and per source address (``max_handshakes_per_host``);
-    authenticated ones at ``max_connections``. A connection over a cap is
-    refused at once: a REJECT frame with code "busy" (the client raises
-    :class:`ServerBusy`), then the socket is closed, so a flood of bare
-    connections holds at most the caps' worth of file descriptors.
-    ``stats`` counts refusals and failed handshakes.
+    authenticated ones at ``max_connections``. A connection that has sent no byte
+    within ``first_bytes_timeout_s`` is closed. At a handshake cap the slots are kept
+    for peers that complete quickly: the newcomer takes the slot of the oldest
+    connection in that cap that has sent nothing yet, else of the oldest one whose
+    handshake has lasted ``first_bytes_timeout_s`` or more; that one gets a REJECT
+    frame with code "busy" (its client raises :class:`ServerBusy` and may retry).
+    Only when every handshake in the cap is talking and younger is the newcomer
+    refused so. A connection over ``max_connections`` is refused the same way.
+    Either way a flood of bare connections holds at most the caps' worth of file
+    descriptors, and cannot hold the slots against a peer with the token.
+    ``stats`` counts refusals (``refused_busy``, evictions included), evictions
+    (``evicted``) and failed handshakes.
     """
 
     def __init__(
@@ -134,6 +147,7 @@ class Server:
         max_handshakes: int,
         max_handshakes_per_host: int,
         max_connections: int | None,
+        first_bytes_timeout_s: float = FIRST_BYTES_TIMEOUT_S,
     ) -> None:
         self.host = ""
         self.port = 0
@@ -141,13 +155,15 @@ class Server:
         self.max_handshakes = max_handshakes
         self.max_handshakes_per_host = max_handshakes_per_host
         self.max_connections = max_connections
-        self.stats = {"refused_busy": 0, "handshake_failures": 0}
+        self.first_bytes_timeout_s = first_bytes_timeout_s
+        self.stats = {"refused_busy": 0, "evicted": 0, "handshake_failures": 0}
         self._on_connection = on_connection
         self._name = name
         self._protocol_options = protocol_options
         self._server: asyncio.base_events.Server | None = None
         self._protocols: set[WireProtocol] = set()  # every live one, handshaking too
-        self._handshaking: set[WireProtocol] = set()
+        # In the order they connected (a dict as an ordered set): the oldest is found first.
+        self._handshaking: dict[WireProtocol, None] = {}
         self._handshaking_per_host: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
@@ -178,20 +194,45 @@ class Server:
     def _admit(self, proto: WireProtocol) -> str | None:
         """A new connection: None to start its handshake, else why it is refused."""
         host = proto.peer_host
-        if len(self._handshaking) >= self.max_handshakes:
-            reason = f"{len(self._handshaking)} handshakes in progress, the limit (max_handshakes)"
-        elif self._handshaking_per_host[host] >= self.max_handshakes_per_host:
-            reason = (
-                f"{self._handshaking_per_host[host]} handshakes in progress from {host}, the limit "
-                "(max_handshakes_per_host)"
-            )
+        # The host's cap first: a slot freed there is a global one too.
+        if self._handshaking_per_host[host] >= self.max_handshakes_per_host:
+            scope = [p for p in self._handshaking if p.peer_host == host]
+            reason = f"{len(scope)} handshakes in progress from {host}, the limit (max_handshakes_per_host)"
+        elif len(self._handshaking) >= self.max_handshakes:
+            scope = list(self._handshaking)
+            reason = f"{len(scope)} handshakes in progress, the limit (max_handshakes)"
         else:
-            self._handshaking.add(proto)
-            self._handshaking_per_host[host] += 1
-            return None
+            scope = None
+        if scope is not None:
+            victim = self._slowest(scope)
+            if victim is None:  # every one is talking and still young: the newcomer waits its turn
+                self.stats["refused_busy"] += 1
+                self._log_refusal("%r: refusing a connection from %s: %s", self, proto.peer, reason)
+                return f"server busy: {reason}"
+            self._evict(victim, reason)
+        self._handshaking[proto] = None
+        self._handshaking_per_host[host] += 1
+        return None
+
+    def _slowest(self, scope: list[WireProtocol]) -> WireProtocol | None:
+        """Whose slot a newcomer takes: the oldest that has sent nothing, else the oldest whose
+        handshake has lasted `first_bytes_timeout_s` (a peer with the token needs a round trip)."""
+        for proto in scope:
+            if proto.silent:
+                return proto
+        now = asyncio.get_running_loop().time()
+        for proto in scope:
+            if now - proto.connected_at >= self.first_bytes_timeout_s:
+                return proto
+        return None
+
+    def _evict(self, victim: WireProtocol, reason: str) -> None:
+        how = "sent nothing" if victim.silent else "not finished its handshake"
         self.stats["refused_busy"] += 1
-        self._log_refusal("%r: refusing a connection from %s: %s", self, proto.peer, reason)
-        return f"server busy: {reason}"
+        self.stats["evicted"] += 1
+        self._log_refusal("%r: %s: closing %s (%s), a newer connection takes its slot", self, reason, victim.peer, how)
+        self._end_handshake(victim)  # its slot is free now, not when its socket has closed
+        victim.evict(f"server busy: {reason}; this connection had {how}, a newer one took its slot")
 
     def _admit_proved(self, proto: WireProtocol) -> str | None:
         if self.max_connections is not None and len(self.connections) >= self.max_connections:
@@ -207,7 +248,7 @@ class Server:
 
     def _end_handshake(self, proto: WireProtocol) -> None:
         if proto in self._handshaking:
-            self._handshaking.discard(proto)
+            del self._handshaking[proto]
             host = proto.peer_host
             self._handshaking_per_host[host] -= 1
             if self._handshaking_per_host[host] <= 0:
@@ -279,6 +320,7 @@ async def serve(
     max_handshakes: int = 128,
     max_handshakes_per_host: int = 32,
     max_connections: int | None = None,
+    first_bytes_timeout_s: float = FIRST_BYTES_TIMEOUT_S,
 ) -> Server:
     """Listen on ``host:port`` (default 127.0.0.1, an ephemeral port).
 
@@ -292,6 +334,8 @@ async def serve(
     neither encrypted nor authenticated.
     """
     _check_common(token, name, recv_queue_size, handshake_timeout_s)
+    if not first_bytes_timeout_s > 0:
+        raise ValueError(f"first_bytes_timeout_s must be > 0, got {first_bytes_timeout_s!r}")
     for key, value in (
         ("max_handshakes", max_handshakes),
         ("max_handshakes_per_host", max_handshakes_per_host),
@@ -307,11 +351,13 @@ async def serve(
             "name": name,
             "limits": limits or Limits(),
             "handshake_timeout_s": handshake_timeout_s,
+            "first_bytes_timeout_s": first_bytes_timeout_s,
             "recv_queue_size": recv_queue_size,
         },
         max_handshakes=max_handshakes,
         max_handshakes_per_host=max_handshakes_per_host,
         max_connections=max_connections,
+        first_bytes_timeout_s=first_bytes_timeout_s,
     )
     if ssl is None and not is_loopback(host):
         logger.warning(

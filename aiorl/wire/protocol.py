@@ -191,6 +191,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         limits: Limits,
         recv_queue_size: int,
         handshake_timeout_s: float,
+        first_bytes_timeout_s: float | None = None,
         on_ready: Callable[[WireProtocol], None] | None = None,
         on_lost: Callable[[WireProtocol], None] | None = None,
         admit: Callable[[WireProtocol], str | None] | None = None,
@@ -205,6 +206,10 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._limits = limits
         self._version = version
         self._handshake_timeout_s = handshake_timeout_s
+        # Server side: a peer that has sent no byte this long is not an aiorl role (a role's
+        # HELLO leaves as soon as it connects), so it loses its handshake slot long before
+        # the handshake's own deadline.
+        self._first_bytes_timeout_s = first_bytes_timeout_s
         self._on_ready = on_ready
         self._on_lost = on_lost
         # Server side: `admit` may refuse a new connection and `admit_proved` one whose
@@ -255,6 +260,9 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._authenticated = False
         self._handshake = auth.Handshake(client=not server, token=token, name=name, version=version)
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._silent_timer: asyncio.TimerHandle | None = None
+        self.connected_at = self._loop.time()
+        self.silent = True  # nothing received yet (the server's handshake slots go to others first)
         self.handshake_done: asyncio.Future | None = None if server else self._loop.create_future()
 
         # requests awaiting a reply: request id -> future
@@ -303,6 +311,9 @@ class WireProtocol(asyncio.BufferedProtocol):
                 high=self._limits.write_buffer_high_bytes, low=self._limits.write_buffer_low_bytes
             )
         self._handshake_timer = self._loop.call_later(self._handshake_timeout_s, self._handshake_timed_out)
+        first = self._first_bytes_timeout_s
+        if self._server and first is not None and first < self._handshake_timeout_s:
+            self._silent_timer = self._loop.call_later(first, self._silent_timed_out)
         if not self._server:
             transport.write(self._handshake.start())
 
@@ -312,7 +323,7 @@ class WireProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._writing_paused = False
-        for handle in (self._handshake_timer, self._flush_handle):
+        for handle in (self._handshake_timer, self._silent_timer, self._flush_handle):
             if handle is not None:
                 handle.cancel()
         self._out.clear()
@@ -442,6 +453,11 @@ class WireProtocol(asyncio.BufferedProtocol):
             return
         try:
             if not self._authenticated:
+                if self.silent:
+                    self.silent = False
+                    if self._silent_timer is not None:
+                        self._silent_timer.cancel()
+                        self._silent_timer = None
                 self._end += nbytes
                 data = bytes(self._stage_view[self._start : self._end])
                 self._start = self._end = 0
@@ -644,6 +660,26 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._handshake_timer = None
         if not self._authenticated:
             self.fail(TimeoutError(f"no completed handshake within {self._handshake_timeout_s:g}s"))
+
+    def _silent_timed_out(self) -> None:
+        self._silent_timer = None
+        if self.silent and not self._authenticated:
+            self.fail(TimeoutError(f"no byte received within {self._first_bytes_timeout_s:g}s of connecting"))
+
+    def evict(self, reason: str) -> None:
+        """Give up this handshake's slot to a newcomer: a "busy" REJECT, then hang up.
+
+        Counted by the server as a refusal, not as a failed handshake: the peer did nothing wrong
+        yet, it was only slower than the one that takes its slot."""
+        if self._failed or self._lost or self.transport is None:
+            return
+        self._failed = True
+        self._cause = ConnectionRefusedError(reason)
+        if self.handshake_done is not None and not self.handshake_done.done():
+            self.handshake_done.set_exception(self._cause)
+        if not self.transport.is_closing():
+            self.transport.write(auth.reject_frame("busy", reason, self._version))
+            self.transport.close()
 
     def _handshake_events(self, events: list) -> None:
         """Carry out what the handshake state machine asks for."""

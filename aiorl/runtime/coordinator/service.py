@@ -220,6 +220,7 @@ class Coordinator:
             backlog=listen_backlog(len(self.roles)),
             max_handshakes=c.max_handshakes,
             max_handshakes_per_host=c.max_handshakes_per_host,
+            first_bytes_timeout_s=c.first_bytes_timeout_s,
         )
         return self.server.port
 

@@ -160,6 +160,7 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
             backlog=listen_backlog(c.actors + c.learners),
             max_handshakes=c.max_handshakes,
             max_handshakes_per_host=c.max_handshakes_per_host,
+            first_bytes_timeout_s=c.first_bytes_timeout_s,
         )
         if self.fragments is not None:
             self.log.info(

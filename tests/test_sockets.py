@@ -1,0 +1,151 @@
+"""Idle sockets lock nobody out (issue 29, point 4), over real sockets on 127.0.0.1.
+
+A socket that sends nothing, or a handshake that stalls, holds a server's handshake
+slot only until a peer that completes quickly needs it, and a silent one is closed
+after ``first_bytes_timeout_s`` in any case. An authenticated connection that never
+registers with the coordinator is closed after ``cluster.coordinator_timeout_s``,
+as the memory host already closes one that never attaches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from aiorl.cli.status import fetch_status
+from aiorl.config import ConfigError
+from aiorl.experiment.loading import load_config
+from aiorl.wire import ServerBusy, connect, generate_token, serve
+from aiorl.wire.auth import handshake_frame, new_nonce
+from aiorl.wire.codec import FrameType
+
+TOKEN = generate_token()
+HANG_S = 30.0  # only bounds a hang
+
+
+async def echo(conn):
+    async for msg in conn:
+        await conn.reply(msg)
+
+
+async def raw(port: int, hello: bool = False):
+    """A bare TCP connection: silent, or one that sends a HELLO and then stalls."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if hello:
+        writer.write(handshake_frame(FrameType.HELLO, {"name": "stall", "nonce": new_nonce()}))
+        await writer.drain()
+    return reader, writer
+
+
+async def until(predicate) -> None:
+    async with asyncio.timeout(HANG_S):
+        while not predicate():
+            await asyncio.sleep(0.002)
+
+
+async def test_a_silent_connection_is_closed_after_first_bytes_timeout_not_the_handshake_deadline(caplog):
+    caplog.set_level(logging.WARNING, logger="aiorl.wire")
+    # The handshake deadline is far off: only the first-bytes deadline (default 1.5 s) ends it.
+    server = await serve(echo, token=TOKEN, name="s", handshake_timeout_s=HANG_S)
+    stalled = await raw(server.port, hello=True)  # connected first: its timer would fire first
+    silent = await raw(server.port)
+    try:
+        await until(lambda: len(server._handshaking) == 2)
+        async with asyncio.timeout(HANG_S):
+            assert await silent[0].read() == b""  # the server hung up on the silent one
+        assert server.stats["handshake_failures"] == 1
+        assert any("no byte received within 1.5s" in r.getMessage() for r in caplog.records)
+        # The one that sent its HELLO is not cut by that deadline (only by the handshake's own).
+        assert len(server._handshaking) == 1 and not next(iter(server._handshaking)).silent
+    finally:
+        for _, writer in (stalled, silent):
+            writer.close()
+        await server.close()
+
+
+async def test_silent_sockets_held_and_reopened_cannot_hold_the_per_host_slots():
+    server = await serve(echo, token=TOKEN, name="s", max_handshakes_per_host=4, handshake_timeout_s=HANG_S)
+    held: list = []
+    busy_replies = 0
+    stop = asyncio.Event()
+
+    async def flood(slot: int) -> None:
+        """Keep one silent socket open at all times, re-opened the moment the server drops it."""
+        nonlocal busy_replies
+        while not stop.is_set():
+            reader, writer = await raw(server.port)
+            held.append(writer)
+            try:
+                answer = await reader.read()
+            except ConnectionError:
+                answer = b""
+            busy_replies += b"busy" in answer
+            writer.close()
+
+    floods = [asyncio.create_task(flood(i)) for i in range(6)]  # more than the cap, as in the issue
+    try:
+        await until(lambda: len(server._handshaking) == 4 and len(held) >= 6)
+        for i in range(5):
+            conn = await connect("127.0.0.1", server.port, token=TOKEN, name=f"role-{i}")
+            assert (await conn.request("ping", timeout_s=HANG_S)).kind == "ok"
+            await conn.close()
+        assert server.stats["evicted"] >= 5
+    finally:
+        stop.set()
+        for writer in held:
+            writer.close()
+        await asyncio.gather(*floods, return_exceptions=True)
+        await server.close()
+    assert busy_replies >= 1  # an evicted socket is told why: a "busy" REJECT
+
+
+async def test_a_stalled_handshake_keeps_its_slot_while_young_and_gives_it_up_when_slow():
+    server = await serve(
+        echo, token=TOKEN, name="s", max_handshakes_per_host=2, handshake_timeout_s=HANG_S, first_bytes_timeout_s=0.3
+    )
+    stalled = [await raw(server.port, hello=True) for _ in range(2)]
+    try:
+        await until(lambda: len(server._handshaking) == 2 and not any(p.silent for p in server._handshaking))
+        # Both have just talked: the newcomer waits its turn (refused busy, it retries)...
+        with pytest.raises(ServerBusy, match="handshakes in progress from 127.0.0.1"):
+            await connect("127.0.0.1", server.port, token=TOKEN, name="early")
+        assert server.stats["evicted"] == 0
+        # ...and once they have stalled past first_bytes_timeout_s, a newcomer takes the oldest's slot.
+        await until(lambda: all(asyncio.get_running_loop().time() - p.connected_at > 0.3 for p in server._handshaking))
+        conn = await connect("127.0.0.1", server.port, token=TOKEN, name="late")
+        assert (await conn.request("ping", timeout_s=HANG_S)).kind == "ok"
+        await conn.close()
+        async with asyncio.timeout(HANG_S):
+            answer = await stalled[0][0].read()
+        assert b"busy" in answer and b"a newer one took its slot" in answer
+        assert server.stats["evicted"] == 1
+    finally:
+        for _, writer in stalled:
+            writer.close()
+        await server.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, 61])
+def test_first_bytes_timeout_out_of_range_is_a_one_line_config_error(value):
+    with pytest.raises(ConfigError) as info:
+        load_config(data={"algo": "random_agent", "cluster": {"first_bytes_timeout_s": value}})
+    message = str(info.value)
+    assert "cluster.first_bytes_timeout_s" in message and str(value) in message and "\n" not in message
+
+
+async def test_aiorl_status_waits_out_a_busy_refusal():
+    """`aiorl status` retries while every slot is held by a young handshake; they turn slow and yield."""
+    server = await serve(
+        echo, token=TOKEN, name="s", max_handshakes_per_host=2, handshake_timeout_s=HANG_S, first_bytes_timeout_s=0.3
+    )
+    stalled = [await raw(server.port, hello=True) for _ in range(2)]
+    try:
+        await until(lambda: len(server._handshaking) == 2 and not any(p.silent for p in server._handshaking))
+        assert await fetch_status("127.0.0.1", server.port, TOKEN, timeout_s=HANG_S) == {}  # echo's empty reply
+        assert server.stats["refused_busy"] > server.stats["evicted"] == 1  # it was refused, then got in
+    finally:
+        for _, writer in stalled:
+            writer.close()
+        await server.close()
