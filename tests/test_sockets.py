@@ -13,11 +13,12 @@ import asyncio
 import logging
 
 import pytest
+from hostile_helpers import Memory0
 
 from aiorl.cli.status import fetch_status
 from aiorl.config import ConfigError
 from aiorl.experiment.loading import load_config
-from aiorl.wire import ServerBusy, connect, generate_token, serve
+from aiorl.wire import ConnectionClosed, ServerBusy, connect, generate_token, serve
 from aiorl.wire.auth import handshake_frame, new_nonce
 from aiorl.wire.codec import FrameType
 
@@ -149,3 +150,34 @@ async def test_aiorl_status_waits_out_a_busy_refusal():
         for _, writer in stalled:
             writer.close()
         await server.close()
+
+
+async def test_authenticated_connections_that_never_register_or_attach_are_closed(tmp_path):
+    """A leaking client with the token fills the coordinator's max_connections; the register
+    deadline (cluster.coordinator_timeout_s) empties it again, and `attach` has the same one."""
+    async with Memory0(tmp_path, ["cluster.coordinator_timeout_s=0.5"]) as m:
+        coordinator = ("127.0.0.1", m.cfg.cluster.port)
+        asking = await m.connect(coordinator, "status")  # status is answered, but is no registration
+        answers = []
+
+        async def keep_asking() -> None:  # the deadline runs from the handshake, not from the last request
+            while True:
+                try:
+                    answers.append((await asking.request("status", timeout_s=HANG_S)).meta["phase"])
+                except ConnectionClosed:
+                    return
+                await asyncio.sleep(0.05)
+
+        asker = asyncio.create_task(keep_asking())
+        leaked = []
+        with pytest.raises(ServerBusy, match="connections open"):
+            while len(leaked) < 100:
+                leaked.append(await m.connect(coordinator, f"leak-{len(leaked)}"))
+        idle_at_memory = await m.connect(m.memory_address, "actor-0")
+        await m.until(lambda: all(c.closed for c in [asking, *leaked, idle_at_memory]), "idle connections closed")
+        async with asyncio.timeout(HANG_S):
+            await asker
+        assert answers and m.coordinator.unregistered_closed == 1 + len(leaked)
+        assert m.memory.peers_refused["no_attach"] == 1
+        conn, session = await m.register("actor-0")  # room again
+        assert await m.attach("actor-0", session)

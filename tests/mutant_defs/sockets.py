@@ -7,6 +7,7 @@ SILENT_FLOOD = T + "test_silent_sockets_held_and_reopened_cannot_hold_the_per_ho
 STALLED = T + "test_a_stalled_handshake_keeps_its_slot_while_young_and_gives_it_up_when_slow"
 STATUS_RETRIES = T + "test_aiorl_status_waits_out_a_busy_refusal"
 CONFIG = T + "test_first_bytes_timeout_out_of_range_is_a_one_line_config_error"
+NEVER_REGISTER = T + "test_authenticated_connections_that_never_register_or_attach_are_closed"
 
 MUTANTS = [
     dict(
@@ -57,5 +58,26 @@ MUTANTS = [
         old="        0 < c.first_bytes_timeout_s <= 60,",
         new="        True,",
         tests=[CONFIG],
+    ),
+    dict(
+        name="register-has-no-deadline",
+        path="aiorl/runtime/coordinator/registration.py",
+        old="msg, fields = await first_request(conn, deadline - loop.time())",
+        new="msg, fields = await first_request(conn, 1e9)",
+        tests=[NEVER_REGISTER],
+    ),
+    dict(
+        name="each-status-request-restarts-the-register-deadline",
+        path="aiorl/runtime/coordinator/registration.py",
+        old="msg, fields = await first_request(conn, deadline - loop.time())",
+        new="msg, fields = await first_request(conn, self.cfg.cluster.coordinator_timeout_s)",
+        tests=[NEVER_REGISTER],
+    ),
+    dict(
+        name="attach-has-no-deadline",
+        path="aiorl/runtime/memory/role.py",
+        old='await first_request(conn, c.coordinator_timeout_s, {"attach"})',
+        new='await first_request(conn, 1e9, {"attach"})',
+        tests=[NEVER_REGISTER],
     ),
 ]

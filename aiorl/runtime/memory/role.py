@@ -28,6 +28,7 @@ from aiorl.core.ratelog import RateLimitedLog
 from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from aiorl.replay.frames import FrameReplayBuffer, frame_layout
 from aiorl.runtime import frame_limits
+from aiorl.runtime.first_request import first_request
 from aiorl.runtime.fragments import FragmentHub
 from aiorl.runtime.memory.feed import LearnerFeed
 from aiorl.runtime.memory.flow import FlowControl
@@ -216,13 +217,10 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         c = self.cfg.cluster
         name = conn.peer_name  # validated by the handshake: safe to log
         try:
-            async with asyncio.timeout(c.coordinator_timeout_s):
-                msg = await conn.recv()
-            session = check(msg.kind, msg.meta, {"attach"})["session"]
-            if msg.request_id is None:
-                raise BadMessage("attach must be a request")
+            msg, fields = await first_request(conn, c.coordinator_timeout_s, {"attach"})
+            session = fields["session"]
         except (TimeoutError, ConnectionClosed, BadMessage) as exc:
-            self._refuse(conn, "no_attach", f"no valid attach: {exc or 'timed out'}")
+            self._refuse(conn, "no_attach", f"no valid attach: {exc or 'closed'}")
             return None
         try:
             kind, index = parse_role_name(name)
