@@ -10,9 +10,14 @@ as the memory host already closes one that never attaches.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import subprocess
+import sys
+import threading
 
 import pytest
+from cluster_helpers import cluster, finish, read_json, start, wait_for
 from hostile_helpers import Memory0
 
 from aiorl.cli.status import fetch_status
@@ -181,3 +186,88 @@ async def test_authenticated_connections_that_never_register_or_attach_are_close
         assert m.memory.peers_refused["no_attach"] == 1
         conn, session = await m.register("actor-0")  # room again
         assert await m.attach("actor-0", session)
+
+
+class SilentFlood:
+    """`count` silent sockets to 127.0.0.1:`port`, each re-opened shortly after the server drops
+    it, from a thread of their own (the test's main thread runs the cluster's clock)."""
+
+    REOPEN_S = 0.1  # at once, as an attacker would, but no busy loop on a shared 2-core machine
+
+    def __init__(self, port: int, count: int) -> None:
+        self.port, self.count = port, count
+        self.opened = self.dropped = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def __enter__(self) -> SilentFlood:
+        self._thread.start()
+        self._ready.wait(HANG_S)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(HANG_S)
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._ready.set()
+        holders = [asyncio.create_task(self._hold()) for _ in range(self.count)]
+        await self._stop.wait()
+        for task in holders:
+            task.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
+
+    async def _hold(self) -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                await asyncio.sleep(self.REOPEN_S)
+                continue
+            self.opened += 1
+            try:
+                await reader.read()  # until the server hangs up
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+            self.dropped += 1
+            await asyncio.sleep(self.REOPEN_S)
+
+
+def coordinator_port(run_dir) -> int | None:
+    try:
+        return read_json(run_dir / "coordinator.json")["port"]
+    except (OSError, ValueError, KeyError):
+        return None  # not written yet (or half)
+
+
+@pytest.mark.cluster
+def test_a_run_with_40_silent_sockets_held_at_its_coordinator_starts_finishes_and_answers_status(tmp_path):
+    """Issue 29's acceptance: every role connects from 127.0.0.1, where 40 silent sockets (more than
+    max_handshakes_per_host) are held and re-opened from the coordinator's first moment on."""
+    proc, run_dir = start(tmp_path, cluster(2, 2, 1, scheduled_timesteps=20_000))
+    try:
+        port = wait_for(lambda: coordinator_port(run_dir), 60, "coordinator.json")
+        with SilentFlood(port, 40) as flood:
+            wait_for(lambda: flood.opened >= 40, 60, "40 silent sockets at the coordinator")
+            status = subprocess.run(
+                [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            code, out = finish(proc, timeout_s=240)
+            dropped = flood.dropped
+    finally:
+        proc.kill()
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert json.loads(status.stdout)["live"] is True  # the coordinator answered, during the run
+    assert code == 0, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["ok"] and all(role["status"] == "done" for role in summary["roles"].values())
+    assert dropped > 40  # the server kept dropping them, and they kept coming back
+    assert summary["connections_refused_busy"] > 0  # they did fill the slots the roles needed
