@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 import threading
 
 import pytest
-from cluster_helpers import cluster, finish, read_json, start, wait_for
+from cluster_helpers import cluster, finish, live_status, read_json, start, wait_for
 from hostile_helpers import Memory0
 
 from aiorl.cli.status import fetch_status
@@ -246,10 +248,14 @@ def coordinator_port(run_dir) -> int | None:
 
 
 @pytest.mark.cluster
-def test_a_run_with_40_silent_sockets_held_at_its_coordinator_starts_finishes_and_answers_status(tmp_path):
+def test_a_run_with_40_silent_sockets_held_at_its_coordinator_starts_restarts_finishes_and_answers_status(tmp_path):
     """Issue 29's acceptance: every role connects from 127.0.0.1, where 40 silent sockets (more than
-    max_handshakes_per_host) are held and re-opened from the coordinator's first moment on."""
-    proc, run_dir = start(tmp_path, cluster(2, 2, 1, scheduled_timesteps=20_000))
+    max_handshakes_per_host) are held and re-opened from the coordinator's first moment on; the
+    roles start, `aiorl status` answers, a SIGKILLed actor's restart registers, the run ends 0."""
+    config = cluster(2, 2, 1, scheduled_timesteps=10**9)
+    config["cluster"].update(max_restarts=1, restart_backoff_s=0.2)
+    config["run"] = {"max_seconds": 20.0}  # the stop criterion: the length does not depend on the machine
+    proc, run_dir = start(tmp_path, config)
     try:
         port = wait_for(lambda: coordinator_port(run_dir), 60, "coordinator.json")
         with SilentFlood(port, 40) as flood:
@@ -260,6 +266,9 @@ def test_a_run_with_40_silent_sockets_held_at_its_coordinator_starts_finishes_an
                 text=True,
                 timeout=120,
             )
+            actor = wait_for(lambda: stepping(run_dir, "actor-0"), 60, "actor-0 stepping")
+            os.kill(actor, signal.SIGKILL)
+            wait_for(lambda: (live_status(run_dir) or {}).get("restarts") == 1, 60, "actor-0's restart")
             code, out = finish(proc, timeout_s=240)
             dropped = flood.dropped
     finally:
@@ -268,6 +277,15 @@ def test_a_run_with_40_silent_sockets_held_at_its_coordinator_starts_finishes_an
     assert json.loads(status.stdout)["live"] is True  # the coordinator answered, during the run
     assert code == 0, out
     summary = read_json(run_dir / "summary.json")
-    assert summary["ok"] and all(role["status"] == "done" for role in summary["roles"].values())
+    assert summary["ok"] and summary["restarts"] == 1 and summary["roles"]["actor-0"]["restarts"] == 1
+    assert all(role["status"] == "done" for role in summary["roles"].values())
     assert dropped > 40  # the server kept dropping them, and they kept coming back
     assert summary["connections_refused_busy"] > 0  # they did fill the slots the roles needed
+
+
+def stepping(run_dir, name: str) -> int | None:
+    """`name`'s pid once the coordinator has it running and stepping."""
+    role = (live_status(run_dir) or {}).get("roles", {}).get(name, {})
+    if role.get("status") == "running" and (role.get("counters") or {}).get("env_steps", 0) > 0:
+        return role.get("pid")
+    return None
