@@ -190,6 +190,19 @@ async def test_authenticated_connections_that_never_register_or_attach_are_close
         assert await m.attach("actor-0", session)
 
 
+async def test_the_coordinator_and_memory_host_serve_with_the_configured_first_bytes_timeout(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="aiorl.wire")
+    async with Memory0(tmp_path, ["cluster.first_bytes_timeout_s=0.2"]) as m:
+        silent = [await raw(m.cfg.cluster.port), await raw(m.memory_address[1])]
+        async with asyncio.timeout(HANG_S):
+            for reader, _ in silent:
+                assert await reader.read() == b""
+        for _, writer in silent:
+            writer.close()
+        assert m.coordinator.server.stats["handshake_failures"] == m.memory.server.stats["handshake_failures"] == 1
+    assert sum("no byte received within 0.2s" in r.getMessage() for r in caplog.records) == 2
+
+
 class SilentFlood:
     """`count` silent sockets to 127.0.0.1:`port`, each re-opened shortly after the server drops
     it, from a thread of their own (the test's main thread runs the cluster's clock)."""

@@ -7,6 +7,7 @@ SILENT_FLOOD = T + "test_silent_sockets_held_and_reopened_cannot_hold_the_per_ho
 STALLED = T + "test_a_stalled_handshake_keeps_its_slot_while_young_and_gives_it_up_when_slow"
 STATUS_RETRIES = T + "test_aiorl_status_waits_out_a_busy_refusal"
 CONFIG = T + "test_first_bytes_timeout_out_of_range_is_a_one_line_config_error"
+CONFIGURED = T + "test_the_coordinator_and_memory_host_serve_with_the_configured_first_bytes_timeout"
 NEVER_REGISTER = T + "test_authenticated_connections_that_never_register_or_attach_are_closed"
 
 MUTANTS = [
@@ -79,5 +80,19 @@ MUTANTS = [
         old='await first_request(conn, c.coordinator_timeout_s, {"attach"})',
         new='await first_request(conn, 1e9, {"attach"})',
         tests=[NEVER_REGISTER],
+    ),
+    dict(
+        name="coordinator-ignores-first-bytes-timeout-config",
+        path="aiorl/runtime/coordinator/service.py",
+        old="            first_bytes_timeout_s=c.first_bytes_timeout_s,\n",
+        new="",
+        tests=[CONFIGURED],
+    ),
+    dict(
+        name="memory-host-ignores-first-bytes-timeout-config",
+        path="aiorl/runtime/memory/role.py",
+        old="            first_bytes_timeout_s=c.first_bytes_timeout_s,\n",
+        new="",
+        tests=[CONFIGURED],
     ),
 ]
