@@ -13,10 +13,14 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import types
 
 import pytest
 from cluster_helpers import cluster, finish, live_status, read_json, start, wait_for
@@ -25,7 +29,9 @@ from hostile_helpers import Memory0
 from aiorl.cli.status import fetch_status
 from aiorl.config import ConfigError
 from aiorl.experiment.loading import load_config
-from aiorl.wire import ConnectionClosed, ServerBusy, connect, generate_token, serve
+from aiorl.launch.local import LocalLauncher
+from aiorl.runtime import local_sockets
+from aiorl.wire import ConnectionClosed, ServerBusy, connect, generate_token, serve, unix, write_token_file
 from aiorl.wire.auth import handshake_frame, new_nonce
 from aiorl.wire.codec import FrameType
 
@@ -302,3 +308,174 @@ def stepping(run_dir, name: str) -> int | None:
     if role.get("status") == "running" and (role.get("counters") or {}).get("env_steps", 0) > 0:
         return role.get("pid")
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 29, point 4d: a local run's servers also listen on Unix sockets in the run directory;
+# a peer there of another uid is refused before the handshake.
+
+
+def log_of(run_dir, name: str) -> str:
+    return (run_dir / "logs" / f"{name}.log").read_text()
+
+
+@pytest.mark.cluster
+def test_a_local_runs_roles_and_restarts_connect_over_unix_sockets_and_status_answers_there(tmp_path):
+    config = cluster(1, 2, 1, scheduled_timesteps=10**9)
+    config["cluster"].update(max_restarts=1, restart_backoff_s=0.2)
+    config["run"] = {"max_seconds": 20.0}
+    proc, run_dir = start(tmp_path, config)
+    try:
+        actor = wait_for(lambda: stepping(run_dir, "actor-0"), 60, "actor-0 stepping")
+        status = subprocess.run(
+            [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        os.kill(actor, signal.SIGKILL)
+        wait_for(lambda: (live_status(run_dir) or {}).get("restarts") == 1, 60, "actor-0's restart")
+        code, out = finish(proc, timeout_s=240)
+    finally:
+        proc.kill()
+    assert code == 0, out
+    assert status.returncode == 0 and json.loads(status.stdout)["live"] is True, status.stdout + status.stderr
+    address = read_json(run_dir / "coordinator.json")
+    assert address["unix"] == str(run_dir / "sock" / "coordinator")
+    coordinator = f"connected to the coordinator over unix:{run_dir / 'sock' / 'coordinator'}"
+    for name in ("memory-0", "memory-1", "learner-0"):
+        assert log_of(run_dir, name).count(coordinator) == 1, name
+    assert log_of(run_dir, "actor-0").count(coordinator) == 2  # the restart too
+    for name, incarnations in (("learner-0", 1), ("actor-0", 2)):
+        for m in range(2):
+            line = f"over unix:{run_dir / 'sock' / f'memory-{m}'}"
+            assert log_of(run_dir, name).count(line) == incarnations, (name, m)
+    summary = read_json(run_dir / "summary.json")
+    assert summary["ok"] and summary["roles"]["actor-0"]["restarts"] == 1
+    # Four roles, the restart and `aiorl status` (a rejoin would add one), none refused.
+    assert summary["unix_connections"] >= 6 and summary["connections_refused_uid"] == 0
+
+
+def connect_as(uid: int, path: str) -> int:
+    """Connect to Unix socket `path` from a child running as `uid`: 0 when the server hung up
+    without a byte, else what went wrong (the child only uses blocking sockets, then _exits)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(HANG_S)
+            sock.connect(path)
+            try:
+                code = 0 if sock.recv(4096) == b"" else 2
+            except ConnectionResetError:
+                code = 0
+        except BaseException:
+            code = 4
+        os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="changing uid needs root (the CI runs as root)")
+async def test_a_unix_peer_of_another_uid_is_refused_before_the_handshake(tmp_path):
+    # A directory another uid can enter, as root or a widened mode would make it: only the uid
+    # check stands between that peer and the handshake.
+    directory = tempfile.mkdtemp(prefix="aiorl-uid-", dir="/tmp")  # tmp_path's parents are 0700
+    path = os.path.join(directory, "s")
+    try:
+        server = await serve(echo, token=TOKEN, name="s", unix_path=path)
+        try:
+            os.chmod(directory, 0o755)
+            os.chmod(path, 0o666)
+            assert await asyncio.to_thread(connect_as, 65534, path) == 0
+            conn = await connect("127.0.0.1", server.port, token=TOKEN, name="same-uid", unix_path=path)
+            assert (await conn.request("ping", timeout_s=HANG_S)).kind == "ok"
+            assert conn.peer == f"unix:{path}"
+            await conn.close()
+            assert server.stats["refused_uid"] == 1 and server.stats["unix_connections"] == 1
+            assert server.stats["handshake_failures"] == 0  # refused before any handshake began
+        finally:
+            await server.close()
+        assert not os.path.exists(path)  # the server removes its socket when it closes
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_the_uid_check_reads_the_peers_credentials():
+    a, b = socket.socketpair(socket.AF_UNIX)
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        assert unix.peer_uid(a) == os.getuid()
+        assert unix.check_peer(a, os.getuid()) is None
+        me = os.getuid()
+        assert unix.check_peer(a, me + 1) == f"peer uid {me} is not this server's uid {me + 1}"
+        assert unix.check_peer(tcp, os.getuid()) is not None  # no credentials: refused, not trusted
+    finally:
+        for sock in (a, b, tcp):
+            sock.close()
+
+
+async def test_aiorl_status_of_a_run_directory_asks_over_its_unix_socket_on_this_host_only(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "sock").mkdir(parents=True)
+    write_token_file(run_dir / "token", TOKEN)
+    path = str(run_dir / "sock" / "coordinator")
+    server = await serve(echo, token=TOKEN, name="s", unix_path=path)
+    try:
+        for hostname, over_unix in ((socket.gethostname(), 1), ("another-host", 0)):
+            address = {"host": "127.0.0.1", "port": server.port, "unix": path, "hostname": hostname}
+            (run_dir / "coordinator.json").write_text(json.dumps(address))
+            before = server.stats["unix_connections"]
+            status = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "aiorl", "status", str(run_dir), "--json", stdout=subprocess.PIPE
+            )
+            async with asyncio.timeout(120):
+                out, _ = await status.communicate()
+            assert status.returncode == 0 and json.loads(out) == {"live": True}  # echo's empty reply
+            assert server.stats["unix_connections"] - before == over_unix, hostname
+    finally:
+        await server.close()
+
+
+@pytest.mark.cluster
+def test_a_run_directory_too_deep_for_a_socket_path_falls_back_to_tcp_and_says_so_once(tmp_path):
+    deep = tmp_path / ("d" * 100)  # run/sock/coordinator under it is past sun_path's 107 bytes
+    deep.mkdir()
+    config = cluster(1, 1, 1, scheduled_timesteps=10**9)
+    config["run"] = {"max_seconds": 3.0}
+    proc, run_dir = start(deep, config)
+    try:
+        code, out = finish(proc, timeout_s=240)
+    finally:
+        proc.kill()
+    assert code == 0, out
+    assert "unix" not in read_json(run_dir / "coordinator.json")
+    summary = read_json(run_dir / "summary.json")
+    assert summary["ok"] and summary["unix_connections"] == 0
+    assert log_of(run_dir, "memory-0").count("too long for a Unix socket") == 1
+    assert not any("over unix:" in log_of(run_dir, name) for name in ("memory-0", "learner-0", "actor-0"))
+
+
+@pytest.mark.parametrize("value", ["yes", 1])
+def test_unix_sockets_not_a_bool_is_a_one_line_config_error(value):
+    with pytest.raises(ConfigError) as info:
+        load_config(data={"algo": "random_agent", "cluster": {"unix_sockets": value}})
+    assert str(info.value) == f"cluster.unix_sockets: expected bool, got {type(value).__name__} {value!r}"
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_only_the_local_launcher_turns_unix_sockets_on_and_cluster_unix_sockets_turns_them_off(on):
+    cfg = load_config(data={"algo": "random_agent", "cluster": {"unix_sockets": on}})
+    launcher = types.SimpleNamespace(cfg=cfg, coordinator_unix="/run/sock/coordinator")
+    inherited = {local_sockets.ENV_ON: "1", local_sockets.ENV_COORDINATOR: "/elsewhere", "PATH": "/bin"}
+    env = LocalLauncher._unix_env(launcher, inherited)
+    expected = {local_sockets.ENV_ON: "1", local_sockets.ENV_COORDINATOR: "/run/sock/coordinator"} if on else {}
+    assert env == {"PATH": "/bin", **expected}
+    # A role started by hand (or by Ray) has neither: it serves and connects over TCP only.
+    assert local_sockets.socket_path("/run", "memory-1", environ={}) is None
+    assert local_sockets.usable("/", environ={}) is None and local_sockets.usable("/", environ=env) == (
+        "/" if on else None
+    )

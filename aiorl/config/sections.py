@@ -106,6 +106,13 @@ class ClusterConfig:
         "take before a newcomer may take its slot when the caps above are full.",
         default=1.5,
     )
+    unix_sockets: bool = doc(
+        "In a local run, the coordinator and memory hosts also listen on Unix sockets in the run "
+        "directory (0700) and the roles connect through them; a peer there of another uid is refused "
+        "before the handshake. Roles placed by Ray or started by hand, and `aiorl status HOST:PORT`, "
+        "use TCP. A run directory too deep for a socket's path (107 bytes) falls back to TCP.",
+        default=True,
+    )
     tls_cert: str | None = doc("PEM certificate of this host (enables TLS).", default=None)
     tls_key: str | None = doc("PEM private key for tls_cert.", default=None)
     tls_ca: str | None = doc("CA bundle used to verify peers when TLS is on.", default=None)

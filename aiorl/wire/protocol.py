@@ -54,7 +54,7 @@ import numpy as np
 
 from aiorl.core.buffer_pool import BufferPool
 
-from . import auth
+from . import auth, unix
 from .codec import (
     FIXED,
     FIXED_SIZE,
@@ -196,6 +196,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         on_lost: Callable[[WireProtocol], None] | None = None,
         admit: Callable[[WireProtocol], str | None] | None = None,
         admit_proved: Callable[[WireProtocol], str | None] | None = None,
+        screen: Callable[[WireProtocol], str | None] | None = None,
         log_failure: Callable[..., Any] | None = None,
         version: int = PROTOCOL_VERSION,
     ) -> None:
@@ -217,6 +218,9 @@ class WireProtocol(asyncio.BufferedProtocol):
         # before authentication are logged through `log_failure` (rate-limited).
         self._admit = admit
         self._admit_proved = admit_proved
+        # Server side: `screen` may refuse a new connection outright (a Unix peer of another
+        # uid): no byte is written to it, and nothing of the handshake starts.
+        self._screen = screen
         self._log_failure = log_failure
         # `limits` are what this side accepts; what it sends only has to fit the wire's own
         # maxima (the peer enforces its limits), with the header cap both sides share.
@@ -226,6 +230,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         self.peer = "?"
         self.peer_host = "?"
         self.peer_name: str | None = None
+        self.unix = False  # over a Unix socket (a local run), not TCP
 
         # receiving
         self._queue = _MessageQueue(recv_queue_size, self._loop)
@@ -284,9 +289,22 @@ class WireProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        address = transport.get_extra_info("peername")
-        self.peer = _format_address(address)
-        self.peer_host = str(address[0]) if isinstance(address, tuple) and address else self.peer
+        sock = transport.get_extra_info("socket")
+        self.unix = unix.is_unix(sock)
+        if self.unix:  # a client's end has no name: say which socket it came in on
+            self.peer = f"unix:{transport.get_extra_info('sockname' if self._server else 'peername')}"
+            self.peer_host = "unix"  # one source for the per-host handshake cap, as 127.0.0.1 is
+        else:
+            address = transport.get_extra_info("peername")
+            self.peer = _format_address(address)
+            self.peer_host = str(address[0]) if isinstance(address, tuple) and address else self.peer
+        if self._screen is not None:
+            refusal = self._screen(self)
+            if refusal is not None:
+                self._failed = True
+                self._cause = PermissionError(refusal)
+                transport.abort()
+                return
         if self._admit is not None:
             refusal = self._admit(self)
             if refusal is not None:  # at a connection limit: say so and hang up, before any work
@@ -295,8 +313,7 @@ class WireProtocol(asyncio.BufferedProtocol):
                 transport.write(auth.reject_frame("busy", refusal, self._version))
                 transport.close()
                 return
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None and not self.unix:
             try:  # frames are coalesced by us; never wait for Nagle
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except (OSError, AttributeError):

@@ -85,7 +85,8 @@ class Registration:
         record.host = meta.get("host")
         address = meta.get("address")
         old_address = record.address
-        record.address = (str(address[0]), int(address[1])) if address else None
+        # [host, port], with a local run's Unix socket after them (messages.address checked it).
+        record.address = (str(address[0]), int(address[1]), *address[2:]) if address else None
         if admission != "rejoin" or record.session is None:
             record.session = secrets.token_hex(16)  # a rejoin keeps its memory hosts' connections
         if name == "learner-0" and meta.get("rendezvous"):

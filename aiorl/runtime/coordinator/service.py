@@ -204,7 +204,7 @@ class Coordinator(Registration):
 
     # ------------------------------------------------------------------ serving
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, unix_path: str | None = None) -> int:
         self.algo = build_algorithm(self.cfg)
         self.params.set_spec(self.algo.weights_spec())
         c = self.cfg.cluster
@@ -222,6 +222,7 @@ class Coordinator(Registration):
             max_handshakes=c.max_handshakes,
             max_handshakes_per_host=c.max_handshakes_per_host,
             first_bytes_timeout_s=c.first_bytes_timeout_s,
+            unix_path=unix_path,
         )
         return self.server.port
 
@@ -556,5 +557,8 @@ class Coordinator(Registration):
             "bad_messages": self.bad_messages,
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
             "handshakes_failed": self.server.stats["handshake_failures"] if self.server else 0,
+            "connections_refused_uid": self.server.stats["refused_uid"] if self.server else 0,
+            # How many authenticated connections came over the local run's Unix socket.
+            "unix_connections": self.server.stats["unix_connections"] if self.server else 0,
         }
         self.report.write_summary(self.run_dir, ok, self.outcome, self.lost_restartable, refusals)
