@@ -67,7 +67,7 @@ def addresses(run_dir) -> tuple[bytes, tuple[str, int], tuple[str, int]]:
     token = load_token(run_dir / "token")
     port = read_json(run_dir / "coordinator.json")["port"]
     status = asyncio.run(fetch_status("127.0.0.1", port, token))
-    return token, ("127.0.0.1", port), tuple(status["roles"]["memory-0"]["address"])
+    return token, ("127.0.0.1", port), tuple(status["roles"]["memory-0"]["address"][:2])  # TCP, as a peer elsewhere
 
 
 def learner_steps(run_dir) -> int:

@@ -258,11 +258,22 @@ async def test_per_host_handshake_cap_refuses_then_recovers():
         async for msg in conn:
             await conn.reply(msg)
 
-    server = await serve(handler, token=TOKEN, name="s", max_handshakes_per_host=2, handshake_timeout_s=HANG_S)
+    # Peers that have talked (a HELLO) and are still young keep their slots; a silent one
+    # would give its slot up to the newcomer (tests/test_sockets.py).
+    server = await serve(
+        handler,
+        token=TOKEN,
+        name="s",
+        max_handshakes_per_host=2,
+        handshake_timeout_s=HANG_S,
+        first_bytes_timeout_s=HANG_S,
+    )
     idle = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
+    for _, writer in idle:
+        writer.write(handshake_frame(FrameType.HELLO, {"name": "idle", "nonce": new_nonce()}))
     try:
         async with asyncio.timeout(HANG_S):
-            while len(server._handshaking) < 2:
+            while len(server._handshaking) < 2 or any(p.silent for p in server._handshaking):
                 await asyncio.sleep(0.002)
         with pytest.raises(ServerBusy, match="handshakes in progress from 127.0.0.1"):
             await connect("127.0.0.1", server.port, token=TOKEN, name="c")

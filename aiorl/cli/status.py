@@ -2,7 +2,9 @@
 
 TARGET is a run directory (the coordinator's address is recorded in its
 ``coordinator.json``) or ``host:port``. The cluster token comes from
-``AIORL_TOKEN``, ``--token-file`` or the run directory's ``token``. A finished
+``AIORL_TOKEN``, ``--token-file`` or the run directory's ``token``. A local run's
+coordinator also listens on a Unix socket in the run directory; on the host where that
+socket is, a run directory's status is asked there (the server checks the uid too). A finished
 run's directory gives its final summary instead, read from ``summary.json``
 without a token or a coordinator, but only a summary its latest launch wrote
 (``run.json`` names it): an earlier launch's is never shown as this one's
@@ -14,13 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 
 from aiorl.config import connect_host
 from aiorl.io.rundir import latest_launch_id, read_json
 from aiorl.runtime.messages import BadMessage, unpack_table
-from aiorl.wire import ConnectionClosed, ProtocolError, WireError, connect, load_token
+from aiorl.wire import ConnectionClosed, ProtocolError, ServerBusy, WireError, connect, load_token
 
 
 class StatusError(RuntimeError):
@@ -55,15 +59,44 @@ def status_of(reply) -> dict:
     return status
 
 
-async def fetch_status(host: str, port: int, token: bytes, timeout_s: float = 5.0) -> dict:
-    conn = await asyncio.wait_for(
-        connect(host, port, token=token, name="status", handshake_timeout_s=timeout_s), timeout_s
-    )
+def unix_socket_of(run_dir: Path) -> str | None:
+    """The coordinator's Unix socket from a run directory's coordinator.json, when it is on this
+    host and there; None: ask over TCP."""
+    address = read_json(run_dir / "coordinator.json") or {}
+    path = address.get("unix")
+    if not isinstance(path, str) or address.get("hostname") != socket.gethostname() or not os.path.exists(path):
+        return None
+    return path
+
+
+async def fetch_status(
+    host: str, port: int, token: bytes, timeout_s: float = 5.0, unix_path: str | None = None
+) -> dict:
+    conn = await _connect(host, port, token, timeout_s, unix_path)
     try:
         reply = await conn.request("status", timeout_s=timeout_s)
         return status_of(reply)
     finally:
         await conn.close()
+
+
+async def _connect(host: str, port: int, token: bytes, timeout_s: float, unix_path: str | None = None):
+    """Connect, retrying while the coordinator is busy: its handshake slots go to peers that
+    complete quickly, so a busy refusal lasts at most a stalled handshake's first_bytes_timeout_s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    delay = 0.05
+    while True:
+        remaining = deadline - loop.time()
+        try:
+            return await connect(
+                host, port, token=token, name="status", handshake_timeout_s=max(0.1, remaining), unix_path=unix_path
+            )
+        except ServerBusy:
+            if loop.time() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.5)
 
 
 def render(status: dict) -> str:
@@ -124,7 +157,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"aiorl status: {exc}", file=sys.stderr)
         return 2
     try:
-        status = asyncio.run(fetch_status(host, port, token, args.timeout))
+        unix_path = unix_socket_of(run_dir) if run_dir is not None else None
+        status = asyncio.run(fetch_status(host, port, token, args.timeout, unix_path))
         status["live"] = True
     except (OSError, TimeoutError, ConnectionClosed, WireError) as exc:
         final = read_json(run_dir / "summary.json") if run_dir is not None else None

@@ -41,6 +41,10 @@ def check_cluster_and_env(cfg: Config) -> None:
     for name in ("max_handshakes", "max_handshakes_per_host"):
         _check(getattr(c, name) >= 1, f"cluster.{name}: must be at least 1, got {getattr(c, name)}")
     _check(
+        0 < c.first_bytes_timeout_s <= 60,
+        f"cluster.first_bytes_timeout_s: expected more than 0 and at most 60 seconds, got {c.first_bytes_timeout_s}",
+    )
+    _check(
         0 <= c.actor_flush_delay_s <= 1,
         f"cluster.actor_flush_delay_s: expected 0..1 seconds, got {c.actor_flush_delay_s}",
     )

@@ -100,6 +100,19 @@ class ClusterConfig:
         "Of those, how many may come from one address (a flood from one host cannot take them all).",
         default=32,
     )
+    first_bytes_timeout_s: float = doc(
+        "Seconds a coordinator or memory host waits for a new connection's first byte before closing it "
+        "(a role's handshake starts at once; the whole handshake has longer). Also how long a handshake may "
+        "take before a newcomer may take its slot when the caps above are full.",
+        default=1.5,
+    )
+    unix_sockets: bool = doc(
+        "In a local run, the coordinator and memory hosts also listen on Unix sockets in the run "
+        "directory (0700) and the roles connect through them; a peer there of another uid is refused "
+        "before the handshake. Roles placed by Ray or started by hand, and `aiorl status HOST:PORT`, "
+        "use TCP. A run directory too deep for a socket's path (107 bytes) falls back to TCP.",
+        default=True,
+    )
     tls_cert: str | None = doc("PEM certificate of this host (enables TLS).", default=None)
     tls_key: str | None = doc("PEM private key for tls_cert.", default=None)
     tls_ca: str | None = doc("CA bundle used to verify peers when TLS is on.", default=None)

@@ -32,6 +32,7 @@ from pathlib import Path
 from aiorl.config import Config
 from aiorl.io.rundir import RunDir, write_json_atomic
 from aiorl.launch.panel import Progress, next_command, stopped_at_note
+from aiorl.runtime import local_sockets
 from aiorl.runtime.phase import (
     EXIT_COORDINATOR_LOST,
     EXIT_OK,
@@ -104,6 +105,7 @@ class LocalLauncher:
         self.stalled: str | None = None  # why the launcher killed the coordinator, if it did
         self.config_path = self.run_dir / "config.yaml"
         self.port: int | None = None
+        self.coordinator_unix: str | None = None  # the coordinator's Unix socket, once it listens
         self.progress: Progress | None = None
 
     @property
@@ -132,8 +134,19 @@ class LocalLauncher:
                 stderr=log_file,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
-                env={**os.environ, **self.rundir.identity.env()},
+                env={**self._unix_env(os.environ), **self.rundir.identity.env()},
             )
+
+    def _unix_env(self, environ) -> dict[str, str]:
+        """The environment of a child of this launcher: every role runs on this host, so with
+        ``cluster.unix_sockets`` they serve and connect over Unix sockets in the run directory
+        (never inherited: only this launcher turns them on, or leaves them off)."""
+        env = {k: v for k, v in environ.items() if k not in (local_sockets.ENV_ON, local_sockets.ENV_COORDINATOR)}
+        if self.cfg.cluster.unix_sockets:
+            env[local_sockets.ENV_ON] = "1"
+            if self.coordinator_unix:
+                env[local_sockets.ENV_COORDINATOR] = self.coordinator_unix
+        return env
 
     def _spawn(self, kind: str, index: int) -> Child:
         name = role_name(kind, index)
@@ -174,6 +187,8 @@ class LocalLauncher:
         while time.monotonic() < deadline:
             address = self.rundir.read_owned("coordinator.json")
             if address is not None:
+                unix = address.get("unix")
+                self.coordinator_unix = unix if isinstance(unix, str) else None
                 return int(address["port"])
             if child.proc.poll() is not None:
                 raise LaunchError(

@@ -143,7 +143,7 @@ class ActorRole(Role):
     # ------------------------------------------------------------------ memory hosts
 
     async def _connect_memory(self, m: int, address) -> None:
-        conn = await self.attach_memory(address[0], address[1])
+        conn = await self.attach_memory(address)
         if self.memories[m] is not None:
             self.memories[m].abort()
         if self.frames is not None:
@@ -192,7 +192,7 @@ class ActorRole(Role):
             return super().on_control(msg)
         for m, address in enumerate(msg.meta.get("memories", [])):
             if address and m < len(self.memories) and self.memories[m] is None:
-                self.log.info("memory-%d is back at %s:%s; reconnecting", m, *address)
+                self.log.info("memory-%d is back at %s:%s; reconnecting", m, *address[:2])
                 task = asyncio.create_task(self._reconnect_memory(m, address))
                 self._links.add(task)
                 task.add_done_callback(self._links.discard)
@@ -201,7 +201,7 @@ class ActorRole(Role):
         try:
             await self._connect_memory(m, address)
         except (OSError, TimeoutError) as exc:
-            self.log.error("cannot reconnect to memory-%d at %s:%s: %s", m, *address, exc)
+            self.log.error("cannot reconnect to memory-%d at %s:%s: %s", m, *address[:2], exc)
 
     def _usable(self, m: int, need_credit: bool) -> bool:
         return self.memories[m] is not None and (not need_credit or self.credits is None or self.credits[m] > 0)
@@ -263,7 +263,7 @@ class ActorRole(Role):
                 try:
                     await self._connect_memory(m, address)
                 except (OSError, TimeoutError) as exc:  # gone since: it comes back with a new address
-                    self.log.warning("memory-%d at %s:%s unreachable (%s); going on without it", m, *address, exc)
+                    self.log.warning("memory-%d at %s:%s unreachable (%s); going on without it", m, *address[:2], exc)
         try:
             if work:
                 await self._work_loop()

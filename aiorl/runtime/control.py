@@ -45,6 +45,7 @@ class ControlChannel:
         start_timeout_s: float,
         log: logging.Logger,
         limits: Limits | None = None,
+        unix_path: str | None = None,
     ):
         self.name = name
         self.address = address
@@ -55,6 +56,7 @@ class ControlChannel:
         self.start_timeout_s = start_timeout_s
         self.log = log
         self.limits = limits  # what the coordinator may send this role (weights at most)
+        self.unix_path = unix_path  # a local run's: the coordinator's Unix socket, else TCP
         self.session: str | None = None  # of the current registration, from the coordinator's reply
         self.conn: Connection | None = None
         self.rejoins = 0
@@ -81,6 +83,7 @@ class ControlChannel:
                     ssl=self.ssl,
                     limits=self.limits,
                     handshake_timeout_s=max(0.1, min(self.timeout_s, remaining)),
+                    unix_path=self.unix_path,
                 )
             except (OSError, TimeoutError) as exc:  # refused, unreachable, or busy (ServerBusy)
                 if loop.time() + delay > deadline:
@@ -111,6 +114,8 @@ class ControlChannel:
         """Connect (retrying for ``start_timeout_s``) and register; the coordinator's reply meta."""
         deadline = asyncio.get_running_loop().time() + self.start_timeout_s
         conn = await self._connect(deadline)
+        if self.unix_path is not None:
+            self.log.info("connected to the coordinator over unix:%s", self.unix_path)
         meta = await self._register(conn, rejoin=False)
         self.conn = conn
         return meta

@@ -200,10 +200,10 @@ class LearnerRole(LearnerOutputs, Role):
         for m, address in enumerate(self.start_info["memories"]):
             if address is not None:
                 try:
-                    self.memories[m] = await self.attach_memory(address[0], address[1])
+                    self.memories[m] = await self.attach_memory(address)
                     continue
                 except (OSError, TimeoutError) as exc:
-                    self.log.warning("memory-%d at %s:%s unreachable (%s); going on without it", m, *address, exc)
+                    self.log.warning("memory-%d at %s:%s unreachable (%s); going on without it", m, *address[:2], exc)
             self.away.add(m)  # it may be restarting: it is announced when back
         if self.index == 0:
             await self._publish_weights()  # the first version: actors start from the learner's weights
@@ -283,14 +283,14 @@ class LearnerRole(LearnerOutputs, Role):
             return super().on_control(msg)
         for m, address in enumerate(msg.meta.get("memories", [])):
             if address and m in self.away:
-                self.log.info("memory-%d is back at %s:%s; reconnecting", m, *address)
+                self.log.info("memory-%d is back at %s:%s; reconnecting", m, *address[:2])
                 self._spawn(self._rejoin_memory(m, address), f"reconnect to memory-{m}")
 
     async def _rejoin_memory(self, m: int, address) -> None:
         try:
-            conn = await self.attach_memory(address[0], address[1])
+            conn = await self.attach_memory(address)
         except (OSError, TimeoutError) as exc:
-            self.log.error("cannot reconnect to memory-%d at %s:%s: %s", m, *address, exc)
+            self.log.error("cannot reconnect to memory-%d at %s:%s: %s", m, *address[:2], exc)
             return
         self.earlier_per_memory.append({"memory": m, **self.per_memory[m]})
         self.per_memory[m] = self._memory_account()

@@ -103,9 +103,13 @@ def mapping(key: Checker, value: Checker, max_len: int = 1024) -> Checker:
 
 
 def address(value, path):
-    if type(value) is not list or len(value) != 2:
-        raise BadMessage(f"{path} must be [host, port], got {_show(value)}")
-    return [text(255)(value[0], f"{path}[0]"), integer(1, 65535)(value[1], f"{path}[1]")]
+    """``[host, port]``, or ``[host, port, unix_path]`` from a server of a local run."""
+    if type(value) is not list or len(value) not in (2, 3):
+        raise BadMessage(f"{path} must be [host, port] or [host, port, unix_path], got {_show(value)}")
+    checked = [text(255)(value[0], f"{path}[0]"), integer(1, 65535)(value[1], f"{path}[1]")]
+    if len(value) == 3:
+        checked.append(text(255)(value[2], f"{path}[2]"))
+    return checked
 
 
 def int_pair(value, path):

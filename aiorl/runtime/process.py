@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import ssl
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from aiorl.config import Config
 from aiorl.core.console import CONSOLE, console_handler
 from aiorl.io.rundir import Identity, write_json_atomic
+from aiorl.runtime import local_sockets
 from aiorl.runtime.actor import ActorRole
 from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.learner import LearnerRole
@@ -84,12 +86,19 @@ def cluster_token(cfg: Config, run_dir: Path) -> bytes:
 async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl_server) -> int:
     identity = Identity.from_env()
     coordinator = Coordinator(cfg, run_dir, token, ssl=ssl_server, identity=identity)
-    port = await coordinator.start(cfg.cluster.host, cfg.cluster.port)
+    unix_path = local_sockets.socket_path(run_dir, "coordinator")
+    port = await coordinator.start(cfg.cluster.host, cfg.cluster.port, unix_path)
     cfg.cluster.port = port
     address = {"host": cfg.cluster.advertise_host or cfg.cluster.host, "port": port, "pid": os.getpid()}
+    if coordinator.server.unix_path is not None:  # a local run: its roles (and aiorl status here) use it
+        address.update(unix=coordinator.server.unix_path, hostname=socket.gethostname())
     write_json_atomic(run_dir / "coordinator.json", identity.stamp(address))
     logging.getLogger("aiorl.coordinator").info(
-        "coordinator listening on %s:%s", cfg.cluster.host, port, extra={CONSOLE: True}
+        "coordinator listening on %s:%s%s",
+        cfg.cluster.host,
+        port,
+        f" and on unix:{coordinator.server.unix_path}" if coordinator.server.unix_path else "",
+        extra={CONSOLE: True},
     )
     memory = MemoryRole(cfg, 0, run_dir, token, ssl_client=ssl_client, ssl_server=ssl_server, coordinator=coordinator)
     async with asyncio.TaskGroup() as tg:

@@ -30,7 +30,7 @@ import psutil
 
 from aiorl.config import Config, connect_host
 from aiorl.core.console import CONSOLE
-from aiorl.runtime import frame_limits, messages
+from aiorl.runtime import frame_limits, local_sockets, messages
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.control import ControlChannel, CoordinatorLost, NotAdmitted, Refused
 from aiorl.runtime.phase import (
@@ -198,6 +198,10 @@ class Role:
     def coordinator_address(self) -> tuple[str, int]:
         return connect_host(self.cfg.cluster.host), self.cfg.cluster.port
 
+    def coordinator_unix_path(self) -> str | None:
+        """The coordinator's Unix socket when this role of a local run reaches it there, else None."""
+        return local_sockets.coordinator_path()
+
     def _register_meta(self) -> dict:
         return {
             "role": self.name,
@@ -209,7 +213,9 @@ class Role:
             **self._register_extra,
         }
 
-    async def connect_to(self, host: str, port: int, limits: Limits | None = None) -> Connection:
+    async def connect_to(
+        self, host: str, port: int, limits: Limits | None = None, unix_path: str | None = None
+    ) -> Connection:
         """Connect to a server of the run, retrying (with backoff) while it is busy, for up to
         ``cluster.start_timeout_s``. A server that refuses or cannot be reached fails at once:
         it has gone away (the coordinator announces it when it is back, maybe elsewhere).
@@ -229,6 +235,7 @@ class Role:
                     ssl=self.ssl_client,
                     limits=limits,
                     handshake_timeout_s=self.cfg.cluster.coordinator_timeout_s,
+                    unix_path=unix_path,
                 )
             except (ServerBusy, TimeoutError):  # its handshake slots are taken (a flood, or many peers at once)
                 if asyncio.get_running_loop().time() + delay > deadline:
@@ -241,15 +248,20 @@ class Role:
         """This registration's id, shown to memory hosts when attaching (a rejoin keeps it)."""
         return self.coordinator.session if self.coordinator is not None else None
 
-    async def attach_memory(self, host: str, port: int) -> Connection:
-        """Connect to a memory host and attach with this registration's session id."""
+    async def attach_memory(self, address: list) -> Connection:
+        """Connect to a memory host at `address` ([host, port], a local run's with its Unix socket
+        after them) and attach with this registration's session id."""
+        host, port = address[0], address[1]
+        unix_path = local_sockets.usable(address[2] if len(address) > 2 else None)
         # A learner receives sampled batches; an actor only the attach reply.
         limits = (
             frame_limits.memory_to_learner(self.cfg, self.algorithm())
             if self.kind == "learner"
             else frame_limits.UNKNOWN_PEER
         )
-        conn = await self.connect_to(host, port, limits)
+        conn = await self.connect_to(host, port, limits, unix_path)
+        if unix_path is not None:
+            self.log.info("connected to the memory host at %s:%s over unix:%s", host, port, unix_path)
         try:
             await conn.request("attach", {"session": self.session}, timeout_s=self.cfg.cluster.coordinator_timeout_s)
         except RemoteError as exc:
@@ -325,6 +337,7 @@ class Role:
             c.start_timeout_s,
             self.log,
             limits=frame_limits.from_coordinator(self.algorithm()),
+            unix_path=self.coordinator_unix_path(),
         )
         try:
             reply = await self.coordinator.open()

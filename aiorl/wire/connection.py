@@ -33,6 +33,7 @@ import asyncio
 import collections
 import ipaddress
 import logging
+import os
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -44,10 +45,17 @@ from .errors import ConnectionClosed
 from .names import MAX_PEER_NAME, PEER_NAME_CHARS, is_peer_name, safe_text
 from .protocol import WireProtocol
 from .stream import Connection
+from .unix import check_peer, fits, remove_stale
 
 __all__ = ["Connection", "Server", "connect", "serve"]
 
 logger = logging.getLogger("aiorl.wire")
+
+#: Seconds a server waits for a new connection's first byte. A role's HELLO leaves the moment
+#: it connects, so only a socket that is not an aiorl peer (or one behind a stalled machine)
+#: stays silent this long; it is also how long a handshake may take before a newcomer may take
+#: its slot when the slots are full.
+FIRST_BYTES_TIMEOUT_S = 1.5
 
 
 def _check_common(token: bytes, name: str, recv_queue_size: int, handshake_timeout_s: float) -> None:
@@ -76,8 +84,12 @@ async def connect(
     handshake_timeout_s: float = 10.0,
     recv_queue_size: int = 64,
     server_hostname: str | None = None,
+    unix_path: str | None = None,
 ) -> Connection:
     """Connect to an aiorl server and authenticate, all within ``handshake_timeout_s``.
+
+    With ``unix_path``, over that Unix socket instead of ``host:port`` (a server of a local
+    run, see :func:`serve`); the handshake is the same, TLS is not used there.
 
     Raises :class:`AuthError` (wrong token on either side), :class:`ProtocolError`
     (e.g. "peer speaks protocol 2, this is 1"), ``TimeoutError``, or ``OSError``.
@@ -96,17 +108,19 @@ async def connect(
         handshake_timeout_s=handshake_timeout_s,
     )
     extra: dict[str, Any] = {}
-    if ssl is not None:
+    if ssl is not None and unix_path is None:
         extra = {"ssl": ssl, "server_hostname": server_hostname or host, "ssl_handshake_timeout": handshake_timeout_s}
     try:
         async with asyncio.timeout(handshake_timeout_s):
-            await loop.create_connection(lambda: proto, host, port, **extra)
+            if unix_path is not None:
+                await loop.create_unix_connection(lambda: proto, unix_path)
+            else:
+                await loop.create_connection(lambda: proto, host, port, **extra)
             await proto.handshake_done
     except TimeoutError:
         proto.abort()
-        raise TimeoutError(
-            f"connecting to {host}:{port}: no completed handshake within {handshake_timeout_s:g}s"
-        ) from None
+        where = f"unix:{unix_path}" if unix_path is not None else f"{host}:{port}"
+        raise TimeoutError(f"connecting to {where}: no completed handshake within {handshake_timeout_s:g}s") from None
     except BaseException:
         proto.abort()
         raise
@@ -118,11 +132,22 @@ class Server:
 
     Connections that have not finished the handshake are capped globally
     (``max_handshakes``) and per source address (``max_handshakes_per_host``);
-    authenticated ones at ``max_connections``. A connection over a cap is
-    refused at once: a REJECT frame with code "busy" (the client raises
-    :class:`ServerBusy`), then the socket is closed, so a flood of bare
-    connections holds at most the caps' worth of file descriptors.
-    ``stats`` counts refusals and failed handshakes.
+    authenticated ones at ``max_connections``. A connection that has sent no byte
+    within ``first_bytes_timeout_s`` is closed. At a handshake cap the slots are kept
+    for peers that complete quickly: the newcomer takes the slot of the oldest
+    connection in that cap that has sent nothing yet, else of the oldest one whose
+    handshake has lasted ``first_bytes_timeout_s`` or more; that one gets a REJECT
+    frame with code "busy" (its client raises :class:`ServerBusy` and may retry).
+    Only when every handshake in the cap is talking and younger is the newcomer
+    refused so. A connection over ``max_connections`` is refused the same way.
+    Either way a flood of bare connections holds at most the caps' worth of file
+    descriptors, and cannot hold the slots against a peer with the token.
+    ``stats`` counts refusals (``refused_busy``, evictions included), evictions
+    (``evicted``) and failed handshakes.
+
+    With a Unix socket too (``unix_path``), a peer there whose uid is not ``expected_uid``
+    (this process's) is refused before the handshake, without a word (``refused_uid``);
+    authenticated connections over it are counted in ``unix_connections``.
     """
 
     def __init__(
@@ -134,6 +159,7 @@ class Server:
         max_handshakes: int,
         max_handshakes_per_host: int,
         max_connections: int | None,
+        first_bytes_timeout_s: float = FIRST_BYTES_TIMEOUT_S,
     ) -> None:
         self.host = ""
         self.port = 0
@@ -141,13 +167,18 @@ class Server:
         self.max_handshakes = max_handshakes
         self.max_handshakes_per_host = max_handshakes_per_host
         self.max_connections = max_connections
-        self.stats = {"refused_busy": 0, "handshake_failures": 0}
+        self.first_bytes_timeout_s = first_bytes_timeout_s
+        self.unix_path: str | None = None  # also listening there (a local run)
+        self.expected_uid = os.getuid()
+        self.stats = {"refused_busy": 0, "evicted": 0, "handshake_failures": 0, "refused_uid": 0, "unix_connections": 0}
         self._on_connection = on_connection
         self._name = name
         self._protocol_options = protocol_options
         self._server: asyncio.base_events.Server | None = None
+        self._unix_server: asyncio.base_events.Server | None = None
         self._protocols: set[WireProtocol] = set()  # every live one, handshaking too
-        self._handshaking: set[WireProtocol] = set()
+        # In the order they connected (a dict as an ordered set): the oldest is found first.
+        self._handshaking: dict[WireProtocol, None] = {}
         self._handshaking_per_host: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
@@ -169,29 +200,65 @@ class Server:
             on_lost=self._on_lost,
             admit=self._admit,
             admit_proved=self._admit_proved,
+            screen=self._screen,
             log_failure=self._handshake_failed,
             **self._protocol_options,
         )
         self._protocols.add(proto)
         return proto
 
+    def _screen(self, proto: WireProtocol) -> str | None:
+        """A Unix peer must run as this server's uid; TCP peers are screened by the token alone."""
+        if not proto.unix:
+            return None
+        refusal = check_peer(proto.transport.get_extra_info("socket"), self.expected_uid)
+        if refusal is not None:
+            self.stats["refused_uid"] += 1
+            self._log_refusal("%r: refusing a connection on %s: %s", self, proto.peer, refusal)
+        return refusal
+
     def _admit(self, proto: WireProtocol) -> str | None:
         """A new connection: None to start its handshake, else why it is refused."""
         host = proto.peer_host
-        if len(self._handshaking) >= self.max_handshakes:
-            reason = f"{len(self._handshaking)} handshakes in progress, the limit (max_handshakes)"
-        elif self._handshaking_per_host[host] >= self.max_handshakes_per_host:
-            reason = (
-                f"{self._handshaking_per_host[host]} handshakes in progress from {host}, the limit "
-                "(max_handshakes_per_host)"
-            )
+        # The host's cap first: a slot freed there is a global one too.
+        if self._handshaking_per_host[host] >= self.max_handshakes_per_host:
+            scope = [p for p in self._handshaking if p.peer_host == host]
+            reason = f"{len(scope)} handshakes in progress from {host}, the limit (max_handshakes_per_host)"
+        elif len(self._handshaking) >= self.max_handshakes:
+            scope = list(self._handshaking)
+            reason = f"{len(scope)} handshakes in progress, the limit (max_handshakes)"
         else:
-            self._handshaking.add(proto)
-            self._handshaking_per_host[host] += 1
-            return None
+            scope = None
+        if scope is not None:
+            victim = self._slowest(scope)
+            if victim is None:  # every one is talking and still young: the newcomer waits its turn
+                self.stats["refused_busy"] += 1
+                self._log_refusal("%r: refusing a connection from %s: %s", self, proto.peer, reason)
+                return f"server busy: {reason}"
+            self._evict(victim, reason)
+        self._handshaking[proto] = None
+        self._handshaking_per_host[host] += 1
+        return None
+
+    def _slowest(self, scope: list[WireProtocol]) -> WireProtocol | None:
+        """Whose slot a newcomer takes: the oldest that has sent nothing, else the oldest whose
+        handshake has lasted `first_bytes_timeout_s` (a peer with the token needs a round trip)."""
+        for proto in scope:
+            if proto.silent:
+                return proto
+        now = asyncio.get_running_loop().time()
+        for proto in scope:
+            if now - proto.connected_at >= self.first_bytes_timeout_s:
+                return proto
+        return None
+
+    def _evict(self, victim: WireProtocol, reason: str) -> None:
+        how = "sent nothing" if victim.silent else "not finished its handshake"
         self.stats["refused_busy"] += 1
-        self._log_refusal("%r: refusing a connection from %s: %s", self, proto.peer, reason)
-        return f"server busy: {reason}"
+        self.stats["evicted"] += 1
+        self._log_refusal("%r: %s: closing %s (%s), a newer connection takes its slot", self, reason, victim.peer, how)
+        self._end_handshake(victim)  # its slot is free now, not when its socket has closed
+        victim.evict(f"server busy: {reason}; this connection had {how}, a newer one took its slot")
 
     def _admit_proved(self, proto: WireProtocol) -> str | None:
         if self.max_connections is not None and len(self.connections) >= self.max_connections:
@@ -207,7 +274,7 @@ class Server:
 
     def _end_handshake(self, proto: WireProtocol) -> None:
         if proto in self._handshaking:
-            self._handshaking.discard(proto)
+            del self._handshaking[proto]
             host = proto.peer_host
             self._handshaking_per_host[host] -= 1
             if self._handshaking_per_host[host] <= 0:
@@ -217,6 +284,7 @@ class Server:
         self._end_handshake(proto)
         conn = proto.connection
         self.connections.add(conn)
+        self.stats["unix_connections"] += proto.unix
         task = asyncio.get_running_loop().create_task(self._handle(conn), name=f"aiorl.wire handler {conn.peer}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -241,8 +309,9 @@ class Server:
     async def close(self, timeout_s: float = 5.0) -> None:
         """Stop listening, close every connection (flushing within ``timeout_s``), end the handlers."""
         self._closing = True
-        if self._server is not None:
-            self._server.close()
+        for listening in (self._server, self._unix_server):
+            if listening is not None:
+                listening.close()
         for proto in list(self._protocols):
             if not proto._authenticated:
                 proto.abort()
@@ -254,8 +323,11 @@ class Server:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+        for listening in (self._server, self._unix_server):
+            if listening is not None:
+                await listening.wait_closed()
+        if self.unix_path is not None:
+            remove_stale(self.unix_path)  # nobody connects to a socket nobody serves
 
     async def __aenter__(self) -> Server:
         return self
@@ -279,8 +351,12 @@ async def serve(
     max_handshakes: int = 128,
     max_handshakes_per_host: int = 32,
     max_connections: int | None = None,
+    first_bytes_timeout_s: float = FIRST_BYTES_TIMEOUT_S,
+    unix_path: str | None = None,
 ) -> Server:
-    """Listen on ``host:port`` (default 127.0.0.1, an ephemeral port).
+    """Listen on ``host:port`` (default 127.0.0.1, an ephemeral port), and on the Unix socket
+    ``unix_path`` too when given (a socket left there is replaced; put it in a directory only
+    this user can enter: the socket itself is 0600). The caps count both together.
 
     ``on_connection(conn)`` runs as its own task for each authenticated
     connection; when it returns or raises (the exception is logged with the
@@ -292,6 +368,8 @@ async def serve(
     neither encrypted nor authenticated.
     """
     _check_common(token, name, recv_queue_size, handshake_timeout_s)
+    if not first_bytes_timeout_s > 0:
+        raise ValueError(f"first_bytes_timeout_s must be > 0, got {first_bytes_timeout_s!r}")
     for key, value in (
         ("max_handshakes", max_handshakes),
         ("max_handshakes_per_host", max_handshakes_per_host),
@@ -307,11 +385,13 @@ async def serve(
             "name": name,
             "limits": limits or Limits(),
             "handshake_timeout_s": handshake_timeout_s,
+            "first_bytes_timeout_s": first_bytes_timeout_s,
             "recv_queue_size": recv_queue_size,
         },
         max_handshakes=max_handshakes,
         max_handshakes_per_host=max_handshakes_per_host,
         max_connections=max_connections,
+        first_bytes_timeout_s=first_bytes_timeout_s,
     )
     if ssl is None and not is_loopback(host):
         logger.warning(
@@ -327,6 +407,14 @@ async def serve(
     loop = asyncio.get_running_loop()
     server._server = await loop.create_server(server._make_protocol, host, port, backlog=backlog, **extra)
     server.host, server.port = server._server.sockets[0].getsockname()[:2]
+    if unix_path is not None:
+        if not fits(unix_path):
+            server._server.close()
+            raise ValueError(f"unix_path {unix_path!r} is longer than a Unix socket's path may be")
+        remove_stale(unix_path)
+        server._unix_server = await loop.create_unix_server(server._make_protocol, unix_path, backlog=backlog)
+        os.chmod(unix_path, 0o600)
+        server.unix_path = unix_path
     logger.debug("%r listening", server)
     return server
 

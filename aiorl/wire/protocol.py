@@ -54,7 +54,7 @@ import numpy as np
 
 from aiorl.core.buffer_pool import BufferPool
 
-from . import auth
+from . import auth, unix
 from .codec import (
     FIXED,
     FIXED_SIZE,
@@ -191,10 +191,12 @@ class WireProtocol(asyncio.BufferedProtocol):
         limits: Limits,
         recv_queue_size: int,
         handshake_timeout_s: float,
+        first_bytes_timeout_s: float | None = None,
         on_ready: Callable[[WireProtocol], None] | None = None,
         on_lost: Callable[[WireProtocol], None] | None = None,
         admit: Callable[[WireProtocol], str | None] | None = None,
         admit_proved: Callable[[WireProtocol], str | None] | None = None,
+        screen: Callable[[WireProtocol], str | None] | None = None,
         log_failure: Callable[..., Any] | None = None,
         version: int = PROTOCOL_VERSION,
     ) -> None:
@@ -205,6 +207,10 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._limits = limits
         self._version = version
         self._handshake_timeout_s = handshake_timeout_s
+        # Server side: a peer that has sent no byte this long is not an aiorl role (a role's
+        # HELLO leaves as soon as it connects), so it loses its handshake slot long before
+        # the handshake's own deadline.
+        self._first_bytes_timeout_s = first_bytes_timeout_s
         self._on_ready = on_ready
         self._on_lost = on_lost
         # Server side: `admit` may refuse a new connection and `admit_proved` one whose
@@ -212,6 +218,9 @@ class WireProtocol(asyncio.BufferedProtocol):
         # before authentication are logged through `log_failure` (rate-limited).
         self._admit = admit
         self._admit_proved = admit_proved
+        # Server side: `screen` may refuse a new connection outright (a Unix peer of another
+        # uid): no byte is written to it, and nothing of the handshake starts.
+        self._screen = screen
         self._log_failure = log_failure
         # `limits` are what this side accepts; what it sends only has to fit the wire's own
         # maxima (the peer enforces its limits), with the header cap both sides share.
@@ -221,6 +230,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         self.peer = "?"
         self.peer_host = "?"
         self.peer_name: str | None = None
+        self.unix = False  # over a Unix socket (a local run), not TCP
 
         # receiving
         self._queue = _MessageQueue(recv_queue_size, self._loop)
@@ -255,6 +265,9 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._authenticated = False
         self._handshake = auth.Handshake(client=not server, token=token, name=name, version=version)
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._silent_timer: asyncio.TimerHandle | None = None
+        self.connected_at = self._loop.time()
+        self.silent = True  # nothing received yet (the server's handshake slots go to others first)
         self.handshake_done: asyncio.Future | None = None if server else self._loop.create_future()
 
         # requests awaiting a reply: request id -> future
@@ -276,9 +289,22 @@ class WireProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        address = transport.get_extra_info("peername")
-        self.peer = _format_address(address)
-        self.peer_host = str(address[0]) if isinstance(address, tuple) and address else self.peer
+        sock = transport.get_extra_info("socket")
+        self.unix = unix.is_unix(sock)
+        if self.unix:  # a client's end has no name: say which socket it came in on
+            self.peer = f"unix:{transport.get_extra_info('sockname' if self._server else 'peername')}"
+            self.peer_host = "unix"  # one source for the per-host handshake cap, as 127.0.0.1 is
+        else:
+            address = transport.get_extra_info("peername")
+            self.peer = _format_address(address)
+            self.peer_host = str(address[0]) if isinstance(address, tuple) and address else self.peer
+        if self._screen is not None:
+            refusal = self._screen(self)
+            if refusal is not None:
+                self._failed = True
+                self._cause = PermissionError(refusal)
+                transport.abort()
+                return
         if self._admit is not None:
             refusal = self._admit(self)
             if refusal is not None:  # at a connection limit: say so and hang up, before any work
@@ -287,8 +313,7 @@ class WireProtocol(asyncio.BufferedProtocol):
                 transport.write(auth.reject_frame("busy", refusal, self._version))
                 transport.close()
                 return
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None and not self.unix:
             try:  # frames are coalesced by us; never wait for Nagle
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except (OSError, AttributeError):
@@ -303,6 +328,9 @@ class WireProtocol(asyncio.BufferedProtocol):
                 high=self._limits.write_buffer_high_bytes, low=self._limits.write_buffer_low_bytes
             )
         self._handshake_timer = self._loop.call_later(self._handshake_timeout_s, self._handshake_timed_out)
+        first = self._first_bytes_timeout_s
+        if self._server and first is not None and first < self._handshake_timeout_s:
+            self._silent_timer = self._loop.call_later(first, self._silent_timed_out)
         if not self._server:
             transport.write(self._handshake.start())
 
@@ -312,7 +340,7 @@ class WireProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._writing_paused = False
-        for handle in (self._handshake_timer, self._flush_handle):
+        for handle in (self._handshake_timer, self._silent_timer, self._flush_handle):
             if handle is not None:
                 handle.cancel()
         self._out.clear()
@@ -442,6 +470,11 @@ class WireProtocol(asyncio.BufferedProtocol):
             return
         try:
             if not self._authenticated:
+                if self.silent:
+                    self.silent = False
+                    if self._silent_timer is not None:
+                        self._silent_timer.cancel()
+                        self._silent_timer = None
                 self._end += nbytes
                 data = bytes(self._stage_view[self._start : self._end])
                 self._start = self._end = 0
@@ -644,6 +677,26 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._handshake_timer = None
         if not self._authenticated:
             self.fail(TimeoutError(f"no completed handshake within {self._handshake_timeout_s:g}s"))
+
+    def _silent_timed_out(self) -> None:
+        self._silent_timer = None
+        if self.silent and not self._authenticated:
+            self.fail(TimeoutError(f"no byte received within {self._first_bytes_timeout_s:g}s of connecting"))
+
+    def evict(self, reason: str) -> None:
+        """Give up this handshake's slot to a newcomer: a "busy" REJECT, then hang up.
+
+        Counted by the server as a refusal, not as a failed handshake: the peer did nothing wrong
+        yet, it was only slower than the one that takes its slot."""
+        if self._failed or self._lost or self.transport is None:
+            return
+        self._failed = True
+        self._cause = ConnectionRefusedError(reason)
+        if self.handshake_done is not None and not self.handshake_done.done():
+            self.handshake_done.set_exception(self._cause)
+        if not self.transport.is_closing():
+            self.transport.write(auth.reject_frame("busy", reason, self._version))
+            self.transport.close()
 
     def _handshake_events(self, events: list) -> None:
         """Carry out what the handshake state machine asks for."""

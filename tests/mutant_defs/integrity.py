@@ -23,7 +23,7 @@ MUTANTS = [
     ),
     dict(
         name="registration-takes-the-claimed-name",
-        path="aiorl/runtime/coordinator/service.py",
+        path="aiorl/runtime/coordinator/registration.py",
         old="if reason is None and name != conn.peer_name:",
         new="if False:",
         tests=[T + "test_a_role_registers_only_under_the_name_it_authenticated_with"],

@@ -28,7 +28,7 @@ MUTANTS = [
     ),
     dict(
         name="status-roles-left-in-header",
-        path="aiorl/runtime/coordinator/service.py",
+        path="aiorl/runtime/coordinator/registration.py",
         old='roles = pack_table(status.pop("roles"))',
         new='roles = pack_table(status["roles"])',
         tests=["tests/test_scale.py::test_status_of_a_cluster_too_big_for_one_frame_header"],

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from pathlib import Path
 
@@ -34,10 +33,11 @@ from aiorl.runtime.coordinator.counters import RunCounters, Stop, owned_counters
 from aiorl.runtime.coordinator.liveness import Liveness
 from aiorl.runtime.coordinator.params import ParameterStore
 from aiorl.runtime.coordinator.phases import PhaseClock, settle_outcome, wait_done
+from aiorl.runtime.coordinator.registration import Registration
 from aiorl.runtime.coordinator.report import Report
 from aiorl.runtime.coordinator.requests import Requests, reply_error
 from aiorl.runtime.coordinator.roster import RoleRecord, Roster
-from aiorl.runtime.messages import BadMessage, any_map, check, pack_table, unpack_table
+from aiorl.runtime.messages import BadMessage, any_map, check, unpack_table
 from aiorl.runtime.phase import FAILED, PHASE_OWNER, Phase
 from aiorl.runtime.resources import listen_backlog
 from aiorl.runtime.work import WorkQueue
@@ -47,7 +47,7 @@ from aiorl.wire.names import safe_text
 log = logging.getLogger("aiorl.coordinator")
 
 
-class Coordinator:
+class Coordinator(Registration):
     """Owns the run's global state; one instance, inside memory host 0."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, token: bytes, ssl=None, identity: Identity | None = None):
@@ -100,6 +100,7 @@ class Coordinator:
         self.last_row: dict = {}
         self.outcome: str | None = None
         self.registrations_refused = 0
+        self.unregistered_closed = 0  # authenticated connections that never registered in time
         self.counters_refused = 0
         self.bad_messages = 0
         self._log_refusal = RateLimitedLog(log, logging.WARNING, burst=10, per_s=0.5)
@@ -203,7 +204,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ serving
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, unix_path: str | None = None) -> int:
         self.algo = build_algorithm(self.cfg)
         self.params.set_spec(self.algo.weights_spec())
         c = self.cfg.cluster
@@ -220,6 +221,8 @@ class Coordinator:
             backlog=listen_backlog(len(self.roles)),
             max_handshakes=c.max_handshakes,
             max_handshakes_per_host=c.max_handshakes_per_host,
+            first_bytes_timeout_s=c.first_bytes_timeout_s,
+            unix_path=unix_path,
         )
         return self.server.port
 
@@ -229,23 +232,16 @@ class Coordinator:
         # the heartbeats on this connection keep being answered; they end with it.
         waiters: set[asyncio.Task] = set()
         try:
+            record = await self._until_registered(conn)
+            if record is None:
+                return
             async for msg in conn:
                 fields = check(msg.kind, msg.meta)
                 if msg.request_id is None:
                     raise BadMessage(f"{msg.kind} must be a request")
-                if record is None and msg.kind == "register":
-                    record = await self._register(conn, msg, fields)
-                    if record is None:
-                        return
-                    continue
                 if msg.kind == "status":
-                    status = self.status()
-                    roles = pack_table(status.pop("roles"))  # over 64 KiB of header from ~400 roles on
-                    await conn.reply(msg, meta=status, arrays={"roles": roles})
+                    await self._reply_status(conn, msg)
                     continue
-                if record is None:
-                    await reply_error(conn, msg, f"{msg.kind!r} before register")
-                    return
                 waiter = await self._dispatch(record, conn, msg, fields)
                 if waiter is not None:
                     waiters.add(waiter)
@@ -274,89 +270,6 @@ class Coordinator:
             exc = task.exception()
             log.error("%s failed: %s: %s", task.get_name(), type(exc).__name__, exc, exc_info=exc)
             self.begin_stop(f"coordinator task {task.get_name()} failed: {type(exc).__name__}: {exc}", failed=True)
-
-    async def _register(self, conn: Connection, msg: Message, meta: dict) -> RoleRecord | None:
-        name = meta["role"]
-        incarnation = meta.get("incarnation", "")
-        record = self.roles.get(name)
-        reason = self.roster.unknown_role(name)
-        if reason is None and name != conn.peer_name:  # the name the token holder proved, not one it claims
-            reason = f"{conn.peer_name} cannot register as {name}: a role registers under the name it connected with"
-        if reason is None and meta.get("config_hash") != self.config_hash:
-            reason = (
-                f"config hash mismatch: {name} runs config {meta.get('config_hash')}, the coordinator "
-                f"runs {self.config_hash}; start every role with the same config"
-            )
-        if reason is not None:  # a misconfigured process: the error is the user's to fix
-            self.registrations_refused += 1
-            self._log_refusal("refused registration from %s: %s", conn.peer, reason)
-            await conn.reply_error(msg, reason)
-            await conn.close()
-            return None
-        if record.status == "running" and record.incarnation != incarnation:
-            await self.roster.await_replaced(record)
-        admission, reason = self.roster.admission(record, incarnation, self.phase)
-        if reason is not None:  # the right process at the wrong time (or an impostor): it exits
-            self.registrations_refused += 1
-            self._log_refusal("did not admit %s from %s: %s", name, conn.peer, reason)
-            await conn.reply(msg, meta={"admitted": False, "reason": reason})
-            await conn.close()
-            return None
-        if record.conn is not None and record.conn is not conn:
-            record.conn.abort()  # a half-open connection of the process that just rejoined
-        record.conn = conn
-        record.pid = meta.get("pid")
-        record.host = meta.get("host")
-        address = meta.get("address")
-        old_address = record.address
-        record.address = (str(address[0]), int(address[1])) if address else None
-        if admission != "rejoin" or record.session is None:
-            record.session = secrets.token_hex(16)  # a rejoin keeps its memory hosts' connections
-        if name == "learner-0" and meta.get("rendezvous"):
-            self.requests.rendezvous = meta["rendezvous"]  # learner 0 listens there (aiorl.runtime.rendezvous)
-        self.liveness.heard(record)
-        record.counters_time = asyncio.get_running_loop().time()
-        record.disconnected_at = None
-        if admission == "restart":
-            self.roster.restarted(record, incarnation)
-            log.warning(
-                "%s restarted (restart %d of %d; pid %s, %s)",
-                name,
-                record.restarts,
-                self.cfg.cluster.max_restarts,
-                record.pid,
-                conn.peer,
-            )
-        elif admission == "rejoin":
-            log.warning("%s rejoined after its connection dropped (pid %s, %s)", name, record.pid, conn.peer)
-        else:
-            record.incarnation = incarnation
-            log.info("registered %s (pid %s, %s)", name, record.pid, conn.peer)
-        if record.status != "done":
-            record.status = "running"
-            record.reason = None
-        for barrier in self.barriers.values():
-            if record.kind == "actor" and record.status == "running":
-                barrier.add(record.name)
-        if record.kind == "actor":
-            self.liveness.no_actor_since = None
-        self.roster.changed.set()
-        conn.set_limits(frame_limits.to_coordinator(name, self.algo))
-        await conn.reply(
-            msg,
-            meta={
-                "phase": int(self.phase),
-                "config_hash": self.config_hash,
-                "admission": admission,
-                "restarts": record.restarts,
-                "session": record.session,
-            },
-        )
-        if self.started.is_set() and record.kind == "memory" and record.address != old_address:
-            await self.broadcast("memories", {"memories": self.roster.memory_addresses()})
-        if all(r.status == "running" for r in self.roles.values()):
-            self.started.set()
-        return record
 
     def _connection_lost(self, record: RoleRecord) -> None:
         self.roster.connection_lost(record, asyncio.get_running_loop().time())
@@ -639,9 +552,13 @@ class Coordinator:
     def write_summary(self, ok: bool) -> None:
         refusals = {
             "registrations_refused": self.registrations_refused,
+            "unregistered_closed": self.unregistered_closed,
             "counters_refused": self.counters_refused,
             "bad_messages": self.bad_messages,
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
             "handshakes_failed": self.server.stats["handshake_failures"] if self.server else 0,
+            "connections_refused_uid": self.server.stats["refused_uid"] if self.server else 0,
+            # How many authenticated connections came over the local run's Unix socket.
+            "unix_connections": self.server.stats["unix_connections"] if self.server else 0,
         }
         self.report.write_summary(self.run_dir, ok, self.outcome, self.lost_restartable, refusals)

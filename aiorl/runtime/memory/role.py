@@ -27,7 +27,8 @@ import signal
 from aiorl.core.ratelog import RateLimitedLog
 from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from aiorl.replay.frames import FrameReplayBuffer, frame_layout
-from aiorl.runtime import frame_limits
+from aiorl.runtime import frame_limits, local_sockets
+from aiorl.runtime.first_request import first_request
 from aiorl.runtime.fragments import FragmentHub
 from aiorl.runtime.memory.feed import LearnerFeed
 from aiorl.runtime.memory.flow import FlowControl
@@ -83,8 +84,16 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         # Bad input from a peer that authenticated: every one is counted, the lines are bounded.
         self._log_bad = RateLimitedLog(self.log, logging.ERROR, burst=10, per_s=0.5)
 
+    def coordinator_unix_path(self) -> str | None:
+        local = self.local_coordinator  # memory 0 started before the launcher knew the path
+        if local is not None and local.server is not None:
+            return local_sockets.usable(local.server.unix_path)
+        return super().coordinator_unix_path()
+
     def advertised_address(self):
-        return (self.cfg.cluster.advertise_host or self.coordinator_address()[0], self.server.port)
+        address = (self.cfg.cluster.advertise_host or self.coordinator_address()[0], self.server.port)
+        # A local run's roles connect through the socket where it exists on their host.
+        return address if self.server.unix_path is None else (*address, self.server.unix_path)
 
     def metrics(self) -> dict:
         server = self.server.stats if self.server is not None else {}
@@ -105,6 +114,8 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
             "bad_messages": self.bad_messages,
             "connections_refused_busy": server.get("refused_busy", 0),
             "handshakes_failed": server.get("handshake_failures", 0),
+            "unix_connections": server.get("unix_connections", 0),
+            "connections_refused_uid": server.get("refused_uid", 0),
         }
 
     async def _run(self) -> int:
@@ -160,7 +171,11 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
             backlog=listen_backlog(c.actors + c.learners),
             max_handshakes=c.max_handshakes,
             max_handshakes_per_host=c.max_handshakes_per_host,
+            first_bytes_timeout_s=c.first_bytes_timeout_s,
+            unix_path=local_sockets.socket_path(self.run_dir, self.name),
         )
+        if self.server.unix_path is not None:
+            self.log.info("serving on unix:%s too", self.server.unix_path)
         if self.fragments is not None:
             self.log.info(
                 "serving a trajectory queue on %s:%s (%d fragments of %d steps, when full: %s)",
@@ -215,13 +230,10 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         c = self.cfg.cluster
         name = conn.peer_name  # validated by the handshake: safe to log
         try:
-            async with asyncio.timeout(c.coordinator_timeout_s):
-                msg = await conn.recv()
-            session = check(msg.kind, msg.meta, {"attach"})["session"]
-            if msg.request_id is None:
-                raise BadMessage("attach must be a request")
+            msg, fields = await first_request(conn, c.coordinator_timeout_s, {"attach"})
+            session = fields["session"]
         except (TimeoutError, ConnectionClosed, BadMessage) as exc:
-            self._refuse(conn, "no_attach", f"no valid attach: {exc or 'timed out'}")
+            self._refuse(conn, "no_attach", f"no valid attach: {exc or 'closed'}")
             return None
         try:
             kind, index = parse_role_name(name)
