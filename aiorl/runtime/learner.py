@@ -50,6 +50,11 @@ def holds_non_finite(batch: dict) -> bool:
     return any(v.dtype.kind == "f" and v.size and not np.isfinite(v).all() for v in batch.values())
 
 
+def _source(m: int | None) -> str:
+    """Where a batch came from, for a message (only on the error paths: not every step)."""
+    return f"memory-{m}" if m is not None else "every memory (synchronous aggregate)"
+
+
 def weights_digest(weights: dict[str, np.ndarray]) -> str:
     """A short hash of named arrays: equal digests, equal weights (bit for bit)."""
     h = hashlib.sha256()
@@ -315,19 +320,18 @@ class LearnerRole(LearnerOutputs, Role):
         step = self.total_steps + 1
         if "weights_version" in batch:  # whole fragments, each acted with one version
             self.lag.add(self.weights_version(), batch["weights_version"])
-        source = f"memory-{m}" if m is not None else "every memory (synchronous aggregate)"
         try:
             result = await self.offload(self._locked_step, batch)
         except FloatingPointError as exc:
             # Finite data and a non-finite loss: the model diverged, which ends the run. Non-finite
             # data (memory hosts drop such rows; this is the last line) costs only that batch.
             if not (holds_non_finite(batch) or isinstance(exc, PeerNotFinite)):
-                raise RuntimeError(f"learner step {step} on a batch from {source}: {exc}") from exc
+                raise RuntimeError(f"learner step {step} on a batch from {_source(m)}: {exc}") from exc
             self.batches_dropped += 1
-            self._log_dropped("dropped a batch from %s, not applied: %s", source, exc)
+            self._log_dropped("dropped a batch from %s, not applied: %s", _source(m), exc)
             return False
         except Exception as exc:
-            raise RuntimeError(f"learner step {step} on a batch from {source}: {exc}") from exc
+            raise RuntimeError(f"learner step {step} on a batch from {_source(m)}: {exc}") from exc
         self.train_s += time.perf_counter() - t0
         if result.stop:
             self.stopped = True

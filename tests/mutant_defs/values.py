@@ -138,8 +138,8 @@ MUTANTS = [
     dict(
         name="dropped-batch-keeps-its-credit",
         path="aiorl/runtime/learner.py",
-        old="source, exc)\n            return False",
-        new="source, exc)\n            return True",
+        old="_source(m), exc)\n            return False",
+        new="_source(m), exc)\n            return True",
         tests=[POISONED],
     ),
 ]
