@@ -26,7 +26,7 @@ from aiorl.experiment.preflight import prepare_local_run
 from aiorl.experiment.reference import _flow
 from aiorl.io.export import policy_file
 from aiorl.io.rundir import read_json
-from aiorl.launch import launcher_for
+from aiorl.launch import launcher_for, spawner
 
 
 @dataclass
@@ -80,8 +80,13 @@ def run(
     cfg = _load(config, sets)
     if run_dir is not None:
         cfg.run.dir = str(run_dir)
-    claimed = prepare_local_run(cfg, None, sets)
-    code = launcher_for(cfg)(cfg, claimed, quiet=quiet).run()
+    warm = spawner.for_run(cfg, None)
+    try:
+        claimed = prepare_local_run(cfg, None, sets, warm)
+        code = launcher_for(cfg)(cfg, claimed, quiet=quiet, spawner=warm).run()
+    finally:
+        if warm is not None:
+            warm.end()
     return RunResult(claimed.path, code, read_json(claimed.path / "summary.json") or {})
 
 

@@ -149,3 +149,28 @@ async def test_a_stall_of_the_coordinators_own_loop_is_granted_to_silent_roles_t
         for conn in conns:
             conn.abort()
         await coordinator.close(timeout_s=1.0)
+
+
+async def test_a_stop_during_start_up_ends_the_run_without_waiting_for_the_start_timeout(tmp_path):
+    # A launcher killed (or Ctrl-C) while roles are still registering: the coordinator takes the
+    # roles that registered through the shutdown now; start_timeout_s is far beyond HANG_S here.
+    cfg = load_config(
+        data={
+            "algo": "random_agent",
+            "cluster": {"start_timeout_s": 600.0, "phase_timeout_s": 0.5, "heartbeat_interval_s": 0.1},
+        }
+    )
+    coordinator = Coordinator(cfg, tmp_path, TOKEN)
+    port = await coordinator.start("127.0.0.1", 0)
+    run = asyncio.create_task(coordinator.run())
+    conn = await register(port, cfg, "actor-0")
+    try:
+        assert coordinator.phase == Phase.STARTING
+        coordinator.begin_stop("interrupted by SIGTERM (test)")
+        ok = await asyncio.wait_for(run, HANG_S)
+        assert ok is False  # roles that never registered: the run did not finish
+        assert coordinator.roles["learner-0"].reason == "the run stopped before it registered"
+        assert coordinator.phase == Phase.EXITED
+    finally:
+        await conn.close()
+        await coordinator.close(timeout_s=1.0)

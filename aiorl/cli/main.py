@@ -16,7 +16,7 @@ from aiorl.experiment import reference as config_reference
 from aiorl.experiment.loading import load_config
 from aiorl.experiment.preflight import prepare_local_run
 from aiorl.io.rundir import RunDirError, check_resumable, role_run_dir
-from aiorl.launch import launcher_for
+from aiorl.launch import launcher_for, spawner
 from aiorl.wire import TokenError
 
 
@@ -55,6 +55,16 @@ def _run_role(cfg, kind: str, index: int) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # Started first: its imports of torch and the runtime overlap the reading of the config.
+    early = spawner.start_early(args.launcher) if args.role is None else None
+    try:
+        return _cmd_run(args, early)
+    finally:
+        if early is not None:
+            early.end()  # the launcher ended it already, unless the run never got that far
+
+
+def _cmd_run(args: argparse.Namespace, early) -> int:
     try:
         if args.launcher is not None:
             args.set.append(f"cluster.launcher={args.launcher}")
@@ -65,7 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.role is not None:
             return _run_role(cfg, args.role, args.index)
 
-        run_dir = prepare_local_run(cfg, args.resume, args.set)
+        warm = spawner.for_run(cfg, early)
+        run_dir = prepare_local_run(cfg, args.resume, args.set, warm)
     except ConfigError as exc:
         print(f"aiorl: config error: {exc}", file=sys.stderr)
         return 2
@@ -84,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"{c.learners} learner(s); {what} {run_dir.path}",
             flush=True,
         )
-    return launcher_for(cfg)(cfg, run_dir, quiet=args.quiet).run()
+    return launcher_for(cfg)(cfg, run_dir, quiet=args.quiet, spawner=warm).run()
 
 
 class OneLineErrors(argparse.ArgumentParser):

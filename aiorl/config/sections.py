@@ -113,6 +113,13 @@ class ClusterConfig:
         "use TCP. A run directory too deep for a socket's path (107 bytes) falls back to TCP.",
         default=True,
     )
+    warm_spawner: bool = doc(
+        "In a local run, fork every role, the evaluation worker and each restart from one process "
+        "that imported numpy, torch, gymnasium and the runtime once (a run starts in little more "
+        "than one import of torch). false: each role is a `python -m aiorl` process of its own "
+        "(for comparison and debugging; the environment variable AIORL_WARM_SPAWNER=0 does the same).",
+        default=True,
+    )
     tls_cert: str | None = doc("PEM certificate of this host (enables TLS).", default=None)
     tls_key: str | None = doc("PEM private key for tls_cert.", default=None)
     tls_ca: str | None = doc("CA bundle used to verify peers when TLS is on.", default=None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -101,6 +102,11 @@ def main(argv=None) -> int:
     cfg = load_config(args.config)
     policy, _ = cpu_learner(cfg).acting_policy()
     policy = policy.train(False).requires_grad_(False)
+    # On stderr, which is learner 0's log: when evaluations could start (bench/startup.py reads it).
+    logging.basicConfig(stream=sys.stderr, format="%(asctime)s eval-worker %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("aiorl.evaluation")
+    log.setLevel(logging.INFO)
+    log.info("evaluation worker ready (pid %d)", os.getpid())
     for line in sys.stdin:
         if stop.is_set():
             break

@@ -8,14 +8,16 @@ found here, in the launching process, and not by a role that died.
 from __future__ import annotations
 
 import os
+import tempfile
 
 from aiorl.config import Config, ConfigError
 from aiorl.io.loggers import check_installed
 from aiorl.io.rundir import RunDir, claim
 from aiorl.launch.placement import MISSING_RAY
+from aiorl.launch.spawner import WarmSpawner
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
-from aiorl.wire import load_token
+from aiorl.wire import TokenError, load_token
 from aiorl.wire.auth import TOKEN_ENV
 
 
@@ -43,7 +45,30 @@ def _check_ray() -> None:
         raise ConfigError(MISSING_RAY) from None
 
 
-def prepare_local_run(cfg: Config, resume: str | None, overrides: list[str]) -> RunDir:
-    """Check `cfg`, then claim its run directory (new, or `resume`d) and write the resolved config."""
-    check_local_run(cfg)
+def check_in_spawner(cfg: Config, spawner: WarmSpawner) -> None:
+    """`check_local_run` in a child of the warm spawner, which has torch imported already (the
+    algorithm's build runs torch ops: never in the spawner itself, nor in this light launcher)."""
+    fd, path = tempfile.mkstemp(prefix="aiorl-config-", suffix=".yaml")
+    os.close(fd)
+    try:
+        cfg.dump(path)
+        spawner.ready(cfg.algo)
+        reply = spawner.check(path)
+    finally:
+        os.unlink(path)
+    if reply.get("crashed"):
+        raise RuntimeError(f"aiorl's preflight check crashed: {reply['crashed']} (its traceback is above)")
+    if reply.get("error") is not None:
+        raise (TokenError if reply.get("kind") == "token" else ConfigError)(reply["error"])
+
+
+def prepare_local_run(
+    cfg: Config, resume: str | None, overrides: list[str], spawner: WarmSpawner | None = None
+) -> RunDir:
+    """Check `cfg` (in `spawner`'s child when the run has one), then claim its run directory
+    (new, or `resume`d) and write the resolved config."""
+    if spawner is None:
+        check_local_run(cfg)
+    else:
+        check_in_spawner(cfg, spawner)
     return claim(cfg, resume, overrides)

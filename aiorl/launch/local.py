@@ -1,8 +1,10 @@
 """Local launcher: runs every role of a cluster as a child process of `aiorl run`.
 
-It starts memory host 0 (the coordinator) first, reads the port it bound from
-``coordinator.json`` (only one this launch wrote: see `aiorl.io.rundir`), then
-starts the other roles pointed at it. Ctrl-C or SIGTERM is forwarded to the
+Every role is forked from the warm spawner (`aiorl.launch.spawner`), all at once:
+memory host 0 (the coordinator) and the others, which read the port it bound from
+``coordinator.json`` themselves (only one this launch wrote: see `aiorl.io.rundir`).
+With ``cluster.warm_spawner: false`` each role is a ``python -m aiorl`` process of its
+own, started once memory 0 listens and pointed at it. Ctrl-C or SIGTERM is forwarded to the
 coordinator, which runs the shutdown phases; a second one kills every child.
 A role that exits abnormally is restarted under ``cluster.max_restarts``
 (`aiorl.runtime.restart`). Every wait is bounded: a coordinator that stops answering
@@ -32,6 +34,7 @@ from pathlib import Path
 from aiorl.config import Config
 from aiorl.io.rundir import RunDir, write_json_atomic
 from aiorl.launch.panel import Progress, next_command, stopped_at_note
+from aiorl.launch.spawner import WarmSpawner
 from aiorl.runtime import local_sockets
 from aiorl.runtime.phase import (
     EXIT_COORDINATOR_LOST,
@@ -91,8 +94,9 @@ def describe_exit(code: int | None) -> str:
 
 
 class LocalLauncher:
-    def __init__(self, cfg: Config, run_dir: RunDir, quiet: bool = False):
+    def __init__(self, cfg: Config, run_dir: RunDir, quiet: bool = False, spawner: WarmSpawner | None = None):
         self.cfg = cfg
+        self.spawner = spawner  # forks the roles; None: each role is a process started on its own
         self.rundir = run_dir
         self.run_dir = run_dir.path
         self.quiet = quiet
@@ -123,9 +127,17 @@ class LocalLauncher:
         return args
 
     def _start(self, kind: str, index: int, log_path: Path):
-        """Start one role process; returns its Popen (a Ray launcher returns an object with its calls)."""
+        """Start one role process; returns its Popen, or an object with its calls (a child of the
+        warm spawner, a Ray-placed process)."""
         # The role's stdout and stderr (a stray print, a warning, a traceback) go into its log,
         # not the terminal, where they would tear the live panel; the panel counts them.
+        env = {**self._unix_env(os.environ), **self.rundir.identity.env()}
+        if self.spawner is not None:
+            wait = None
+            if self.port is None and (kind, index) != ("memory", 0):
+                wait = {"run_dir": str(self.run_dir), "timeout_s": self.cfg.cluster.start_timeout_s}
+            argv = self._role_args(kind, index)[3:]  # what follows `python -P -m aiorl`
+            return self.spawner.spawn_role(argv, env, log_path, wait)
         with open(log_path, "ab") as log_file:
             return subprocess.Popen(
                 [sys.executable, *self._role_args(kind, index)],
@@ -134,7 +146,7 @@ class LocalLauncher:
                 stderr=log_file,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
-                env={**self._unix_env(os.environ), **self.rundir.identity.env()},
+                env=env,
             )
 
     def _unix_env(self, environ) -> dict[str, str]:
@@ -195,13 +207,22 @@ class LocalLauncher:
                     f"memory-0 (the coordinator) exited before listening: "
                     f"{describe_exit(child.proc.returncode)}; see {self.run_dir}/logs/memory-0.log"
                 )
-            time.sleep(0.05)
+            self._idle(0.02)
         raise LaunchError(f"memory-0 did not start listening within {self.cfg.cluster.start_timeout_s:g} s")
+
+    def _idle(self, seconds: float) -> None:
+        """Wait up to `seconds`; a child of the spawner that exits meanwhile ends the wait at once."""
+        if self.spawner is not None:
+            self.spawner.pump(seconds)
+        else:
+            time.sleep(seconds)
 
     def run(self) -> int:
         try:
             return self._run()
         finally:
+            if self.spawner is not None:
+                self.spawner.end()
             self.rundir.close()
 
     def _run(self) -> int:
@@ -228,11 +249,14 @@ class LocalLauncher:
         supervised = False
         try:
             coordinator = self._spawn("memory", 0)
-            self.port = self._wait_coordinator_address(coordinator)
+            if self.spawner is None:  # a process started on its own is told the port
+                self.port = self._wait_coordinator_address(coordinator)
             c = self.cfg.cluster
             for kind, count, first in (("memory", c.memories, 1), ("learner", c.learners, 0), ("actor", c.actors, 0)):
                 for i in range(first, count):
                     self._spawn(kind, i)
+            if self.port is None:  # forked ones find it themselves; restarts are told it
+                self.port = self._wait_coordinator_address(coordinator)
             self._write_pids()
             progress.start()
             self._supervise(progress)
@@ -332,7 +356,7 @@ class LocalLauncher:
                     f"the shutdown after {self.signal_name} did not end within its phase "
                     f"deadlines (3 x {c.phase_timeout_s:g} s); killed by the launcher"
                 )
-            time.sleep(POLL_S)
+            self._idle(POLL_S)
 
     def _kill_coordinator(self, reason: str) -> None:
         print(f"aiorl: {reason}", file=sys.stderr, flush=True)
@@ -370,7 +394,7 @@ class LocalLauncher:
     def _wait_rest(self, alive: list[Child], grace: float) -> None:
         deadline = time.monotonic() + grace
         while any(ch.proc.poll() is None for ch in alive) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
+            self._idle(POLL_S)
         for child in alive:
             if child.proc.poll() is None:
                 print(

@@ -32,6 +32,7 @@ leaves no worker behind.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -43,10 +44,13 @@ from pathlib import Path
 import numpy as np
 
 from aiorl.config import Config
+from aiorl.runtime.warm_fork import ForkedProcess, SpawnerChannel
 
 STATE_FILE = "state.npz"
 WORK_DIR_PREFIX = ".evaluation-"  # RUN_DIR/.evaluation-XXXX: the config and the state sent; removed at close
 CLOSE_TIMEOUT_S = 10.0
+
+log = logging.getLogger("aiorl.evaluation")
 
 
 class EvalWorkerDied(RuntimeError):
@@ -61,25 +65,33 @@ class EvalWorker:
         policy_dir.parent.mkdir(parents=True, exist_ok=True)
         self.dir = Path(tempfile.mkdtemp(prefix=WORK_DIR_PREFIX, dir=policy_dir.parent))
         cfg.dump(self.dir / "config.yaml")
-        # Started from the thread that outlives it (the loop's): PR_SET_PDEATHSIG fires when the
-        # creating thread ends, not the process.
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-P",  # nothing from the working directory (see aiorl.launch.local)
-                "-m",
-                "aiorl.evaluation.worker",
-                "--parent",
-                str(os.getpid()),
-                "--nice",
-                str(cfg.run.eval_nice),
-                str(self.dir / "config.yaml"),
-                str(policy_dir),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-        )
+        args = [
+            "--nice",
+            str(cfg.run.eval_nice),
+            str(self.dir / "config.yaml"),
+            str(policy_dir),
+        ]
+        channel = SpawnerChannel.from_env()
+        if channel is not None:
+            self.proc = _fork_worker(channel, args)
+        else:
+            # Started from the thread that outlives it (the loop's): PR_SET_PDEATHSIG fires when the
+            # creating thread ends, not the process.
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-P",  # nothing from the working directory (see aiorl.launch.local)
+                    "-m",
+                    "aiorl.evaluation.worker",
+                    "--parent",
+                    str(os.getpid()),
+                    *args,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+            )
+        log.info("evaluation worker started (pid %d, %s)", self.proc.pid, "forked" if channel else "started")
         self.stopping = False
 
     def evaluate(self, state: dict[str, np.ndarray], request: dict) -> dict | None:
@@ -123,3 +135,25 @@ class EvalWorker:
             self.proc.wait()
         self.proc.stdout.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _fork_worker(channel: SpawnerChannel, args: list[str]) -> ForkedProcess:
+    """The worker forked by the warm spawner (it has torch imported: ready at once), talking over
+    pipes this process made; it is the spawner's child, and the spawner ends it with this learner."""
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    try:
+        # Its parent is the spawner, ours too: the worker checks that parent, not this learner.
+        proc = channel.spawn(
+            "eval_worker", ["--parent", str(os.getppid()), *args], fds=[stdin_r, stdout_w, sys.stderr.fileno()]
+        )
+    except BaseException:
+        for fd in (stdin_w, stdout_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(stdin_r)
+        os.close(stdout_w)
+    proc.stdin = os.fdopen(stdin_w, "wb")
+    proc.stdout = os.fdopen(stdout_r, "rb")
+    return proc

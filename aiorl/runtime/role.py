@@ -104,6 +104,7 @@ class Role:
         self.run_counters: dict[str, int] = {}  # the run's global counters, from heartbeat replies
         self.start_info: dict = {}
         self.registration: dict = {}  # the coordinator's reply: admission, restarts
+        self._signalled_unregistered: str | None = None  # a signal that came before registering
         self.weights_version_seen = -1  # newest version the coordinator told us about
         self._phase_events: dict[Phase, asyncio.Event] = {}
         self._exit_meta: dict | None = None
@@ -283,11 +284,17 @@ class Role:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        self._main = asyncio.current_task()
         try:
             code = await self._run()
             if code != EXIT_OK and not self._finished_phases():
                 await self.on_abnormal_end(f"exit code {code}")
             return code
+        except asyncio.CancelledError:
+            if self._signalled_unregistered is None:
+                raise
+            self._main.uncancel()
+            return interrupted_exit_code(self._signalled_unregistered)
         except (CoordinatorLost, RoleFailed, NotAdmitted, ExceptionGroup) as exc:
             lost = _leaves(exc, CoordinatorLost)
             failed = _leaves(exc, RoleFailed)
@@ -483,6 +490,13 @@ class Role:
 
     def _on_signal(self, sig: int) -> None:
         self._signals += 1
+        if not self.registration and self._signalled_unregistered is None:
+            # No run of ours to stop cleanly yet, and its coordinator may be gone (a launcher killed
+            # during start-up): exit now rather than retry the connection until start_timeout_s.
+            self.log.warning("got %s before registering: exiting", signal.Signals(sig).name)
+            self._signalled_unregistered = signal.Signals(sig).name
+            self._main.cancel()
+            return
         if self._signals == 1:
             self.log.warning(
                 "got %s: asking the coordinator to stop the run (again to exit now)", signal.Signals(sig).name

@@ -474,7 +474,7 @@ class Coordinator(Registration):
         try:
             try:
                 async with asyncio.timeout(c.start_timeout_s):
-                    await self.started.wait()
+                    await self._started_or_stopped()
             except TimeoutError:
                 missing = sorted(r.name for r in self.roles.values() if r.status != "running")
                 self.begin_stop(
@@ -512,6 +512,29 @@ class Coordinator(Registration):
             await asyncio.gather(metrics_task, monitor_task, lag_task, *self._pushes, return_exceptions=True)
             self._write_metrics_row()
             self._metrics.close()
+
+    async def _started_or_stopped(self) -> None:
+        """Until every role registered; after a stop during start-up (a signal), only while the
+        start can still complete, for phase_timeout_s at most: the roles on their way register and
+        are taken through the shutdown, but a lost one (its launcher died) cannot come back before
+        RUNNING, and the run ends now rather than after start_timeout_s."""
+        await _first(self.started.wait(), self.stop_event.wait())
+        if self.started.is_set():
+            return
+        deadline = asyncio.get_running_loop().time() + self.cfg.cluster.phase_timeout_s
+        while not self.started.is_set() and not any(r.status in ("lost", "failed") for r in self.roles.values()):
+            self.roster.changed.clear()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            try:
+                async with asyncio.timeout(left):
+                    await _first(self.started.wait(), self.roster.changed.wait())
+            except TimeoutError:
+                break
+        for record in self.roles.values():
+            if record.status == "expected":
+                self._mark(record, "lost", "the run stopped before it registered")
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Let roles read their exit message, then close every connection."""
@@ -562,3 +585,13 @@ class Coordinator(Registration):
             "unix_connections": self.server.stats["unix_connections"] if self.server else 0,
         }
         self.report.write_summary(self.run_dir, ok, self.outcome, self.lost_restartable, refusals)
+
+
+async def _first(*awaitables) -> None:
+    """Until the first of `awaitables` is done; the others are cancelled."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

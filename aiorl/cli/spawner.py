@@ -1,0 +1,69 @@
+"""The warm spawner's process: ``python -P -m aiorl.cli.spawner FD`` (started by the local launcher).
+
+`aiorl.launch.spawner` holds the serving loop and says why the spawner exists; this entry
+sits at the top floor because what it forks runs the top floor's code: a role is
+``aiorl run CONFIG --role KIND --index N`` (`aiorl.cli.main`), the evaluation worker is
+`aiorl.evaluation.worker`, the preflight is `aiorl.experiment.preflight`.
+
+What it imports before it serves is what every role would import on its own: numpy, torch,
+gymnasium, uvloop, the runtime's roles and the command line; an algorithm's module when the
+launcher names it. Imports only: nothing here runs a torch op.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import aiorl.runtime.process  # noqa: F401  (the roles' own modules)
+from aiorl.algos import get_algorithm
+from aiorl.cli.main import main as aiorl_main
+from aiorl.config import ConfigError
+from aiorl.evaluation.worker import main as eval_worker_main
+from aiorl.experiment.loading import load_config
+from aiorl.experiment.preflight import check_local_run
+from aiorl.launch.spawner import Spawner
+from aiorl.wire import TokenError
+
+
+def preload() -> None:
+    import gymnasium  # noqa: F401
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    import uvloop  # noqa: F401
+
+
+def warm(algo: str) -> None:
+    get_algorithm(algo)
+
+
+def check(config_path: str) -> dict:
+    """The preflight of `aiorl run` (`aiorl.experiment.preflight.check_local_run`) on a resolved config."""
+    try:
+        check_local_run(load_config(config_path))
+    except ConfigError as exc:
+        return {"error": str(exc), "kind": "config"}
+    except TokenError as exc:
+        return {"error": str(exc), "kind": "token"}
+    return {"error": None}
+
+
+def run_child(kind: str, argv: list[str]) -> int:
+    return (aiorl_main if kind == "role" else eval_worker_main)(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(argv[0]))
+    preload()
+    Spawner(sock, run_child, check, warm).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Its children are reaped and it holds nothing to save: skip tearing down torch's modules.
+    os._exit(code)

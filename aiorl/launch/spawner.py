@@ -1,0 +1,453 @@
+"""The warm spawner: one process that imports the heavy modules once and forks every role.
+
+A role started as ``python -m aiorl run CONFIG --role ...`` pays its own imports of numpy,
+torch, gymnasium and the runtime (1.5-2 s of CPU each on a small machine), then the
+launcher's preflight paid them once more, the evaluation worker once more, and every
+restart again. The local launcher instead starts this process first; it imports them
+(`aiorl.cli.spawner` says what) while the launcher reads the config, and forks on request:
+the preflight check, each role, the evaluation worker (for learner 0) and each restart.
+
+Fork safety is the point. Before any fork the spawner has run no torch op (torch starts its
+thread pools on first use), made no event loop, opened no network socket and started no
+thread; the one thread besides its main one is OpenBLAS's worker pool (numpy's import
+starts it), which OpenBLAS itself stops and restarts around a fork (pthread_atfork). Work
+that does run torch ops, the preflight's algorithm build, runs in a forked child too.
+
+A child sets up what a freshly started role would have: its own session (no terminal
+signals), a parent-death signal (the spawner's death; the spawner dies with the launcher),
+default signal handlers, stdio on its log, the environment the launcher gives it, a fresh
+seed for numpy's legacy global generator (`random` reseeds itself after a fork), and only
+its own descriptors. Then it runs exactly what ``python -m aiorl run --role`` runs, and ends
+with ``os._exit`` so nothing of the spawner's (atexit handlers, buffers) runs twice.
+
+Roles other than memory 0 are forked at once with it and wait for ``coordinator.json``
+themselves (`wait_for_coordinator`), so their start overlaps the coordinator's.
+
+``cluster.warm_spawner: false`` (or ``AIORL_WARM_SPAWNER=0``) starts each role as its own
+``python -P -m aiorl`` process instead, as before the spawner existed: for comparison and
+for debugging.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from aiorl.io.rundir import Identity, read_json
+from aiorl.runtime import local_sockets
+from aiorl.runtime.warm_fork import (
+    ENV_SPAWNER_FD,
+    ForkedProcess,
+    SpawnerChannel,
+    SpawnerGone,
+    receive,
+    send,
+    seqpacket_pair,
+)
+
+ENV_OFF = "AIORL_WARM_SPAWNER"
+ENTRY_MODULE = "aiorl.cli.spawner"  # the process: preloads, then `serve`
+COORDINATOR_POLL_S = 0.01
+CLOSE_GRACE_S = 2.0
+PR_SET_PDEATHSIG = 1
+
+
+def enabled(cfg, environ=os.environ) -> bool:
+    """Whether this launch forks its roles from a warm spawner (config, overridden by the environment)."""
+    value = environ.get(ENV_OFF)
+    if value is not None and value.strip() != "":
+        return value.strip().lower() not in ("0", "false", "no", "off")
+    return bool(cfg.cluster.warm_spawner)
+
+
+def set_parent_death_signal(signum: int) -> None:
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+
+
+# --------------------------------------------------------------------------- the launcher's side
+
+
+def start_early(launcher: str | None = None, environ=os.environ) -> WarmSpawner | None:
+    """A spawner started before the config is read, so that its imports overlap the launcher's;
+    None when the environment turns it off or the command line asks for Ray."""
+    if launcher == "ray" or environ.get(ENV_OFF, "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    return WarmSpawner.start()
+
+
+def for_run(cfg, early: WarmSpawner | None) -> WarmSpawner | None:
+    """The spawner this run forks its roles from: `early`, or a new one; None (and `early` ended)
+    when the run does not use one (Ray places its roles; ``cluster.warm_spawner: false``)."""
+    if cfg.cluster.launcher != "local" or not enabled(cfg):
+        if early is not None:
+            early.end()
+        return None
+    return early or WarmSpawner.start()
+
+
+class WarmSpawner:
+    """The launcher's handle: start the spawner process, then check, spawn and signal through it."""
+
+    def __init__(self, channel: SpawnerChannel, proc: subprocess.Popen):
+        self.channel = channel
+        self.proc = proc
+
+    @classmethod
+    def start(cls) -> WarmSpawner:
+        ours, theirs = seqpacket_pair()
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", ENTRY_MODULE, str(theirs.fileno())],
+            stdin=subprocess.DEVNULL,
+            pass_fds=[theirs.fileno()],
+            start_new_session=True,  # Ctrl-C is the launcher's to forward, not the terminal's to send
+            preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),
+        )
+        theirs.close()
+        return cls(SpawnerChannel(ours), proc)
+
+    def ready(self, algo: str | None = None, timeout: float | None = None) -> dict:
+        """Wait until its imports are done (`algo`'s module too); returns what it reports of itself."""
+        return self.channel.request({"op": "ready", "algo": algo}, timeout=timeout)
+
+    def check(self, config_path: str | Path, timeout: float | None = None) -> dict:
+        """The preflight of a config file, in a forked child: {"error": None} or the user's error."""
+        return self.channel.request({"op": "check", "config": str(config_path)}, timeout=timeout)
+
+    def spawn_role(self, argv: list[str], env: dict[str, str], log_path: Path, wait_coordinator: dict | None):
+        """Fork a role running ``aiorl ARGV`` with `env`, its stdio on `log_path`.
+
+        `wait_coordinator` ({"run_dir", "timeout_s"}): the role finds the coordinator's address
+        in ``coordinator.json`` itself (it was forked before memory 0 listened)."""
+        return self.channel.spawn(
+            "role",
+            argv,
+            env=_env_diff(env),
+            log=str(log_path),
+            wait_coordinator=wait_coordinator,
+            channel=_is_learner0(argv),
+        )
+
+    def pump(self, timeout: float) -> None:
+        """Wait up to `timeout` s for news of the children (an exit), handling what comes."""
+        self.channel.pump(timeout)
+
+    def end(self, timeout: float = CLOSE_GRACE_S + 1.0) -> None:
+        """End the spawner and reap it; idempotent. One that forked roles ends what it still has
+        (bounded); one that forked none may still be importing and is simply killed."""
+        if self.proc.returncode is not None:
+            return
+        self.channel.close()
+        if not self.channel.spawned:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _is_learner0(argv: list[str]) -> bool:
+    return "--role" in argv and argv[argv.index("--role") + 1] == "learner" and argv[argv.index("--index") + 1] == "0"
+
+
+def _env_diff(env: dict[str, str]) -> dict:
+    """`env` as a change of the spawner's own environment (it has the launcher's): a few entries."""
+    return {
+        "set": {k: v for k, v in env.items() if os.environ.get(k) != v},
+        "unset": [k for k in os.environ if k not in env],
+    }
+
+
+# --------------------------------------------------------------------------- the spawner's side
+
+
+def wait_for_coordinator(run_dir: str, timeout_s: float) -> dict | None:
+    """The coordinator's address once this launch's memory 0 has written it; None after `timeout_s`."""
+    identity = Identity.from_env()
+    path = Path(run_dir) / "coordinator.json"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        data = read_json(path)
+        if data is not None and identity.owns(data):
+            return data
+        time.sleep(COORDINATOR_POLL_S)
+    return None
+
+
+class Spawner:
+    """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
+    returns the reply to a preflight; `warm(algo)` imports an algorithm's module."""
+
+    def __init__(self, sock: socket.socket, run_child: Callable, check: Callable, warm: Callable):
+        self.launcher = sock
+        self.run_child, self.check, self.warm = run_child, check, warm
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        self.children: dict[int, socket.socket] = {}  # pid -> the channel to report its exit on
+        self.owned: dict[int, list[int]] = {}  # a client's pid -> the pids it asked for (ended with it)
+        self.client_socks: dict[int, socket.socket] = {}  # a child's pid -> our end of its channel
+
+    def serve(self) -> None:
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        self.sel.register(self.launcher, selectors.EVENT_READ)
+        self.sel.register(self.wake_r, selectors.EVENT_READ)
+        try:
+            while True:
+                for key, _ in self.sel.select():
+                    if key.fileobj == self.wake_r:
+                        self._drain_wakeups()
+                        self._reap()
+                    elif not self._serve_one(key.fileobj):
+                        if key.fileobj is self.launcher:
+                            return
+        finally:
+            self._end_children()
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _serve_one(self, sock: socket.socket) -> bool:
+        try:
+            message, fds = receive(sock)
+        except (SpawnerGone, ValueError):
+            self._drop_client(sock)
+            return False
+        try:
+            reply = self._handle(sock, message, fds)
+        except Exception as exc:  # a bad request is the client's error, never the spawner's end
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if reply is not None:
+            try:
+                send(sock, {"op": "reply", "id": message.get("id"), **reply})
+            except SpawnerGone:
+                self._drop_client(sock)
+        return True
+
+    def _drop_client(self, sock: socket.socket) -> None:
+        self.sel.unregister(sock)
+        if sock is not self.launcher:
+            self.client_socks = {pid: s for pid, s in self.client_socks.items() if s is not sock}
+            sock.close()
+
+    def _handle(self, sock: socket.socket, message: dict, fds: list[int]) -> dict | None:
+        op = message["op"]
+        if op == "ready" and sock is self.launcher:
+            if message.get("algo"):
+                self.warm(message["algo"])
+            return {"pid": os.getpid(), "threads": len(os.listdir("/proc/self/task"))}
+        if op == "check" and sock is self.launcher:
+            return self._fork_check(message["config"])
+        if op == "spawn":
+            kind = message["module"]
+            # Roles only for the launcher; learner 0 may ask for its evaluation worker alone.
+            allowed = ("role",) if sock is self.launcher else ("eval_worker",)
+            if kind not in allowed:
+                raise ValueError(f"{kind!r} is not for this client to spawn")
+            return {"pid": self._fork(sock, message, fds)}
+        if op == "signal":
+            pid = int(message["pid"])
+            if self.children.get(pid) is sock:  # only its own, only before it was reaped
+                os.kill(pid, int(message["signal"]))
+            return None
+        raise ValueError(f"unknown request {op!r}")
+
+    def _fork_check(self, config: str) -> dict:
+        r, w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                self._close_inherited(keep=())
+                reply = self.check(config)
+                os.write(w, json.dumps(reply).encode())
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(w)
+        chunks = []
+        while chunk := os.read(r, 65536):
+            chunks.append(chunk)
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        if not chunks:
+            code = os.waitstatus_to_exitcode(status)
+            return {"error": None, "crashed": f"the preflight check exited with code {code}"}
+        return json.loads(b"".join(chunks))
+
+    def _fork(self, client: socket.socket, message: dict, fds: list[int]) -> int:
+        ours = channel = None
+        if message.get("channel"):
+            ours, channel = seqpacket_pair()
+        spawner_pid = os.getpid()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: nothing below returns
+            code = 1
+            try:
+                if ours is not None:
+                    ours.close()
+                code = self._child(message, fds, channel, spawner_pid)
+            except SystemExit as exc:
+                code = _exit_code(exc.code)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except Exception:
+                        pass
+                os._exit(code)
+        self.children[pid] = client
+        if client is not self.launcher:
+            self.owned.setdefault(self._client_pid(client), []).append(pid)
+        if channel is not None:
+            channel.close()
+            self.client_socks[pid] = ours
+            self.sel.register(ours, selectors.EVENT_READ)
+        return pid
+
+    def _client_pid(self, client: socket.socket) -> int:
+        return next(pid for pid, sock in self.client_socks.items() if sock is client)
+
+    def _close_inherited(self, keep) -> None:
+        """In a child: close every descriptor of the spawner's (its clients' channels, its selector)."""
+        signal.set_wakeup_fd(-1)
+        self.sel.close()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+        for sock in [self.launcher, *self.client_socks.values()]:
+            if sock not in keep:
+                sock.close()
+
+    def _child(self, message: dict, fds: list[int], channel, spawner_pid: int) -> int:
+        os.setsid()
+        set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != spawner_pid:  # the spawner died before the signal was set
+            return 1
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self._close_inherited(keep=(channel,))
+        _stdio(message, fds)
+        env = message.get("env") or {}
+        for key in env.get("unset", ()):
+            os.environ.pop(key, None)
+        os.environ.update(env.get("set", {}))
+        if channel is not None:
+            os.set_inheritable(channel.fileno(), False)
+            os.environ[ENV_SPAWNER_FD] = str(channel.fileno())
+        _reseed()
+        argv = list(message["argv"])
+        wait = message.get("wait_coordinator")
+        if wait:
+            address = wait_for_coordinator(wait["run_dir"], float(wait["timeout_s"]))
+            if address is None:
+                print(f"the coordinator did not write coordinator.json within {wait['timeout_s']:g} s", file=sys.stderr)
+                return 1
+            argv += ["--set", f"cluster.port={int(address['port'])}"]
+            unix = address.get("unix")
+            if isinstance(unix, str) and local_sockets.enabled():
+                os.environ[local_sockets.ENV_COORDINATOR] = unix
+        return self.run_child(message["module"], argv)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            client = self.children.pop(pid, None)
+            if client is not None and client.fileno() != -1:
+                try:
+                    send(client, {"op": "exited", "pid": pid, "code": code})
+                except SpawnerGone:
+                    pass
+            sock = self.client_socks.get(pid)
+            if sock is not None:
+                self._drop_client(sock)
+            for orphan in self.owned.pop(pid, ()):  # an evaluation worker dies with its learner
+                if orphan in self.children:
+                    os.kill(orphan, signal.SIGKILL)
+
+    def _end_children(self) -> None:
+        """The launcher has gone: end what is left (SIGTERM, then SIGKILL after a grace)."""
+        for pid in self.children:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        while self.children and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.01)
+        for pid in list(self.children):
+            os.kill(pid, signal.SIGKILL)
+        while self.children:
+            pid, _ = os.waitpid(-1, 0)
+            self.children.pop(pid, None)
+
+
+def _stdio(message: dict, fds: list[int]) -> None:
+    """The child's fds 0, 1, 2: the client's pipes (the evaluation worker), or /dev/null and a log."""
+    if fds:
+        for target, fd in zip((0, 1, 2), fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        return
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    log = os.open(message["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+
+
+def _reseed() -> None:
+    """A fresh process would seed numpy's legacy global generator from the OS; a fork copies it."""
+    import numpy as np
+
+    np.random.seed()
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def is_forked(proc) -> bool:
+    return isinstance(proc, ForkedProcess)

@@ -1,0 +1,213 @@
+"""Talking to the warm spawner (`aiorl.launch.spawner`): the channel and the handle of a forked process.
+
+The spawner is one process that imported numpy, torch, gymnasium and the runtime once and
+forks every role, the evaluation worker and every restart of a local run on request. Its
+clients are the launcher and learner 0 (which asks for its evaluation worker); each talks to
+it over its own ``AF_UNIX`` ``SOCK_SEQPACKET`` socket, one JSON object per packet, with file
+descriptors beside it (``SCM_RIGHTS``) where a child's stdio comes from the client. No
+listening socket exists: the launcher's end is a socketpair made before the spawner started,
+learner 0's one the spawner made before forking it (its number in ``AIORL_SPAWNER_FD``).
+
+A child of the spawner is not its client's child, so the client cannot ``waitpid`` it: the
+spawner, its parent, reaps it at once (SIGCHLD) and sends ``{"op": "exited", "pid", "code"}``
+to the client that asked for it; `ForkedProcess` turns those into the calls of a
+``subprocess.Popen`` (``poll``, ``wait``, ``send_signal``, ``kill``), so the launcher's
+supervision is the same code for both process models. Signals go through the spawner too:
+it signals only a child it has not reaped, so a pid is never reused under a signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+ENV_SPAWNER_FD = "AIORL_SPAWNER_FD"
+MAX_PACKET = 1 << 20  # a request holds an argv and an environment diff: far below this
+MAX_FDS = 4
+
+
+class SpawnerGone(RuntimeError):
+    """The spawner closed its end: it died, or is ending (its clients end with it)."""
+
+
+def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    if len(data) > MAX_PACKET:
+        raise ValueError(f"spawner message of {len(data)} bytes, over {MAX_PACKET}")
+    try:
+        socket.send_fds(sock, [data], list(fds)) if fds else sock.send(data)
+    except (BrokenPipeError, ConnectionResetError):
+        raise SpawnerGone("the warm spawner has gone") from None
+
+
+def receive(sock: socket.socket) -> tuple[dict, list[int]]:
+    """One message and the descriptors that came with it; SpawnerGone at the end of the stream."""
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_PACKET, MAX_FDS)
+    except ConnectionResetError:
+        data, fds = b"", []
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        raise SpawnerGone("the warm spawner has gone")
+    message = json.loads(data)
+    if not isinstance(message, dict) or not isinstance(message.get("op"), str):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"malformed spawner message: {data[:200]!r}")
+    return message, fds
+
+
+def seqpacket_pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+class SpawnerChannel:
+    """A client's end: requests with replies, and the exits of the children it asked for.
+
+    Thread-safe: learner 0 asks from its evaluation thread and polls from others.
+    """
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.RLock()
+        self.exits: dict[int, int] = {}  # pid -> exit code (negative: killed by that signal)
+        self.replies: dict[int, dict] = {}
+        self.next_id = 0
+        self.gone = False
+        self.spawned = 0
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> SpawnerChannel | None:
+        """Learner 0's channel, when the spawner forked it with one."""
+        fd = environ.get(ENV_SPAWNER_FD)
+        if not fd:
+            return None
+        return cls(socket.socket(fileno=int(fd)))
+
+    def _handle(self, message: dict) -> None:
+        if message["op"] == "exited":
+            self.exits[int(message["pid"])] = int(message["code"])
+        elif "id" in message:
+            self.replies[int(message["id"])] = message
+
+    def pump(self, timeout: float | None) -> bool:
+        """Read what the spawner sent, waiting up to `timeout` s for the first message; True if any came."""
+        with self.lock:
+            if self.gone:
+                if timeout:
+                    time.sleep(timeout)
+                return False
+            got = False
+            with selectors.DefaultSelector() as sel:
+                sel.register(self.sock, selectors.EVENT_READ)
+                wait = timeout
+                while sel.select(wait):
+                    try:
+                        message, fds = receive(self.sock)
+                    except SpawnerGone:
+                        self.gone = True
+                        break
+                    for fd in fds:
+                        os.close(fd)
+                    self._handle(message)
+                    got, wait = True, 0
+            return got
+
+    def request(self, message: dict, fds: list[int] = (), timeout: float | None = None) -> dict:
+        """Send `message` and return the spawner's reply to it (exits that come meanwhile are kept)."""
+        with self.lock:
+            self.next_id += 1
+            rid = self.next_id
+            send(self.sock, {**message, "id": rid}, fds)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while rid not in self.replies:
+                if self.gone:
+                    raise SpawnerGone("the warm spawner has gone")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"the warm spawner did not answer {message['op']!r} within {timeout:g} s")
+                self.pump(left)
+            reply = self.replies.pop(rid)
+        if reply.get("error"):
+            raise RuntimeError(f"warm spawner: {reply['error']}")
+        return reply
+
+    def spawn(self, module: str, argv: list[str], **options) -> ForkedProcess:
+        fds = options.pop("fds", ())
+        self.spawned += 1  # counted before the reply: a fork may have happened even if the reply is lost
+        reply = self.request({"op": "spawn", "module": module, "argv": argv, **options}, fds)
+        return ForkedProcess(self, int(reply["pid"]))
+
+    def signal(self, pid: int, signum: int) -> None:
+        with self.lock:
+            if pid in self.exits or self.gone:
+                return
+            send(self.sock, {"op": "signal", "pid": pid, "signal": int(signum)})
+
+    def close(self) -> None:
+        with self.lock:
+            self.gone = True
+            self.sock.close()
+
+
+class ForkedProcess:
+    """A child of the spawner, seen through the channel with the calls the launcher makes of a Popen."""
+
+    def __init__(self, channel: SpawnerChannel, pid: int):
+        self.channel = channel
+        self.pid = pid
+
+    def __repr__(self) -> str:
+        return f"<ForkedProcess pid={self.pid} returncode={self.returncode}>"
+
+    @property
+    def returncode(self) -> int | None:
+        return self.channel.exits.get(self.pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.channel.pump(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if self.channel.gone:
+                # The spawner died; its children got their parent-death signal. Nobody can reap
+                # them for us: wait until the pid is gone, and call that a kill.
+                if not _alive(self.pid):
+                    self.channel.exits[self.pid] = -signal.SIGKILL
+                    break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            self.channel.pump(0.05 if left is None else min(left, 0.05) if self.channel.gone else left)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.channel.gone:
+            if _alive(self.pid):
+                os.kill(self.pid, signum)
+            return
+        self.channel.signal(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -1,0 +1,228 @@
+"""The warm spawner: roles forked from one warm process behave like processes started on their own.
+
+Real `aiorl run` launches (real role processes over real sockets) check the process model a
+user gets: who is whose parent, sessions, what dies with what, the off switch; the spawner's
+own channel is tested against a real spawner process too (no mock of the transport).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from cluster_helpers import alive, cluster, finish, pids, start, wait_for
+
+from aiorl.launch.spawner import WarmSpawner, _env_diff, enabled
+from aiorl.runtime.warm_fork import SpawnerChannel, seqpacket_pair
+
+pytestmark = pytest.mark.cluster
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spawner_pid(role_pid: int) -> int:
+    return psutil.Process(role_pid).ppid()
+
+
+def _endless(actors: int = 2, **cluster_keys) -> dict:
+    config = cluster(actors, 1, 1, scheduled_timesteps=10**9)
+    config["cluster"].update(cluster_keys)
+    return config
+
+
+def _stop(proc) -> tuple[int, str]:
+    proc.send_signal(signal.SIGINT)
+    return finish(proc, 60)
+
+
+def test_every_role_is_a_child_of_one_spawner_in_a_session_of_its_own(tmp_path):
+    proc, run_dir = start(tmp_path, _endless())
+    try:
+        roles = pids(run_dir)
+        spawners = {_spawner_pid(pid) for pid in roles.values()}
+        assert len(spawners) == 1, f"roles have several parents: {spawners}"
+        spawner = psutil.Process(spawners.pop())
+        assert spawner.ppid() == proc.pid  # the spawner is the launcher's child
+        assert "aiorl.cli.spawner" in " ".join(spawner.cmdline())
+        for name, pid in roles.items():
+            assert os.getsid(pid) == pid, f"{name} shares a session (terminal signals would reach it)"
+    finally:
+        code, out = _stop(proc)
+    assert code == 130, out
+
+
+def test_the_spawner_forks_with_no_thread_beyond_numpys_own(tmp_path):
+    # numpy's import starts OpenBLAS's worker pool, which OpenBLAS stops and restarts around a
+    # fork; anything more (a torch op's thread pool, an executor) would be copied half-alive.
+    baseline = int(
+        subprocess.check_output(
+            [sys.executable, "-c", "import os, numpy; print(len(os.listdir('/proc/self/task')))"], text=True
+        )
+    )
+    spawner = WarmSpawner.start()
+    try:
+        reply = spawner.ready("dppo")
+        assert reply["threads"] == baseline
+        assert reply["pid"] == spawner.proc.pid
+    finally:
+        spawner.end()
+    assert spawner.proc.returncode is not None
+
+
+def test_killing_the_launcher_outright_leaves_no_process(tmp_path):
+    proc, run_dir = start(tmp_path, _endless())
+    roles = pids(run_dir)
+    spawner = _spawner_pid(roles["memory-0"])
+    proc.kill()  # no chance to clean up: the parent-death signals must do it
+    proc.wait()
+    for pid in [spawner, *roles.values()]:
+        wait_for(lambda: not alive(pid), 30, f"pid {pid} to end after the launcher was killed")
+
+
+def test_the_evaluation_worker_is_forked_and_dies_with_its_learner(tmp_path):
+    config = yaml.safe_load((ROOT / "examples" / "dppo_cartpole.yaml").read_text())
+    config["agent"]["scheduled_timesteps"] = 10**9
+    config["run"] = {"eval_every": 10**6, "eval_episodes": 1}
+    proc, run_dir = start(tmp_path, config)
+    try:
+        roles = pids(run_dir)
+        learner = roles["learner-0"]
+        spawner = _spawner_pid(learner)
+        log = run_dir / "logs" / "learner-0.log"
+        wait_for(lambda: log.exists() and "evaluation worker ready" in log.read_text(), 60, "the worker ready")
+        assert "evaluation worker started" in log.read_text() and "forked" in log.read_text()
+        workers = [p for p in psutil.Process(spawner).children() if p.pid not in roles.values()]
+        assert len(workers) == 1, workers
+        worker = workers[0].pid
+        os.kill(learner, signal.SIGKILL)
+        wait_for(lambda: not alive(worker), 30, "the evaluation worker to end with its learner")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        finish(proc, 90)
+
+
+@pytest.mark.parametrize("how", ["config", "environment"])
+def test_the_off_switch_starts_each_role_on_its_own(tmp_path, how, monkeypatch):
+    config = _endless()
+    if how == "config":
+        config["cluster"]["warm_spawner"] = False
+    else:
+        monkeypatch.setenv("AIORL_WARM_SPAWNER", "0")
+    proc, run_dir = start(tmp_path, config)
+    try:
+        roles = pids(run_dir)
+        assert {_spawner_pid(pid) for pid in roles.values()} == {proc.pid}
+        assert all("aiorl.cli.spawner" not in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children())
+    finally:
+        _stop(proc)
+
+
+def test_a_killed_actor_is_forked_again_and_the_run_finishes(tmp_path):
+    config = cluster(2, 1, 1, scheduled_timesteps=20_000)
+    config["cluster"] = {**config["cluster"], "max_restarts": 2, "restart_backoff_s": 0.1}
+    proc, run_dir = start(tmp_path, config)
+    roles = pids(run_dir)
+    spawner = _spawner_pid(roles["actor-0"])
+    log = run_dir / "logs" / "memory-0.log"
+    wait_for(lambda: "phase RUNNING" in log.read_text(), 60, "RUNNING")
+    os.kill(roles["actor-0"], signal.SIGKILL)
+    wait_for(lambda: "actor-0 restarted" in log.read_text(), 60, "actor-0's restart")
+    restarted = wait_for(
+        lambda: (p := pids(run_dir)["actor-0"]) != roles["actor-0"] and p, 30, "pids.json with the new actor-0"
+    )
+    assert _spawner_pid(restarted) == spawner  # forked from the same warm process
+    code, out = finish(proc)
+    assert code == 0, out
+
+
+def test_a_client_other_than_the_launcher_may_fork_only_an_evaluation_worker(tmp_path):
+    # A role's channel (learner 0's) asks for a role: refused by the spawner, which goes on serving.
+    spawner = WarmSpawner.start()
+    try:
+        spawner.ready()
+        # The launcher's channel may not ask for an evaluation worker either: one kind per client.
+        with pytest.raises(RuntimeError, match="not for this client"):
+            spawner.channel.spawn("eval_worker", ["--help"])
+        assert spawner.ready()["pid"] == spawner.proc.pid
+    finally:
+        spawner.end()
+
+
+def test_a_signal_for_a_pid_that_is_not_the_clients_child_is_ignored():
+    spawner = WarmSpawner.start()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        spawner.ready()
+        spawner.channel.signal(bystander.pid, signal.SIGKILL)
+        spawner.ready()  # the signal request was handled before this reply
+        time.sleep(0.2)
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+        spawner.end()
+
+
+def test_the_environment_diff_sets_and_unsets(monkeypatch):
+    monkeypatch.setenv("AIORL_TEST_KEEP", "1")
+    monkeypatch.setenv("AIORL_TEST_DROP", "1")
+    env = {k: v for k, v in os.environ.items() if k != "AIORL_TEST_DROP"}
+    env["AIORL_TEST_NEW"] = "2"
+    diff = _env_diff(env)
+    assert diff["set"] == {"AIORL_TEST_NEW": "2"}
+    assert diff["unset"] == ["AIORL_TEST_DROP"]
+
+
+def test_the_switch_reads_the_config_and_the_environment_wins():
+    class Cfg:
+        class cluster:
+            warm_spawner = True
+
+    assert enabled(Cfg, {}) is True
+    assert enabled(Cfg, {"AIORL_WARM_SPAWNER": "0"}) is False
+    Cfg.cluster.warm_spawner = False
+    assert enabled(Cfg, {}) is False
+    assert enabled(Cfg, {"AIORL_WARM_SPAWNER": "1"}) is True
+
+
+def test_a_channel_whose_spawner_is_gone_says_so():
+    ours, theirs = seqpacket_pair()
+    theirs.close()
+    channel = SpawnerChannel(ours)
+    channel.pump(0.01)
+    assert channel.gone
+
+
+def test_a_role_started_without_the_unix_sockets_has_none_though_the_launcher_had_the_variable(tmp_path, monkeypatch):
+    # The spawner was started with the launcher's environment; the role's is the launcher's
+    # choice for it, removals included (a role with the variable would serve a Unix socket).
+    monkeypatch.setenv("AIORL_UNIX_SOCKETS", "1")
+    proc, run_dir = start(tmp_path, _endless(unix_sockets=False))
+    try:
+        log = run_dir / "logs" / "actor-0.log"
+        wait_for(lambda: log.exists() and "registered with the coordinator" in log.read_text(), 60, "actor-0")
+    finally:
+        _stop(proc)
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert "over unix" not in logs
+    assert not (run_dir / "sock").exists()
+
+
+def test_a_forked_role_takes_only_this_launchs_coordinator_address(tmp_path, monkeypatch):
+    from aiorl.io.rundir import Identity, write_json_atomic
+    from aiorl.launch.spawner import wait_for_coordinator
+
+    ours = Identity(run_id="r1", launch_id="l-ours")
+    for key, value in ours.env().items():
+        monkeypatch.setenv(key, value)
+    write_json_atomic(tmp_path / "coordinator.json", Identity(run_id="r1", launch_id="l-earlier").stamp({"port": 1}))
+    assert wait_for_coordinator(str(tmp_path), 0.2) is None
+    write_json_atomic(tmp_path / "coordinator.json", ours.stamp({"port": 2}))
+    assert wait_for_coordinator(str(tmp_path), 5)["port"] == 2
