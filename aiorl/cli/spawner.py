@@ -43,10 +43,10 @@ def check(config_path: str) -> dict:
     try:
         check_local_run(load_config(config_path))
     except ConfigError as exc:
-        return {"error": str(exc), "kind": "config"}
+        return {"mistake": str(exc), "kind": "config"}
     except TokenError as exc:
-        return {"error": str(exc), "kind": "token"}
-    return {"error": None}
+        return {"mistake": str(exc), "kind": "token"}
+    return {"mistake": None}
 
 
 def run_child(kind: str, argv: list[str]) -> int:

@@ -29,13 +29,21 @@ from aiorl.runtime.evaluator import BEST_DIR, eval_seed
 
 class _Stop:
     """Set by SIGTERM; read by run_episodes_together between env steps (an Event's set() takes a lock,
-    which a signal handler must not)."""
+    which a signal handler must not). Outside an evaluation SIGTERM ends the worker at once: one
+    still building its policy, or idle, has nothing to finish, and the learner's shutdown waits
+    for it."""
 
     def __init__(self):
         self.flag = False
+        self.evaluating = False
 
     def is_set(self) -> bool:
         return self.flag
+
+    def on_sigterm(self, *_) -> None:
+        self.flag = True
+        if not self.evaluating:
+            os._exit(0)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -92,7 +100,7 @@ def main(argv=None) -> int:
     os.nice(args.nice)  # before the imports: the start-up's seconds of CPU yield to training too
     stop = _Stop()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the learner ends us
-    signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "flag", True))
+    signal.signal(signal.SIGTERM, stop.on_sigterm)
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # a library's print cannot corrupt the replies
 
@@ -110,10 +118,12 @@ def main(argv=None) -> int:
     for line in sys.stdin:
         if stop.is_set():
             break
+        stop.evaluating = True
         request = json.loads(line)
         with np.load(request["state"], allow_pickle=False) as arrays:
             policy.load_state_dict({k: torch.from_numpy(arrays[k]) for k in arrays.files})
         replies.write(json.dumps(score(policy, cfg, request, Path(args.policy_dir), stop)) + "\n")
+        stop.evaluating = False
         if stop.is_set():
             break
     return 0

@@ -58,8 +58,8 @@ def check_in_spawner(cfg: Config, spawner: WarmSpawner) -> None:
         os.unlink(path)
     if reply.get("crashed"):
         raise RuntimeError(f"aiorl's preflight check crashed: {reply['crashed']} (its traceback is above)")
-    if reply.get("error") is not None:
-        raise (TokenError if reply.get("kind") == "token" else ConfigError)(reply["error"])
+    if reply.get("mistake") is not None:
+        raise (TokenError if reply.get("kind") == "token" else ConfigError)(reply["mistake"])
 
 
 def prepare_local_run(

@@ -121,7 +121,7 @@ class WarmSpawner:
         return self.channel.request({"op": "ready", "algo": algo}, timeout=timeout)
 
     def check(self, config_path: str | Path, timeout: float | None = None) -> dict:
-        """The preflight of a config file, in a forked child: {"error": None} or the user's error."""
+        """The preflight of a config file, in a forked child: {"mistake": None} or the user's mistake."""
         return self.channel.request({"op": "check", "config": str(config_path)}, timeout=timeout)
 
     def spawn_role(self, argv: list[str], env: dict[str, str], log_path: Path, wait_coordinator: dict | None):
@@ -297,7 +297,7 @@ class Spawner:
         _, status = os.waitpid(pid, 0)
         if not chunks:
             code = os.waitstatus_to_exitcode(status)
-            return {"error": None, "crashed": f"the preflight check exited with code {code}"}
+            return {"mistake": None, "crashed": f"the preflight check exited with code {code}"}
         return json.loads(b"".join(chunks))
 
     def _fork(self, client: socket.socket, message: dict, fds: list[int]) -> int:
