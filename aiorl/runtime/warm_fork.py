@@ -174,21 +174,22 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.channel.pump(0)
+            if self.channel.gone and not _alive(self.pid):
+                # The spawner died (its children got their parent-death signal) and nobody can
+                # reap this one for us: it is gone, and counted as killed.
+                self.channel.exits[self.pid] = -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
-            if self.channel.gone:
-                # The spawner died; its children got their parent-death signal. Nobody can reap
-                # them for us: wait until the pid is gone, and call that a kill.
-                if not _alive(self.pid):
-                    self.channel.exits[self.pid] = -signal.SIGKILL
-                    break
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
-            self.channel.pump(0.05 if left is None else min(left, 0.05) if self.channel.gone else left)
+            step = left
+            if self.channel.gone:  # no exit report will wake the wait: look again shortly
+                step = 0.05 if left is None else min(left, 0.05)
+            self.channel.pump(step)
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
