@@ -41,6 +41,25 @@ and watches.
   its node's Ray processes (or its driver), and a role given SIGTERM asks the
   coordinator to stop the whole run, where a lost node must read as lost
   roles (restarted, or ending the run as failed).
+- Start-up: a role here is its own ``python -m aiorl`` process, not forked
+  from a warm spawner as locally (issue 30, measured on a loopback 3-node
+  cluster, 2 cores, load 3.5-5; random_agent, 2 actors, 2 memories, 1 learner).
+  Launch to RUNNING took 8.4 s: RoleHosts created at 0.8 s, their Ray workers
+  up at 3.4-3.8 s, memory 0 started at 4.1, its coordinator serving at 5.9,
+  the other roles started at 6.0 and registered by 7.2 (the learner at 8.4).
+  A role's own imports (start to ready, less a forked role's) are 1.4 s for
+  memory 0 and 2.1 s for the learner (about 1.9 s of CPU each). A spawner per
+  RoleHost, started when its Ray worker comes up, saves at most 0.4 s of
+  memory 0's (its worker is up 0.4 s before its start call; a restart's, just
+  before) plus the learner's 2.1 s: 2.5 s (29%), and only where idle cores run
+  those imports at once. A prototype did not get it: placed to RUNNING 7.0
+  and 7.2 s against 4.3 and 7.0 s exec'ed, launch to RUNNING 12.3/17.5 s
+  against 8.8/12.8 s (alternate runs, one cluster; at load 7.5-10, 26.7/18.1
+  against 22.1/14.9 s). Five spawners importing at once need the CPU the
+  exec'ed roles need, and memory 0's import then waits behind the others'.
+  A gain measured at or below zero does not pay for a second process per role
+  holding torch's imports (about 240 MB resident) for the role's life; on
+  nodes with idle cores, measure again (bench/ray_launcher.py).
 """
 
 from __future__ import annotations
