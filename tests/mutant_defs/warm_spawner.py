@@ -14,7 +14,9 @@ FOREIGN_PID = T + "test_a_signal_for_a_pid_that_is_not_the_clients_child_is_igno
 ENV_UNSET = T + "test_a_role_started_without_the_unix_sockets_has_none_though_the_launcher_had_the_variable"
 OWN_ADDRESS = T + "test_a_forked_role_takes_only_this_launchs_coordinator_address"
 THREADS = T + "test_the_spawner_forks_with_no_thread_beyond_numpys_own"
-STOP_IN_START = "tests/test_coordinator.py::test_a_stop_during_start_up_ends_the_run_without_waiting_for_the_start_timeout"
+STOP_IN_START = (
+    "tests/test_coordinator.py::test_a_stop_during_start_up_ends_the_run_without_waiting_for_the_start_timeout"
+)
 
 MUTANTS = [
     dict(
@@ -69,15 +71,15 @@ MUTANTS = [
     dict(
         name="restart-not-told-the-port",
         path="aiorl/launch/local.py",
-        old="            if self.port is None and (kind, index) != (\"memory\", 0):",
-        new="            if (kind, index) != (\"memory\", 0):",
+        old='            if self.port is None and (kind, index) != ("memory", 0):',
+        new='            if (kind, index) != ("memory", 0):',
         tests=[RESTART],
     ),
     dict(
         name="any-client-may-fork-anything",
         path="aiorl/launch/spawner.py",
         old="            if kind not in allowed:",
-        new="            if kind not in (\"role\", \"eval_worker\"):",
+        new='            if kind not in ("role", "eval_worker"):',
         tests=[CLIENT_KINDS],
     ),
     dict(
