@@ -20,8 +20,9 @@ with the tree on PYTHONPATH, so the roles run that tree too. Scenarios:
   memory host having seen actor-1's data connection drop, and is not counted).
 
 Times come from the log lines' timestamps (milliseconds) against the clock read at the kill;
-the launcher sees a child's exit within its 0.1 s poll. Medians over the trials; "-" where the
-event never came within ``--wait`` seconds.
+the launcher sees a child's exit at once (the warm spawner reports it; without the spawner,
+within its 0.1 s poll). Medians over the trials; "-" where the event never came within
+``--wait`` seconds.
 """
 
 from __future__ import annotations

@@ -22,8 +22,10 @@ from cluster_helpers import cluster, finish, pids, read_json, start, wait_for
 
 from aiorl.experiment.loading import load_config
 from aiorl.io.rundir import Identity
-from aiorl.launch.notices import ExitNotices
+from aiorl.launch.notices import ExitNotices as LauncherSide
 from aiorl.runtime.coordinator import Coordinator
+from aiorl.runtime.coordinator.notices import ExitNotices
+from aiorl.runtime.coordinator.roster import RoleRecord
 from aiorl.runtime.phase import Phase
 from aiorl.wire import ConnectionClosed, RemoteError, connect, generate_token, load_token
 
@@ -151,9 +153,22 @@ def read_json_path(directory: str, name: str) -> dict:
         return json.load(f)
 
 
+def test_a_pid_that_exited_unregistered_is_remembered_only_while_its_registration_could_come():
+    """Past cluster.coordinator_timeout_s no registration of a process that authenticated before
+    it died can come (it would have been closed unregistered), and pids wrap: forgotten."""
+    now = [100.0]
+    notices = ExitNotices(launcher_pid=1, remember_s=10.0, clock=lambda: now[0])
+    record = RoleRecord("actor-1", "actor", 1, pid=500, status="running")
+    assert notices.decide(record, exit_of("actor-1", 400)) == ("not registered", None)
+    assert notices.exited("actor-1", 400) == "actor-1's process (pid 400) has already exited (seen by the launcher)"
+    assert notices.exited("actor-0", 400) is None and notices.exited("actor-1", 401) is None
+    now[0] += 10.5
+    assert notices.exited("actor-1", 400) is None
+
+
 def test_an_unreachable_coordinator_leaves_the_notices_queued_and_the_launcher_free(tmp_path):
     cfg = load_config(data={"algo": "random_agent"})
-    notices = ExitNotices(cfg, tmp_path)
+    notices = LauncherSide(cfg, tmp_path)
     notices.child_exited("actor-0", 123, -9)  # not started (no Unix socket): nothing to do
     assert not notices.queued
     (tmp_path / "token").write_bytes(TOKEN)

@@ -5,6 +5,7 @@ tests/test_death_notice.py pins (in process, or over real role processes)."""
 T = "tests/test_death_notice.py::"
 COORDINATOR = T + "test_the_launcher_alone_reports_exits_and_only_the_registered_process_is_lost"
 UNREACHABLE = T + "test_an_unreachable_coordinator_leaves_the_notices_queued_and_the_launcher_free"
+FORGOTTEN = T + "test_a_pid_that_exited_unregistered_is_remembered_only_while_its_registration_could_come"
 RESTARTED = T + "test_a_sigkilled_actor_is_lost_at_once_with_its_exit_and_restarted"
 BARRIER = T + "test_a_sigkilled_actor_leaves_the_synchronous_barrier_at_once"
 
@@ -64,6 +65,13 @@ MUTANTS = [
         old='        admission, reason = None, self.notices.exited(name, meta.get("pid"))\n',
         new="        admission, reason = None, None\n",
         tests=[COORDINATOR],
+    ),
+    dict(
+        name="notice-exited-pid-remembered-for-ever",
+        path="aiorl/runtime/coordinator/notices.py",
+        old="        if at is not None and self.clock() - at <= self.remember_s:\n",
+        new="        if at is not None:\n",
+        tests=[FORGOTTEN],
     ),
     dict(
         name="notice-not-sent",

@@ -18,13 +18,16 @@ it is live and has not reported done, makes a verdict: lost, the exit in the rea
 pid is an earlier incarnation's (a late notice: its successor must not pay for it) or one that
 never registered; nothing registered changes, and the pid is remembered, so that a registration
 it sent before it died is refused instead of admitting a dead process, whose successor would
-then wait out its silence.
+then wait out its silence. Only for ``cluster.coordinator_timeout_s``: a connection registers
+within that of authenticating, and the dead process authenticated before it died, so no
+registration of it comes later; forgotten by then, the pid cannot refuse a new process the
+kernel gave it again (pids wrap, at 32768 by default).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
+import time
 
 from aiorl.runtime.coordinator.requests import reply_error
 from aiorl.runtime.coordinator.roster import RoleRecord
@@ -35,16 +38,15 @@ from aiorl.wire import Connection, Message
 
 log = logging.getLogger("aiorl.coordinator")
 
-#: Pids remembered per role as exited before registering (a role restarting in a crash loop).
-REMEMBERED_PIDS = 16
-
 
 class ExitNotices:
-    def __init__(self, launcher_pid: int | None):
+    def __init__(self, launcher_pid: int | None, remember_s: float, clock=time.monotonic):
         self.launcher_pid = launcher_pid  # None: no local launcher started this launch
+        self.remember_s = remember_s  # how long a pid that exited unregistered is remembered
+        self.clock = clock
         self.accepted = 0
         self.refused = 0
-        self._exited: dict[str, collections.deque[int]] = {}
+        self._exited: dict[tuple[str, int], float] = {}  # (role, pid) -> when the launcher saw it exit
 
     def refusal(self, conn: Connection) -> str | None:
         """None when `conn` is the launcher's, else why its notices are refused."""
@@ -65,7 +67,9 @@ class ExitNotices:
         pid = fields["pid"]
         how = describe_notice(fields)
         if record.pid != pid:
-            self._exited.setdefault(record.name, collections.deque(maxlen=REMEMBERED_PIDS)).append(pid)
+            now = self.clock()
+            self._exited = {key: at for key, at in self._exited.items() if now - at <= self.remember_s}
+            self._exited[record.name, pid] = now
             log.info(
                 "%s: the launcher saw pid %d exit (%s); not its registered process (pid %s): nothing changes",
                 record.name,
@@ -80,7 +84,8 @@ class ExitNotices:
 
     def exited(self, name: str, pid: object) -> str | None:
         """Why a registration of `name` from `pid` is refused (the launcher saw that process exit), or None."""
-        if pid is not None and pid in self._exited.get(name, ()):
+        at = self._exited.get((name, pid)) if type(pid) is int else None
+        if at is not None and self.clock() - at <= self.remember_s:
             return f"{name}'s process (pid {pid}) has already exited (seen by the launcher)"
         return None
 

@@ -71,7 +71,7 @@ class Coordinator(Registration, LauncherNotices):
         self.params = ParameterStore()
         self.liveness = Liveness(cfg)
         # Read now, before any other role process exists to rewrite run.json.
-        self.notices = ExitNotices(launcher_pid(self.run_dir, self.identity))
+        self.notices = ExitNotices(launcher_pid(self.run_dir, self.identity), cfg.cluster.coordinator_timeout_s)
         self.lost_restartable: list[str] = []  # lost at the end with restarts left (not failures)
         items = algo.work_items(cfg) if self.synchronous else None
         self.work = WorkQueue(items) if items else None  # work items of the current iteration
