@@ -294,6 +294,19 @@ def latest_launch_id(path: str | Path) -> str | None:
     return attempts[-1].get("launch_id") if attempts else None
 
 
+def launcher_pid(path: str | Path, identity: Identity) -> int | None:
+    """The pid of the launcher that started `identity`'s launch of the run at `path` (its run.json
+    records it), or None: a role started by hand, or by a launch this directory does not record."""
+    owner = read_json(Path(path) / OWNER_FILE)
+    if owner is None or not identity.run_id or owner.get("run_id") != identity.run_id:
+        return None
+    for attempt in owner.get("attempts") or []:
+        if isinstance(attempt, dict) and attempt.get("launch_id") == identity.launch_id:
+            pid = attempt.get("pid")
+            return pid if type(pid) is int and pid > 0 else None
+    return None
+
+
 def _refuse_taken(path: Path, ignore: tuple[str, ...] = ()) -> None:
     if not path.exists():
         return

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from aiorl.config import Config
 from aiorl.io.rundir import RunDir, write_json_atomic
+from aiorl.launch.notices import ExitNotices
 from aiorl.launch.panel import Progress, next_command, stopped_at_note
 from aiorl.launch.spawner import WarmSpawner
 from aiorl.runtime import local_sockets
@@ -111,6 +112,7 @@ class LocalLauncher:
         self.port: int | None = None
         self.coordinator_unix: str | None = None  # the coordinator's Unix socket, once it listens
         self.progress: Progress | None = None
+        self.notices = ExitNotices(cfg, self.run_dir)  # each child's exit, told to the coordinator at once
 
     @property
     def coordinator(self) -> Child | None:
@@ -221,6 +223,7 @@ class LocalLauncher:
         try:
             return self._run()
         finally:
+            self.notices.close()
             if self.spawner is not None:
                 self.spawner.end()
             self.rundir.close()
@@ -257,6 +260,7 @@ class LocalLauncher:
                     self._spawn(kind, i)
             if self.port is None:  # forked ones find it themselves; restarts are told it
                 self.port = self._wait_coordinator_address(coordinator)
+            self.notices.start(self.coordinator_unix)
             self._write_pids()
             progress.start()
             self._supervise(progress)
@@ -287,6 +291,7 @@ class LocalLauncher:
                 continue
             child.handled = True
             code = child.proc.returncode
+            self.notices.child_exited(child.name, child.pid, code)
             delay = None if self.signals else self.policy.decide(child.name, code, now - child.started)
             if delay is not None:
                 print(

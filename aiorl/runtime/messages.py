@@ -189,6 +189,13 @@ SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     "run_state": {"counters": (mapping(text(64), _count), False)},
     "work": {"done": (nullable(int_pair), False)},
     "check_session": {"role": (name, True), "session": (text(64), True)},
+    # local launcher -> coordinator (aiorl.runtime.restart.exit_notice): one of its children exited
+    "child_exit": {
+        "role": (name, True),
+        "pid": (integer(1, 1 << 31), True),
+        "exit_code": (nullable(integer(0, 255)), False),
+        "signal": (nullable(integer(1, 255)), False),
+    },
     # actor -> memory
     "attach": {"session": (text(64), True)},
     "batch": {"actor": (_count, False), "seq": (_count, True), "keep_from": (_count, False)},

@@ -19,16 +19,25 @@ ends the run (failed; learner 0 writes a checkpoint if it still can) and
 are not restarted either: their barrier counts every actor each iteration.
 Exits that are never restarted: 0 (finished), 3 (lost the coordinator: the
 run is ending) and 4 (refused by the coordinator).
+
+The local launcher, as every role's parent, sees an exit at once and tells the
+coordinator (``child_exit``, `aiorl.launch.notices`), which then declares that
+incarnation lost without waiting for its heartbeats to stop
+(`aiorl.runtime.coordinator.notices`).
 """
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 
 from aiorl.runtime.phase import EXIT_COORDINATOR_LOST, EXIT_OK, EXIT_REFUSED, parse_role_name
 
 HEALTHY_AFTER_S = 60.0
 NOT_RESTARTED = frozenset({EXIT_OK, EXIT_COORDINATOR_LOST, EXIT_REFUSED})
+#: The handshake name of the local launcher's connection to the coordinator. No role has it
+#: (a role connects under its role name); the coordinator takes exit notices from it alone.
+LAUNCHER_PEER = "launcher"
 
 
 def restartable(kind: str, index: int) -> bool:
@@ -74,3 +83,21 @@ class RestartPolicy:
 
     def left(self, name: str) -> int:
         return self.max_restarts - self.restarts.get(name, 0)
+
+
+def exit_notice(name: str, pid: int, returncode: int) -> dict:
+    """A ``child_exit`` notice: `returncode` as ``Popen`` gives it (-N: killed by signal N)."""
+    if returncode < 0:
+        return {"role": name, "pid": pid, "signal": -returncode}
+    return {"role": name, "pid": pid, "exit_code": returncode}
+
+
+def describe_notice(fields: dict) -> str:
+    """How a noticed process ended, in words ("killed by SIGKILL", "exit code 1")."""
+    number = fields.get("signal")
+    if number is not None:
+        try:
+            return f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            return f"killed by signal {number}"
+    return f"exit code {fields.get('exit_code')}"

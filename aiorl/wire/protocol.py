@@ -231,6 +231,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         self.peer_host = "?"
         self.peer_name: str | None = None
         self.unix = False  # over a Unix socket (a local run), not TCP
+        self.peer_pid: int | None = None  # a Unix peer's pid, as the kernel saw it connect
 
         # receiving
         self._queue = _MessageQueue(recv_queue_size, self._loop)
@@ -294,6 +295,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         if self.unix:  # a client's end has no name: say which socket it came in on
             self.peer = f"unix:{transport.get_extra_info('sockname' if self._server else 'peername')}"
             self.peer_host = "unix"  # one source for the per-host handshake cap, as 127.0.0.1 is
+            self.peer_pid = unix.peer_pid(sock)
         else:
             address = transport.get_extra_info("peername")
             self.peer = _format_address(address)

@@ -38,6 +38,11 @@ class Connection:
         return self._proto.peer_name
 
     @property
+    def peer_pid(self) -> int | None:
+        """The peer process's pid over a Unix socket, from the kernel (``SO_PEERCRED``); None over TCP."""
+        return self._proto.peer_pid
+
+    @property
     def limits(self) -> Limits:
         """What this side accepts from the peer (checked before anything is allocated)."""
         return self._proto._limits

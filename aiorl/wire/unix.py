@@ -4,7 +4,8 @@ A local run's servers also listen on a Unix socket in the run directory (0700), 
 the same host reaches them without a TCP port any local user could connect to; the kernel
 tells the server the peer's uid (``SO_PEERCRED``), and a peer of another uid (root reaching
 past the directory's mode, or a directory whose mode was widened) is refused before the
-handshake.
+handshake. It also tells the peer's pid, which the coordinator checks where only one process
+may send a message (the local launcher's exit notices).
 """
 
 from __future__ import annotations
@@ -28,14 +29,25 @@ def is_unix(sock) -> bool:
     return sock is not None and getattr(sock, "family", None) == socket.AF_UNIX
 
 
+def _peer_credentials(sock) -> tuple[int, int, int] | None:
+    try:
+        return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except (OSError, AttributeError, struct.error):
+        return None
+
+
 def peer_uid(sock) -> int | None:
     """The uid of the process at the other end of Unix socket `sock` (None where the kernel
     cannot say: then the caller refuses, it does not trust)."""
-    try:
-        _pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    except (OSError, AttributeError, struct.error):
-        return None
-    return uid
+    credentials = _peer_credentials(sock)
+    return None if credentials is None else credentials[1]
+
+
+def peer_pid(sock) -> int | None:
+    """The pid of the process that connected Unix socket `sock` (the kernel records it at
+    connect time: a peer cannot claim another's), None where the kernel cannot say (TCP)."""
+    credentials = _peer_credentials(sock)
+    return None if credentials is None or credentials[0] <= 0 else credentials[0]
 
 
 def check_peer(sock, expected_uid: int) -> str | None:

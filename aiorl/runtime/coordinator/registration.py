@@ -41,6 +41,9 @@ class Registration:
                 return None
             if msg.kind == "register":
                 return await self._register(conn, msg, fields)
+            if msg.kind == "child_exit":
+                await self._refuse_notice(conn, msg, f"{conn.peer_name} (unregistered)", self.notices.refusal(conn))
+                return None
             if msg.kind != "status":
                 await reply_error(conn, msg, f"{msg.kind!r} before register")
                 return None
@@ -69,9 +72,11 @@ class Registration:
             await conn.reply_error(msg, reason)
             await conn.close()
             return None
-        if record.status == "running" and record.incarnation != incarnation:
-            await self.roster.await_replaced(record)
-        admission, reason = self.roster.admission(record, incarnation, self.phase)
+        admission, reason = None, self.notices.exited(name, meta.get("pid"))
+        if reason is None:
+            if record.status == "running" and record.incarnation != incarnation:
+                await self.roster.await_replaced(record)
+            admission, reason = self.roster.admission(record, incarnation, self.phase)
         if reason is not None:  # the right process at the wrong time (or an impostor): it exits
             self.registrations_refused += 1
             self._log_refusal("did not admit %s from %s: %s", name, conn.peer, reason)

@@ -4,7 +4,8 @@ connection. It lives in memory host 0.
 
 Every role keeps one control connection to it. Requests (register, heartbeat,
 publish, get_weights, barrier, work, done, stop, run_state) are answered on
-that connection; phase changes, ``role_lost`` (to memories), memory host
+that connection; the local launcher keeps one of its own, on which it reports
+each child's exit (`notices`); phase changes, ``role_lost`` (to memories), memory host
 addresses and the final ``exit`` are pushed to roles on it. Every request is
 checked (`aiorl.runtime.messages`): a bad one closes that connection, which
 loses that role. Each registration gets a session id, which memory hosts
@@ -26,11 +27,12 @@ from pathlib import Path
 from aiorl.config import Config
 from aiorl.core.ratelog import RateLimitedLog
 from aiorl.io.metrics import MetricsWriter
-from aiorl.io.rundir import Identity
+from aiorl.io.rundir import Identity, launcher_pid
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.coordinator.counters import RunCounters, Stop, owned_counters, stop_criterion
 from aiorl.runtime.coordinator.liveness import Liveness
+from aiorl.runtime.coordinator.notices import ExitNotices, LauncherNotices
 from aiorl.runtime.coordinator.params import ParameterStore
 from aiorl.runtime.coordinator.phases import PhaseClock, settle_outcome, wait_done
 from aiorl.runtime.coordinator.registration import Registration
@@ -40,6 +42,7 @@ from aiorl.runtime.coordinator.roster import RoleRecord, Roster
 from aiorl.runtime.messages import BadMessage, any_map, check, unpack_table
 from aiorl.runtime.phase import FAILED, PHASE_OWNER, Phase
 from aiorl.runtime.resources import listen_backlog
+from aiorl.runtime.restart import LAUNCHER_PEER
 from aiorl.runtime.work import WorkQueue
 from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
 from aiorl.wire.names import safe_text
@@ -47,7 +50,7 @@ from aiorl.wire.names import safe_text
 log = logging.getLogger("aiorl.coordinator")
 
 
-class Coordinator(Registration):
+class Coordinator(Registration, LauncherNotices):
     """Owns the run's global state; one instance, inside memory host 0."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, token: bytes, ssl=None, identity: Identity | None = None):
@@ -67,6 +70,8 @@ class Coordinator(Registration):
         self.counters = RunCounters()
         self.params = ParameterStore()
         self.liveness = Liveness(cfg)
+        # Read now, before any other role process exists to rewrite run.json.
+        self.notices = ExitNotices(launcher_pid(self.run_dir, self.identity), cfg.cluster.coordinator_timeout_s)
         self.lost_restartable: list[str] = []  # lost at the end with restarts left (not failures)
         items = algo.work_items(cfg) if self.synchronous else None
         self.work = WorkQueue(items) if items else None  # work items of the current iteration
@@ -232,6 +237,9 @@ class Coordinator(Registration):
         # the heartbeats on this connection keep being answered; they end with it.
         waiters: set[asyncio.Task] = set()
         try:
+            if conn.peer_name == LAUNCHER_PEER:
+                await self._launcher_notices(conn)
+                return
             record = await self._until_registered(conn)
             if record is None:
                 return
@@ -275,6 +283,13 @@ class Coordinator(Registration):
         self.roster.connection_lost(record, asyncio.get_running_loop().time())
 
     # ------------------------------------------------------------------ verdicts and what they mean
+
+    def _lose(self, record: RoleRecord, reason: str, abort: bool) -> None:
+        """`record` is lost, whoever found out (its silence, the launcher): one set of consequences.
+        `abort`: cut its connection too (a hung process's, or a dead one's half-open one)."""
+        self._mark(record, "lost", reason)
+        if abort and record.conn is not None:
+            record.conn.abort()
 
     def _mark(self, record: RoleRecord, status: str, reason: str) -> None:
         if not self.roster.mark(record, status, reason):
@@ -391,6 +406,8 @@ class Coordinator(Registration):
             reason = safe_text(fields.get("reason", "no reason given"), 1000)
             self._mark(record, "failed", reason)
             await conn.reply(msg)
+        elif kind == "child_exit":
+            await self._refuse_notice(conn, msg, record.name, self.notices.refusal(conn))
         elif kind == "stop":  # the role got a signal
             self.interrupt(safe_text(fields.get("reason", "a signal")), record.name)
             await conn.reply(msg)
@@ -551,9 +568,7 @@ class Coordinator(Registration):
         while True:
             now = await self.liveness.tick()
             for record, reason, abort in self.liveness.verdicts(self.roles.values(), now, self.roster.rejoin_grace_s):
-                self._mark(record, "lost", reason)
-                if abort and record.conn is not None:
-                    record.conn.abort()
+                self._lose(record, reason, abort)
             reason = self.liveness.actors_gone(now)
             if reason is not None:
                 self.begin_stop(reason, failed=True)
@@ -577,6 +592,7 @@ class Coordinator(Registration):
             "registrations_refused": self.registrations_refused,
             "unregistered_closed": self.unregistered_closed,
             "counters_refused": self.counters_refused,
+            "exit_notices_refused": self.notices.refused,
             "bad_messages": self.bad_messages,
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
             "handshakes_failed": self.server.stats["handshake_failures"] if self.server else 0,

@@ -1,0 +1,128 @@
+"""Exit notices: the local launcher, the parent of every role process, sees a child exit at once
+and says so (``child_exit``, sent by `aiorl.launch.notices`); this part decides who may send
+one and what it means, and the coordinator acts on it exactly as on a role whose heartbeats
+stopped.
+
+Who: the launcher alone. Every role holds the cluster token, so the token says nothing here;
+the launcher's connection carries the handshake name no role has (`LAUNCHER_PEER`), comes over
+the run's Unix socket, and the kernel says the process that opened it is the pid run.json
+records for this launch (read when the coordinator is made, before any other role process
+exists). A notice from any other peer is refused and counted (``exit_notices_refused``); a
+role that sends one keeps its connection, as with the other requests it may not make.
+
+`ExitNotices` decides; `LauncherNotices`, a mixin of `Coordinator` like `Registration`, serves
+the launcher's connection and acts through the service's verdict (`Coordinator._lose`).
+
+What: a notice names a role and a pid. Only the pid of the role's registered incarnation, while
+it is live and has not reported done, makes a verdict: lost, the exit in the reason. Any other
+pid is an earlier incarnation's (a late notice: its successor must not pay for it) or one that
+never registered; nothing registered changes, and the pid is remembered, so that a registration
+it sent before it died is refused instead of admitting a dead process, whose successor would
+then wait out its silence. Only for ``cluster.coordinator_timeout_s``: a connection registers
+within that of authenticating, and the dead process authenticated before it died, so no
+registration of it comes later; forgotten by then, the pid cannot refuse a new process the
+kernel gave it again (pids wrap, at 32768 by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiorl.runtime.coordinator.requests import reply_error
+from aiorl.runtime.coordinator.roster import RoleRecord
+from aiorl.runtime.first_request import first_request
+from aiorl.runtime.messages import BadMessage, check
+from aiorl.runtime.restart import LAUNCHER_PEER, describe_notice
+from aiorl.wire import Connection, Message
+
+log = logging.getLogger("aiorl.coordinator")
+
+
+class ExitNotices:
+    def __init__(self, launcher_pid: int | None, remember_s: float, clock=time.monotonic):
+        self.launcher_pid = launcher_pid  # None: no local launcher started this launch
+        self.remember_s = remember_s  # how long a pid that exited unregistered is remembered
+        self.clock = clock
+        self.accepted = 0
+        self.refused = 0
+        self._exited: dict[tuple[str, int], float] = {}  # (role, pid) -> when the launcher saw it exit
+
+    def refusal(self, conn: Connection) -> str | None:
+        """None when `conn` is the launcher's, else why its notices are refused."""
+        if conn.peer_name != LAUNCHER_PEER:
+            return f"only the launcher reports exits, not {conn.peer_name}"
+        if self.launcher_pid is None:
+            return "no local launcher started this launch of the run"
+        if conn.peer_pid is None:
+            return "the launcher reports exits over the run's Unix socket only"
+        if conn.peer_pid != self.launcher_pid:
+            # The launcher's pid stays unsaid: it would tell an impostor whom to imitate.
+            return f"peer pid {conn.peer_pid} is not the launcher of this launch"
+        return None
+
+    def decide(self, record: RoleRecord, fields: dict) -> tuple[str, str | None]:
+        """(what the notice did, why `record` is lost now or None)."""
+        self.accepted += 1
+        pid = fields["pid"]
+        how = describe_notice(fields)
+        if record.pid != pid:
+            now = self.clock()
+            self._exited = {key: at for key, at in self._exited.items() if now - at <= self.remember_s}
+            self._exited[record.name, pid] = now
+            log.info(
+                "%s: the launcher saw pid %d exit (%s); not its registered process (pid %s): nothing changes",
+                record.name,
+                pid,
+                how,
+                record.pid,
+            )
+            return "not registered", None
+        if record.status not in ("running", "disconnected"):
+            return record.status, None  # done, or it already has a verdict: the first one stands
+        return "lost", f"{record.name} exited: {how} (seen by the launcher)"
+
+    def exited(self, name: str, pid: object) -> str | None:
+        """Why a registration of `name` from `pid` is refused (the launcher saw that process exit), or None."""
+        at = self._exited.get((name, pid)) if type(pid) is int else None
+        if at is not None and self.clock() - at <= self.remember_s:
+            return f"{name}'s process (pid {pid}) has already exited (seen by the launcher)"
+        return None
+
+
+class LauncherNotices:
+    """The launcher's connection and the notices refused on any other; mixed into `Coordinator`."""
+
+    async def _launcher_notices(self, conn: Connection) -> None:
+        """The launcher's connection: ``child_exit`` notices, each answered with what it did."""
+        refusal = self.notices.refusal(conn)
+        if refusal is not None:  # named as the launcher, and not it: one request gets the refusal
+            try:
+                msg, _ = await first_request(conn, self.cfg.cluster.coordinator_timeout_s)
+            except TimeoutError as exc:
+                self.unregistered_closed += 1
+                self._log_refusal("closing the connection of %s from %s: %s", conn.peer_name, conn.peer, exc)
+                conn.abort()
+                return
+            await self._refuse_notice(conn, msg, conn.peer_name, refusal)
+            return
+        log.info("the launcher (pid %d) reports its children's exits on %s", conn.peer_pid, conn.peer)
+        async for msg in conn:
+            fields = check(msg.kind, msg.meta, {"child_exit"})
+            if msg.request_id is None:
+                raise BadMessage(f"{msg.kind} must be a request")
+            await conn.reply(msg, meta={"outcome": self._child_exited(fields)})
+
+    def _child_exited(self, fields: dict) -> str:
+        record = self.roles.get(fields["role"])
+        if record is None:
+            return "unknown role"
+        outcome, reason = self.notices.decide(record, fields)
+        if reason is not None:
+            self._lose(record, reason, abort=True)
+        return outcome
+
+    async def _refuse_notice(self, conn: Connection, msg: Message, who: str, reason: str) -> None:
+        self.notices.refused += 1
+        self._log_refusal("refused an exit notice from %s (%s): %s", who, conn.peer, reason)
+        await reply_error(conn, msg, f"exit notice refused: {reason}")
