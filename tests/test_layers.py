@@ -12,6 +12,7 @@ describes the floors these lines hold.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -306,3 +307,57 @@ def test_the_command_line_and_the_package_import_no_torch():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# Loading a config and every `aiorl config` command: their module-level imports bring no heavy
+# package, nor does any algorithm's config side (aiorl/algos/*_config.py).
+CONFIG_PATH = ("aiorl.experiment.loading", "aiorl.experiment.reference")
+
+
+def test_loading_a_config_brings_no_heavy_import(modules):
+    config_sides = sorted(name for name in modules if name.startswith("aiorl.algos.") and name.endswith("_config"))
+    assert len(config_sides) >= 6, config_sides
+    heavy = {name: brings_heavy(name, modules) for name in (*CONFIG_PATH, *config_sides)}
+    assert not any(heavy.values()), "heavy imports on the config path:\n" + "\n".join(
+        f"{name}: {found}" for name, found in heavy.items() if found
+    )
+
+
+def _this_tree() -> dict[str, str]:
+    # `python -P` leaves the working directory off sys.path: name this tree, not an installed one.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["config", "apex_dqn"], ["config", "show", "examples/dppo_cartpole.yaml"], ["config", "keys"]],
+    ids=" ".join,
+)
+def test_config_commands_import_no_torch(argv):
+    # The real command; -X importtime names every module it imports, on stderr.
+    result = subprocess.run(
+        [sys.executable, "-P", "-X", "importtime", "-m", "aiorl", *argv],
+        cwd=ROOT,
+        env=_this_tree(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {
+        line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "aiorl.experiment.reference" in imported
+    assert "torch" not in {m.split(".")[0] for m in imported}
+
+
+def test_loading_every_example_imports_no_torch():
+    code = (
+        "import sys, pathlib\n"
+        "from aiorl.experiment.loading import load_config\n"
+        "for path in sorted(pathlib.Path('examples').glob('*.yaml')):\n"
+        "    load_config(path)\n"
+        "    assert 'torch' not in sys.modules, path\n"
+    )
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd=ROOT, env=_this_tree(), timeout=120)
