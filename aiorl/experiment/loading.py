@@ -23,6 +23,7 @@ from aiorl.config import (
     coerce,
     read_config_file,
 )
+from aiorl.envs.checks import check_env_config
 from aiorl.io.loggers import check_names
 from aiorl.launch.placement import check_launcher
 from aiorl.replay.frames import check_compression
@@ -53,8 +54,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def check_config(cfg: Config) -> None:
     """The shared sections and each subsystem's keys, in the order a config reads."""
-    from aiorl.envs.wrappers import check_env_config  # gymnasium: not for `aiorl --help`
-
     check_cluster_and_env(cfg)
     check_env_config(cfg.env)
     check_compression(cfg.cluster.frame_compression)
