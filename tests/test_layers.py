@@ -390,4 +390,7 @@ def test_loading_every_example_imports_no_torch():
         "    load_config(path)\n"
         "    assert 'torch' not in sys.modules, path\n"
     )
-    subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd=ROOT, env=_this_tree(), timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-P", "-c", code], cwd=ROOT, env=_this_tree(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
