@@ -170,8 +170,9 @@ class LearnerCore:
 
 class AlgorithmSettings:
     """What an algorithm's config alone says, before any env exists: its model section, its
-    `agent` defaults, its checks and the shape of its run. Its module imports no torch:
-    `aiorl.experiment.load_config` and `aiorl config` import only this side."""
+    `agent` defaults, its checks and the shape of its run. Each algorithm's lives in a module
+    that imports no torch (``aiorl/algos/<name>_config.py``): `aiorl.experiment.load_config`
+    and `aiorl config` import only that side."""
 
     name: ClassVar[str] = ""
     model_config: ClassVar[type] = dict
