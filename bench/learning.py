@@ -80,7 +80,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from aiorl.algos import get_algorithm  # noqa: E402
+from aiorl.algos import get_settings  # noqa: E402
 from aiorl.config import Config  # noqa: E402
 from aiorl.envs import EnvRunner  # noqa: E402
 from aiorl.evaluation.episodes import run_episodes_together  # noqa: E402
@@ -139,7 +139,7 @@ class CheckpointEvaluator:
 def harness(cfg: Config, args) -> dict:
     from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 
-    if get_algorithm(cfg.algo).is_synchronous(cfg):
+    if get_settings(cfg.algo).is_synchronous(cfg):
         raise SystemExit(
             f"bench/learning.py harness: {cfg.algo} is synchronous; the harness drives replay algorithms, use `run`"
         )
@@ -264,11 +264,11 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     sets = [*overrides, f"run.dir={run_dir}", f"run.checkpoint_every={args.checkpoint_every}"]
     grid = None
     base = load_config(cfg_path, overrides)
-    algo_cls = get_algorithm(base.algo)
-    if algo_cls.is_synchronous(base):
+    settings = get_settings(base.algo)
+    if settings.is_synchronous(base):
         grid = args.eval_every_env_steps
         sets += ["run.checkpoint_every=1", "run.keep_checkpoints=1000000"]
-    elif algo_cls.fragment_queue(base) is not None:
+    elif settings.fragment_queue(base) is not None:
         grid = args.eval_every_env_steps
         per_step = base.agent.batch_size * base.cluster.learners  # env steps trained on per learner step
         sets += [f"run.checkpoint_every={max(1, grid // (5 * per_step))}", "run.keep_checkpoints=1000000"]

@@ -16,7 +16,7 @@ from aiorl.algos.lib.actor_critic import (
     SDEHead,
     batch_moments,
 )
-from aiorl.algos.lib.networks import parse_network
+from aiorl.algos.lib.layers import parse_network
 from aiorl.evaluation.policies import load_policy
 from aiorl.io.export import save_policy
 

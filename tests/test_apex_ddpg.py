@@ -8,7 +8,8 @@ import torch
 from apex_helpers import make_algo, make_config, make_constant, replay_batch
 
 from aiorl.algos.apex_ddpg import GaussianNoise, OUNoise, n_step_critic_target
-from aiorl.algos.lib.networks import Critic, parse_network, split_at_flat
+from aiorl.algos.lib.layers import parse_network
+from aiorl.algos.lib.networks import Critic, split_at_flat
 from aiorl.config import ConfigError
 from aiorl.envs import EnvRunner
 from aiorl.io import checkpoint

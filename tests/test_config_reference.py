@@ -9,10 +9,11 @@ import sys
 import pytest
 import yaml
 
-from aiorl.algos import available_algorithms, get_algorithm
+from aiorl.algos import available_algorithms, get_settings
 from aiorl.cli.main import main
 from aiorl.experiment import reference as config_reference
 from aiorl.experiment.loading import load_config
+from aiorl.runtime.algorithm import Algorithm
 
 
 @pytest.mark.parametrize("algo", available_algorithms())
@@ -30,8 +31,16 @@ def test_config_algo_prints_every_key_with_its_doc_and_loads_back(algo, tmp_path
         assert name in data[section], key.path
         if key.doc:
             assert f"# {key.doc}" in text, key.path
-    for f in dataclasses.fields(get_algorithm(algo).model_config):
+    for f in dataclasses.fields(get_settings(algo).model_config):
         assert f.name in data["model"]
+
+
+@pytest.mark.parametrize("algo", available_algorithms())
+def test_a_loaded_config_binds_the_whole_algorithm_on_its_settings(algo):
+    # Loading reads the settings only (no torch); the runtime gets the algorithm built on them.
+    algorithm = load_config(data={"algo": algo}).algorithm
+    assert issubclass(algorithm, Algorithm) and issubclass(algorithm, get_settings(algo))
+    assert algorithm.make_learner is not Algorithm.make_learner and algorithm.name == algo
 
 
 def test_config_algo_output_passes_the_checks_aiorl_run_makes(tmp_path, capsys):

@@ -4,7 +4,8 @@ Every module of `aiorl/` is parsed (function-local imports included; `if TYPE_CH
 blocks aside, they never run). A package may import its own floor or lower ones; nothing
 imports in a circle; a function-local import of an aiorl module is there only to defer a
 heavy third-party import (torch, gymnasium, ray, ...), so the module it names must bring
-one; modules are looked up by name (`importlib.import_module`, `__import__`) only by the
+one (a name a package imports on first use, PEP 562, counts as the module it comes from);
+modules are looked up by name (`importlib.import_module`, `__import__`) only by the
 algorithm registry and by the loading of a user's `module:Env`. docs/architecture.md
 describes the floors these lines hold.
 """
@@ -12,6 +13,7 @@ describes the floors these lines hold.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -93,21 +95,22 @@ def load_modules(package: Path = PACKAGE) -> dict[str, Module]:
     for path in sorted([*package.rglob("*.py"), *package.rglob("*.pyx")]):
         name, is_package = _module_name(path, package.parent)
         modules[name] = Module(name, path, is_package)
+    trees = {m.name: ast.parse(m.path.read_text(), str(m.path)) for m in modules.values() if m.path.suffix == ".py"}
+    lazy = {name: _lazy_names(modules[name], tree) for name, tree in trees.items() if modules[name].is_package}
     for module in modules.values():
         if module.path.suffix == ".pyx":  # Cython: its Python-level imports, read line by line
             for line, text in enumerate(module.path.read_text().splitlines(), 1):
                 if match := CYTHON_IMPORT.match(text):
-                    _add(module, modules, match.group(1), None, line, False)
+                    _add(module, modules, lazy, match.group(1), None, line, False)
             continue
-        tree = ast.parse(module.path.read_text(), str(module.path))
-        for node, in_function in _walk(tree, False):
+        for node, in_function in _walk(trees[module.name], False):
             if isinstance(node, ast.Import):
                 for alias in node.names:
-                    _add(module, modules, alias.name, None, node.lineno, in_function)
+                    _add(module, modules, lazy, alias.name, None, node.lineno, in_function)
             elif isinstance(node, ast.ImportFrom):
                 base = _absolute(module, node)
                 for alias in node.names:
-                    _add(module, modules, base, alias.name, node.lineno, in_function)
+                    _add(module, modules, lazy, base, alias.name, node.lineno, in_function)
             elif isinstance(node, ast.Call):
                 func = node.func
                 if (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
@@ -127,12 +130,34 @@ def _absolute(module: Module, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _add(module: Module, modules: dict[str, Module], base: str, name: str | None, line: int, local: bool) -> None:
+def _lazy_names(package: Module, tree: ast.Module) -> dict[str, str]:
+    """The names a package imports on first use (PEP 562 ``__getattr__``) -> the module each comes from."""
+    names = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom):
+                    for alias in inner.names:
+                        names[alias.asname or alias.name] = _absolute(package, inner)
+    return names
+
+
+def _add(
+    module: Module,
+    modules: dict[str, Module],
+    lazy: dict[str, dict[str, str]],
+    base: str,
+    name: str | None,
+    line: int,
+    local: bool,
+) -> None:
     if base.split(".")[0] != "aiorl":
         if not local:
             module.third_party.add(base.split(".")[0])
         return
     target = f"{base}.{name}" if name is not None and f"{base}.{name}" in modules else base
+    if target == base and name in lazy.get(base, {}):
+        target = lazy[base][name]  # `from package import name` runs the import that gives the name
     while target not in modules and "." in target:
         target = target.rsplit(".", 1)[0]
     if target != module.name:
@@ -278,6 +303,11 @@ def test_the_guard_sees_a_circle_an_upward_import_and_a_needless_local_import(tm
     (pkg / "runtime" / "c.py").write_text("import torch\n")
     (pkg / "core" / "k.pyx").write_text("cimport numpy\nfrom aiorl.runtime.c import x\n")
     (pkg / "cli" / "d.py").write_text("def f():\n    from aiorl.core import a\n    from aiorl.runtime import c\n")
+    # A package's name given on first use (PEP 562) is an import of the module it comes from.
+    (pkg / "runtime" / "__init__.py").write_text(
+        "def __getattr__(name):\n    from aiorl.runtime.c import Net\n    return Net\n"
+    )
+    (pkg / "cli" / "f.py").write_text("def g():\n    from aiorl.runtime import Net\n")
     found = load_modules(pkg)
     assert circles(found) == [["aiorl.core.a", "aiorl.core.b"]]
     assert found["aiorl.core.e"].imports == [("aiorl.runtime.c", 1, False)]
@@ -288,6 +318,7 @@ def test_the_guard_sees_a_circle_an_upward_import_and_a_needless_local_import(tm
         ("aiorl.runtime.c", True),
     ]
     assert brings_heavy("aiorl.core.a", found) is None  # a needless local import in d.f
+    assert found["aiorl.cli.f"].imports == [("aiorl.runtime.c", 2, True)]  # not a needless one
     assert brings_heavy("aiorl.runtime.c", found) == "torch (through aiorl.runtime.c)"
 
 
@@ -306,3 +337,60 @@ def test_the_command_line_and_the_package_import_no_torch():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# Loading a config and every `aiorl config` command: their module-level imports bring no heavy
+# package (no torch, no gymnasium), nor does any algorithm's config side (aiorl/algos/*_config.py).
+CONFIG_PATH = ("aiorl.experiment.loading", "aiorl.experiment.reference")
+
+
+def test_loading_a_config_brings_no_heavy_import(modules):
+    config_sides = sorted(name for name in modules if name.startswith("aiorl.algos.") and name.endswith("_config"))
+    assert len(config_sides) >= 6, config_sides
+    heavy = {name: brings_heavy(name, modules) for name in (*CONFIG_PATH, *config_sides)}
+    assert not any(heavy.values()), "heavy imports on the config path:\n" + "\n".join(
+        f"{name}: {found}" for name, found in heavy.items() if found
+    )
+
+
+def _this_tree() -> dict[str, str]:
+    # `python -P` leaves the working directory off sys.path: name this tree, not an installed one.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["config", "apex_dqn"], ["config", "show", "examples/dppo_cartpole.yaml"], ["config", "keys"]],
+    ids=" ".join,
+)
+def test_config_commands_import_neither_torch_nor_gymnasium(argv):
+    # The real command; -X importtime names every module it imports, on stderr.
+    result = subprocess.run(
+        [sys.executable, "-P", "-X", "importtime", "-m", "aiorl", *argv],
+        cwd=ROOT,
+        env=_this_tree(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {
+        line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "aiorl.experiment.reference" in imported
+    assert not {m.split(".")[0] for m in imported} & {"torch", "gymnasium"}
+
+
+def test_loading_every_example_imports_no_torch():
+    code = (
+        "import sys, pathlib\n"
+        "from aiorl.experiment.loading import load_config\n"
+        "for path in sorted(pathlib.Path('examples').glob('*.yaml')):\n"
+        "    load_config(path)\n"
+        "    assert 'torch' not in sys.modules, path\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-P", "-c", code], cwd=ROOT, env=_this_tree(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1,8 +1,9 @@
 """Ape-X DDPG (Horgan et al. 2018; Lillicrap et al. 2016): a deterministic
 actor and a Q critic over distributed prioritized replay.
 
-Reads top to bottom: config, the n-step critic target, exploration noise, the
-acting policy, the learner, the builder.
+Reads top to bottom: the n-step critic target, exploration noise, the acting
+policy, the learner, the builder; its config (the model section and its checks)
+is `aiorl.algos.apex_ddpg_config`, which loads without torch.
 
 Critic target of a replay row (s_t, a_t, R_t, s_{t+m}, d_t), m <= n:
 
@@ -21,18 +22,16 @@ learners); targets follow by Polyak averaging with ``tau``. Priorities are
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from aiorl.algos.apex_ddpg_config import ApexDDPGSettings
 from aiorl.algos.lib.common import (
     ApexLearner,
     NStepPolicy,
     as_tensor,
-    check_common,
-    check_positive,
     hard_update,
     load_numpy_state,
     make_adam,
@@ -43,45 +42,10 @@ from aiorl.algos.lib.common import (
     td_loss,
     weights_spec_of,
 )
-from aiorl.algos.lib.networks import (
-    DEFAULT_MLP,
-    Critic,
-    DeterministicActor,
-    check_observation_space,
-    is_image,
-    parse_network,
-)
-from aiorl.config import ConfigError, doc
+from aiorl.algos.lib.layers import parse_network
+from aiorl.algos.lib.networks import DEFAULT_MLP, Critic, DeterministicActor, check_observation_space, is_image
+from aiorl.config import ConfigError
 from aiorl.runtime.algorithm import Algorithm, LearnerResult
-
-
-@dataclass
-class ApexDDPGConfig:
-    actor_network: list = doc(
-        "Actor torso layers (see aiorl/algos/lib/networks.py); empty: nature_cnn for "
-        "images, two relu layers of 256 otherwise.",
-        default_factory=list,
-    )
-    critic_network: list = doc(
-        "Critic layers; the action joins where features become flat (at the input "
-        "for vector observations). Empty: as actor_network's default.",
-        default_factory=list,
-    )
-    n_step: int = doc("n of the n-step returns (actors' adjustment).", default=3)
-    gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
-    actor_learning_rate: float = doc("Adam step size of the actor.", default=1e-4)
-    critic_learning_rate: float = doc("Adam step size of the critic.", default=1e-3)
-    adam_eps: float = doc("Adam epsilon.", default=1e-8)
-    grad_clip_norm: float | None = doc("Clip each network's global gradient norm (null: no clipping).", default=None)
-    loss: str = doc("Critic loss: 'mse' or 'huber'.", default="mse")
-    huber_delta: float = doc("Huber loss threshold.", default=1.0)
-    tau: float = doc("Soft target update weight per learner step, in (0, 1].", default=0.005)
-    exploration: str = doc("Exploration noise: 'gaussian' or 'ou' (Ornstein-Uhlenbeck), per actor.", default="gaussian")
-    exploration_sigma: float = doc("Noise scale as a fraction of each action's half range.", default=0.1)
-    ou_theta: float = doc("Mean reversion of the OU noise per step.", default=0.15)
-    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).", default="cpu")
-    torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
-
 
 # --------------------------------------------------------------------------
 # Logic: target and exploration
@@ -246,32 +210,12 @@ class DDPGLearner(ApexLearner):
 # Builder
 
 
-class ApexDDPG(Algorithm):
-    name = "apex_ddpg"
-    model_config = ApexDDPGConfig
+class ApexDDPG(ApexDDPGSettings, Algorithm):
     panel_metrics = (
         ("critic loss", "learner/losses/critic_loss"),
         ("actor loss", "learner/losses/actor_loss"),
         ("weights lag", "weights_lag_max"),
     )
-
-    @classmethod
-    def validate(cls, cfg):
-        m = cfg.model
-        check_common(m)
-        check_positive(m.actor_learning_rate, "model.actor_learning_rate")
-        check_positive(m.critic_learning_rate, "model.critic_learning_rate")
-        check_positive(m.adam_eps, "model.adam_eps")
-        if not 0 < m.tau <= 1:
-            raise ConfigError(f"model.tau: expected a value in (0, 1], got {m.tau}")
-        if m.exploration not in ("gaussian", "ou"):
-            raise ConfigError(f"model.exploration: expected 'gaussian' or 'ou', got {m.exploration!r}")
-        if m.exploration_sigma < 0:
-            raise ConfigError(f"model.exploration_sigma: must be >= 0, got {m.exploration_sigma}")
-        if not 0 < m.ou_theta <= 1:
-            raise ConfigError(f"model.ou_theta: expected a value in (0, 1], got {m.ou_theta}")
-        parse_network(m.actor_network, "model.actor_network")
-        parse_network(m.critic_network, "model.critic_network")
 
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)

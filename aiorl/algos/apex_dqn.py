@@ -1,7 +1,8 @@
 """Ape-X DQN (Horgan et al. 2018): distributed prioritized replay for DQN.
 
-Reads top to bottom: config, the n-step double-Q target and loss, the acting
-policy, the learner, the builder.
+Reads top to bottom: the n-step double-Q target and loss, the acting policy,
+the learner, the builder; its config (the model section and its checks) is
+`aiorl.algos.apex_dqn_config`, which loads without torch.
 
 Target of a replay row (s_t, a_t, R_t, s_{t+m}, d_t) with m <= n steps:
 
@@ -24,18 +25,16 @@ Actors send the |TD| of their own network as initial priorities.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from aiorl.algos.apex_dqn_config import ApexDQNSettings
 from aiorl.algos.lib.common import (
     ApexLearner,
     NStepPolicy,
     as_tensor,
-    check_common,
-    check_positive,
     hard_update,
     load_numpy_state,
     make_adam,
@@ -46,46 +45,10 @@ from aiorl.algos.lib.common import (
     td_loss,
     weights_spec_of,
 )
-from aiorl.algos.lib.networks import (
-    DEFAULT_MLP,
-    GreedyPolicy,
-    QNetwork,
-    check_observation_space,
-    is_image,
-    parse_network,
-)
-from aiorl.config import ConfigError, doc
+from aiorl.algos.lib.layers import parse_network
+from aiorl.algos.lib.networks import DEFAULT_MLP, GreedyPolicy, QNetwork, check_observation_space, is_image
+from aiorl.config import ConfigError
 from aiorl.runtime.algorithm import Algorithm, LearnerResult
-
-
-@dataclass
-class ApexDQNConfig:
-    network: list = doc(
-        "Torso layers, e.g. ['linear:256', 'relu'] or ['nature_cnn'] (see aiorl/algos/"
-        "_networks.py); empty: nature_cnn for images, two relu layers of 256 otherwise.",
-        default_factory=list,
-    )
-    dueling: bool = doc("Dueling head: Q = V + A - mean(A).", default=True)
-    double_q: bool = doc("Double Q: the online net picks the next action, the target net values it.", default=True)
-    n_step: int = doc("n of the n-step returns (actors' adjustment).", default=3)
-    gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
-    learning_rate: float = doc("Adam step size.", default=1e-4)
-    adam_eps: float = doc("Adam epsilon.", default=1.5e-4)
-    grad_clip_norm: float | None = doc("Clip the global gradient norm to this (null: no clipping).", default=40.0)
-    loss: str = doc("TD loss: 'huber' or 'mse'.", default="huber")
-    huber_delta: float = doc("Huber loss threshold.", default=1.0)
-    sync_target_frequency: int = doc(
-        "Copy the online net to the target net every this many learner steps.", default=2500
-    )
-    tau: float | None = doc("Soft target update weight per step instead of periodic copies (null: off).", default=None)
-    exploration_eps: float = doc("Base epsilon of the per-env-slot epsilon-greedy schedule.", default=0.4)
-    exploration_alpha: float = doc(
-        "Spread of the epsilons over the S = actors x num_envs env slots: eps^(1 + alpha * j / (S - 1)) for slot j.",
-        default=7.0,
-    )
-    device: str = doc("Learner device: 'cpu', 'cuda', 'cuda:N' or 'auto' (actors always use the CPU).", default="cpu")
-    torch_threads: int = doc("torch intra-op threads in each actor and learner process.", default=1)
-
 
 # --------------------------------------------------------------------------
 # Logic: exploration, target, loss
@@ -247,30 +210,12 @@ class DQNLearner(ApexLearner):
 # Builder
 
 
-class ApexDQN(Algorithm):
-    name = "apex_dqn"
-    model_config = ApexDQNConfig
+class ApexDQN(ApexDQNSettings, Algorithm):
     panel_metrics = (
         ("td loss", "learner/losses/td_loss"),
         ("epsilon (sampled)", "learner/values/sampled_epsilon_mean"),
         ("weights lag", "weights_lag_max"),
     )
-
-    @classmethod
-    def validate(cls, cfg):
-        m = cfg.model
-        check_common(m)
-        check_positive(m.learning_rate, "model.learning_rate")
-        check_positive(m.adam_eps, "model.adam_eps")
-        if m.sync_target_frequency < 1:
-            raise ConfigError(f"model.sync_target_frequency: must be at least 1, got {m.sync_target_frequency}")
-        if m.tau is not None and not 0 < m.tau <= 1:
-            raise ConfigError(f"model.tau: expected a value in (0, 1] (or null), got {m.tau}")
-        if not 0 <= m.exploration_eps <= 1:
-            raise ConfigError(f"model.exploration_eps: expected a value in [0, 1], got {m.exploration_eps}")
-        if m.exploration_alpha < 0:
-            raise ConfigError(f"model.exploration_alpha: must be >= 0, got {m.exploration_alpha}")
-        parse_network(m.network, "model.network")
 
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)

@@ -1,8 +1,9 @@
 """Evolution strategies (Salimans et al. 2017, "Evolution Strategies as a
 Scalable Alternative to Reinforcement Learning") on the coordinator's work items.
 
-Reads top to bottom: config, the noise table, fitness shaping and the
-update, the numpy policy, the acting side, the learner, the builder.
+Reads top to bottom: the noise table, fitness shaping and the update, the
+numpy policy, the acting side, the learner, the builder; its config (the model
+section and its checks) is `aiorl.algos.es_config`, which loads without torch.
 
 Iteration k, parameters theta_k (weights version k):
 
@@ -32,13 +33,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
+from aiorl.algos.es_config import NUMPY_ACTIVATIONS, ESSettings, layers_of
 from aiorl.algos.lib.actor_critic import (
     ActorCritic,
     DeterministicPolicy,
@@ -47,58 +48,11 @@ from aiorl.algos.lib.actor_critic import (
     policy_meta,
 )
 from aiorl.algos.lib.common import setup_torch
-from aiorl.algos.lib.networks import OneHot, check_observation_space, parse_network
-from aiorl.config import ConfigError, doc
+from aiorl.algos.lib.layers import parse_network
+from aiorl.algos.lib.networks import OneHot, check_observation_space
+from aiorl.config import ConfigError
 from aiorl.envs import make_env
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerCore, LearnerResult, WorkResult
-
-DEFAULT_NETWORK = ["linear:64", "tanh", "linear:64", "tanh"]
-NUMPY_ACTIVATIONS = {
-    "relu": lambda x: np.maximum(x, 0.0),
-    "tanh": np.tanh,
-    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
-    "silu": lambda x: x / (1.0 + np.exp(-x)),
-}
-
-
-@dataclass
-class ESConfig:
-    network: list | None = doc(
-        "Policy torso: linear:N and relu/tanh/elu/silu layers (actors run them in "
-        "numpy); [] is a linear policy; null: two tanh layers of 64.",
-        default=None,
-    )
-    population: int = doc(
-        "Antithetic pairs of perturbations per iteration (work items; 2x as many "
-        "episodes), whatever the number of actors.",
-        default=32,
-    )
-    sigma: float = doc("Standard deviation of the parameter perturbations.", default=0.05)
-    learning_rate: float = doc("Adam step size.", default=0.01)
-    weight_decay: float = doc("L2 coefficient added to the descent direction.", default=0.005)
-    adam_eps: float = doc("Adam epsilon.", default=1e-8)
-    noise_table_size: int = doc(
-        "float32 entries of the shared noise table (at least the parameter count).", default=1 << 23
-    )
-    noise_seed: int = doc("Seed of the noise table; every process generates the same table from it.", default=42)
-    obs_norm: bool = doc(
-        "Normalize vector observations by running mean/std, merged from the moments "
-        "every actor sends with its results.",
-        default=False,
-    )
-    obs_norm_clip: float = doc("Clip normalized observations to +-this.", default=5.0)
-    obs_norm_std_floor: float = doc(
-        "Smallest std a feature is normalized by (OpenAI's ES: 0.1): a near-constant feature is not "
-        "scaled into the clip.",
-        default=0.1,
-    )
-    episode_step_cap: int = doc(
-        "Most steps of one episode of a work item, where the env has not ended it (an env without "
-        "a time limit would hold its work item for ever).",
-        default=10_000,
-    )
-    torch_threads: int = doc("torch intra-op threads of the learner.", default=1)
-
 
 # --------------------------------------------------------------------------
 # Logic: the noise table, fitness shaping, the update
@@ -406,63 +360,16 @@ class ESLearner(LearnerCore):
 # Builder
 
 
-def layers_of(m: ESConfig) -> list:
-    return DEFAULT_NETWORK if m.network is None else m.network
-
-
-class ES(Algorithm):
-    name = "es"
-    model_config = ESConfig
+class ES(ESSettings, Algorithm):
     panel_metrics = (
         ("es return", "learner/es/return_mean"),
         ("update ratio", "learner/es/update_ratio"),
         ("policy lag", "learner/policy_lag"),
     )
-    synchronous = True
 
     @classmethod
     def warm_learner_imports(cls):
         pass  # numpy Adam: no torch.optim in the learner
-
-    @classmethod
-    def work_items(cls, cfg):
-        return cfg.model.population
-
-    @classmethod
-    def validate(cls, cfg):
-        m, c = cfg.model, cfg.cluster
-        if m.population < c.memories:
-            raise ConfigError(
-                f"model.population ({m.population}) must be at least cluster.memories "
-                f"({c.memories}): each memory gathers its share of the work items"
-            )
-        for key in ("sigma", "learning_rate", "adam_eps", "obs_norm_clip"):
-            if not getattr(m, key) > 0:
-                raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)}")
-        if m.weight_decay < 0:
-            raise ConfigError(f"model.weight_decay: must be >= 0, got {m.weight_decay}")
-        if m.obs_norm_std_floor < 0:
-            raise ConfigError(f"model.obs_norm_std_floor: must be >= 0, got {m.obs_norm_std_floor}")
-        if m.episode_step_cap < 1:
-            raise ConfigError(f"model.episode_step_cap: must be at least 1, got {m.episode_step_cap}")
-        if c.learners != 1:
-            raise ConfigError(
-                f"cluster.learners: es combines every result on one learner, got {c.learners} "
-                "(its update is a weighted sum of noise, not worth splitting)"
-            )
-        if cfg.env.num_envs != 1:
-            raise ConfigError(
-                f"env.num_envs: es evaluates each perturbation on one env per actor, got "
-                f"{cfg.env.num_envs} (use more actors or a larger model.population)"
-            )
-        if m.torch_threads < 1:
-            raise ConfigError(f"model.torch_threads: must be at least 1, got {m.torch_threads}")
-        for i, layer in enumerate(parse_network(layers_of(m), "model.network")):
-            if layer.kind != "linear" and layer.kind not in NUMPY_ACTIVATIONS:
-                raise ConfigError(
-                    f"model.network[{i}]: es actors run the policy in numpy and support "
-                    f"linear, {', '.join(NUMPY_ACTIVATIONS)}; got {str(layer)!r}"
-                )
 
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)

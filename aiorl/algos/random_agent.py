@@ -11,24 +11,12 @@ distributed PPO does.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from aiorl.config import ConfigError, doc
+from aiorl.algos.random_agent_config import RandomAgentSettings
 from aiorl.replay import NStep
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerCore, LearnerResult
-
-
-@dataclass
-class RandomAgentConfig:
-    n_step: int = doc("n of the n-step adjustment applied by actors.", default=1)
-    gamma: float = doc("Discount of the n-step returns.", default=0.99)
-    learning_rate: float = doc("Step size of the learner's running mean.", default=0.1)
-    synchronous: bool = doc("Run as a synchronous (barrier) algorithm.", default=False)
-    learner_step_sleep_s: float = doc(
-        "Seconds each learner step blocks without the GIL, standing in for a long torch step.", default=0.0
-    )
 
 
 class RandomPolicy(ActorPolicy):
@@ -106,21 +94,8 @@ class MeanLearner(LearnerCore):
         self.steps = int(state["steps"])
 
 
-class RandomAgent(Algorithm):
-    name = "random_agent"
+class RandomAgent(RandomAgentSettings, Algorithm):
     panel_metrics = (("loss", "learner/loss"),)
-    model_config = RandomAgentConfig
-
-    @classmethod
-    def is_synchronous(cls, cfg):
-        return bool(cfg.model.synchronous)
-
-    @classmethod
-    def validate(cls, cfg):
-        if cfg.model.n_step < 1:
-            raise ConfigError(f"model.n_step: must be at least 1, got {cfg.model.n_step}")
-        if not 0 < cfg.model.gamma <= 1:
-            raise ConfigError(f"model.gamma: expected a value in (0, 1], got {cfg.model.gamma}")
 
     def transition_spec(self):
         obs_space, act_space = self.env_spec.observation_space, self.env_spec.action_space

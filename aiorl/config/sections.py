@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,17 +258,19 @@ class Config:
     @property
     def algorithm(self) -> type:
         """The `aiorl.runtime.algorithm.Algorithm` class of ``algo``, bound by the loader that
-        resolved the model section with it (`aiorl.experiment.load_config`). The runtime takes
-        the algorithm from here: it never looks one up by name. Not a key: never serialized."""
-        algorithm = self.__dict__.get("_algorithm")
-        if algorithm is None:
+        resolved the model section with it (`aiorl.experiment.load_config`) and imported here,
+        at the first use: its module brings torch, which loading a config does not. The runtime
+        takes the algorithm from here: it never looks one up by name. Not a key: never serialized."""
+        load = self.__dict__.get("_algorithm")
+        if load is None:
             raise RuntimeError(
                 f"this Config (algo {self.algo!r}) has no algorithm bound: load it with aiorl.experiment.load_config"
             )
-        return algorithm
+        return load()
 
-    def bind_algorithm(self, algorithm: type) -> None:
-        self.__dict__["_algorithm"] = algorithm
+    def bind_algorithm(self, load: Callable[[], type]) -> None:
+        """Bind ``algo``'s algorithm: `load()` returns its class, whenever the runtime asks."""
+        self.__dict__["_algorithm"] = load
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

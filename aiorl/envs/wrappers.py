@@ -28,9 +28,6 @@ import gymnasium as gym
 from aiorl.config import ConfigError
 from aiorl.envs import atari
 
-PRESETS = ("atari",)
-BACKENDS = ("gymnasium", "ale_vector")
-
 
 def _aiorl_wrappers() -> dict[str, type]:
     return {"EpisodicLife": atari.EpisodicLife}
@@ -113,18 +110,3 @@ def apply_wrappers(env: gym.Env, items, key: str = "env.wrappers") -> gym.Env:
             env.close()
             raise ConfigError(f"{key}[{i}].{cls.__name__}: cannot wrap the env: {exc}") from None
     return env
-
-
-def check_env_config(env_cfg) -> None:
-    """Config-time checks of env.wrappers, env.preset, env.preset_options and env.backend."""
-    parse_wrappers(env_cfg.wrappers)
-    if env_cfg.preset is not None and env_cfg.preset not in PRESETS:
-        raise ConfigError(f"env.preset: expected one of {', '.join(PRESETS)} (or null), got {env_cfg.preset!r}")
-    if env_cfg.backend not in BACKENDS:
-        close = difflib.get_close_matches(str(env_cfg.backend), BACKENDS, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"env.backend: unknown backend {env_cfg.backend!r}{hint} (expected {', '.join(BACKENDS)})")
-    if env_cfg.preset_options and env_cfg.preset is None:
-        raise ConfigError("env.preset_options: set env.preset too (the options belong to a preset)")
-    if env_cfg.preset == "atari" or env_cfg.id.startswith("ALE/") or env_cfg.backend == "ale_vector":
-        atari.check_config(env_cfg)

@@ -1,12 +1,14 @@
 """Loading a run config with its algorithm: the file, the `--set` overrides, the algorithm's
 `agent` defaults, the shared sections, the algorithm's model section, each subsystem's check
-and the algorithm's own checks. The loaded `Config` carries its algorithm class
-(`Config.algorithm`), which the runtime takes from there.
+and the algorithm's own checks, all from the algorithm's settings (no torch). The loaded
+`Config` carries its algorithm class (`Config.algorithm`, imported when first asked), which
+the runtime takes from there.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 
 from aiorl import algos
@@ -21,6 +23,7 @@ from aiorl.config import (
     coerce,
     read_config_file,
 )
+from aiorl.envs.checks import check_env_config
 from aiorl.io.loggers import check_names
 from aiorl.launch.placement import check_launcher
 from aiorl.replay.frames import check_compression
@@ -39,20 +42,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             f"algo: required; set one of {', '.join(algos.available_algorithms())} "
             "(e.g. `algo: apex_dqn`; `aiorl config ALGO` prints a full config)"
         )
-    algo = algos.get_algorithm(cfg.algo)  # the algorithm owns the model section
-    cfg.model = coerce(model_raw, algo.model_config, "model")
-    cfg.bind_algorithm(algo)
+    settings = algos.get_settings(cfg.algo)  # the algorithm owns the model section
+    cfg.model = coerce(model_raw, settings.model_config, "model")
+    cfg.bind_algorithm(functools.partial(algos.get_algorithm, cfg.algo))
     check_config(cfg)
-    algo.validate(cfg)
-    if algo.is_synchronous(cfg):
+    settings.validate(cfg)
+    if settings.is_synchronous(cfg):
         check_synchronous(cfg)
     return cfg
 
 
 def check_config(cfg: Config) -> None:
     """The shared sections and each subsystem's keys, in the order a config reads."""
-    from aiorl.envs.wrappers import check_env_config  # gymnasium: not for `aiorl --help`
-
     check_cluster_and_env(cfg)
     check_env_config(cfg.env)
     check_compression(cfg.cluster.frame_compression)
@@ -64,10 +65,10 @@ def check_config(cfg: Config) -> None:
 
 
 def _agent_defaults(raw: dict) -> None:
-    """Fill in the algorithm's own `agent` defaults (`Algorithm.agent_defaults`) the config leaves out."""
+    """Fill in the algorithm's own `agent` defaults (`AlgorithmSettings.agent_defaults`) the config leaves out."""
     name, agent = raw.get("algo"), raw.get("agent") or {}
     if not isinstance(name, str) or name not in algos.available_algorithms() or not isinstance(agent, dict):
         return  # the checks that follow name what is wrong
-    defaults = algos.get_algorithm(name).agent_defaults
+    defaults = algos.get_settings(name).agent_defaults
     if defaults:
         raw["agent"] = {**defaults, **agent}

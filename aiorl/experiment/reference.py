@@ -6,8 +6,8 @@
 - ``aiorl config keys [ALGO]``: one line per dotted key (``agent.batch_size``).
 
 Everything here is read from the dataclasses (`aiorl.config`) and the
-algorithm registry (`aiorl.runtime.algorithm.available_algorithms`), so a new
-key or a new algorithm shows up without touching this file.
+algorithm registry (`aiorl.algos`: each algorithm's settings, which import no
+torch), so a new key or a new algorithm shows up without touching this file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from aiorl.algos import available_algorithms, get_algorithm
+from aiorl.algos import available_algorithms, get_settings
 from aiorl.config import Config, ConfigError
 from aiorl.config import type_name as _type_name
 from aiorl.experiment.loading import load_config
@@ -66,7 +66,7 @@ def section_classes(algo: str | None = None) -> dict[str, type]:
     hints = typing.get_type_hints(Config)
     classes = {name: hints[name] for name in SECTIONS}
     if algo is not None:
-        classes["model"] = get_algorithm(algo).model_config
+        classes["model"] = get_settings(algo).model_config
     return classes
 
 
@@ -125,7 +125,7 @@ def _algorithms() -> list[str]:
 
 
 def default_yaml(algo: str) -> str:
-    # The agent section as the algorithm has it (`Algorithm.agent_defaults`).
+    # The agent section as the algorithm has it (`AlgorithmSettings.agent_defaults`).
     return render(
         {"agent": load_config(data={"algo": algo}).agent},
         algo,
@@ -187,7 +187,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def _checked_algo(name: str) -> str:
-    get_algorithm(name)  # names the choices when unknown
+    get_settings(name)  # names the choices when unknown
     return name
 
 

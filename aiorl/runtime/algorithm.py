@@ -1,7 +1,11 @@
 """The algorithm plug-in interface the runtime drives.
 
-An algorithm is one module in `aiorl.algos` exposing ``ALGORITHM``, a subclass
-of `Algorithm`. The runtime never touches tensors or losses; it moves
+An algorithm is two modules in `aiorl.algos`: ``<name>_config`` exposing
+``SETTINGS``, a subclass of `AlgorithmSettings` (what its config alone says:
+the model section, agent defaults, checks, synchronous or not; no torch, so
+loading a config and `aiorl config` stay fast), and ``<name>`` exposing
+``ALGORITHM``, the subclass of `Algorithm` built on those settings. The
+runtime never touches tensors or losses; it moves
 ``dict[str, np.ndarray]`` batches and weight dicts between three small
 objects the algorithm builds:
 
@@ -164,8 +168,11 @@ class LearnerCore:
         """Release what the core holds (process groups, devices)."""
 
 
-class Algorithm:
-    """Builder: one per algorithm, makes policies, learner cores and the replay spec."""
+class AlgorithmSettings:
+    """What an algorithm's config alone says, before any env exists: its model section, its
+    `agent` defaults, its checks and the shape of its run. Each algorithm's lives in a module
+    that imports no torch (``aiorl/algos/<name>_config.py``): `aiorl.experiment.load_config`
+    and `aiorl config` import only that side."""
 
     name: ClassVar[str] = ""
     model_config: ClassVar[type] = dict
@@ -173,24 +180,6 @@ class Algorithm:
     #: value wins); `aiorl config ALGO` prints them.
     agent_defaults: ClassVar[dict] = {}
     synchronous: ClassVar[bool] = False
-    # Transition-spec fields that hold observations (the frame layout stores them as frames).
-    observation_fields: ClassVar[tuple[str, ...]] = ("obs", "next_obs")
-    # What the live panel shows beside the counters, as (label, metrics.jsonl key): the
-    # learner's loss, the exploration as this algorithm defines it (epsilon, entropy) and
-    # policy lag where it applies. Keys absent from a row show as "-".
-    panel_metrics: ClassVar[tuple[tuple[str, str], ...]] = ()
-
-    def __init__(self, cfg: Config, env_spec: EnvSpec):
-        self.cfg = cfg
-        self.env_spec = env_spec
-
-    @classmethod
-    def warm_learner_imports(cls) -> None:
-        """Import what the learner core would import later, on the clock: a learner process calls
-        this in a thread while it registers and waits for the others. torch.optim's first
-        optimizer imports torch._dynamo (seconds of CPU); a learner without torch.optim overrides
-        this with nothing."""
-        import torch._dynamo  # noqa: F401
 
     @classmethod
     def is_synchronous(cls, cfg: Config) -> bool:
@@ -212,6 +201,29 @@ class Algorithm:
     @classmethod
     def validate(cls, cfg: Config) -> None:
         """Refuse algorithm-specific values that cannot work (raise ConfigError)."""
+
+
+class Algorithm(AlgorithmSettings):
+    """Builder: one per algorithm, on its settings, makes policies, learner cores and the replay spec."""
+
+    # Transition-spec fields that hold observations (the frame layout stores them as frames).
+    observation_fields: ClassVar[tuple[str, ...]] = ("obs", "next_obs")
+    # What the live panel shows beside the counters, as (label, metrics.jsonl key): the
+    # learner's loss, the exploration as this algorithm defines it (epsilon, entropy) and
+    # policy lag where it applies. Keys absent from a row show as "-".
+    panel_metrics: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def __init__(self, cfg: Config, env_spec: EnvSpec):
+        self.cfg = cfg
+        self.env_spec = env_spec
+
+    @classmethod
+    def warm_learner_imports(cls) -> None:
+        """Import what the learner core would import later, on the clock: a learner process calls
+        this in a thread while it registers and waits for the others. torch.optim's first
+        optimizer imports torch._dynamo (seconds of CPU); a learner without torch.optim overrides
+        this with nothing."""
+        import torch._dynamo  # noqa: F401
 
     @classmethod
     def check_learner_host(cls, cfg: Config) -> None:

@@ -1,15 +1,8 @@
 """Networks built from a declarative layer list, shared by the Ape-X algorithms.
 
-A network spec is a list of layer strings, applied in order after the
-observation encoder:
-
-- ``linear:N`` (alias ``dense:N``): fully connected, N units;
-- ``conv:C:K:S``: 2-D convolution, C channels, kernel K, stride S (image
-  observations only, before any ``flatten``/``linear``);
-- ``relu``, ``tanh``, ``elu``, ``gelu``, ``silu``: activations;
-- ``layernorm``: LayerNorm over a flat feature vector;
-- ``flatten``: flatten (inserted before the first ``linear`` if missing);
-- ``nature_cnn``: the DQN Nature torso (three convolutions, ``linear:512``).
+A network spec is a list of layer strings (`aiorl.algos.lib.layers`: ``linear:N``,
+``conv:C:K:S``, activations, ``layernorm``, ``flatten``, ``nature_cnn``), applied in
+order after the observation encoder.
 
 The observation encoder is fixed by the observation space, so that frames
 travel as uint8 and are converted where the network runs (on the learner's
@@ -26,76 +19,17 @@ flow), so exported policies load with plain `torch.export.load` (aiorl.io.export
 
 from __future__ import annotations
 
-import difflib
 import math
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
+from aiorl.algos.lib.layers import ACTIVATIONS, Layer
 from aiorl.config import ConfigError
 
-ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
-LAYER_KINDS = ("linear", "dense", "conv", "layernorm", "flatten", "nature_cnn", *ACTIVATIONS)
-PRESETS = {
-    "nature_cnn": [
-        "conv:32:8:4",
-        "relu",
-        "conv:64:4:2",
-        "relu",
-        "conv:64:3:1",
-        "relu",
-        "flatten",
-        "linear:512",
-        "relu",
-    ],
-}
 DEFAULT_MLP = ["linear:256", "relu", "linear:256", "relu"]
-
-
-@dataclass(frozen=True)
-class Layer:
-    kind: str  # linear, conv, layernorm, flatten or an activation name
-    args: tuple[int, ...] = ()
-    path: str = ""  # config key path, for errors
-
-    def __str__(self) -> str:
-        return ":".join([self.kind, *map(str, self.args)])
-
-
-def parse_network(spec, path: str) -> list[Layer]:
-    """Parse a layer list (see module docstring); raise ConfigError naming ``path[i]``."""
-    if not isinstance(spec, list):
-        raise ConfigError(f"{path}: expected a list of layers such as ['linear:64', 'relu'], got {spec!r}")
-    layers: list[Layer] = []
-    for i, item in enumerate(spec):
-        where = f"{path}[{i}]"
-        if not isinstance(item, str) or not item.strip():
-            raise ConfigError(f"{where}: expected a layer string such as 'linear:64', got {item!r}")
-        kind, *raw = item.strip().lower().split(":")
-        if kind not in LAYER_KINDS:
-            close = difflib.get_close_matches(kind, LAYER_KINDS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"{where}: unknown layer {item!r}{hint} (known: {', '.join(LAYER_KINDS)})")
-        try:
-            args = tuple(int(a) for a in raw)
-        except ValueError:
-            raise ConfigError(f"{where}: layer arguments must be integers, got {item!r}") from None
-        expected = {"linear": 1, "dense": 1, "conv": 3}.get(kind, 0)
-        if len(args) != expected:
-            form = {"linear": "linear:UNITS", "dense": "dense:UNITS", "conv": "conv:CHANNELS:KERNEL:STRIDE"}
-            raise ConfigError(
-                f"{where}: {item!r} takes {expected} argument(s)" + (f", as in {form[kind]!r}" if kind in form else "")
-            )
-        if any(a < 1 for a in args):
-            raise ConfigError(f"{where}: layer sizes must be at least 1, got {item!r}")
-        if kind in PRESETS:
-            layers.extend(parse_network(PRESETS[kind], f"{where}({kind})"))
-            continue
-        layers.append(Layer("linear" if kind == "dense" else kind, args, where))
-    return layers
 
 
 # --------------------------------------------------------------------------
@@ -218,7 +152,7 @@ def build_layers(layers: list[Layer], in_shape: tuple[int, ...]) -> tuple[list[n
                 raise ConfigError(f"{layer.path}: layernorm needs flat features; add 'flatten' before it")
             modules.append(nn.LayerNorm(shape[0]))
         else:
-            modules.append(ACTIVATIONS[layer.kind]())
+            modules.append(getattr(nn, ACTIVATIONS[layer.kind])())
     if len(shape) != 1:
         flatten()
     return modules, shape

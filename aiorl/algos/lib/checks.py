@@ -1,0 +1,32 @@
+"""Config checks shared by the algorithms' settings (`aiorl/algos/*_config.py`); no torch."""
+
+from __future__ import annotations
+
+import re
+
+from aiorl.config import ConfigError
+
+
+def check_common(model, key: str = "model") -> None:
+    """Values every Ape-X model section has; raise ConfigError naming the key."""
+    if model.n_step < 1:
+        raise ConfigError(f"{key}.n_step: must be at least 1, got {model.n_step}")
+    if not 0 < model.gamma <= 1:
+        raise ConfigError(f"{key}.gamma: expected a value in (0, 1], got {model.gamma}")
+    if model.torch_threads < 1:
+        raise ConfigError(f"{key}.torch_threads: must be at least 1, got {model.torch_threads}")
+    if model.grad_clip_norm is not None and model.grad_clip_norm <= 0:
+        raise ConfigError(
+            f"{key}.grad_clip_norm: must be > 0 (or null to turn clipping off), got {model.grad_clip_norm}"
+        )
+    if model.loss not in ("huber", "mse"):
+        raise ConfigError(f"{key}.loss: expected 'huber' or 'mse', got {model.loss!r}")
+    if model.huber_delta <= 0:
+        raise ConfigError(f"{key}.huber_delta: must be > 0, got {model.huber_delta}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", model.device):
+        raise ConfigError(f"{key}.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {model.device!r}")
+
+
+def check_positive(value: float, key: str) -> None:
+    if not value > 0:
+        raise ConfigError(f"{key}: must be > 0, got {value}")

@@ -1,0 +1,36 @@
+"""Config-time checks of the env section's `env.wrappers`, `env.preset`, `env.preset_options`
+and `env.backend` (what each means: `aiorl.envs.wrappers`, `aiorl.envs.atari`).
+
+Gymnasium is imported only for the checks that need it: a wrapper's class and keywords, and
+the Atari settings (ale-py's ids, its vector env's options). A config without wrappers and
+without Atari loads without gymnasium.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from aiorl.config import ConfigError, EnvConfig
+
+PRESETS = ("atari",)
+BACKENDS = ("gymnasium", "ale_vector")
+
+
+def check_env_config(env_cfg: EnvConfig) -> None:
+    """Config-time checks of env.wrappers, env.preset, env.preset_options and env.backend."""
+    if env_cfg.wrappers:
+        from aiorl.envs.wrappers import parse_wrappers  # gymnasium
+
+        parse_wrappers(env_cfg.wrappers)
+    if env_cfg.preset is not None and env_cfg.preset not in PRESETS:
+        raise ConfigError(f"env.preset: expected one of {', '.join(PRESETS)} (or null), got {env_cfg.preset!r}")
+    if env_cfg.backend not in BACKENDS:
+        close = difflib.get_close_matches(str(env_cfg.backend), BACKENDS, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"env.backend: unknown backend {env_cfg.backend!r}{hint} (expected {', '.join(BACKENDS)})")
+    if env_cfg.preset_options and env_cfg.preset is None:
+        raise ConfigError("env.preset_options: set env.preset too (the options belong to a preset)")
+    if env_cfg.preset == "atari" or env_cfg.id.startswith("ALE/") or env_cfg.backend == "ale_vector":
+        from aiorl.envs import atari  # gymnasium, ale-py
+
+        atari.check_config(env_cfg)
