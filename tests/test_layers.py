@@ -382,13 +382,20 @@ def test_config_commands_import_neither_torch_nor_gymnasium(argv):
     assert not {m.split(".")[0] for m in imported} & {"torch", "gymnasium"}
 
 
-def test_loading_every_example_imports_no_torch():
+def test_loading_every_example_and_its_launcher_side_import_no_torch(tmp_path):
+    # The launcher of `aiorl run` loads the config and shows the panel while the warm spawner
+    # imports torch: its own exit, after the run, then skips torch's teardown too.
     code = (
         "import sys, pathlib\n"
+        "import aiorl.launch.local, aiorl.launch.spawner, aiorl.launch.notices\n"
         "from aiorl.experiment.loading import load_config\n"
+        "from aiorl.launch.panel import Progress\n"
         "for path in sorted(pathlib.Path('examples').glob('*.yaml')):\n"
-        "    load_config(path)\n"
+        "    cfg = load_config(path)\n"
+        f"    progress = Progress(cfg, pathlib.Path({str(tmp_path)!r}), quiet=True)\n"
         "    assert 'torch' not in sys.modules, path\n"
+        "    if cfg.algo != 'impala':\n"
+        "        assert progress.state.panel_metrics, path\n"
     )
     result = subprocess.run(
         [sys.executable, "-P", "-c", code], cwd=ROOT, env=_this_tree(), capture_output=True, text=True, timeout=120

@@ -211,12 +211,6 @@ class DDPGLearner(ApexLearner):
 
 
 class ApexDDPG(ApexDDPGSettings, Algorithm):
-    panel_metrics = (
-        ("critic loss", "learner/losses/critic_loss"),
-        ("actor loss", "learner/losses/actor_loss"),
-        ("weights lag", "weights_lag_max"),
-    )
-
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)
         obs_space, action_space = env_spec.observation_space, env_spec.action_space

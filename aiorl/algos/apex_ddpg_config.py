@@ -42,6 +42,11 @@ class ApexDDPGConfig:
 class ApexDDPGSettings(AlgorithmSettings):
     name = "apex_ddpg"
     model_config = ApexDDPGConfig
+    panel_metrics = (
+        ("critic loss", "learner/losses/critic_loss"),
+        ("actor loss", "learner/losses/actor_loss"),
+        ("weights lag", "weights_lag_max"),
+    )
 
     @classmethod
     def validate(cls, cfg):

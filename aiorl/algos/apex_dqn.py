@@ -211,12 +211,6 @@ class DQNLearner(ApexLearner):
 
 
 class ApexDQN(ApexDQNSettings, Algorithm):
-    panel_metrics = (
-        ("td loss", "learner/losses/td_loss"),
-        ("epsilon (sampled)", "learner/values/sampled_epsilon_mean"),
-        ("weights lag", "weights_lag_max"),
-    )
-
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)
         obs_space, action_space = env_spec.observation_space, env_spec.action_space

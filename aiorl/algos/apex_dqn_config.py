@@ -43,6 +43,11 @@ class ApexDQNConfig:
 class ApexDQNSettings(AlgorithmSettings):
     name = "apex_dqn"
     model_config = ApexDQNConfig
+    panel_metrics = (
+        ("td loss", "learner/losses/td_loss"),
+        ("epsilon (sampled)", "learner/values/sampled_epsilon_mean"),
+        ("weights lag", "weights_lag_max"),
+    )
 
     @classmethod
     def validate(cls, cfg):

@@ -249,13 +249,6 @@ class PPOLearner(ActorCriticLearner):
 
 
 class DPPO(DPPOSettings, Algorithm):
-    panel_metrics = (
-        ("policy loss", "learner/losses/policy_loss"),
-        ("entropy", "learner/losses/entropy"),
-        ("value loss", "learner/losses/value_loss"),
-        ("policy lag", "learner/policy_lag"),
-    )
-
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)
         m = cfg.model

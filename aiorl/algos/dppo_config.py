@@ -59,6 +59,12 @@ class DPPOConfig:
 class DPPOSettings(AlgorithmSettings):
     name = "dppo"
     model_config = DPPOConfig
+    panel_metrics = (
+        ("policy loss", "learner/losses/policy_loss"),
+        ("entropy", "learner/losses/entropy"),
+        ("value loss", "learner/losses/value_loss"),
+        ("policy lag", "learner/policy_lag"),
+    )
     synchronous = True
 
     @classmethod

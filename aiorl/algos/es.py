@@ -361,12 +361,6 @@ class ESLearner(LearnerCore):
 
 
 class ES(ESSettings, Algorithm):
-    panel_metrics = (
-        ("es return", "learner/es/return_mean"),
-        ("update ratio", "learner/es/update_ratio"),
-        ("policy lag", "learner/policy_lag"),
-    )
-
     @classmethod
     def warm_learner_imports(cls):
         pass  # numpy Adam: no torch.optim in the learner

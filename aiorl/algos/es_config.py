@@ -68,6 +68,11 @@ def layers_of(m: ESConfig) -> list:
 class ESSettings(AlgorithmSettings):
     name = "es"
     model_config = ESConfig
+    panel_metrics = (
+        ("es return", "learner/es/return_mean"),
+        ("update ratio", "learner/es/update_ratio"),
+        ("policy lag", "learner/policy_lag"),
+    )
     synchronous = True
 
     @classmethod

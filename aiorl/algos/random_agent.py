@@ -95,8 +95,6 @@ class MeanLearner(LearnerCore):
 
 
 class RandomAgent(RandomAgentSettings, Algorithm):
-    panel_metrics = (("loss", "learner/loss"),)
-
     def transition_spec(self):
         obs_space, act_space = self.env_spec.observation_space, self.env_spec.action_space
         obs = (tuple(obs_space.shape), np.dtype(obs_space.dtype).str)

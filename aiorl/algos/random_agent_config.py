@@ -24,6 +24,7 @@ class RandomAgentConfig:
 class RandomAgentSettings(AlgorithmSettings):
     name = "random_agent"
     model_config = RandomAgentConfig
+    panel_metrics = (("loss", "learner/loss"),)
 
     @classmethod
     def is_synchronous(cls, cfg):

@@ -4,7 +4,7 @@ On a terminal: a live rich panel: a bar toward the stop criterion with its ETA,
 env and learner steps (totals, and rates over the last `RATE_WINDOW_S`
 seconds of rows rather than between two rows, so a short last interval is no
 spike), the return, the learner's loss and exploration as the algorithm
-names them (`Algorithm.panel_metrics`), replay fill, the phase, roles that
+names them (`AlgorithmSettings.panel_metrics`), replay fill, the phase, roles that
 are late or lost, and a count of the warnings and errors in the role logs
 with the latest one's first line. Roles write stderr into their logs, so
 nothing they print tears the panel. The last frame shows the stop reason, the
@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiorl.algos import get_settings
 from aiorl.config import Config
 from aiorl.io.export import LEGACY_POLICY_FILE, POLICY_FILE
 from aiorl.launch.role_logs import RoleLogWatch
@@ -271,7 +272,7 @@ class Progress:
         else:
             goal_key, goal = "env_steps", None
         if panel_metrics is None:
-            panel_metrics = cfg.algorithm.panel_metrics
+            panel_metrics = get_settings(cfg.algo).panel_metrics
         self.state = PanelState(f"aiorl {cfg.algo} on {cfg.env.id}", run_dir, goal_key, goal, tuple(panel_metrics))
 
     @property

@@ -180,6 +180,10 @@ class AlgorithmSettings:
     #: value wins); `aiorl config ALGO` prints them.
     agent_defaults: ClassVar[dict] = {}
     synchronous: ClassVar[bool] = False
+    # What the live panel shows beside the counters, as (label, metrics.jsonl key): the
+    # learner's loss, the exploration as this algorithm defines it (epsilon, entropy) and
+    # policy lag where it applies. Keys absent from a row show as "-".
+    panel_metrics: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     @classmethod
     def is_synchronous(cls, cfg: Config) -> bool:
@@ -208,10 +212,6 @@ class Algorithm(AlgorithmSettings):
 
     # Transition-spec fields that hold observations (the frame layout stores them as frames).
     observation_fields: ClassVar[tuple[str, ...]] = ("obs", "next_obs")
-    # What the live panel shows beside the counters, as (label, metrics.jsonl key): the
-    # learner's loss, the exploration as this algorithm defines it (epsilon, entropy) and
-    # policy lag where it applies. Keys absent from a row show as "-".
-    panel_metrics: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init__(self, cfg: Config, env_spec: EnvSpec):
         self.cfg = cfg

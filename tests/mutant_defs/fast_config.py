@@ -5,7 +5,7 @@ config` commands, or breaks the algorithm the runtime gets from a loaded config.
 L = "tests/test_layers.py::"
 STATIC = L + "test_loading_a_config_brings_no_heavy_import"
 COMMANDS = L + "test_config_commands_import_neither_torch_nor_gymnasium"
-EXAMPLES = L + "test_loading_every_example_imports_no_torch"
+EXAMPLES = L + "test_loading_every_example_and_its_launcher_side_import_no_torch"
 BOUND = "tests/test_config_reference.py::test_a_loaded_config_binds_the_whole_algorithm_on_its_settings"
 WRAPPERS = "tests/test_atari.py::test_bad_wrappers_are_config_errors_naming_the_item"
 
@@ -86,5 +86,12 @@ MUTANTS = [
         old="class DPPO(DPPOSettings, Algorithm):\n",
         new="class DPPO(Algorithm):\n    name = DPPOSettings.name\n",
         tests=[BOUND],
+    ),
+    dict(
+        name="the-panel-reads-its-metrics-from-the-whole-algorithm",
+        path="aiorl/launch/panel.py",
+        old="            panel_metrics = get_settings(cfg.algo).panel_metrics\n",
+        new="            panel_metrics = cfg.algorithm.panel_metrics\n",
+        tests=[EXAMPLES],
     ),
 ]
