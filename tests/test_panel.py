@@ -175,20 +175,29 @@ def test_off_a_terminal_problems_arrive_as_plain_lines(tmp_path):
 
 
 SITECUSTOMIZE = """
-import sys, warnings
-if "--role" in sys.argv and sys.argv[sys.argv.index("--role") + 1:][:1] == ["actor"]:
+import sys
+
+def _stray():  # what a library might do, outside logging
+    import warnings
     sys.stderr.write("STRAY-STDERR-MARKER from a library\\n")
     print("STRAY-STDOUT-MARKER", flush=True)
     warnings.warn("ROLE-WARNING-MARKER", UserWarning)
-    import logging
-    import aiorl.runtime.process as process
-    setup = process.setup_logging
 
-    def setup_then_warn(*args):  # a warning logged once the role's logging is set up
-        setup(*args)
+strayed = "--role" in sys.argv and sys.argv[sys.argv.index("--role") + 1:][:1] == ["actor"]
+if strayed:  # an actor started as a process of its own: at its interpreter's start
+    _stray()
+import logging
+import aiorl.runtime.process as process
+setup = process.setup_logging
+
+def setup_then_warn(run_dir, name, *args, **kwargs):
+    if name.startswith("actor") and not strayed:  # an actor forked by the warm spawner
+        _stray()
+    setup(run_dir, name, *args, **kwargs)
+    if name.startswith("actor"):  # a warning logged once the role's logging is set up
         logging.getLogger("aiorl.test").warning("LOGGED-MARKER")
 
-    process.setup_logging = setup_then_warn
+process.setup_logging = setup_then_warn
 """
 
 

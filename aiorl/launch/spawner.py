@@ -376,6 +376,7 @@ class Spawner:
             unix = address.get("unix")
             if isinstance(unix, str) and local_sockets.enabled():
                 os.environ[local_sockets.ENV_COORDINATOR] = unix
+        sys.argv = ["aiorl", *argv]  # as the program would see them had it been started for this
         return self.run_child(message["module"], argv)
 
     def _reap(self) -> None:
