@@ -75,6 +75,28 @@ def test_the_spawner_forks_with_no_thread_beyond_numpys_own(tmp_path):
     assert spawner.proc.returncode is not None
 
 
+def test_the_learners_later_imports_wait_until_a_role_is_forked_and_add_no_thread(tmp_path):
+    baseline = int(
+        subprocess.check_output(
+            [sys.executable, "-c", "import os, numpy; print(len(os.listdir('/proc/self/task')))"], text=True
+        )
+    )
+    spawner = WarmSpawner.start()
+    try:
+        assert spawner.ready("dppo")["later"] == "dppo"
+        time.sleep(0.5)  # idle, but no role forked yet: the launch's roles must not wait for it
+        assert spawner.ready()["later"] == "dppo"
+        child = spawner.spawn_role(["--help"], dict(os.environ), tmp_path / "role.log", None)
+        assert child.wait(60) == 0
+        # Asked twice a second, so that the spawner is idle in between.
+        reply = wait_for(lambda: (r := spawner.ready())["later"] is None and r, 60, "the later imports", 0.5)
+        assert (
+            reply["threads"] <= baseline
+        )  # torch._dynamo's import started no thread to copy half-alive (OpenBLAS's stopped at the fork)
+    finally:
+        spawner.end()
+
+
 def test_killing_the_launcher_outright_leaves_no_process(tmp_path):
     proc, run_dir = start(tmp_path, _endless())
     roles = pids(run_dir)

@@ -7,7 +7,9 @@ sits at the top floor because what it forks runs the top floor's code: a role is
 
 What it imports before it serves is what every role would import on its own: numpy, torch,
 gymnasium, uvloop, the runtime's roles and the command line; an algorithm's module when the
-launcher names it. Imports only: nothing here runs a torch op.
+launcher names it; what its learner core will import (torch._dynamo, through torch.optim) once
+the launch's roles are forked, for the evaluation worker and restarts. Imports only: nothing
+here runs a torch op.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ def warm(algo: str) -> None:
     get_algorithm(algo)
 
 
+def warm_later(algo: str) -> None:
+    get_algorithm(algo).warm_learner_imports()
+
+
 def check(config_path: str) -> dict:
     """The preflight of `aiorl run` (`aiorl.experiment.preflight.check_local_run`) on a resolved config."""
     try:
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     preload()
-    Spawner(sock, run_child, check, warm).serve()
+    Spawner(sock, run_child, check, warm, warm_later).serve()
     return 0
 
 

@@ -58,6 +58,9 @@ from aiorl.runtime.warm_fork import (
 ENV_OFF = "AIORL_WARM_SPAWNER"
 ENTRY_MODULE = "aiorl.cli.spawner"  # the process: preloads, then `serve`
 COORDINATOR_POLL_S = 0.01
+# Quiet this long after it forked a role, the spawner imports what only some children need
+# (`warm_later`): not before the launch's roles, whose start would wait for it.
+LATER_IDLE_S = 0.2
 CLOSE_GRACE_S = 2.0
 PR_SET_PDEATHSIG = 1
 
@@ -187,11 +190,23 @@ def wait_for_coordinator(run_dir: str, timeout_s: float) -> dict | None:
 
 class Spawner:
     """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
-    returns the reply to a preflight; `warm(algo)` imports an algorithm's module."""
+    returns the reply to a preflight; `warm(algo)` imports an algorithm's module; `warm_later(algo)`
+    imports what only some of its children need (a learner's optimizer imports torch._dynamo,
+    a second of CPU), once the launch's roles are forked and the spawner is idle: the evaluation
+    worker and restarts forked after it have it."""
 
-    def __init__(self, sock: socket.socket, run_child: Callable, check: Callable, warm: Callable):
+    def __init__(
+        self,
+        sock: socket.socket,
+        run_child: Callable,
+        check: Callable,
+        warm: Callable,
+        warm_later: Callable | None = None,
+    ):
         self.launcher = sock
-        self.run_child, self.check, self.warm = run_child, check, warm
+        self.run_child, self.check, self.warm, self.warm_later = run_child, check, warm, warm_later
+        self.later: str | None = None  # the algorithm whose `warm_later` is still to run
+        self.forked_role = False
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -207,7 +222,12 @@ class Spawner:
         self.sel.register(self.wake_r, selectors.EVENT_READ)
         try:
             while True:
-                for key, _ in self.sel.select():
+                idle = LATER_IDLE_S if self.later is not None and self.forked_role else None
+                events = self.sel.select(idle)
+                if not events and self.later is not None:
+                    algo, self.later = self.later, None
+                    self.warm_later(algo)
+                for key, _ in events:
                     if key.fileobj == self.wake_r:
                         self._drain_wakeups()
                         self._reap()
@@ -255,7 +275,9 @@ class Spawner:
         if op == "ready" and sock is self.launcher:
             if message.get("algo"):
                 self.warm(message["algo"])
-            return {"pid": os.getpid(), "threads": len(os.listdir("/proc/self/task"))}
+                if self.warm_later is not None:
+                    self.later = message["algo"]
+            return {"pid": os.getpid(), "threads": len(os.listdir("/proc/self/task")), "later": self.later}
         if op == "check" and sock is self.launcher:
             return self._fork_check(message["config"])
         if op == "spawn":
@@ -264,6 +286,7 @@ class Spawner:
             allowed = ("role",) if sock is self.launcher else ("eval_worker",)
             if kind not in allowed:
                 raise ValueError(f"{kind!r} is not for this client to spawn")
+            self.forked_role = self.forked_role or kind == "role"
             return {"pid": self._fork(sock, message, fds)}
         if op == "signal":
             pid = int(message["pid"])
