@@ -174,7 +174,19 @@ def test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_re
     try:
         started = pids(run_dir)
         wait_for(lambda: learner_steps(run_dir) >= 2, 120, "2 iterations")
-        os.kill(started["actor-1"], signal.SIGSTOP)
+
+        def stopped_holding_an_item():
+            # Stopped between items, actor-1 would hold none and the rounds would go on without it:
+            # stop it while it holds one, and look again once it is stopped.
+            if "actor-1" not in coordinator_status(run_dir)["work"]["leases"].values():
+                return False
+            os.kill(started["actor-1"], signal.SIGSTOP)
+            if "actor-1" in coordinator_status(run_dir)["work"]["leases"].values():
+                return True
+            os.kill(started["actor-1"], signal.SIGCONT)
+            return False
+
+        wait_for(stopped_holding_an_item, 60, "actor-1 stopped while it holds a work item", interval_s=0.01)
 
         def held_up():  # every other item handed out and done: the round waits on actor-1's item alone
             work = coordinator_status(run_dir)["work"]

@@ -24,9 +24,8 @@ from aiorl.cli.main import main as aiorl_main
 from aiorl.config import ConfigError
 from aiorl.evaluation.worker import main as eval_worker_main
 from aiorl.experiment.loading import load_config
-from aiorl.experiment.preflight import check_local_run
+from aiorl.experiment.preflight import check_algorithm
 from aiorl.launch.spawner import Spawner
-from aiorl.wire import TokenError
 
 
 def preload() -> None:
@@ -45,13 +44,12 @@ def warm_later(algo: str) -> None:
 
 
 def check(config_path: str) -> dict:
-    """The preflight of `aiorl run` (`aiorl.experiment.preflight.check_local_run`) on a resolved config."""
+    """The preflight's half with torch (`aiorl.experiment.preflight.check_algorithm`) on a resolved
+    config; the launcher checked the rest."""
     try:
-        check_local_run(load_config(config_path))
+        check_algorithm(load_config(config_path))
     except ConfigError as exc:
-        return {"mistake": str(exc), "kind": "config"}
-    except TokenError as exc:
-        return {"mistake": str(exc), "kind": "token"}
+        return {"mistake": str(exc)}
     return {"mistake": None}
 
 

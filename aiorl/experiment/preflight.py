@@ -17,25 +17,34 @@ from aiorl.launch.placement import MISSING_RAY
 from aiorl.launch.spawner import WarmSpawner
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
-from aiorl.wire import TokenError, load_token
+from aiorl.wire import load_token
 from aiorl.wire.auth import TOKEN_ENV
 
 
 def check_local_run(cfg: Config) -> None:
     """Raise ConfigError / TokenError for what would make a local run's roles fail at start."""
+    check_packages_and_token(cfg)
+    check_algorithm(cfg)
 
-    algo = build_algorithm(cfg)
-    algo.transition_spec()
-    frame_layout(cfg, algo)
+
+def check_packages_and_token(cfg: Config) -> None:
+    """What the launcher checks itself, without torch: the extras the config asks for and the token."""
     if cfg.cluster.launcher == "ray":
-        _check_ray()  # the learner's device is checked on the node Ray places it on
-    else:
-        algo.check_learner_host(cfg)
-
+        _check_ray()
     if (missing := check_installed(cfg.run.loggers)) is not None:
         raise ConfigError(missing)
     if cfg.run.token_file is not None or os.environ.get(TOKEN_ENV):
         load_token(cfg.run.token_file)  # else the launcher makes one
+
+
+def check_algorithm(cfg: Config) -> None:
+    """The algorithm built on the env's spaces, and the learner's device (torch ops: a local run
+    does this in a child of the warm spawner)."""
+    algo = build_algorithm(cfg)
+    algo.transition_spec()
+    frame_layout(cfg, algo)
+    if cfg.cluster.launcher != "ray":  # under Ray, the node it places the learner on checks it
+        algo.check_learner_host(cfg)
 
 
 def _check_ray() -> None:
@@ -46,8 +55,10 @@ def _check_ray() -> None:
 
 
 def check_in_spawner(cfg: Config, spawner: WarmSpawner) -> None:
-    """`check_local_run` in a child of the warm spawner, which has torch imported already (the
-    algorithm's build runs torch ops: never in the spawner itself, nor in this light launcher)."""
+    """`check_local_run`: its light half here, while the spawner imports, then `check_algorithm` in
+    a child of the warm spawner, which has torch imported already (the algorithm's build runs torch
+    ops: never in the spawner itself, nor in this light launcher)."""
+    check_packages_and_token(cfg)
     fd, path = tempfile.mkstemp(prefix="aiorl-config-", suffix=".yaml")
     os.close(fd)
     try:
@@ -59,7 +70,7 @@ def check_in_spawner(cfg: Config, spawner: WarmSpawner) -> None:
     if reply.get("crashed"):
         raise RuntimeError(f"aiorl's preflight check crashed: {reply['crashed']} (its traceback is above)")
     if reply.get("mistake") is not None:
-        raise (TokenError if reply.get("kind") == "token" else ConfigError)(reply["mistake"])
+        raise ConfigError(reply["mistake"])
 
 
 def prepare_local_run(
