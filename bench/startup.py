@@ -126,6 +126,22 @@ def _cmdline(pid: int) -> str | None:
         return None
 
 
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is `pid`'s parent, or its parent's, ... (Linux /proc). A role forked by
+    the warm spawner has the spawner's command line, without the run directory."""
+    for _ in range(16):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state: the parent's pid
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
 def process_start(pid: int) -> float | None:
     """When process `pid` started, as a Unix time (Linux: its start in clock ticks since boot;
     the boot's wall time from /proc/uptime, to 10 ms)."""
@@ -432,7 +448,7 @@ def restart_run(procs: Processes, sets: list[str], tag: str, settle_s: float, ti
             return record
         time.sleep(settle_s)
         pid = (read_json(run_dir / "pids.json") or {}).get("actor-0")
-        if pid is None or str(run_dir) not in (_cmdline(pid) or ""):
+        if pid is None or not _descends_from(pid, proc.pid):
             record["errors"].append(f"actor-0's pid ({pid}) is not a role of this run")
             return record
         t_kill = time.time()

@@ -75,26 +75,44 @@ def test_the_spawner_forks_with_no_thread_beyond_numpys_own(tmp_path):
     assert spawner.proc.returncode is not None
 
 
-def test_the_learners_later_imports_wait_until_a_role_is_forked_and_add_no_thread(tmp_path):
-    baseline = int(
-        subprocess.check_output(
-            [sys.executable, "-c", "import os, numpy; print(len(os.listdir('/proc/self/task')))"], text=True
-        )
-    )
+@pytest.mark.parametrize(("algo", "imported"), [("dppo", ["torch._dynamo"]), ("es", [])])
+def test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks(algo, imported):
+    # torch.optim's optimizers import torch._dynamo (most of a second): imported once here, not
+    # by each learner, evaluation worker and restart on the way to its first step. ES uses none.
     spawner = WarmSpawner.start()
     try:
-        assert spawner.ready("dppo")["later"] == "dppo"
-        time.sleep(0.5)  # idle, but no role forked yet: the launch's roles must not wait for it
-        assert spawner.ready()["later"] == "dppo"
-        child = spawner.spawn_role(["--help"], dict(os.environ), tmp_path / "role.log", None)
-        assert child.wait(60) == 0
-        # Asked twice a second, so that the spawner is idle in between.
-        reply = wait_for(lambda: (r := spawner.ready())["later"] is None and r, 60, "the later imports", 0.5)
-        assert (
-            reply["threads"] <= baseline
-        )  # torch._dynamo's import started no thread to copy half-alive (OpenBLAS's stopped at the fork)
+        assert spawner.ready(algo, modules=("torch._dynamo",))["imported"] == imported
     finally:
         spawner.end()
+
+
+GC_CHILD = """
+import gc, socket, sys
+from aiorl.launch.spawner import Spawner
+
+def run_child(kind, argv):  # what a forked child finds of the collector
+    print(gc.isenabled(), gc.get_freeze_count() > 0, flush=True)
+    return 0
+
+gc.disable()
+Spawner(socket.socket(fileno=int(sys.argv[1])), run_child, None, None).serve()
+"""
+
+
+def test_a_forked_child_collects_over_the_frozen_heap_the_spawner_shares(tmp_path):
+    # The spawner imports with the collector off; a child that kept it off would never free a
+    # cycle. The spawner's heap is frozen at the fork, so the child's collections skip it.
+    ours, theirs = seqpacket_pair()
+    proc = subprocess.Popen([sys.executable, "-c", GC_CHILD, str(theirs.fileno())], pass_fds=[theirs.fileno()])
+    theirs.close()
+    channel = SpawnerChannel(ours)
+    try:
+        child = channel.spawn("role", [], log=str(tmp_path / "child.log"))
+        assert child.wait(60) == 0
+    finally:
+        channel.close()
+        proc.wait(30)
+    assert (tmp_path / "child.log").read_text().split() == ["True", "True"]
 
 
 def test_killing_the_launcher_outright_leaves_no_process(tmp_path):

@@ -6,19 +6,17 @@ sits at the top floor because what it forks runs the top floor's code: a role is
 `aiorl.evaluation.worker`, the preflight is `aiorl.experiment.preflight`.
 
 What it imports before it serves is what every role would import on its own: numpy, torch,
-gymnasium, uvloop, the runtime's roles and the command line; an algorithm's module when the
-launcher names it; what its learner core will import (torch._dynamo, through torch.optim) once
-the launch's roles are forked, for the evaluation worker and restarts. Imports only: nothing
-here runs a torch op.
+gymnasium, uvloop, the runtime's roles and the command line; an algorithm's module and what its
+learner core imports when the launcher names it. Imports only: nothing here runs a torch op.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import sys
 
-import aiorl.runtime.process  # noqa: F401  (the roles' own modules)
 from aiorl.algos import get_algorithm
 from aiorl.cli.main import main as aiorl_main
 from aiorl.config import ConfigError
@@ -29,17 +27,23 @@ from aiorl.launch.spawner import Spawner
 
 
 def preload() -> None:
+    # The cyclic collector stays off here: run over torch's half a million objects again and
+    # again while they are imported, it cost 0.3-0.7 s of this start on 2 cores. Children turn
+    # it back on over a frozen heap (`Spawner` freezes it before each fork), so their collections
+    # never walk, nor write to, the pages they share with the spawner.
+    gc.disable()
     import gymnasium  # noqa: F401
     import numpy  # noqa: F401
     import torch  # noqa: F401
     import uvloop  # noqa: F401
 
+    import aiorl.runtime.process  # noqa: F401  (the roles' own modules)
+
 
 def warm(algo: str) -> None:
-    get_algorithm(algo)
-
-
-def warm_later(algo: str) -> None:
+    """The algorithm's module, and what its learner core imports (torch.optim's first optimizer
+    imports torch._dynamo, most of a second): every learner, the evaluation worker and each restart
+    find them here, and none pays them after it starts, on the way to its first step."""
     get_algorithm(algo).warm_learner_imports()
 
 
@@ -61,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     preload()
-    Spawner(sock, run_child, check, warm, warm_later).serve()
+    Spawner(sock, run_child, check, warm).serve()
     return 0
 
 

@@ -31,6 +31,7 @@ for debugging.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import selectors
@@ -58,9 +59,6 @@ from aiorl.runtime.warm_fork import (
 ENV_OFF = "AIORL_WARM_SPAWNER"
 ENTRY_MODULE = "aiorl.cli.spawner"  # the process: preloads, then `serve`
 COORDINATOR_POLL_S = 0.01
-# Quiet this long after it forked a role, the spawner imports what only some children need
-# (`warm_later`): not before the launch's roles, whose start would wait for it.
-LATER_IDLE_S = 0.2
 CLOSE_GRACE_S = 2.0
 PR_SET_PDEATHSIG = 1
 
@@ -119,9 +117,10 @@ class WarmSpawner:
         theirs.close()
         return cls(SpawnerChannel(ours), proc)
 
-    def ready(self, algo: str | None = None, timeout: float | None = None) -> dict:
-        """Wait until its imports are done (`algo`'s module too); returns what it reports of itself."""
-        return self.channel.request({"op": "ready", "algo": algo}, timeout=timeout)
+    def ready(self, algo: str | None = None, timeout: float | None = None, modules: tuple[str, ...] = ()) -> dict:
+        """Wait until its imports are done (`algo`'s too); returns what it reports of itself: its pid,
+        its threads, and which of `modules` it has imported."""
+        return self.channel.request({"op": "ready", "algo": algo, "modules": list(modules)}, timeout=timeout)
 
     def check(self, config_path: str | Path, timeout: float | None = None) -> dict:
         """The preflight of a config file, in a forked child: {"mistake": None} or the user's mistake."""
@@ -160,6 +159,14 @@ class WarmSpawner:
             self.proc.wait()
 
 
+def _before_fork() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # What exists now is shared with the child, copy-on-write: frozen, the child's collections
+    # skip it (`aiorl.cli.spawner.preload` says why the spawner collects nothing itself).
+    gc.freeze()
+
+
 def _is_learner0(argv: list[str]) -> bool:
     return "--role" in argv and argv[argv.index("--role") + 1] == "learner" and argv[argv.index("--index") + 1] == "0"
 
@@ -190,23 +197,11 @@ def wait_for_coordinator(run_dir: str, timeout_s: float) -> dict | None:
 
 class Spawner:
     """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
-    returns the reply to a preflight; `warm(algo)` imports an algorithm's module; `warm_later(algo)`
-    imports what only some of its children need (a learner's optimizer imports torch._dynamo,
-    a second of CPU), once the launch's roles are forked and the spawner is idle: the evaluation
-    worker and restarts forked after it have it."""
+    returns the reply to a preflight; `warm(algo)` imports an algorithm's module."""
 
-    def __init__(
-        self,
-        sock: socket.socket,
-        run_child: Callable,
-        check: Callable,
-        warm: Callable,
-        warm_later: Callable | None = None,
-    ):
+    def __init__(self, sock: socket.socket, run_child: Callable, check: Callable, warm: Callable):
         self.launcher = sock
-        self.run_child, self.check, self.warm, self.warm_later = run_child, check, warm, warm_later
-        self.later: str | None = None  # the algorithm whose `warm_later` is still to run
-        self.forked_role = False
+        self.run_child, self.check, self.warm = run_child, check, warm
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -222,12 +217,7 @@ class Spawner:
         self.sel.register(self.wake_r, selectors.EVENT_READ)
         try:
             while True:
-                idle = LATER_IDLE_S if self.later is not None and self.forked_role else None
-                events = self.sel.select(idle)
-                if not events and self.later is not None:
-                    algo, self.later = self.later, None
-                    self.warm_later(algo)
-                for key, _ in events:
+                for key, _ in self.sel.select():
                     if key.fileobj == self.wake_r:
                         self._drain_wakeups()
                         self._reap()
@@ -275,9 +265,11 @@ class Spawner:
         if op == "ready" and sock is self.launcher:
             if message.get("algo"):
                 self.warm(message["algo"])
-                if self.warm_later is not None:
-                    self.later = message["algo"]
-            return {"pid": os.getpid(), "threads": len(os.listdir("/proc/self/task")), "later": self.later}
+            return {
+                "pid": os.getpid(),
+                "threads": len(os.listdir("/proc/self/task")),
+                "imported": [name for name in message.get("modules", ()) if name in sys.modules],
+            }
         if op == "check" and sock is self.launcher:
             return self._fork_check(message["config"])
         if op == "spawn":
@@ -286,7 +278,6 @@ class Spawner:
             allowed = ("role",) if sock is self.launcher else ("eval_worker",)
             if kind not in allowed:
                 raise ValueError(f"{kind!r} is not for this client to spawn")
-            self.forked_role = self.forked_role or kind == "role"
             return {"pid": self._fork(sock, message, fds)}
         if op == "signal":
             pid = int(message["pid"])
@@ -297,10 +288,10 @@ class Spawner:
 
     def _fork_check(self, config: str) -> dict:
         r, w = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _before_fork()
         pid = os.fork()
         if pid == 0:
+            gc.enable()
             code = 1
             try:
                 os.close(r)
@@ -328,10 +319,10 @@ class Spawner:
         if message.get("channel"):
             ours, channel = seqpacket_pair()
         spawner_pid = os.getpid()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _before_fork()
         pid = os.fork()
         if pid == 0:  # the child: nothing below returns
+            gc.enable()
             code = 1
             try:
                 if ours is not None:

@@ -7,8 +7,8 @@ MUTANTS = [
     dict(
         name="ray-missing-not-checked",
         path="aiorl/experiment/preflight.py",
-        old="        _check_ray()  # the learner's device",
-        new="        pass  # the learner's device",
+        old='    if cfg.cluster.launcher == "ray":\n        _check_ray()\n',
+        new='    if cfg.cluster.launcher == "ray":\n        pass\n',
         tests=[T + "test_missing_ray_is_one_line_and_exit_2"],
     ),
     dict(

@@ -14,7 +14,8 @@ FOREIGN_PID = T + "test_a_signal_for_a_pid_that_is_not_the_clients_child_is_igno
 ENV_UNSET = T + "test_a_role_started_without_the_unix_sockets_has_none_though_the_launcher_had_the_variable"
 OWN_ADDRESS = T + "test_a_forked_role_takes_only_this_launchs_coordinator_address"
 THREADS = T + "test_the_spawner_forks_with_no_thread_beyond_numpys_own"
-LATER = T + "test_the_learners_later_imports_wait_until_a_role_is_forked_and_add_no_thread"
+LEARNER_IMPORTS = T + "test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks"
+CHILD_GC = T + "test_a_forked_child_collects_over_the_frozen_heap_the_spawner_shares"
 STOP_IN_START = (
     "tests/test_coordinator.py::test_a_stop_during_start_up_ends_the_run_without_waiting_for_the_start_timeout"
 )
@@ -119,17 +120,24 @@ MUTANTS = [
         tests=[STOP_IN_START],
     ),
     dict(
-        name="later-imports-before-the-launchs-roles",
-        path="aiorl/launch/spawner.py",
-        old="                idle = LATER_IDLE_S if self.later is not None and self.forked_role else None\n",
-        new="                idle = LATER_IDLE_S if self.later is not None else None\n",
-        tests=[LATER],
+        name="the-learners-imports-left-to-each-learner",
+        path="aiorl/cli/spawner.py",
+        old="    get_algorithm(algo).warm_learner_imports()\n",
+        new="    get_algorithm(algo)\n",
+        tests=[LEARNER_IMPORTS + "[dppo-imported0]"],
     ),
     dict(
-        name="later-imports-never-run",
+        name="a-forked-role-keeps-the-collector-off",
         path="aiorl/launch/spawner.py",
-        old="                    self.warm_later(algo)\n",
-        new="                    self.later = algo\n",
-        tests=[LATER],
+        old="        if pid == 0:  # the child: nothing below returns\n            gc.enable()\n",
+        new="        if pid == 0:  # the child: nothing below returns\n",
+        tests=[CHILD_GC],
+    ),
+    dict(
+        name="the-spawners-heap-not-frozen-before-a-fork",
+        path="aiorl/launch/spawner.py",
+        old="    gc.freeze()\n",
+        new="",
+        tests=[CHILD_GC],
     ),
 ]
