@@ -37,10 +37,11 @@ from aiorl.algos.lib.common import (
     make_adam,
     nstep_batch_rows,
     setup_torch,
+    shapes_only,
     soft_update,
     state_to_numpy,
     td_loss,
-    weights_spec_of,
+    weights_spec_of_module,
 )
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import DEFAULT_MLP, Critic, DeterministicActor, check_observation_space, is_image
@@ -234,8 +235,8 @@ class ApexDDPG(ApexDDPGSettings, Algorithm):
         m = cfg.model
         self.actor_layers = parse_network(m.actor_network or default, "model.actor_network")
         self.critic_layers = parse_network(m.critic_network or default, "model.critic_network")
-        self.actor_network()  # shape errors surface now
-        self.critic_network()
+        shapes_only(self.actor_network)  # shape errors surface now
+        shapes_only(self.critic_network)
 
     def actor_network(self) -> DeterministicActor:
         return DeterministicActor(self.env_spec.observation_space, self.env_spec.action_space, self.actor_layers)
@@ -260,9 +261,10 @@ class ApexDDPG(ApexDDPGSettings, Algorithm):
         return nstep_batch_rows(self.cfg, self.cfg.model.n_step)
 
     def weights_spec(self):
-        return weights_spec_of(
-            {**state_to_numpy(self.actor_network(), "actor"), **state_to_numpy(self.critic_network(), "critic")}
-        )
+        return {
+            **weights_spec_of_module(shapes_only(self.actor_network), "actor"),
+            **weights_spec_of_module(shapes_only(self.critic_network), "critic"),
+        }
 
     def policy_meta(self, learner_steps: int) -> dict:
         obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space

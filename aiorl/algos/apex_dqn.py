@@ -40,10 +40,11 @@ from aiorl.algos.lib.common import (
     make_adam,
     nstep_batch_rows,
     setup_torch,
+    shapes_only,
     soft_update,
     state_to_numpy,
     td_loss,
-    weights_spec_of,
+    weights_spec_of_module,
 )
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import DEFAULT_MLP, GreedyPolicy, QNetwork, check_observation_space, is_image
@@ -225,7 +226,7 @@ class ApexDQN(ApexDQNSettings, Algorithm):
         self.num_actions = int(action_space.n)
         spec = cfg.model.network or (["nature_cnn"] if is_image(obs_space) else DEFAULT_MLP)
         self.layers = parse_network(spec, "model.network")
-        self.q_network()  # shape errors (a conv on vectors, a kernel too large) surface now
+        shapes_only(self.q_network)  # shape errors (a conv on vectors, a kernel too large) surface now
 
     def q_network(self) -> QNetwork:
         return QNetwork(self.env_spec.observation_space, self.num_actions, self.layers, self.cfg.model.dueling)
@@ -247,7 +248,7 @@ class ApexDQN(ApexDQNSettings, Algorithm):
         return nstep_batch_rows(self.cfg, self.cfg.model.n_step)
 
     def weights_spec(self):
-        return weights_spec_of(state_to_numpy(self.q_network(), "q"))
+        return weights_spec_of_module(shapes_only(self.q_network), "q")
 
     def policy_meta(self, learner_steps: int) -> dict:
         space = self.env_spec.observation_space

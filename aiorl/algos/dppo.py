@@ -57,8 +57,8 @@ from aiorl.algos.lib.common import (
     load_numpy_state,
     make_adam,
     setup_torch,
-    state_to_numpy,
-    weights_spec_of,
+    shapes_only,
+    weights_spec_of_module,
 )
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import check_observation_space, is_image
@@ -257,7 +257,7 @@ class DPPO(DPPOSettings, Algorithm):
         self.obs_norm = obs_norm_size(env_spec.observation_space, "model.obs_norm") if m.obs_norm else 0
         default = ["nature_cnn"] if is_image(env_spec.observation_space) else DEFAULT_NETWORK
         self.layers = parse_network(m.network or default, "model.network")
-        self.network()  # shape errors surface now
+        shapes_only(self.network)  # shape errors surface now
 
     def network(self) -> ActorCritic:
         m = self.cfg.model
@@ -273,7 +273,7 @@ class DPPO(DPPOSettings, Algorithm):
         )
 
     def weights_spec(self):
-        return weights_spec_of(state_to_numpy(self.network(), "net"))
+        return weights_spec_of_module(shapes_only(self.network), "net")
 
     def transition_spec(self):
         obs_space, action_space = self.env_spec.observation_space, self.env_spec.action_space

@@ -47,7 +47,7 @@ from aiorl.algos.lib.actor_critic import (
     obs_norm_size,
     policy_meta,
 )
-from aiorl.algos.lib.common import setup_torch
+from aiorl.algos.lib.common import setup_torch, shapes_only
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import OneHot, check_observation_space
 from aiorl.config import ConfigError
@@ -376,7 +376,7 @@ class ES(ESSettings, Algorithm):
         self.obs_norm = obs_norm_size(obs_space, "model.obs_norm") if m.obs_norm else 0
         self.stats_dim = max(self.obs_norm, 1)
         self.layers = parse_network(layers_of(m), "model.network")
-        self.dim = dim = len(get_flat(self.network()))
+        self.dim = dim = sum(p.numel() for p in trainable(shapes_only(self.network)))
         if m.noise_table_size < dim:
             raise ConfigError(
                 f"model.noise_table_size ({m.noise_table_size}) must be at least the policy's parameter count ({dim})"
@@ -401,7 +401,7 @@ class ES(ESSettings, Algorithm):
         return 1  # one row per work item
 
     def weights_spec(self):
-        dim = len(get_flat(self.network()))
+        dim = self.dim
         norm = max(self.obs_norm, 1)
         return {"theta": ((dim,), "<f4"), "normalizer.shift": ((norm,), "<f4"), "normalizer.scale": ((norm,), "<f4")}
 

@@ -46,8 +46,8 @@ from aiorl.algos.lib.common import (
     load_numpy_state,
     make_adam,
     setup_torch,
-    state_to_numpy,
-    weights_spec_of,
+    shapes_only,
+    weights_spec_of_module,
 )
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import check_observation_space, is_image
@@ -232,7 +232,7 @@ class Impala(ImpalaSettings, Algorithm):
         check_action_space(env_spec.action_space, self.name)
         default = ["nature_cnn"] if is_image(env_spec.observation_space) else DEFAULT_NETWORK
         self.layers = parse_network(cfg.model.network or default, "model.network")
-        self.network()  # shape errors surface now
+        shapes_only(self.network)  # shape errors surface now
 
     def network(self) -> ActorCritic:
         m = self.cfg.model
@@ -245,7 +245,7 @@ class Impala(ImpalaSettings, Algorithm):
         )
 
     def weights_spec(self):
-        return weights_spec_of(state_to_numpy(self.network(), "net"))
+        return weights_spec_of_module(shapes_only(self.network), "net")
 
     def transition_spec(self):
         """One step of a fragment; memories store fragments of agent.sample_batch_size steps."""

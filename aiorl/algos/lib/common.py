@@ -5,6 +5,7 @@ checks: `aiorl.algos.lib.checks`)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -56,6 +57,24 @@ def state_to_numpy(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
 def weights_spec_of(weights: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], str]]:
     """``{name: (shape, dtype)}`` of a weights dict: what `Algorithm.weights_spec` returns."""
     return {k: (tuple(v.shape), v.dtype.str) for k, v in weights.items()}
+
+
+def shapes_only(build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` on torch's meta device: the module's shapes, dtypes and shape errors, with no
+    weight allocated or initialized. Every process that builds the algorithm needs those (the
+    coordinator's weights spec, the config's checks); an orthogonal init runs a QR per layer,
+    and a memory host paid 0.4 s of its start for networks it never ran."""
+    with torch.device("meta"):
+        return build()
+
+
+def weights_spec_of_module(module: nn.Module, prefix: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """`weights_spec_of` the module's `state_to_numpy`, read off its tensors' shapes and dtypes
+    (a module from `shapes_only` has no values to copy)."""
+    return {
+        f"{prefix}.{k}": (tuple(v.shape), np.dtype(str(v.dtype).removeprefix("torch.")).str)
+        for k, v in module.state_dict().items()
+    }
 
 
 def nstep_batch_rows(cfg, n_step: int) -> int:

@@ -235,10 +235,11 @@ class ActionScale(nn.Module):
 
     def __init__(self, low: np.ndarray, high: np.ndarray):
         super().__init__()
-        low_t = torch.as_tensor(np.asarray(low, np.float32))
-        high_t = torch.as_tensor(np.asarray(high, np.float32))
-        self.register_buffer("center", (high_t + low_t) / 2)
-        self.register_buffer("half_range", (high_t - low_t) / 2)
+        # In numpy (float32, as torch would): torch's arithmetic on a meta tensor (`shapes_only`)
+        # goes through its decompositions, which import torch._dynamo.
+        low, high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+        self.register_buffer("center", torch.as_tensor((high + low) / np.float32(2)))
+        self.register_buffer("half_range", torch.as_tensor((high - low) / np.float32(2)))
 
     def to_env(self, unit: torch.Tensor) -> torch.Tensor:
         return self.center + self.half_range * unit
