@@ -1,3 +1,3 @@
-from aiorl.cli.main import main
+from aiorl.cli.entry import main
 
 raise SystemExit(main())

@@ -44,7 +44,8 @@ MAX_LOOSE_MODULES = 8  # modules directly in aiorl/, __init__ included
 HEAVY = ("torch", "gymnasium", "ray", "matplotlib", "tensorboard", "wandb", "mlflow", "ale_py", "cv2", "scipy")
 # Where a module may be imported by a name known only at run time.
 # The package's own lazy attributes (PEP 562): `import aiorl` must not load the whole API.
-LAZY_ALLOWED = {("aiorl", "aiorl.api")}
+# (module, what it imports late though light): the command's entry starts the warm spawner first.
+LAZY_ALLOWED = {("aiorl", "aiorl.api"), ("aiorl.cli.entry", "aiorl.cli.main")}
 LOOKUP_BY_NAME = {"aiorl.algos": "the algorithm registry", "aiorl.envs.gym": "a user's module:Env"}
 CYTHON_IMPORT = re.compile(r"\s*(?:from|import)\s+(aiorl(?:\.\w+)*)\s+(?:import\b|$)")
 MAX_LINES = 650

@@ -76,12 +76,15 @@ def test_the_spawner_forks_with_no_thread_beyond_numpys_own(tmp_path):
 
 
 @pytest.mark.parametrize(("algo", "imported"), [("dppo", ["torch._dynamo"]), ("es", [])])
-def test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks(algo, imported):
+def test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks(algo, imported, tmp_path):
     # torch.optim's optimizers import torch._dynamo (most of a second): imported once here, not
     # by each learner, evaluation worker and restart on the way to its first step. ES uses none.
     spawner = WarmSpawner.start()
     try:
-        assert spawner.ready(algo, modules=("torch._dynamo",))["imported"] == imported
+        spawner.ready(algo)
+        child = spawner.spawn_role(["--help"], dict(os.environ), tmp_path / "role.log", None)
+        assert child.wait(60) == 0
+        assert spawner.ready(modules=("torch._dynamo",))["imported"] == imported
     finally:
         spawner.end()
 
@@ -230,6 +233,28 @@ def test_the_switch_reads_the_config_and_the_environment_wins():
     Cfg.cluster.warm_spawner = False
     assert enabled(Cfg, {}) is False
     assert enabled(Cfg, {"AIORL_WARM_SPAWNER": "1"}) is True
+
+
+@pytest.mark.parametrize(
+    ("words", "env", "wanted"),
+    [
+        (["run", "examples/dppo_cartpole.yaml", "--set", "run.seed=1"], "", True),
+        (["run", "c.yaml", "--role", "actor", "--index", "0"], "", False),
+        (["run", "c.yaml", "--launcher", "ray"], "", False),
+        (["run", "c.yaml", "--launcher=ray"], "", False),
+        (["run", "--help"], "", False),
+        (["eval", "runs/x"], "", False),
+        ([], "", False),
+        (["run", "c.yaml"], "0", False),
+        (["run", "c.yaml"], "off", False),
+        (["run", "c.yaml"], "1", True),
+    ],
+)
+def test_the_command_starts_a_spawner_first_only_for_a_local_run(words, env, wanted, monkeypatch):
+    from aiorl.cli.entry import wants_spawner
+
+    monkeypatch.setenv("AIORL_WARM_SPAWNER", env)
+    assert wants_spawner(words) is wanted
 
 
 def test_a_channel_whose_spawner_is_gone_says_so():

@@ -56,7 +56,9 @@ def _run_role(cfg, kind: str, index: int) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # Started first: its imports of torch and the runtime overlap the reading of the config.
-    early = spawner.start_early(args.launcher) if args.role is None else None
+    early = getattr(args, "early_spawner", None)
+    if early is None and args.role is None:
+        early = spawner.start_early(args.launcher)
     try:
         return _cmd_run(args, early)
     finally:
@@ -152,11 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early=None) -> int:
+    """`early`: (channel, process) of a warm spawner `aiorl.cli.entry` started for a run."""
+    early_spawner = None if early is None else spawner.WarmSpawner(*early)
     try:
         args = build_parser().parse_args(argv)
+        args.early_spawner = early_spawner
         return args.func(args)
     except KeyboardInterrupt:
         # Ctrl-C before a launcher took over the signal (torch's import takes seconds): not a crash.
         print("\naiorl: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if early_spawner is not None:
+            early_spawner.end()  # the run ended it already, unless the words were no run after all

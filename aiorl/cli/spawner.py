@@ -41,9 +41,13 @@ def preload() -> None:
 
 
 def warm(algo: str) -> None:
-    """The algorithm's module, and what its learner core imports (torch.optim's first optimizer
-    imports torch._dynamo, most of a second): every learner, the evaluation worker and each restart
-    find them here, and none pays them after it starts, on the way to its first step."""
+    get_algorithm(algo)
+
+
+def warm_learner(algo: str) -> None:
+    """What the algorithm's learner core imports (torch.optim's first optimizer imports
+    torch._dynamo, most of a second): every learner, the evaluation worker and each restart find
+    it here, and none pays it after it starts, on the way to its first step."""
     get_algorithm(algo).warm_learner_imports()
 
 
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     preload()
-    Spawner(sock, run_child, check, warm).serve()
+    Spawner(sock, run_child, check, warm, warm_learner).serve()
     return 0
 
 

@@ -30,7 +30,6 @@ for debugging.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
@@ -48,32 +47,28 @@ from aiorl.io.rundir import Identity, read_json
 from aiorl.runtime import local_sockets
 from aiorl.runtime.warm_fork import (
     ENV_SPAWNER_FD,
+    ENV_SWITCH,
     ForkedProcess,
     SpawnerChannel,
     SpawnerGone,
     receive,
     send,
     seqpacket_pair,
+    set_parent_death_signal,
+    start_spawner_process,
+    switch_from_env,
 )
 
-ENV_OFF = "AIORL_WARM_SPAWNER"
+ENV_OFF = ENV_SWITCH
 ENTRY_MODULE = "aiorl.cli.spawner"  # the process: preloads, then `serve`
 COORDINATOR_POLL_S = 0.01
 CLOSE_GRACE_S = 2.0
-PR_SET_PDEATHSIG = 1
 
 
 def enabled(cfg, environ=os.environ) -> bool:
     """Whether this launch forks its roles from a warm spawner (config, overridden by the environment)."""
-    value = environ.get(ENV_OFF)
-    if value is not None and value.strip() != "":
-        return value.strip().lower() not in ("0", "false", "no", "off")
-    return bool(cfg.cluster.warm_spawner)
-
-
-def set_parent_death_signal(signum: int) -> None:
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+    switch = switch_from_env(environ)
+    return bool(cfg.cluster.warm_spawner) if switch is None else switch
 
 
 # --------------------------------------------------------------------------- the launcher's side
@@ -82,7 +77,7 @@ def set_parent_death_signal(signum: int) -> None:
 def start_early(launcher: str | None = None, environ=os.environ) -> WarmSpawner | None:
     """A spawner started before the config is read, so that its imports overlap the launcher's;
     None when the environment turns it off or the command line asks for Ray."""
-    if launcher == "ray" or environ.get(ENV_OFF, "").strip().lower() in ("0", "false", "no", "off"):
+    if launcher == "ray" or switch_from_env(environ) is False:
         return None
     return WarmSpawner.start()
 
@@ -106,16 +101,7 @@ class WarmSpawner:
 
     @classmethod
     def start(cls) -> WarmSpawner:
-        ours, theirs = seqpacket_pair()
-        proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", ENTRY_MODULE, str(theirs.fileno())],
-            stdin=subprocess.DEVNULL,
-            pass_fds=[theirs.fileno()],
-            start_new_session=True,  # Ctrl-C is the launcher's to forward, not the terminal's to send
-            preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),
-        )
-        theirs.close()
-        return cls(SpawnerChannel(ours), proc)
+        return cls(*start_spawner_process(ENTRY_MODULE))
 
     def ready(self, algo: str | None = None, timeout: float | None = None, modules: tuple[str, ...] = ()) -> dict:
         """Wait until its imports are done (`algo`'s too); returns what it reports of itself: its pid,
@@ -199,9 +185,17 @@ class Spawner:
     """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
     returns the reply to a preflight; `warm(algo)` imports an algorithm's module."""
 
-    def __init__(self, sock: socket.socket, run_child: Callable, check: Callable, warm: Callable):
+    def __init__(
+        self,
+        sock: socket.socket,
+        run_child: Callable,
+        check: Callable,
+        warm: Callable,
+        warm_learner: Callable | None = None,
+    ):
         self.launcher = sock
-        self.run_child, self.check, self.warm = run_child, check, warm
+        self.run_child, self.check, self.warm, self.warm_learner = run_child, check, warm, warm_learner
+        self.learner_imports: str | None = None  # the algorithm whose `warm_learner` is still to run
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -265,6 +259,8 @@ class Spawner:
         if op == "ready" and sock is self.launcher:
             if message.get("algo"):
                 self.warm(message["algo"])
+                if self.warm_learner is not None:
+                    self.learner_imports = message["algo"]
             return {
                 "pid": os.getpid(),
                 "threads": len(os.listdir("/proc/self/task")),
@@ -290,6 +286,8 @@ class Spawner:
         r, w = os.pipe()
         _before_fork()
         pid = os.fork()
+        if pid != 0:
+            self._import_for_learners()  # while the check runs in its child, on the other core
         if pid == 0:
             gc.enable()
             code = 1
@@ -319,6 +317,7 @@ class Spawner:
         if message.get("channel"):
             ours, channel = seqpacket_pair()
         spawner_pid = os.getpid()
+        self._import_for_learners()
         _before_fork()
         pid = os.fork()
         if pid == 0:  # the child: nothing below returns
@@ -347,6 +346,13 @@ class Spawner:
             self.client_socks[pid] = ours
             self.sel.register(ours, selectors.EVENT_READ)
         return pid
+
+    def _import_for_learners(self) -> None:
+        """`warm_learner`, once, before the first role's fork: after the algorithm's module, so
+        that it overlaps the preflight's check (a child) rather than delaying it."""
+        if self.learner_imports is not None:
+            algo, self.learner_imports = self.learner_imports, None
+            self.warm_learner(algo)
 
     def _client_pid(self, client: socket.socket) -> int:
         return next(pid for pid, sock in self.client_socks.items() if sock is client)

@@ -18,12 +18,14 @@ it signals only a child it has not reaped, so a pid is never reused under a sign
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import selectors
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -212,3 +214,36 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+PR_SET_PDEATHSIG = 1
+ENV_SWITCH = "AIORL_WARM_SPAWNER"  # 0/false/no/off: each role a process of its own
+
+
+def switch_from_env(environ=os.environ) -> bool | None:
+    """The environment's word on the warm spawner (it overrides ``cluster.warm_spawner``); None: unset."""
+    value = environ.get(ENV_SWITCH, "").strip().lower()
+    if not value:
+        return None
+    return value not in ("0", "false", "no", "off")
+
+
+def set_parent_death_signal(signum: int) -> None:
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+
+
+def start_spawner_process(module: str) -> tuple[SpawnerChannel, subprocess.Popen]:
+    """Start ``python -P -m MODULE FD``, the spawner, with our end of its channel. Here, with the
+    standard library only, so that `aiorl run` starts it before it imports anything else
+    (`aiorl.cli.entry`)."""
+    ours, theirs = seqpacket_pair()
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", module, str(theirs.fileno())],
+        stdin=subprocess.DEVNULL,
+        pass_fds=[theirs.fileno()],
+        start_new_session=True,  # Ctrl-C is the launcher's to forward, not the terminal's to send
+        preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),
+    )
+    theirs.close()
+    return SpawnerChannel(ours), proc

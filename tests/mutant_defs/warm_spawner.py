@@ -15,6 +15,7 @@ ENV_UNSET = T + "test_a_role_started_without_the_unix_sockets_has_none_though_th
 OWN_ADDRESS = T + "test_a_forked_role_takes_only_this_launchs_coordinator_address"
 THREADS = T + "test_the_spawner_forks_with_no_thread_beyond_numpys_own"
 LEARNER_IMPORTS = T + "test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks"
+ENTRY = T + "test_the_command_starts_a_spawner_first_only_for_a_local_run"
 CHILD_GC = T + "test_a_forked_child_collects_over_the_frozen_heap_the_spawner_shares"
 STOP_IN_START = (
     "tests/test_coordinator.py::test_a_stop_during_start_up_ends_the_run_without_waiting_for_the_start_timeout"
@@ -66,8 +67,8 @@ MUTANTS = [
     dict(
         name="environment-switch-ignored",
         path="aiorl/launch/spawner.py",
-        old='    if launcher == "ray" or environ.get(ENV_OFF, "").strip().lower() in ("0", "false", "no", "off"):',
-        new='    if launcher == "ray":',
+        old="    return bool(cfg.cluster.warm_spawner) if switch is None else switch\n",
+        new="    return bool(cfg.cluster.warm_spawner)\n",
         tests=[OFF_ENV],
     ),
     dict(
@@ -139,5 +140,19 @@ MUTANTS = [
         old="    gc.freeze()\n",
         new="",
         tests=[CHILD_GC],
+    ),
+    dict(
+        name="the-entry-starts-a-spawner-for-a-role",
+        path="aiorl/cli/entry.py",
+        old='    if not argv or argv[0] != "run" or "--role" in argv or "-h" in argv or "--help" in argv:\n',
+        new='    if not argv or argv[0] != "run" or "-h" in argv or "--help" in argv:\n',
+        tests=[ENTRY],
+    ),
+    dict(
+        name="the-entry-ignores-the-environment-switch",
+        path="aiorl/cli/entry.py",
+        old="    return switch_from_env() is not False\n",
+        new="    return True\n",
+        tests=[ENTRY],
     ),
 ]
