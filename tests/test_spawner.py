@@ -128,6 +128,21 @@ def test_killing_the_launcher_outright_leaves_no_process(tmp_path):
         wait_for(lambda: not alive(pid), 30, f"pid {pid} to end after the launcher was killed")
 
 
+def test_a_spawner_killed_outright_takes_every_role_with_it(tmp_path):
+    # No chance for the spawner to end its children: their own parent-death signal must, or
+    # they would run on with nobody to reap them or report their exits.
+    proc, run_dir = start(tmp_path, _endless())
+    try:
+        roles = pids(run_dir)
+        os.kill(_spawner_pid(roles["memory-0"]), signal.SIGKILL)
+        for name, pid in roles.items():
+            wait_for(lambda pid=pid: not alive(pid), 30, f"{name} (pid {pid}) to end with its spawner")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        finish(proc, 60)
+
+
 def test_the_evaluation_worker_is_forked_and_dies_with_its_learner(tmp_path):
     config = yaml.safe_load((ROOT / "examples" / "dppo_cartpole.yaml").read_text())
     config["agent"]["scheduled_timesteps"] = 10**9

@@ -5,6 +5,7 @@ tests/test_spawner.py (or test_coordinator.py, for a stop during start-up) catch
 T = "tests/test_spawner.py::"
 SESSIONS = T + "test_every_role_is_a_child_of_one_spawner_in_a_session_of_its_own"
 LAUNCHER_KILLED = T + "test_killing_the_launcher_outright_leaves_no_process"
+SPAWNER_KILLED = T + "test_a_spawner_killed_outright_takes_every_role_with_it"
 EVAL_WORKER = T + "test_the_evaluation_worker_is_forked_and_dies_with_its_learner"
 OFF_CONFIG = T + "test_the_off_switch_starts_each_role_on_its_own[config]"
 OFF_ENV = T + "test_the_off_switch_starts_each_role_on_its_own[environment]"
@@ -34,12 +35,12 @@ MUTANTS = [
         path="aiorl/launch/spawner.py",
         old="        os.setsid()\n        set_parent_death_signal(signal.SIGTERM)",
         new="        os.setsid()",
-        tests=[LAUNCHER_KILLED],
+        tests=[LAUNCHER_KILLED, SPAWNER_KILLED],
     ),
     dict(
         name="spawner-outlives-the-launcher",
-        path="aiorl/launch/spawner.py",
-        old="            preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),",
+        path="aiorl/runtime/warm_fork.py",
+        old="        preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),",
         new="",
         tests=[LAUNCHER_KILLED],
     ),
