@@ -132,15 +132,21 @@ def test_a_spawner_killed_outright_takes_every_role_with_it(tmp_path):
     # No chance for the spawner to end its children: their own parent-death signal must, or
     # they would run on with nobody to reap them or report their exits.
     proc, run_dir = start(tmp_path, _endless())
+    roles = {}
     try:
         roles = pids(run_dir)
         os.kill(_spawner_pid(roles["memory-0"]), signal.SIGKILL)
         for name, pid in roles.items():
             wait_for(lambda pid=pid: not alive(pid), 30, f"{name} (pid {pid}) to end with its spawner")
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        finish(proc, 60)
+        try:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+            finish(proc, 60)
+        finally:
+            for pid in roles.values():  # orphans, if the behaviour under test is broken
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_the_evaluation_worker_is_forked_and_dies_with_its_learner(tmp_path):
