@@ -47,7 +47,6 @@ from aiorl.io.rundir import Identity, read_json
 from aiorl.runtime import local_sockets
 from aiorl.runtime.warm_fork import (
     ENV_SPAWNER_FD,
-    ENV_SWITCH,
     ForkedProcess,
     SpawnerChannel,
     SpawnerGone,
@@ -59,7 +58,6 @@ from aiorl.runtime.warm_fork import (
     switch_from_env,
 )
 
-ENV_OFF = ENV_SWITCH
 ENTRY_MODULE = "aiorl.cli.spawner"  # the process: preloads, then `serve`
 COORDINATOR_POLL_S = 0.01
 CLOSE_GRACE_S = 2.0
@@ -183,7 +181,8 @@ def wait_for_coordinator(run_dir: str, timeout_s: float) -> dict | None:
 
 class Spawner:
     """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
-    returns the reply to a preflight; `warm(algo)` imports an algorithm's module."""
+    returns the reply to a preflight; `warm(algo)` imports an algorithm's module; `warm_learner(algo)`
+    what its learner core imports, before the first role's fork (`_import_for_learners`)."""
 
     def __init__(
         self,
@@ -286,8 +285,6 @@ class Spawner:
         r, w = os.pipe()
         _before_fork()
         pid = os.fork()
-        if pid != 0:
-            self._import_for_learners()  # while the check runs in its child, on the other core
         if pid == 0:
             gc.enable()
             code = 1
@@ -302,6 +299,7 @@ class Spawner:
             finally:
                 os._exit(code)
         os.close(w)
+        self._import_for_learners()  # while the check runs in its child, on the other core
         chunks = []
         while chunk := os.read(r, 65536):
             chunks.append(chunk)
