@@ -26,7 +26,8 @@ from aiorl.experiment.preflight import prepare_local_run
 from aiorl.experiment.reference import _flow
 from aiorl.io.export import policy_file
 from aiorl.io.rundir import read_json
-from aiorl.launch import launcher_for, spawner
+from aiorl.launch import spawner
+from aiorl.launch.attempts import run_attempts
 
 
 @dataclass
@@ -83,7 +84,7 @@ def run(
     warm = spawner.for_run(cfg, None)
     try:
         claimed = prepare_local_run(cfg, None, sets, warm)
-        code = launcher_for(cfg)(cfg, claimed, quiet=quiet, spawner=warm).run()
+        code = run_attempts(cfg, claimed, quiet, warm)
     finally:
         if warm is not None:
             warm.end()

@@ -76,3 +76,16 @@ async def test_already_released_generation_is_an_error():
     await barrier.wait("a", 2)
     with pytest.raises(ValueError, match="already released"):
         await barrier.wait("a", 2)
+
+
+async def test_a_participant_joining_at_a_later_generation_is_not_waited_for_before_it():
+    barrier = Barrier(["a"])
+    barrier.add("b", from_generation=1)  # a restarted actor joining the next iteration
+    await asyncio.wait_for(barrier.wait("a", 0), 1.0)  # generation 0 does not wait for b
+    waiting = asyncio.ensure_future(barrier.wait("a", 1))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # generation 1 does
+    await asyncio.wait_for(asyncio.gather(barrier.wait("b", 1), waiting), 1.0)
+    with pytest.raises(ValueError, match="before the one it joins"):
+        barrier.add("c", from_generation=5)
+        await barrier.wait("c", 2)

@@ -28,13 +28,58 @@ def test_a_round_completes_when_every_live_actor_delivered_and_a_dropped_one_owe
     r.drop_actor(1)  # lost mid-iteration: the round goes on with the others
     assert r.ready(0)
     batch, meta = r.take(0, 0)
-    assert batch["x"].tolist() == [0, 0, 2, 2] and meta == {"versions": [0, 0], "empty": False}
+    assert batch["x"].tolist() == [0, 0, 2, 2] and meta == {"versions": [0, 0], "empty": False, "final": False}
     assert not r.ready(0)  # the only learner took it
     # Iteration 1 waits only for actors 0 and 2.
     r.add(0, {"iteration": 1, "weights_version": 1}, rows(0, 1))
     assert not r.ready(1)
     r.add(2, {"iteration": 1, "weights_version": 1}, rows(2, 1))
     assert r.ready(1)
+
+
+def test_a_restarted_actor_is_expected_again_from_the_iteration_it_joins():
+    r = per_actor(actors=2)
+    r.add(0, {"iteration": 0, "weights_version": 0}, rows(0, 1))
+    r.drop_actor(1)  # away (its process died) in iteration 0: round 0 goes on without it
+    assert r.ready(0)
+    r.rejoin(1, 1)  # restarted, joining iteration 1
+    r.add(0, {"iteration": 1, "weights_version": 1}, rows(0, 1))
+    assert not r.ready(1)  # round 1 waits for the restarted actor
+    assert r.add(1, {"iteration": 1, "weights_version": 1}, rows(1, 1)) == "added"
+    assert r.ready(1) and r.take(1, 0)[0]["x"].tolist() == [0, 1]
+
+
+def test_a_part_of_an_away_actor_for_a_round_that_went_on_without_it_is_stale():
+    r = per_actor(actors=2)
+    r.drop_actor(1)
+    assert r.add(1, {"iteration": 0, "weights_version": 0}, rows(1, 1)) == "stale"
+    r.add(0, {"iteration": 0, "weights_version": 0}, rows(0, 1))
+    assert r.take(0, 0)[0]["x"].tolist() == [0]
+    r.rejoin(1, 1)
+    assert r.add(1, {"iteration": 0, "weights_version": 0}, rows(1, 1)) == "stale"  # late for round 0
+    assert r.stale == 2
+
+
+def test_a_round_every_actor_is_away_from_waits_then_closes_empty_when_one_joins_a_later_one():
+    r = per_actor(actors=1)
+    r.drop_actor(0)  # the only actor died in iteration 0
+    assert not r.ready(0)  # not the end: it may come back
+    r.rejoin(0, 1)  # restarted, joining iteration 1: round 0 closes empty, so the learners step past it
+    assert r.ready(0) and r.take(0, 0) == ({}, {"versions": None, "final": False, "empty": True})
+    assert not r.ready(1)
+    r.add(0, {"iteration": 1, "weights_version": 1}, rows(0, 2))
+    assert r.ready(1) and r.take(1, 0)[0]["x"].tolist() == [0, 0]
+
+
+def test_an_away_actor_that_never_comes_back_is_gone_and_the_end_comes():
+    r = per_actor(actors=1)
+    r.drop_actor(0)
+    assert not r.ready(0) and not r.exhausted(0)
+    r.actor_gone(0)  # no restart left, or the run stopped
+    r.rejoin(0, 1)  # too late: a gone actor is not expected again
+    assert r.ready(0) and r.take(0, 0)[1]["final"]
+    r.finalize()
+    assert r.exhausted(1) and not r.ready(1)
 
 
 def test_parts_out_of_turn_are_protocol_errors():
@@ -61,11 +106,11 @@ def test_each_learner_gets_an_even_share_and_the_round_goes_once_all_took_it():
 
 def test_a_memory_whose_actors_are_all_gone_hands_out_empty_shares_until_the_end():
     r = per_actor(actors=2, memories=2, index=1, learners=2)  # only actor 1 is assigned here
-    r.drop_actor(1)
-    assert r.ready(5) and r.take(5, 0) == ({}, {"empty": True, "versions": None})
+    r.actor_gone(1)
+    assert r.ready(5) and r.take(5, 0) == ({}, {"empty": True, "versions": None, "final": True})
     r.finalize()
     # Learner 1 gets the answer learner 0 got for iteration 5, then both get the end.
-    assert r.ready(5) and r.take(5, 1) == ({}, {"empty": True, "versions": None})
+    assert r.ready(5) and r.take(5, 1) == ({}, {"empty": True, "versions": None, "final": True})
     assert not r.exhausted(5) and r.exhausted(6) and not r.ready(6)
 
 
@@ -73,12 +118,12 @@ def test_the_last_partial_round_is_kept_and_the_end_adds_one_empty_round():
     r = per_actor(actors=3)
     r.add(0, {"iteration": 0, "weights_version": 0}, rows(0, 2))
     for actor in range(3):
-        r.drop_actor(actor)  # every actor reported done; actor 0 had delivered
+        r.actor_gone(actor)  # every actor reported done; actor 0 had delivered
     # The last drop completed round 0; the end closes round 1 empty, so that another memory
     # whose actors did deliver round 1 is not left without an answer for it.
     r.finalize()
     assert r.ready(0) and r.take(0, 0)[0]["x"].tolist() == [0, 0]
-    assert not r.exhausted(1) and r.take(1, 0) == ({}, {"versions": None, "empty": True})
+    assert not r.exhausted(1) and r.take(1, 0) == ({}, {"versions": None, "final": True, "empty": True})
     assert r.exhausted(2) and not r.ready(2)
     with pytest.raises(ValueError, match="after this memory's last round"):
         r.add(0, {"iteration": 1}, rows(0, 1))

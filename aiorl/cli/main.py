@@ -16,7 +16,8 @@ from aiorl.experiment import reference as config_reference
 from aiorl.experiment.loading import load_config
 from aiorl.experiment.preflight import prepare_local_run
 from aiorl.io.rundir import RunDirError, check_resumable, role_run_dir
-from aiorl.launch import launcher_for, spawner
+from aiorl.launch import spawner
+from aiorl.launch.attempts import run_attempts
 from aiorl.wire import TokenError
 
 
@@ -97,7 +98,7 @@ def _cmd_run(args: argparse.Namespace, early) -> int:
             f"{c.learners} learner(s); {what} {run_dir.path}",
             flush=True,
         )
-    return launcher_for(cfg)(cfg, run_dir, quiet=args.quiet, spawner=warm).run()
+    return run_attempts(cfg, run_dir, args.quiet, warm)
 
 
 class OneLineErrors(argparse.ArgumentParser):

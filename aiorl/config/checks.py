@@ -119,6 +119,7 @@ def check_agent_and_run(cfg: Config) -> None:
         f"agent.samples_per_insert_tolerance: must be >= 0, got {a.samples_per_insert_tolerance}",
     )
     _check(c.max_restarts >= 0, f"cluster.max_restarts: must be >= 0, got {c.max_restarts}")
+    _check(c.max_run_restarts >= 0, f"cluster.max_run_restarts: must be >= 0, got {c.max_run_restarts}")
     _check(
         0 < c.restart_backoff_s <= c.restart_backoff_max_s,
         f"cluster.restart_backoff_s ({c.restart_backoff_s}) must be > 0 and at most "
@@ -156,15 +157,9 @@ def check_agent_and_run(cfg: Config) -> None:
 
 
 def check_synchronous(cfg: Config) -> None:
-    """Synchronous algorithms aggregate one rollout per actor per iteration: no replay to rate
-    limit, and a barrier that counts every actor (so no restarts)."""
+    """Synchronous algorithms aggregate one rollout per actor per iteration: no replay to rate limit."""
     _check(
         cfg.agent.samples_per_insert is None,
         f"agent.samples_per_insert: {cfg.algo} is synchronous (one rollout per actor per iteration, "
         "no replay), so there is nothing to rate limit; remove it",
-    )
-    _check(
-        cfg.cluster.max_restarts == 0,
-        f"cluster.max_restarts: {cfg.algo} is synchronous; its iteration barrier cannot take a "
-        "restarted actor back, so restarts are for asynchronous algorithms only (set it to 0)",
     )

@@ -76,9 +76,15 @@ class ClusterConfig:
         default=0,
     )
     max_restarts: int = doc(
-        "Times each actor (and memory host other than 0) is restarted after exiting abnormally; "
-        "see aiorl/runtime/restart.py.",
-        default=0,
+        "Times each actor (and memory host other than 0) is restarted in place after exiting "
+        "abnormally, in any phase before STOPPING, every algorithm; 0: never. See aiorl/runtime/restart.py.",
+        default=10,
+    )
+    max_run_restarts: int = doc(
+        "Times the whole run is started again from its newest good checkpoint, in the same run "
+        "directory, when a role that cannot restart in place is lost (a learner, memory host 0 "
+        "with the coordinator); 0: never. See aiorl/launch/attempts.py.",
+        default=2,
     )
     restart_backoff_s: float = doc("Wait before a restart, doubled after each quick failure.", default=1.0)
     restart_backoff_max_s: float = doc("Longest wait before a restart.", default=30.0)

@@ -238,17 +238,36 @@ class RunDir:
             os.close(lock_fd)
             raise
 
-    def _record_attempt(self, resume_from: str | None, overrides) -> None:
-        self.owner.setdefault("attempts", []).append(
-            {
-                "attempt": self.identity.attempt,
-                "launch_id": self.identity.launch_id,
-                "started": time.time(),
-                "resume_from": resume_from,
-                "overrides": list(overrides),
-                "pid": os.getpid(),
-            }
+    def next_attempt(self, cause: str) -> None:
+        """Begin one more launch of this run, still holding its lock: the launcher restarts the
+        whole run (`aiorl.launch.attempts`) from the newest good checkpoint, or from the beginning
+        when there is none yet. `cause`: why, recorded with the attempt."""
+        resume_from, meta, skipped = checkpoint.newest_good(self.path / "checkpoints")
+        self.identity = Identity(
+            run_id=self.identity.run_id,
+            launch_id=new_id(),
+            attempt=len(self.owner.get("attempts", [])) + 1,
+            resume_from=str(resume_from) if resume_from is not None else None,
         )
+        self.skipped = skipped
+        self.resume_meta = meta
+        for name in LAUNCH_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        overrides = (self.owner.get("attempts") or [{}])[-1].get("overrides", [])
+        self._record_attempt(self.identity.resume_from, overrides, cause=cause)
+
+    def _record_attempt(self, resume_from: str | None, overrides, cause: str | None = None) -> None:
+        attempt = {
+            "attempt": self.identity.attempt,
+            "launch_id": self.identity.launch_id,
+            "started": time.time(),
+            "resume_from": resume_from,
+            "overrides": list(overrides),
+            "pid": os.getpid(),
+        }
+        if cause is not None:
+            attempt["run_restart_cause"] = cause
+        self.owner.setdefault("attempts", []).append(attempt)
         write_json_atomic(self.path / OWNER_FILE, self.owner, indent=1)
 
     def read_owned(self, name: str) -> dict | None:

@@ -46,9 +46,10 @@ from aiorl.runtime.phase import (
     INTERRUPTED,
     interrupted_exit_code,
     last_checkpoint_budget_s,
+    parse_role_name,
     role_name,
 )
-from aiorl.runtime.restart import RestartPolicy
+from aiorl.runtime.restart import RestartPolicy, restartable
 from aiorl.wire import generate_token, write_token_file
 
 log = logging.getLogger("aiorl.launch")
@@ -220,13 +221,33 @@ class LocalLauncher:
             time.sleep(seconds)
 
     def run(self) -> int:
+        """One attempt of the run (`aiorl.launch.attempts` starts the next, ends the spawner and
+        lets go of the run directory); its exit code."""
         try:
             return self._run()
         finally:
             self.notices.close()
-            if self.spawner is not None:
-                self.spawner.end()
-            self.rundir.close()
+
+    def run_restart_cause(self) -> str | None:
+        """Why the whole run should start again: a role that cannot restart in place (a learner,
+        memory host 0) was lost or failed and the run failed with it; None for any other end."""
+        if self.signals:
+            return None  # interrupted on purpose
+        summary = self.rundir.read_owned("summary.json") or {}
+        if summary.get("outcome") != FAILED:
+            return None
+        if self.stalled:
+            return self.stalled
+        coordinator = self.coordinator
+        if coordinator is not None and summary.get("written_by") == "launcher":
+            return f"memory-0 (the coordinator) {describe_exit(coordinator.proc.returncode)}"
+        roles = summary.get("roles") or {}
+        for status in ("lost", "failed"):  # one that died explains the run before one that failed after it
+            for name, role in roles.items():
+                kind, index = parse_role_name(name)
+                if not restartable(kind, index) and role.get("status") == status:
+                    return f"{name} {status}: {role.get('reason')}"
+        return None
 
     def _run(self) -> int:
         token_path = self.run_dir / "token"

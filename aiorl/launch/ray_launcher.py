@@ -245,7 +245,6 @@ class RayLauncher(LocalLauncher):
             return super().run()
         finally:
             self._release()
-            self.rundir.close()
 
     # ------------------------------------------------------------------ placement
 

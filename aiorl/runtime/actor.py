@@ -417,12 +417,15 @@ class ActorRole(Role):
         """One rollout per iteration; no iteration starts before its weights are published."""
         m = self.index % len(self.memories)
         memory = self.memories[m]
-        # On-policy: even iteration 0 acts with the learner's weights (version 0).
-        reply = await self.coordinator.request("get_weights", {"have": -1, "min_version": 0}, timeout_s=UNBOUNDED_S)
+        # On-policy: iteration k acts with the learner's weights of version k; a restarted actor
+        # joins at the iteration the coordinator gave it, the one after the newest weights.
+        iteration = int(self.registration.get("iteration", 0))
+        reply = await self.coordinator.request(
+            "get_weights", {"have": -1, "min_version": iteration}, timeout_s=UNBOUNDED_S
+        )
         if reply.meta.get("stop"):
             return
         self.policy.set_weights(dict(reply.arrays), int(reply.meta["version"]))
-        iteration = 0
         self.idle.start()
         while self.phase == Phase.RUNNING:
             started = time.monotonic()

@@ -16,11 +16,14 @@ class Barrier:
     Generations let the same barrier be reused every iteration without a reset
     race: a fast participant arriving at generation k+1 never releases or joins
     generation k. Removing a participant (it died) re-checks every open
-    generation, so the survivors are not held forever.
+    generation, so the survivors are not held forever. A participant added
+    with `from_generation` (a restarted actor joining at the next iteration)
+    is waited for from that generation on, never in the ones already open.
     """
 
     def __init__(self, participants=()):
         self.participants: set[str] = set(participants)
+        self._joins: dict[str, int] = {}  # participant -> the first generation it is counted in
         self._arrived: dict[int, set[str]] = {}
         self._released: dict[int, asyncio.Future] = {}
         self.last_released = -1
@@ -30,11 +33,16 @@ class Barrier:
         open_gens = {g: len(a) for g, a in self._arrived.items()}
         return f"<Barrier participants={len(self.participants)} open={open_gens} last_released={self.last_released}>"
 
-    def add(self, participant: str) -> None:
+    def add(self, participant: str, from_generation: int = 0) -> None:
         self.participants.add(participant)
+        if from_generation > 0:
+            self._joins[participant] = from_generation
+        else:
+            self._joins.pop(participant, None)
 
     def remove(self, participant: str) -> None:
         self.participants.discard(participant)
+        self._joins.pop(participant, None)
         for generation in sorted(self._arrived):
             self._check(generation)
 
@@ -43,6 +51,11 @@ class Barrier:
             raise BarrierAborted(self.aborted)
         if participant not in self.participants:
             raise ValueError(f"{participant!r} is not a participant of {self!r}")
+        if generation < self._joins.get(participant, 0):
+            raise ValueError(
+                f"{participant!r} arrived at generation {generation}, before the one it joins "
+                f"({self._joins[participant]})"
+            )
         if generation <= self.last_released:
             raise ValueError(
                 f"{participant!r} arrived at generation {generation}, already released "
@@ -60,13 +73,17 @@ class Barrier:
 
     def _check(self, generation: int) -> None:
         arrived = self._arrived.get(generation)
-        if arrived is None or not self.participants <= arrived:
+        if arrived is None or not self.expected(generation) <= arrived:
             return
         del self._arrived[generation]
         future = self._released.pop(generation)
         self.last_released = max(self.last_released, generation)
         if not future.done():
             future.set_result(None)
+
+    def expected(self, generation: int) -> set[str]:
+        """The participants that generation `generation` waits for."""
+        return {p for p in self.participants if self._joins.get(p, 0) <= generation}
 
     def abort(self, reason: str) -> None:
         self.aborted = reason

@@ -431,7 +431,7 @@ class LearnerRole(LearnerOutputs, Role):
         open_memories = set(range(len(self.memories)))
         while True:
             await self._ask_round(open_memories, iteration)
-            parts, versions, ended = [], [], []
+            parts, versions, ended, final = [], [], [], False
             waiting = set(open_memories)
             while waiting:
                 m, msg = await self._next()
@@ -449,6 +449,7 @@ class LearnerRole(LearnerOutputs, Role):
                     versions.extend(msg.meta["versions"])
                 if not msg.meta.get("empty"):
                     parts.append(msg.arrays)
+                final = final or bool(msg.meta.get("final"))
             if ended:
                 if parts:
                     self.log.info(
@@ -458,9 +459,17 @@ class LearnerRole(LearnerOutputs, Role):
                         sum(len(next(iter(p.values()))) for p in parts),
                     )
                 break
-            if not parts:
+            if not parts and (final or self.phase > Phase.RUNNING):
                 self.log.info("iteration %d: no actor delivered a rollout; waiting for the end", iteration)
                 break
+            if not parts:
+                # Every actor was away (restarting) for this iteration: no step, and the same
+                # weights under the next version, which the restarted actors wait for.
+                self.log.warning("iteration %d: every actor was away (restarting); no step", iteration)
+                if self.index == 0:
+                    await self._publish_weights()
+                iteration += 1
+                continue
             batch = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             rows = len(next(iter(batch.values())))
             lag = iteration - min(versions) if versions else None

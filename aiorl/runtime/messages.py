@@ -223,7 +223,8 @@ SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     },
     # coordinator -> role
     "phase": {"phase": (integer(0, 5), True), "reason": (nullable(text()), False)},
-    "role_lost": {"role": (name, True)},
+    "role_lost": {"role": (name, True), "returns": (boolean, False)},
+    "role_back": {"role": (name, True), "iteration": (_count, True)},
     "memories": {"memories": (list_of(nullable(address), 1 << 12), True)},
     "exit": {
         "ok": (boolean, False),

@@ -169,8 +169,11 @@ class Role:
             self._fatal.set_exception(RuntimeError(reason))
             self._fatal.exception()  # retrieved here; `_main_or_fatal` raises it
 
-    def on_role_lost(self, name: str) -> None:
-        """The coordinator declared role `name` lost or failed."""
+    def on_role_lost(self, name: str, returns: bool = False) -> None:
+        """The coordinator declared role `name` lost or failed (`returns`: it has a restart left)."""
+
+    def on_role_back(self, name: str, iteration: int) -> None:
+        """The coordinator admitted a restarted `name`; synchronous: it acts from `iteration` on."""
 
     def on_control(self, msg) -> None:
         """A message the coordinator pushed that the base class does not handle."""
@@ -439,11 +442,13 @@ class Role:
     async def _control_loop(self) -> None:
         try:
             async for msg in self.coordinator.messages():
-                fields = messages.check(msg.kind, msg.meta, {"phase", "role_lost", "memories", "exit"})
+                fields = messages.check(msg.kind, msg.meta, {"phase", "role_lost", "role_back", "memories", "exit"})
                 if msg.kind == "phase":
                     self._set_phase(Phase(fields["phase"]))
                 elif msg.kind == "role_lost":
-                    self.on_role_lost(fields["role"])
+                    self.on_role_lost(fields["role"], fields.get("returns", False))
+                elif msg.kind == "role_back":
+                    self.on_role_back(fields["role"], fields["iteration"])
                 elif msg.kind == "exit":
                     self._exit_meta = fields
                     self._exited.set()

@@ -5,9 +5,17 @@ A round is one iteration's data at this memory, gathered in an
 
 - per actor (``work_items is None``, DPPO): actor i sends its rollouts to
   memory ``i % memories``; the round is complete when every live actor
-  assigned here has delivered. An actor that reported done, died or was
-  declared lost owes nothing more (`drop_actor`); a part it already
-  delivered stays in the round.
+  assigned here has delivered. An actor whose connection ended owes nothing
+  more to the round being gathered (`drop_actor`: it is *away*); a part it
+  already delivered stays in the round. An away actor that comes back (a
+  restart, a connection that dropped and came back) is expected again from
+  the iteration it joins (`rejoin`): the coordinator says which, the next
+  one after the newest weights; a part it sends for an earlier round is
+  ignored (``stale``). A round in which every actor assigned here is away
+  closes empty when one of them joins a later iteration, so the learners
+  step past it. An actor that reported done, or that the coordinator gave
+  up (no restart left), or any away one once the run stops, is *gone*
+  (`actor_gone`): only when every actor here is gone does the end come.
 - per work item (ES): item i of an iteration goes to memory
   ``i % memories``; the round is complete when every item assigned here
   has arrived. A second copy of an item (a released item that its first,
@@ -59,7 +67,9 @@ class Rounds:
         self.versions: list[int] = []  # weights versions of the open round's parts
         self.completed: dict[int, tuple[dict, dict]] = {}  # iteration -> (batch, meta)
         self.taken: dict[int, set[int]] = {}
-        self.dropped: set[int] = set()  # actor indices (per-actor rounds)
+        self.dropped: set[int] = set()  # actor indices not expected in the open round (per-actor rounds)
+        self.gone: set[int] = set()  # actor indices that will send nothing more (per-actor rounds)
+        self.joins: dict[int, int] = {}  # away actor index -> the iteration it is expected again from
         self.empty_upto = -1  # highest iteration answered with an empty share since every actor here left
         self.final = False
         self.duplicates = 0
@@ -87,6 +97,9 @@ class Rounds:
                     f"{actor_index % self.memories}, not memory {self.memory_index}"
                 )
             producer = self.producers.index(actor_index)
+            if iteration < self.iteration or (iteration == self.iteration and actor_index in self.dropped):
+                self.stale += 1  # an away actor's part for a round that went on without it
+                return "stale"
             if iteration != self.iteration:
                 raise ValueError(
                     f"actor {actor_index} sent iteration {iteration}, this memory is gathering "
@@ -113,26 +126,53 @@ class Rounds:
         return "added"
 
     def drop_actor(self, actor_index: int) -> None:
-        """Per-actor rounds: stop waiting for this actor (done, dead or lost)."""
-        if self.work_items is not None or actor_index in self.dropped or actor_index not in self.producers:
+        """Per-actor rounds: stop waiting for this actor in the open round (it is away)."""
+        if self.work_items is not None or actor_index not in self.producers:
             return
-        self.dropped.add(actor_index)
-        self.aggregate.drop(self.producers.index(actor_index))
-        self._maybe_complete()
+        self.joins.pop(actor_index, None)
+        if actor_index not in self.dropped:
+            self.dropped.add(actor_index)
+            self.aggregate.drop(self.producers.index(actor_index))
+            self._maybe_complete()
+
+    def actor_gone(self, actor_index: int) -> None:
+        """Per-actor rounds: this actor will send nothing more here (done, given up, the run stopped)."""
+        if self.work_items is not None or actor_index not in self.producers:
+            return
+        self.gone.add(actor_index)
+        self.drop_actor(actor_index)
+
+    def rejoin(self, actor_index: int, iteration: int) -> None:
+        """Per-actor rounds: an away actor is expected again from `iteration` on."""
+        if self.work_items is not None or actor_index not in self.dropped or actor_index in self.gone:
+            return
+        self.joins[actor_index] = min(iteration, self.joins.get(actor_index, iteration))
+        # A round that nobody here can deliver to any more closes empty, so the learners step past it.
+        while self.iteration < iteration and not self.final and not self.aggregate.missing:
+            self._close_round(self.aggregate.take() if self.aggregate.received else {})
+        self._revive_joined()
+
+    def _revive_joined(self) -> None:
+        for actor_index, iteration in list(self.joins.items()):
+            if iteration <= self.iteration:
+                del self.joins[actor_index]
+                self.dropped.discard(actor_index)
+                self.aggregate.revive(self.producers.index(actor_index))
 
     def _all_dropped(self) -> bool:
-        return self.work_items is None and len(self.dropped) == len(self.producers)
+        return self.work_items is None and len(self.gone) == len(self.producers)
 
     def _maybe_complete(self) -> None:
         if self.aggregate.complete:
             self._close_round(self.aggregate.take())
 
     def _close_round(self, batch: dict) -> None:
-        meta = {"versions": [min(self.versions), max(self.versions)] if self.versions else None}
+        meta = {"versions": [min(self.versions), max(self.versions)] if self.versions else None, "final": self.final}
         self.completed[self.iteration] = (batch, meta)
         self.taken[self.iteration] = set()
         self.iteration += 1
         self.versions = []
+        self._revive_joined()
 
     def finalize(self) -> None:
         """No actor can send anything more here: close or discard the open round (see the module doc)."""
@@ -167,7 +207,7 @@ class Rounds:
         """Learner `learner_index`'s share of a ready round and its meta (``empty``, ``versions``)."""
         if iteration not in self.completed:
             self.empty_upto = max(self.empty_upto, iteration)
-            return {}, {"empty": True, "versions": None}  # every actor here is gone: nothing to share
+            return {}, {"empty": True, "versions": None, "final": True}  # every actor here is gone
         batch, meta = self.completed[iteration]
         taken = self.taken[iteration]
         if learner_index in taken:

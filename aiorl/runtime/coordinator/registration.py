@@ -17,6 +17,7 @@ from aiorl.runtime.coordinator.requests import reply_error
 from aiorl.runtime.coordinator.roster import RoleRecord
 from aiorl.runtime.first_request import first_request
 from aiorl.runtime.messages import pack_table
+from aiorl.runtime.phase import Phase
 from aiorl.wire import Connection, Message
 
 log = logging.getLogger("aiorl.coordinator")
@@ -48,6 +49,19 @@ class Registration:
                 await reply_error(conn, msg, f"{msg.kind!r} before register")
                 return None
             await self._reply_status(conn, msg)
+
+    def _join_iteration(self, record: RoleRecord, admission: str) -> int | None:
+        """The iteration a synchronous actor acts in first, one rollout per iteration (DPPO), or None.
+
+        A restarted actor joins the iteration after the newest weights: the one in progress
+        completes without it (its memory host and the barrier went on without it when it was lost).
+        Before RUNNING no iteration has begun, so it joins the first one.
+        """
+        if not self.synchronous or self.work is not None or record.kind != "actor" or admission == "rejoin":
+            return None
+        if admission == "first" or self.phase == Phase.STARTING:
+            return 0
+        return max(0, self.params.weights_version + 1)
 
     async def _reply_status(self, conn: Connection, msg: Message) -> None:
         status = self.status()
@@ -117,9 +131,12 @@ class Registration:
         if record.status != "done":
             record.status = "running"
             record.reason = None
+        joins = self._join_iteration(record, admission)
+        if joins is not None:
+            record.joins_iteration = joins
         for barrier in self.barriers.values():
-            if record.kind == "actor" and record.status == "running":
-                barrier.add(record.name)
+            if record.kind == "actor" and record.status == "running" and admission != "rejoin":
+                barrier.add(record.name, record.joins_iteration)
         if record.kind == "actor":
             self.liveness.no_actor_since = None
         self.roster.changed.set()
@@ -132,8 +149,11 @@ class Registration:
                 "admission": admission,
                 "restarts": record.restarts,
                 "session": record.session,
+                **({"iteration": joins} if joins is not None else {}),
             },
         )
+        if joins is not None and admission == "restart":
+            self.push_to_memories("role_back", {"role": name, "iteration": joins})
         if self.started.is_set() and record.kind == "memory" and record.address != old_address:
             await self.broadcast("memories", {"memories": self.roster.memory_addresses()})
         if all(r.status == "running" for r in self.roles.values()):

@@ -106,8 +106,10 @@ class Requests:
                 return
             barrier = self.barriers.get(name)
             if barrier is None:
-                live = [r.name for r in self.roster.roles.values() if r.kind == record.kind and r.status == "running"]
-                barrier = self.barriers[name] = Barrier(live)
+                barrier = self.barriers[name] = Barrier()
+                for r in self.roster.roles.values():
+                    if r.kind == record.kind and r.status == "running":
+                        barrier.add(r.name, r.joins_iteration)
             try:
                 await barrier.wait(record.name, fields["generation"])
             except BarrierAborted:

@@ -4,9 +4,9 @@ Registration carries the role process's ``incarnation`` (a nonce per
 process). The same incarnation registering again is a role whose control
 connection dropped and came back: it *rejoins* with its counters and its
 session. A new incarnation of a lost role is a *restart* (`aiorl.runtime.restart`):
-accepted within ``cluster.max_restarts`` while RUNNING, its predecessor's
-counters kept, with a new session (memory hosts then drop the old one's
-connections). A role whose connection closes is ``disconnected`` (still
+accepted within ``cluster.max_restarts`` while STARTING or RUNNING, its
+predecessor's counters kept, with a new session (memory hosts then drop the
+old one's connections). A role whose connection closes is ``disconnected`` (still
 live) for ``cluster.coordinator_timeout_s`` plus two heartbeats, its time to
 rejoin, before it is declared lost.
 
@@ -49,6 +49,7 @@ class RoleRecord:
     stats: dict = field(default_factory=dict)
     incarnation: str | None = None  # the registered process's nonce
     restarts: int = 0
+    joins_iteration: int = 0  # synchronous actors: the first iteration this incarnation acts in
     retired: dict[str, int] = field(default_factory=dict)  # counters of its earlier incarnations
     disconnected_at: float | None = None
     counters_time: float = 0.0  # loop time its counters were last accepted (or it registered)
@@ -77,9 +78,8 @@ class RoleRecord:
 class Roster:
     """The run's roles by name; `changed` is set on any status change (phase waits re-check)."""
 
-    def __init__(self, cfg: Config, synchronous: bool):
+    def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.synchronous = synchronous
         c = cfg.cluster
         self.roles: dict[str, RoleRecord] = {}
         for kind, count in (("memory", c.memories), ("learner", c.learners), ("actor", c.actors)):
@@ -119,11 +119,11 @@ class Roster:
         if status in ("running", "done"):
             return None, f"{name} is already registered (status {status})"
         c = self.cfg.cluster
-        if not restartable(record.kind, record.index) or self.synchronous:
+        if not restartable(record.kind, record.index):
             return None, f"{name} is {status} and is not restarted (see aiorl/runtime/restart.py)"
         if record.restarts >= c.max_restarts:
             return None, f"{name} used its {c.max_restarts} restart(s) (cluster.max_restarts)"
-        if phase != Phase.RUNNING:
+        if phase > Phase.RUNNING:
             return None, f"{name} cannot restart: the run is in phase {phase.name}"
         return "restart", None
 
@@ -173,11 +173,7 @@ class Roster:
         return c.coordinator_timeout_s + 2 * c.heartbeat_interval_s
 
     def restart_left(self, record: RoleRecord) -> bool:
-        return (
-            not self.synchronous
-            and restartable(record.kind, record.index)
-            and record.restarts < self.cfg.cluster.max_restarts
-        )
+        return restartable(record.kind, record.index) and record.restarts < self.cfg.cluster.max_restarts
 
     def connection_lost(self, record: RoleRecord, now: float) -> None:
         record.conn = None

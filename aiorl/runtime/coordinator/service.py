@@ -62,7 +62,7 @@ class Coordinator(Registration, LauncherNotices):
         self.config_hash = cfg.config_hash()
         algo = cfg.algorithm
         self.synchronous = algo.is_synchronous(cfg)
-        self.roster = Roster(cfg, self.synchronous)
+        self.roster = Roster(cfg)
         self.phases = PhaseClock()
         self.started = asyncio.Event()
         self.start_settled = asyncio.Event()  # the run started, or stopped before it could
@@ -78,6 +78,7 @@ class Coordinator(Registration, LauncherNotices):
         self.requests = Requests(cfg, self.phases, self.roster, self.params, self.stop, self.work, self.start_settled)
         self.barriers = self.requests.barriers
         self._pushes: set[asyncio.Task] = set()
+        self._last_push: asyncio.Task | None = None
         self.server: Server | None = None
         if self.identity.resume_from:
             run = self.counters.resume(self.identity.resume_from)
@@ -317,13 +318,23 @@ class Coordinator(Registration, LauncherNotices):
                     record.name,
                 )
                 self.requests.wake_work()
-        memories = [r for r in self.roles.values() if r.kind == "memory" and r.conn is not None]
-        if memories:
-            task = asyncio.get_running_loop().create_task(self._push(memories, "role_lost", {"role": record.name}))
-            self._pushes.add(task)
-            task.add_done_callback(self._pushes.discard)
+        returns = self.phase <= Phase.RUNNING and self.roster.restart_left(record)
+        self.push_to_memories("role_lost", {"role": record.name, "returns": returns})
 
-    async def _push(self, records: list[RoleRecord], kind: str, meta: dict) -> None:
+    def push_to_memories(self, kind: str, meta: dict) -> None:
+        """Send `kind` to every connected memory host, after every push sent before it: a
+        restarted actor's ``role_back`` must never overtake its predecessor's ``role_lost``."""
+        memories = [r for r in self.roles.values() if r.kind == "memory" and r.conn is not None]
+        if not memories:
+            return
+        task = asyncio.get_running_loop().create_task(self._push(memories, kind, meta, self._last_push))
+        self._last_push = task
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+
+    async def _push(self, records: list[RoleRecord], kind: str, meta: dict, after: asyncio.Task | None) -> None:
+        if after is not None:
+            await asyncio.gather(after, return_exceptions=True)
         for record in records:
             try:
                 await record.conn.send(kind, meta)
@@ -333,7 +344,7 @@ class Coordinator(Registration, LauncherNotices):
     def _role_failed(self, record: RoleRecord) -> None:
         """A role was lost or failed: what it means for the run (its own line is listed at the end)."""
         kind_alive = self.roster.alive(record.kind)
-        restart = self.phase == Phase.RUNNING and self.roster.restart_left(record)
+        restart = self.phase <= Phase.RUNNING and self.roster.restart_left(record)
         if restart:
             log.warning(
                 "%s may come back: %d restart(s) left", record.name, self.cfg.cluster.max_restarts - record.restarts

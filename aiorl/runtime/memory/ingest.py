@@ -34,7 +34,7 @@ from aiorl.replay import PrioritizedReplayBuffer
 from aiorl.replay.frames import FrameReplayBuffer
 from aiorl.runtime.memory.links import ActorLink
 from aiorl.runtime.messages import MAX_COUNT, BadMessage
-from aiorl.runtime.phase import parse_role_name
+from aiorl.runtime.phase import Phase, parse_role_name
 from aiorl.wire import Connection
 
 
@@ -80,7 +80,10 @@ class ActorIngest:
             if link.done_meta is None:
                 self.log.warning("%s went away without finishing (%d batches received)", link.name, link.batches)
             if self.synchronous:
-                self._actor_finished(index)
+                if link.done_meta is not None:
+                    self._actor_finished(index)
+                elif not any(other.name == link.name and not other.closed for other in self.actor_links):
+                    self._actor_away(index)
             self.changed.fire()
 
     def _ingest(self, link: ActorLink, msg, fields: dict) -> None:
@@ -232,17 +235,36 @@ class ActorIngest:
         self.changed.fire()
 
     def _actor_finished(self, actor_index: int) -> None:
-        """Actor `actor_index` will send nothing more here (done, connection gone, or lost)."""
+        """Actor `actor_index` will send nothing more here (done, given up, or away when the run stopped)."""
+        self.away_actors.discard(actor_index)
         if actor_index in self.finished_actors:
             return
         self.finished_actors.add(actor_index)
-        self.rounds.drop_actor(actor_index)
+        self.rounds.actor_gone(actor_index)
         if len(self.finished_actors) == self.cfg.cluster.actors:
             self.rounds.finalize()
         self.changed.fire()
 
-    def on_role_lost(self, name: str) -> None:
-        """The coordinator declared `name` lost or failed: a hung actor's rollouts are not waited for."""
+    def _actor_away(self, actor_index: int) -> None:
+        """Actor `actor_index`'s connection ended before it finished: the open round goes on without
+        it; it may come back (a restart), so the end does not come for it yet."""
+        if actor_index in self.finished_actors:
+            return
+        if self.phase >= Phase.STOPPING:  # no restart is admitted any more: it is gone
+            self._actor_finished(actor_index)
+            return
+        self.away_actors.add(actor_index)
+        self.rounds.drop_actor(actor_index)
+        self.changed.fire()
+
+    def actors_stopped(self) -> None:
+        """The run is stopping: an actor still away will not come back."""
+        for actor_index in sorted(self.away_actors):
+            self._actor_finished(actor_index)
+
+    def on_role_lost(self, name: str, returns: bool = False) -> None:
+        """The coordinator declared `name` lost or failed (`returns`: it has a restart left): a hung
+        actor's rollouts are not waited for."""
         kind, index = parse_role_name(name)  # checked as a name; the coordinator only sends role names
         if kind != "actor" or not 0 <= index < self.cfg.cluster.actors:
             return
@@ -250,7 +272,20 @@ class ActorIngest:
             if link.name == name and not link.closed:
                 link.conn.abort()  # its reader ends and finishes the actor
         if self.synchronous:
-            self._actor_finished(index)
+            if returns:
+                self._actor_away(index)
+            else:
+                self._actor_finished(index)
+
+    def on_role_back(self, name: str, iteration: int) -> None:
+        """A restarted actor was admitted: its rollouts are expected again from `iteration` on."""
+        kind, index = parse_role_name(name)
+        if kind != "actor" or not 0 <= index < self.cfg.cluster.actors or not self.synchronous:
+            return
+        if index in self.away_actors:
+            self.away_actors.discard(index)
+            self.rounds.rejoin(index, iteration)
+            self.changed.fire()
 
     def _actor_stats(self) -> dict:
         """Per actor: totals over its connections, the last one's sequence state, and each connection."""

@@ -76,6 +76,7 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         self.rounds: Rounds | None = None  # sync mode
         self.fragments: FragmentHub | None = None  # trajectory queue (IMPALA)
         self.finished_actors: set[int] = set()  # sync mode: actors that can send nothing more here
+        self.away_actors: set[int] = set()  # sync mode: actors whose connection ended; they may come back
         self.attached: dict[str, tuple[Connection, str]] = {}  # name -> (connection, session)
         self.peers_refused: collections.Counter[str] = collections.Counter()  # by reason
         self.rows_rejected = 0
@@ -191,6 +192,8 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
 
     def _set_phase(self, phase: Phase) -> None:
         super()._set_phase(phase)
+        if self.synchronous and phase >= Phase.STOPPING:
+            self.actors_stopped()
         self.changed.fire()
 
     def _on_signal(self, sig: int) -> None:

@@ -1,0 +1,246 @@
+"""Survival with the defaults, for every algorithm, with real role processes over loopback: actors
+SIGKILLed in STARTING (registered, or before registering) and every few seconds while RUNNING are
+restarted in place and the run finishes, nothing accepted lost or counted twice; a lost learner 0
+or memory host 0 makes the run restart itself from its newest checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, start, wait_for
+from test_faults import assert_nothing_accepted_was_lost, metrics_rows
+from test_impala_faults import assert_every_fragment_accounted_for
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+# Each example with its own settings and a budget of RUN_SECONDS of RUNNING (run.max_seconds;
+# no target return, which would end some early), and two actors so that one can be held back
+# while another dies. ES's 60 iterations take about 10 s here: it gets 150.
+CHAOS = {
+    "apex_dqn": ("apex_dqn_cartpole", {}),
+    "apex_ddpg": ("apex_ddpg_pendulum", {}),
+    "dppo": ("dppo_cartpole", {}),
+    "es": ("es_cartpole", {"scheduled_global_steps": 150}),
+    "impala": ("impala_cartpole", {}),
+}
+RUN_SECONDS = 18.0
+RESTART_ROOM_S = 8.0  # a restarted role process of its own imports torch again (3-4 s on 2 busy cores)
+
+
+def example(name: str, **sections) -> dict:
+    config = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+def kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def role_status(run_dir: Path) -> tuple[str | None, dict]:
+    status = live_status(run_dir) or {}
+    return status.get("phase"), status.get("roles") or {}
+
+
+def registered(run_dir: Path, name: str, pid: int) -> bool:
+    _, roles = role_status(run_dir)
+    role = roles.get(name) or {}
+    return role.get("pid") == pid and role.get("status") == "running"
+
+
+def stepping(run_dir: Path, name: str, pid: int) -> bool:
+    _, roles = role_status(run_dir)
+    role = roles.get(name) or {}
+    return role.get("pid") == pid and role.get("status") == "running" and role["counters"].get("env_steps", 0) > 0
+
+
+def successor(run_dir: Path, name: str, old: int) -> int:
+    wait_for(lambda: pids(run_dir)[name] != old, 60, f"{name} started again")
+    return pids(run_dir)[name]
+
+
+def kill_in_starting(run_dir: Path, actors: list[str]) -> list[str]:
+    """Hold the run in STARTING (the last actor SIGSTOPped before it registers: it is still importing),
+    SIGKILL actor-0 once it registered and wait for its successor to register, still in STARTING;
+    then SIGKILL the held actor, which never registered. Returns the victims."""
+    held_name = actors[-1]
+    started = pids(run_dir)
+    kill(started[held_name], signal.SIGSTOP)
+    wait_for(lambda: registered(run_dir, "actor-0", started["actor-0"]), 60, "actor-0 registered")
+    assert role_status(run_dir)[0] == "STARTING"
+    assert (role_status(run_dir)[1][held_name]["status"]) == "expected"  # held before it registered
+    kill(started["actor-0"])
+    new = successor(run_dir, "actor-0", started["actor-0"])
+    wait_for(lambda: registered(run_dir, "actor-0", new), 60, "actor-0's successor registered")
+    phase, roles = role_status(run_dir)
+    assert phase == "STARTING" and roles["actor-0"]["restarts"] == 1, (phase, roles["actor-0"])
+    kill(started[held_name])  # SIGKILL ends a stopped process too
+    return ["actor-0", held_name]
+
+
+def chaos(proc: subprocess.Popen, run_dir: Path, actors: list[str], rng: random.Random) -> tuple[list, list]:
+    """While RUNNING, until the run has too little time left for a restart to step in it: SIGKILL a
+    random stepping actor, wait for its successor to step, rest a moment, again. Returns the victims
+    and each restart's seconds from the kill to the successor stepping."""
+    wait_for(lambda: role_status(run_dir)[0] == "RUNNING", 120, "RUNNING")
+    running_since = time.monotonic()  # run.max_seconds counts from RUNNING
+    victims, lost_s = [], []
+    while proc.poll() is None and time.monotonic() - running_since < RUN_SECONDS - RESTART_ROOM_S:
+        now = pids(run_dir)
+        ready = [name for name in actors if stepping(run_dir, name, now[name])]
+        if not ready or role_status(run_dir)[0] != "RUNNING":
+            time.sleep(0.1)
+            continue
+        victim = rng.choice(ready)
+        killed_at = time.monotonic()
+        kill(now[victim])
+        victims.append(victim)
+        new = successor(run_dir, victim, now[victim])
+        wait_for(lambda: stepping(run_dir, victim, new) or proc.poll() is not None, 60, f"{victim}'s successor")
+        lost_s.append(round(time.monotonic() - killed_at, 2))
+        time.sleep(rng.uniform(0.5, 1.5))
+    return victims, lost_s
+
+
+@pytest.mark.parametrize("algo", sorted(CHAOS))
+def test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_finishes(tmp_path, algo):
+    name, agent = CHAOS[algo]
+    config = example(
+        name,
+        agent={"target_return": None, **agent},
+        # Each role a process of its own: its imports hold STARTING open long enough to hold one back.
+        cluster={"actors": 2, "warm_spawner": False, "restart_backoff_s": 0.2, "restart_backoff_max_s": 1.0},
+        run={"max_seconds": RUN_SECONDS},
+    )
+    actors = ["actor-0", "actor-1"]
+    proc, run_dir = start(tmp_path, config)
+    try:
+        victims = kill_in_starting(run_dir, actors)
+        more, lost_s = chaos(proc, run_dir, actors, random.Random(algo))
+        victims += more
+        code, out = finish(proc, timeout_s=240)
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"{algo}: kills {victims}; seconds from a kill to the successor stepping: {lost_s}")
+    assert code == 0, out
+    assert len(victims) >= 4, victims  # two in STARTING, at least two while RUNNING
+    summary = read_json(run_dir / "summary.json")
+    assert summary["outcome"] == "finished" and not summary["failures"], summary["failures"]
+    restarts = [h["role"] for h in read_json(run_dir / "restarts.json")["restarts"]]
+    assert restarts == victims
+    roles = summary["roles"]
+    # The held actor never registered: its first process to register was its first admission.
+    assert summary["restarts"] == len(victims) - 1
+    assert all(r["status"] == "done" for r in roles.values()), {n: r["status"] for n, r in roles.items()}
+    rows = [r for r in metrics_rows(run_dir) if "env_steps" in r]
+    for key in ("env_steps", "learner_steps", "episodes"):
+        values = [r[key] for r in rows]
+        assert values == sorted(values), key
+    if algo.startswith("apex"):
+        connections = roles["memory-0"]["stats"]["actors"]
+        assert sum(len(a["connections"]) for a in connections.values()) <= len(victims) + 2
+        assert_nothing_accepted_was_lost(roles, ["memory-0"], actors)
+    elif algo == "impala":
+        memory = roles["memory-0"]["stats"]
+        assert_every_fragment_accounted_for(memory)
+        for actor in actors:  # the last incarnation's own account matches the memory's
+            last = memory["actors"][actor]["connections"][-1]
+            assert last["finished"] and last["transitions"] == roles[actor]["stats"]["memories"][0]["transitions"]
+    elif algo == "dppo":
+        for actor in actors:  # the last incarnation acted in lock step with the learner's versions
+            log = roles[actor]["stats"]["iterations"]
+            assert log and [e["iteration"] for e in log] == [e["weights_version"] for e in log], log
+    assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
+
+
+def aiorl(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aiorl", *args], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
+    )
+
+
+@pytest.mark.parametrize(
+    "victim, name, bar",
+    [("learner-0", "dppo_cartpole", 475.0), ("memory-0", "apex_dqn_cartpole", 475.0)],
+)
+def test_a_lost_learner_0_or_memory_0_restarts_the_whole_run_from_its_checkpoint(tmp_path, victim, name, bar):
+    config = example(name, run={"checkpoint_interval_s": 2.0})
+    proc, run_dir = start(tmp_path, config)
+    try:
+        wait_for(lambda: list((run_dir / "checkpoints").glob("checkpoint-*.pt")), 120, "a checkpoint")
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 60, "learning")
+        first = pids(run_dir)
+        killed_at = time.monotonic()
+        kill(first[victim])
+        wait_for(lambda: pids(run_dir).get(victim) not in (None, first[victim]), 120, "the run started again")
+        back_s = wait_for(
+            lambda: (
+                (live_status(run_dir) or {}).get("phase") == "RUNNING"
+                and (last_metrics(run_dir) or {}).get("attempt") == 2
+                and time.monotonic() - killed_at
+            ),
+            120,
+            "attempt 2 RUNNING",
+        )
+        code, out = finish(proc, timeout_s=400)
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"{name}: {victim} killed; attempt 2 RUNNING {back_s:.1f} s later")
+    assert code == 0, out
+    assert "run finished after 1 run restart(s)" in out and f"attempt 1: {victim}" in out, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["outcome"] == "finished" and summary["run_restarts"] == 1, summary
+    assert [a["attempt"] for a in summary["attempts"]] == [1, 2]
+    assert victim in summary["attempts"][0]["cause"] and summary["attempts"][1]["cause"] is None
+    resumed = summary["resumed_from"]
+    assert resumed and summary["attempts"][1]["resume_from"] == resumed["checkpoint"]
+    owner = read_json(run_dir / "run.json")
+    assert [a.get("run_restart_cause") is not None for a in owner["attempts"]] == [False, True]
+    rows = metrics_rows(run_dir)
+    events = [r for r in rows if r.get("event") == "run_restart"]
+    assert len(events) == 1 and victim in events[0]["cause"] and events[0]["attempt"] == 2
+    # The counters go on from the checkpoint's: attempt 2's first row starts from them, not 0.
+    second = [r for r in rows if r.get("attempt") == 2 and "env_steps" in r]
+    assert second[0]["env_steps"] >= resumed["env_steps"] > 0
+    evaluated = aiorl("eval", str(run_dir), "--episodes", "20", "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["mean"] >= bar, evaluated.stdout
+    assert not any(alive(pid) for pid in [*first.values(), *read_json(run_dir / "pids.json").values()])
+
+
+def test_a_run_whose_restart_budget_is_spent_fails_naming_every_cause(tmp_path):
+    config = example("dppo_cartpole", cluster={"max_run_restarts": 1}, run={"checkpoint_interval_s": 1.0})
+    proc, run_dir = start(tmp_path, config)
+    try:
+        for attempt in (1, 2):
+            wait_for(lambda: (last_metrics(run_dir) or {}).get("attempt") == attempt, 120, f"attempt {attempt}")
+            wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 60, "learning")
+            kill(pids(run_dir)["learner-0"])
+            if attempt == 1:
+                wait_for(lambda: read_json(run_dir / "run.json")["attempts"][-1]["attempt"] == 2, 120, "attempt 2")
+        code, out = finish(proc, timeout_s=240)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert code == 1, out
+    assert "its restart budget is spent (cluster.max_run_restarts=1)" in out, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["outcome"] == "failed" and summary["run_restart_budget_spent"] is True
+    causes = [f for f in summary["failures"] if f.startswith("attempt ")]
+    assert len(causes) == 2 and all("learner-0" in c for c in causes), summary["failures"]
