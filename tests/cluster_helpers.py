@@ -32,6 +32,10 @@ FAST_CLUSTER = {
     "phase_timeout_s": 20.0,
 }
 
+# For tests of what a loss does when nothing comes back (restarts in place and of the whole run
+# are on by default; tests/test_survival.py is about those).
+NO_RESTARTS = {"max_restarts": 0, "max_run_restarts": 0}
+
 
 def cluster(actors: int, memories: int, learners: int, **agent) -> dict:
     """A random_agent config with these role counts and `agent` overrides (a fresh dict)."""

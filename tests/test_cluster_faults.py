@@ -17,7 +17,18 @@ import time
 
 import psutil
 import pytest
-from cluster_helpers import alive, cluster, finish, last_metrics, pids, read_json, start, wait_for, write_config
+from cluster_helpers import (
+    NO_RESTARTS,
+    alive,
+    cluster,
+    finish,
+    last_metrics,
+    pids,
+    read_json,
+    start,
+    wait_for,
+    write_config,
+)
 
 from aiorl.wire import generate_token
 
@@ -51,7 +62,9 @@ def none_left(started: dict[str, int]) -> bool:
 
 @pytest.mark.parametrize("victim", ["learner-0", "memory-1"])
 def test_losing_a_learner_or_memory_1_ends_the_run(tmp_path, victim):
-    proc, run_dir = start(tmp_path, cluster(1, 2, 1, scheduled_timesteps=10**9))
+    config = cluster(1, 2, 1, scheduled_timesteps=10**9)
+    config["cluster"].update(NO_RESTARTS)
+    proc, run_dir = start(tmp_path, config)
     try:
         started = pids(run_dir)
         running(run_dir)
@@ -68,6 +81,8 @@ def test_losing_a_learner_or_memory_1_ends_the_run(tmp_path, victim):
     assert summary["roles"][victim]["status"] == "lost" and not summary["ok"]
     assert read_json(run_dir / "exits.json")[victim] == -signal.SIGKILL
     assert code != 0 and f"{victim} lost" in out
+    # A learner cannot restart in place; the whole run would, but for max_run_restarts 0.
+    assert ("the run was not restarted: cluster.max_run_restarts is 0" in out) == (victim == "learner-0")
     assert none_left(started)
 
 
@@ -75,6 +90,7 @@ def test_losing_an_actor_in_synchronous_mode_leaves_the_others_iterating(tmp_pat
     # Memory 1 aggregates only actor 1: once it is gone, memory 1 hands out empty aggregates.
     config = cluster(3, 2, 1, scheduled_timesteps=10**9, sample_batch_size=8)
     config["model"] = {"synchronous": True}
+    config["cluster"].update(NO_RESTARTS)
     proc, run_dir = start(tmp_path, config)
     try:
         started = pids(run_dir)
@@ -113,7 +129,7 @@ def test_a_missed_phase_deadline_fails_the_run_and_names_the_role(tmp_path):
     # Each learner step takes 4 s; DRAINING waits 1.5 s for the step in flight.
     config = cluster(1, 1, 1, scheduled_global_steps=1)
     config["model"]["learner_step_sleep_s"] = 4.0
-    config["cluster"] = {**config["cluster"], "phase_timeout_s": 1.5}
+    config["cluster"] = {**config["cluster"], "phase_timeout_s": 1.5, **NO_RESTARTS}
     proc, run_dir = start(tmp_path, config)
     try:
         started = pids(run_dir)
@@ -176,7 +192,9 @@ def test_start_timeout_ends_a_coordinator_alone_and_a_role_without_coordinator(t
 
 def test_a_silent_coordinator_ends_every_other_role(tmp_path):
     """SIGSTOP memory 0: its connections stay open, it just never answers."""
-    proc, run_dir = start(tmp_path, cluster(2, 2, 1, scheduled_timesteps=10**9))
+    config = cluster(2, 2, 1, scheduled_timesteps=10**9)
+    config["cluster"].update(NO_RESTARTS)
+    proc, run_dir = start(tmp_path, config)
     try:
         started = pids(run_dir)
         running(run_dir)
@@ -203,7 +221,7 @@ def test_silence_is_judged_against_the_coordinators_own_stalls(tmp_path):
     """A coordinator stopped for 1.4 s (heartbeat_timeout_s 1.0) loses nobody; an actor
     stopped as long is lost, and the run goes on without it."""
     config = cluster(3, 1, 1, scheduled_timesteps=10**9)
-    config["cluster"] = {**config["cluster"], "heartbeat_timeout_s": 1.0}
+    config["cluster"] = {**config["cluster"], "heartbeat_timeout_s": 1.0, **NO_RESTARTS}
     proc, run_dir = start(tmp_path, config)
     try:
         started = pids(run_dir)

@@ -18,7 +18,7 @@ import signal
 import tempfile
 
 import pytest
-from cluster_helpers import cluster, finish, pids, read_json, start, wait_for
+from cluster_helpers import NO_RESTARTS, cluster, finish, pids, read_json, start, wait_for
 
 from aiorl.experiment.loading import load_config
 from aiorl.io.rundir import Identity
@@ -238,7 +238,7 @@ def test_a_sigkilled_actor_is_lost_at_once_with_its_exit_and_restarted(tmp_path)
 def test_a_sigkilled_actor_leaves_the_synchronous_barrier_at_once(tmp_path):
     config = cluster(3, 1, 1, scheduled_timesteps=10**9, sample_batch_size=8)
     config["model"] = {"synchronous": True}
-    config["cluster"] = {**config["cluster"], **SLOW}
+    config["cluster"] = {**config["cluster"], **SLOW, **NO_RESTARTS}
     proc, run_dir = start(tmp_path, config)
     try:
         started = pids(run_dir)

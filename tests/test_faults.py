@@ -17,7 +17,18 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, start, wait_for, write_config
+from cluster_helpers import (
+    NO_RESTARTS,
+    alive,
+    finish,
+    last_metrics,
+    live_status,
+    pids,
+    read_json,
+    start,
+    wait_for,
+    write_config,
+)
 
 from aiorl.io import checkpoint
 
@@ -253,7 +264,11 @@ def stalled_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("stalled")
     proc, run_dir = start(
         tmp_path,
-        config(RANDOM, cluster={"actors": 1, "memories": 2, "learners": 1}, agent={"scheduled_timesteps": 10**9}),
+        config(
+            RANDOM,
+            cluster={"actors": 1, "memories": 2, "learners": 1, **NO_RESTARTS},
+            agent={"scheduled_timesteps": 10**9},
+        ),
     )
     stopped = None
     try:

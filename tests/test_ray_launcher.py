@@ -16,7 +16,17 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from cluster_helpers import alive, check_tls_only, cluster, finish, last_metrics, read_json, wait_for, write_config
+from cluster_helpers import (
+    NO_RESTARTS,
+    alive,
+    check_tls_only,
+    cluster,
+    finish,
+    last_metrics,
+    read_json,
+    wait_for,
+    write_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -501,6 +511,29 @@ def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(tmp_pa
     nothing_left(run_dir)
 
 
+def test_a_lost_learner_restarts_the_whole_run_under_ray_as_locally(tmp_path, ray_cluster):
+    """Learner 0 SIGKILLed mid-run: the driver ends the attempt and starts the run again from the
+    newest checkpoint, its roles placed anew (the same attempts code as the local launcher)."""
+    config = cluster(2, 1, 1, scheduled_timesteps=60_000)
+    config["run"] = {"checkpoint_interval_s": 1.0}
+    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
+    try:
+        wait_for(lambda: list((run_dir / "checkpoints").glob("checkpoint-*.pt")), 300, "a checkpoint", 0.2)
+        first = read_json(run_dir / "placement.json")
+        os.kill(first["learner-0"]["pid"], signal.SIGKILL)
+        code, out = finish(proc, timeout_s=400)
+    finally:
+        proc.kill()
+    assert code == 0, out
+    assert "run finished after 1 run restart(s) (attempt 1: learner-0 lost" in out, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["outcome"] == "finished" and summary["run_restarts"] == 1, summary
+    assert summary["resumed_from"]["checkpoint"] == summary["attempts"][1]["resume_from"]
+    assert read_json(run_dir / "placement.json")["learner-0"]["pid"] != first["learner-0"]["pid"]
+    connect_state_api(ray_cluster)
+    nothing_left(run_dir)
+
+
 def test_removing_a_worker_node_ends_the_run_naming_the_loss(tmp_path, ray_cluster):
     """The node holding memory 1 goes (roles there with it): memory 1 is lost, named, and the run
     ends failed; afterwards nothing of the run is left on any node. Runs last: it adds the node back."""
@@ -508,6 +541,7 @@ def test_removing_a_worker_node_ends_the_run_naming_the_loss(tmp_path, ray_clust
     # coordinator: left to Ray, memory 1 may land on the head and memory 0 on a worker.
     config = cluster(2, 2, 1, scheduled_timesteps=10**9)
     config["cluster"]["resources"] = {"memory": {"num_cpus": 1, "resources": {ACTOR_SLOT: 1}}}
+    config["cluster"].update(NO_RESTARTS)  # memory 1 would be restarted on the node left
     proc, run_dir = start_ray(tmp_path, ray_cluster, config)
     seen: dict = {}
     removed = None

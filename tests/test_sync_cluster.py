@@ -9,7 +9,7 @@ import re
 import signal
 
 import pytest
-from cluster_helpers import alive, finish, last_metrics, pids, read_json, run, start, wait_for
+from cluster_helpers import NO_RESTARTS, alive, finish, last_metrics, pids, read_json, run, start, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -97,6 +97,7 @@ def test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learner
 def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(tmp_path):
     config = dppo(3, 1, 1, scheduled_timesteps=10**9)
     config["cluster"]["heartbeat_timeout_s"] = 2.0
+    config["cluster"].update(NO_RESTARTS)
     proc, run_dir = start(tmp_path, config)
     started = {}
     try:

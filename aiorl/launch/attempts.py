@@ -92,7 +92,9 @@ def _metrics_row(run_dir: RunDir, cause: str) -> None:
 def _conclude(cfg: Config, run_dir: RunDir, attempts: list[dict], code: int) -> int:
     """Record the attempts in summary.json and say how the run ended when it took more than one."""
     causes = [f"attempt {a['attempt']}: {a['cause']}" for a in attempts if a["cause"]]
-    spent = attempts[-1]["cause"] is not None  # the last attempt would have been restarted, but for the budget
+    budget = cfg.cluster.max_run_restarts
+    # The last attempt would have been restarted but for the budget (none at all: restarts are off).
+    spent = attempts[-1]["cause"] is not None and budget > 0
     summary = run_dir.read_owned("summary.json")
     if summary is not None:
         summary["run_restarts"] = len(attempts) - 1
@@ -101,8 +103,7 @@ def _conclude(cfg: Config, run_dir: RunDir, attempts: list[dict], code: int) -> 
         if spent:
             summary["failures"] = [*summary.get("failures", []), *causes]
         run_dir.write_owned("summary.json", summary)
-    budget = cfg.cluster.max_run_restarts
-    if spent and budget == 0:
+    if attempts[-1]["cause"] is not None and budget == 0:
         print("aiorl: the run was not restarted: cluster.max_run_restarts is 0", file=sys.stderr, flush=True)
     elif spent:
         print(
