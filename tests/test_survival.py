@@ -168,6 +168,30 @@ def test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_f
     assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
 
 
+def test_a_lone_synchronous_actor_killed_mid_run_comes_back_and_the_learner_steps_past_its_round(tmp_path):
+    """DPPO with one actor: while it is away no round can complete; its successor joins the next
+    iteration, the round it left closes empty, the learner skips it (no step) and the run goes on."""
+    config = example("dppo_cartpole", cluster={"actors": 1}, agent={"scheduled_timesteps": 40_000})
+    proc, run_dir = start(tmp_path, config)
+    try:
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 120, "learning")
+        old = pids(run_dir)["actor-0"]
+        kill(old)
+        new = successor(run_dir, "actor-0", old)
+        wait_for(lambda: stepping(run_dir, "actor-0", new), 60, "the successor stepping")
+        code, out = finish(proc, timeout_s=240)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert code == 0, out
+    summary = read_json(run_dir / "summary.json")
+    assert summary["outcome"] == "finished" and summary["restarts"] == 1 and not summary["failures"]
+    assert summary["env_steps"] >= 40_000
+    assert "every actor was away (restarting); no step" in (run_dir / "logs" / "learner-0.log").read_text()
+    log = summary["roles"]["actor-0"]["stats"]["iterations"]
+    assert [e["iteration"] for e in log] == [e["weights_version"] for e in log]
+
+
 def aiorl(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "aiorl", *args], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT

@@ -11,12 +11,16 @@ has to start processes: `RestartPolicy` is all the bookkeeping it needs (the
 local launcher uses it; a Ray launcher reuses it unchanged).
 
 What is restarted: actors, and memory hosts other than 0 (memory 0 runs the
-coordinator). A memory host rejoins empty, or from its last replay snapshot
-when ``run.snapshot_replay`` is on. Learners are not restarted: data-parallel
-learners cannot rejoin a ``torch.distributed`` group mid-run, so losing one
-ends the run (failed; learner 0 writes a checkpoint if it still can) and
-``aiorl run --resume`` continues it. Synchronous algorithms (DPPO, ES, ...)
-are not restarted either: their barrier counts every actor each iteration.
+coordinator), in any phase before STOPPING (STARTING included) and for every
+algorithm; on by default. A memory host rejoins empty, or from its last replay
+snapshot when ``run.snapshot_replay`` is on. A restarted synchronous actor
+joins the iteration after the newest weights (DPPO: the coordinator says which
+at registration, `aiorl.runtime.rounds`) or takes work items again (ES).
+Learners and memory host 0 are not restarted in place: data-parallel learners
+cannot rejoin a ``torch.distributed`` group mid-run, and the coordinator holds
+the run's state; losing one ends the attempt, and the launcher starts the whole
+run again from its newest checkpoint (``cluster.max_run_restarts``,
+`aiorl.launch.attempts`).
 Exits that are never restarted: 0 (finished), 3 (lost the coordinator: the
 run is ending) and 4 (refused by the coordinator).
 
