@@ -5,7 +5,8 @@ updated at each launch::
 
     {"format": "aiorl.run", "version": 1, "run_id": "<hex>", "created": <unix time>,
      "attempts": [{"attempt": 1, "launch_id": "<hex>", "started": <unix time>,
-                   "resume_from": null | "<checkpoint path>", "overrides": [...], "pid": <launcher pid>}, ...]}
+                   "resume_from": null | "<checkpoint path>", "overrides": [...], "pid": <launcher pid>,
+                   resumes only: "set_aside": ["<path>.bad", ...], "restart_from_scratch": <bool>}, ...]}
 
 - ``run_id`` names the run for its whole life; ``launch_id`` names one launch
   of it (the first one, or a ``--resume``). Every file a launch's processes
@@ -18,7 +19,10 @@ updated at each launch::
 - A launcher holds an exclusive lock (``flock``) on ``.lock`` for as long as
   it runs, so two launchers never share a directory.
 - A new run refuses a directory that already holds anything; an earlier run
-  is continued with ``aiorl run --resume RUN_DIR``.
+  is continued with ``aiorl run --resume RUN_DIR``: from its newest good
+  checkpoint (newer files that fail their checks are renamed aside to
+  ``.bad``), or, when it has none yet, from the beginning again (same run id,
+  its ``config.yaml``; the attempt records ``restart_from_scratch: true``).
 
 Role processes learn their launch from the environment the launcher gives
 them (`Identity.env`): ``AIORL_RUN_ID``, ``AIORL_LAUNCH_ID``, ``AIORL_ATTEMPT``
@@ -174,8 +178,9 @@ class RunDir:
         self.owner = owner
         self.identity = identity
         self._lock_fd: int | None = lock_fd
-        self.skipped: list = []  # resume: newer checkpoints that failed their checks
+        self.skipped: list = []  # resume: newer checkpoints that failed their checks, set aside
         self.resume_meta: dict | None = None  # resume: the meta of the checkpoint continued from
+        self.starting_over: str | None = None  # resume without a usable checkpoint: the line that says so
 
     def __repr__(self) -> str:
         return f"<RunDir {self.path} run_id={self.identity.run_id} attempt={self.identity.attempt}>"
@@ -209,46 +214,52 @@ class RunDir:
     @classmethod
     def resume(cls, path: str | Path, overrides: list[str] = ()) -> RunDir:
         """Take `path` (written by an earlier launch) for a new launch that continues from its newest
-        good checkpoint; `skipped` lists the newer checkpoints that failed their checks."""
+        good checkpoint. Each newer file that failed its checks is set aside (``.bad``) and listed in
+        `skipped`; with no good checkpoint at all, the run starts again from the beginning
+        (`starting_over` says so in one line)."""
 
         path = Path(path)
         owner = check_resumable(path)
         lock_fd = _lock(path)
         try:
-            resume_from, meta, skipped = checkpoint.newest_good(path / "checkpoints")
-            if resume_from is None:
-                found = f" ({'; '.join(str(e) for e in skipped)})" if skipped else ""
-                raise RunDirError(
-                    f"--resume {path}: no usable checkpoint in {path / 'checkpoints'}{found}; nothing to continue from"
-                )
+            resume_from, meta, bad = checkpoint.newest_good(path / "checkpoints")
+            skipped = [_set_aside(path, error) for error in bad]
             identity = Identity(
                 run_id=str(owner["run_id"]),
                 launch_id=new_id(),
                 attempt=len(owner.get("attempts", [])) + 1,
-                resume_from=str(resume_from),
+                resume_from=str(resume_from) if resume_from is not None else None,
             )
             run_dir = cls(path, owner, identity, lock_fd)
-            run_dir.skipped = skipped
             run_dir.resume_meta = meta
+            if resume_from is None:
+                found = f" ({'; '.join(str(e) for e in skipped)})" if skipped else ""
+                run_dir.starting_over = (
+                    f"{path} has no usable checkpoint yet{found}; starting the run again from the beginning"
+                )
+            else:
+                run_dir.skipped = skipped
             for name in LAUNCH_FILES:
                 (path / name).unlink(missing_ok=True)
-            run_dir._record_attempt(str(resume_from), overrides)
+            run_dir._record_attempt(identity.resume_from, overrides, set_aside=[str(e.path) for e in skipped])
             return run_dir
         except BaseException:
             os.close(lock_fd)
             raise
 
-    def _record_attempt(self, resume_from: str | None, overrides) -> None:
-        self.owner.setdefault("attempts", []).append(
-            {
-                "attempt": self.identity.attempt,
-                "launch_id": self.identity.launch_id,
-                "started": time.time(),
-                "resume_from": resume_from,
-                "overrides": list(overrides),
-                "pid": os.getpid(),
-            }
-        )
+    def _record_attempt(self, resume_from: str | None, overrides, set_aside: list[str] | None = None) -> None:
+        attempt = {
+            "attempt": self.identity.attempt,
+            "launch_id": self.identity.launch_id,
+            "started": time.time(),
+            "resume_from": resume_from,
+            "overrides": list(overrides),
+            "pid": os.getpid(),
+        }
+        if set_aside is not None:  # a resume
+            attempt["set_aside"] = set_aside
+            attempt["restart_from_scratch"] = resume_from is None
+        self.owner.setdefault("attempts", []).append(attempt)
         write_json_atomic(self.path / OWNER_FILE, self.owner, indent=1)
 
     def read_owned(self, name: str) -> dict | None:
@@ -263,6 +274,16 @@ class RunDir:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _set_aside(path: Path, error: checkpoint.CheckpointError) -> checkpoint.CheckpointError:
+    """Rename the file `error` names out of the checkpoints' names (a resume skipped it: it must not
+    count as kept when learner 0 prunes, nor be tried again); the error, saying where it went."""
+    try:
+        moved = checkpoint.set_aside(error.path)
+    except OSError as exc:
+        raise RunDirError(f"--resume {path}: cannot set aside {error.path} ({error}): {exc.strerror or exc}") from None
+    return checkpoint.CheckpointError(f"{error}; set aside as {moved.name}", moved)
 
 
 def check_resumable(path: Path) -> dict:
