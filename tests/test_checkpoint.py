@@ -154,6 +154,18 @@ def test_pruning_keeps_the_file_just_written_past_newer_named_bad_ones(tmp_path)
     assert not (tmp_path / checkpoint.checkpoint_name(5)).exists()  # a good one beyond keep goes
 
 
+def test_the_new_file_is_on_disk_before_an_old_one_is_deleted(tmp_path, monkeypatch):
+    old = checkpoint.save(tmp_path, 1, state(1.0), {}, keep=1)
+
+    def disk_full(path, write):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "atomic_write", disk_full)
+    with pytest.raises(OSError):
+        checkpoint.save(tmp_path, 2, state(2.0), {}, keep=1)
+    assert checkpoint.newest_good(tmp_path)[0] == old
+
+
 def test_pruning_counts_only_good_files_towards_keep(tmp_path):
     for steps in (1, 2):
         checkpoint.save(tmp_path, steps, state(1.0), {}, keep=3)
@@ -263,6 +275,8 @@ REFUSED = {
         "storage 0 needs a record data/0 of 16 bytes",
     ),
     "a truncated pickle": (torch_archive_of(pickle.dumps({"a": 1}, protocol=2)[:-3]), "malformed pickle"),
+    "items set on a list": (torch_archive_of(b"\x80\x02](K\x01K\x02us."), "SETITEMS of 2 items to a List"),
+    "a dict built": (torch_archive_of(b"\x80\x02}K\x01b."), "BUILD of a Dict"),
 }
 
 
@@ -274,6 +288,17 @@ def test_a_payload_torch_refuses_is_refused_without_torch(tmp_path, payload, mes
     with pytest.raises(CheckpointError, match=re.escape(message)) as info:
         checkpoint.verify(path)
     assert path.name in str(info.value)
+
+
+def test_a_member_failing_its_crc_is_refused(tmp_path):
+    # Torch reads it without a word (one float changed); the digest is right: only the CRC tells.
+    payload = bytearray(checkpoint.serialize({"w": torch.ones(4)}))
+    member = zipfile.ZipFile(io.BytesIO(bytes(payload))).getinfo("archive/data/0")
+    name_len, extra_len = struct.unpack_from("<HH", payload, member.header_offset + 26)
+    payload[member.header_offset + 30 + name_len + extra_len] ^= 0xFF
+    path = write_raw(tmp_path, 1, bytes(payload))
+    with pytest.raises(CheckpointError, match="member archive/data/0 fails its CRC"):
+        checkpoint.verify(path)
 
 
 def test_the_allowed_globals_are_torchs_own():
@@ -349,19 +374,23 @@ def test_a_directory_under_a_checkpoint_name_is_refused(tmp_path):
 
 @pytest.fixture
 def bytes_read(monkeypatch):
-    """Counts what checkpoint reads (os.pread) and its largest single read; a read of over 64 MiB
-    at once fails the test instead of allocating it."""
+    """Counts what checkpoint reads (os.pread) and the largest piece it asks for at once
+    (`Opened.read_at`); past 256 MiB read in all the test fails rather than fill the memory."""
     counted = {"bytes": 0, "largest": 0}
-    real = os.pread
+    pread, read_at = os.pread, checkpoint.Opened.read_at
 
-    def pread(fd, n, offset):
-        assert n <= 64 << 20, f"a read of {n} bytes at once"
-        data = real(fd, n, offset)
+    def counting_pread(fd, n, offset):
+        data = pread(fd, n, offset)
         counted["bytes"] += len(data)
-        counted["largest"] = max(counted["largest"], n)
+        assert counted["bytes"] <= 256 << 20, "read far more than a header"
         return data
 
-    monkeypatch.setattr(os, "pread", pread)
+    def counting_read_at(self, offset, n):
+        counted["largest"] = max(counted["largest"], n)
+        return read_at(self, offset, n)
+
+    monkeypatch.setattr(os, "pread", counting_pread)
+    monkeypatch.setattr(checkpoint.Opened, "read_at", counting_read_at)
     return counted
 
 
@@ -407,6 +436,9 @@ def test_the_digest_is_checked_in_chunks(tmp_path, bytes_read):
     path = checkpoint.save(tmp_path, 1, {"w": torch.zeros(3 << 20)}, {}, keep=1)  # 12 MiB of weights
     checkpoint.verify(path)
     assert bytes_read["bytes"] >= path.stat().st_size and bytes_read["largest"] <= checkpoint.CHUNK_BYTES
+    flip_a_byte(path)
+    with pytest.raises(CheckpointError, match="SHA-256 mismatch"):
+        checkpoint.verify(path)
 
 
 # --- setting a file aside
