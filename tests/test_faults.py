@@ -233,7 +233,10 @@ def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(t
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"{newest} is corrupt (SHA-256 mismatch); falling back to the previous checkpoint" in resumed.stderr
+    assert (
+        f"{newest} is corrupt (SHA-256 mismatch); set aside as {newest.name}.bad; "
+        "falling back to the previous checkpoint"
+    ) in resumed.stderr
     summary = read_json(run_dir / "summary.json")
     assert summary["outcome"] == "finished" and summary["attempt"] == 2 and summary["learner_steps"] >= 400
     assert summary["resumed_from"]["checkpoint"] == str(previous)

@@ -1,10 +1,17 @@
 """Run directories belong to one run: refusal, locking, resume, launch ownership of files."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from aiorl.io import checkpoint
 from aiorl.io.rundir import Identity, RunDir, RunDirError, latest_launch_id, read_json
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_new_run_takes_an_absent_or_empty_directory_only(tmp_path):
@@ -51,20 +58,76 @@ def test_resume_takes_the_newest_good_checkpoint_and_records_the_launch(tmp_path
         assert second.identity.launch_id != first.identity.launch_id and second.identity.attempt == 2
         assert second.identity.resume_from.endswith(checkpoint.checkpoint_name(10))
         assert len(second.skipped) == 1 and newest.name in str(second.skipped[0])
+        assert f"set aside as {newest.name}.bad" in str(second.skipped[0]) and second.starting_over is None
+        # Set aside: no longer a checkpoint, so learner 0's pruning never counts it among those kept.
+        assert not newest.exists() and (path / "checkpoints" / f"{newest.name}.bad").exists()
+        assert [p.name for p in checkpoint.list_checkpoints(path / "checkpoints")] == [checkpoint.checkpoint_name(10)]
         assert not (path / "coordinator.json").exists()
         assert latest_launch_id(path) == second.identity.launch_id
-        assert read_json(path / "run.json")["attempts"][1]["overrides"] == ["agent.batch_size=8"]
+        attempt = read_json(path / "run.json")["attempts"][1]
+        assert attempt["overrides"] == ["agent.batch_size=8"] and attempt["restart_from_scratch"] is False
+        assert attempt["set_aside"] == [str(path / "checkpoints" / f"{newest.name}.bad")]
     finally:
         second.close()
 
 
-def test_resume_refuses_what_it_cannot_continue(tmp_path):
+def test_resume_refuses_a_directory_that_never_held_a_run(tmp_path):
     with pytest.raises(RunDirError, match="not an aiorl run directory"):
         RunDir.resume(tmp_path)
     RunDir.create(tmp_path / "r").close()
-    (tmp_path / "r" / "config.yaml").write_text("{}")
-    with pytest.raises(RunDirError, match="no usable checkpoint"):
+    with pytest.raises(RunDirError, match="has no config.yaml"):
         RunDir.resume(tmp_path / "r")
+
+
+def test_resume_before_the_first_checkpoint_starts_the_run_again(tmp_path):
+    path = tmp_path / "r"
+    first = RunDir.create(path)
+    first.close()
+    (path / "config.yaml").write_text("{}")
+    (path / "checkpoints").mkdir()
+    garbage = path / "checkpoints" / checkpoint.checkpoint_name(50)
+    garbage.write_bytes(b"half a checkpoint")
+    second = RunDir.resume(path)
+    try:
+        assert second.identity.run_id == first.identity.run_id and second.identity.attempt == 2
+        assert second.identity.resume_from is None and "AIORL_RESUME_FROM" not in second.identity.env()
+        assert second.skipped == []  # nothing to fall back to: the line below says it all
+        assert second.starting_over == (
+            f"{path} has no usable checkpoint yet ({garbage} is not an aiorl checkpoint (bad magic); "
+            f"set aside as {garbage.name}.bad); starting the run again from the beginning"
+        )
+        assert (path / "checkpoints" / f"{garbage.name}.bad").exists()
+        attempt = read_json(path / "run.json")["attempts"][1]
+        assert attempt["resume_from"] is None and attempt["restart_from_scratch"] is True
+    finally:
+        second.close()
+    third = RunDir.resume(path)  # a requeue loop: again and again, never a dead end
+    third.close()
+    assert third.identity.attempt == 3 and third.starting_over.endswith(
+        "yet; starting the run again from the beginning"
+    )
+
+
+def test_resume_never_imports_torch(tmp_path):
+    # The launcher of `aiorl run --resume` chooses the checkpoint without torch (it starts fast), and
+    # still falls back past a whole file whose payload torch would refuse.
+    path = tmp_path / "r"
+    RunDir.create(path).close()
+    (path / "config.yaml").write_text("{}")
+    good = checkpoint.save(path / "checkpoints", 10, {"w": torch.zeros(2)}, {}, keep=3)
+    data = checkpoint.encode({"learner_steps": 20}, b"not a zip")
+    checkpoint.atomic_write(path / "checkpoints" / checkpoint.checkpoint_name(20), lambda f: f.write(data))
+    code = (
+        "import sys\n"
+        "from aiorl.io.rundir import RunDir\n"
+        f"run = RunDir.resume({str(path)!r})\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+        "print(run.identity.resume_from)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    result = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(good)
 
 
 def test_files_are_taken_only_from_this_launch(tmp_path):

@@ -90,6 +90,8 @@ def _cmd_run(args: argparse.Namespace, early) -> int:
         print(f"aiorl: token error: {exc}", file=sys.stderr)
         return 2
 
+    if run_dir.starting_over:  # a requeued run pre-empted before its first checkpoint: not a mistake
+        print(f"aiorl: {run_dir.starting_over}", file=sys.stderr, flush=True)
     if not args.quiet:
         c = cfg.cluster
         what = f"resuming attempt {run_dir.identity.attempt}" if args.resume else "run directory"
@@ -118,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue a stopped, interrupted or crashed run from its newest good checkpoint",
+        help="continue a stopped, interrupted or crashed run from its newest good checkpoint "
+        "(from the beginning again when it has none yet)",
     )
     run.add_argument(
         "--set",

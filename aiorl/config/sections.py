@@ -216,12 +216,22 @@ class RunSection:
         default_factory=lambda: ["tensorboard"],
     )
     checkpoint_interval_s: float | None = doc(
-        "Learner 0 checkpoints every this many seconds (and at shutdown, and when the run ends "
-        "abnormally while it still can); None: only by checkpoint_every.",
+        "Learner 0 checkpoints as soon as learning has started (at its first weights publication after "
+        "learning_starts: learner step agent.publish_interval of each launch; for dppo/es after the first "
+        "iteration), then every this many seconds (and at shutdown, and when the run ends abnormally while "
+        "it still can); None: only by checkpoint_every (the first one early all the same).",
         default=60.0,
     )
-    checkpoint_every: int | None = doc("Learner 0 also checkpoints every this many of its learner steps.", default=None)
-    keep_checkpoints: int = doc("Checkpoint files kept (the newest).", default=3)
+    checkpoint_every: int | None = doc(
+        "Learner 0 also checkpoints every this many of its learner steps. With neither this nor "
+        "checkpoint_interval_s, only at shutdown and at an abnormal end.",
+        default=None,
+    )
+    keep_checkpoints: int = doc(
+        "Checkpoint files kept: the one just written and the newest others that pass their checks "
+        "(a damaged file is never counted, nor deleted; --resume sets it aside as .bad).",
+        default=3,
+    )
     eval_every: int | None = doc(
         "Learner 0 evaluates its current policy every this many of its learner steps (iterations for "
         "dppo/es): run.eval_episodes greedy episodes on envs of its own, off the training path; the "

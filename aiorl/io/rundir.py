@@ -5,7 +5,8 @@ updated at each launch::
 
     {"format": "aiorl.run", "version": 1, "run_id": "<hex>", "created": <unix time>,
      "attempts": [{"attempt": 1, "launch_id": "<hex>", "started": <unix time>,
-                   "resume_from": null | "<checkpoint path>", "overrides": [...], "pid": <launcher pid>}, ...]}
+                   "resume_from": null | "<checkpoint path>", "overrides": [...], "pid": <launcher pid>,
+                   resumes only: "set_aside": ["<path>.bad", ...], "restart_from_scratch": <bool>}, ...]}
 
 - ``run_id`` names the run for its whole life; ``launch_id`` names one launch
   of it (the first one, or a ``--resume``). Every file a launch's processes
@@ -18,7 +19,10 @@ updated at each launch::
 - A launcher holds an exclusive lock (``flock``) on ``.lock`` for as long as
   it runs, so two launchers never share a directory.
 - A new run refuses a directory that already holds anything; an earlier run
-  is continued with ``aiorl run --resume RUN_DIR``.
+  is continued with ``aiorl run --resume RUN_DIR``: from its newest good
+  checkpoint (newer files that fail their checks are renamed aside to
+  ``.bad``), or, when it has none yet, from the beginning again (same run id,
+  its ``config.yaml``; the attempt records ``restart_from_scratch: true``).
 
 Role processes learn their launch from the environment the launcher gives
 them (`Identity.env`): ``AIORL_RUN_ID``, ``AIORL_LAUNCH_ID``, ``AIORL_ATTEMPT``
@@ -174,8 +178,9 @@ class RunDir:
         self.owner = owner
         self.identity = identity
         self._lock_fd: int | None = lock_fd
-        self.skipped: list = []  # resume: newer checkpoints that failed their checks
+        self.skipped: list = []  # resume: newer checkpoints that failed their checks, set aside
         self.resume_meta: dict | None = None  # resume: the meta of the checkpoint continued from
+        self.starting_over: str | None = None  # resume without a usable checkpoint: the line that says so
 
     def __repr__(self) -> str:
         return f"<RunDir {self.path} run_id={self.identity.run_id} attempt={self.identity.attempt}>"
@@ -209,54 +214,52 @@ class RunDir:
     @classmethod
     def resume(cls, path: str | Path, overrides: list[str] = ()) -> RunDir:
         """Take `path` (written by an earlier launch) for a new launch that continues from its newest
-        good checkpoint; `skipped` lists the newer checkpoints that failed their checks."""
-
+        good checkpoint (see `_continue`)."""
         path = Path(path)
         owner = check_resumable(path)
         lock_fd = _lock(path)
         try:
-            resume_from, meta, skipped = checkpoint.newest_good(path / "checkpoints")
-            if resume_from is None:
-                found = f" ({'; '.join(str(e) for e in skipped)})" if skipped else ""
-                raise RunDirError(
-                    f"--resume {path}: no usable checkpoint in {path / 'checkpoints'}{found}; nothing to continue from"
-                )
-            identity = Identity(
-                run_id=str(owner["run_id"]),
-                launch_id=new_id(),
-                attempt=len(owner.get("attempts", [])) + 1,
-                resume_from=str(resume_from),
-            )
-            run_dir = cls(path, owner, identity, lock_fd)
-            run_dir.skipped = skipped
-            run_dir.resume_meta = meta
-            for name in LAUNCH_FILES:
-                (path / name).unlink(missing_ok=True)
-            run_dir._record_attempt(str(resume_from), overrides)
+            run_dir = cls(path, owner, Identity(run_id=str(owner["run_id"]), launch_id=""), lock_fd)
+            run_dir._continue(overrides)
             return run_dir
         except BaseException:
             os.close(lock_fd)
             raise
 
     def next_attempt(self, cause: str) -> None:
-        """Begin one more launch of this run, still holding its lock: the launcher restarts the
-        whole run (`aiorl.launch.attempts`) from the newest good checkpoint, or from the beginning
-        when there is none yet. `cause`: why, recorded with the attempt."""
-        resume_from, meta, skipped = checkpoint.newest_good(self.path / "checkpoints")
+        """One more launch of this run by the launcher that holds it (the whole run restarts,
+        `aiorl.launch.attempts`), with the last launch's overrides; `cause`: why, recorded with it."""
+        overrides = (self.owner.get("attempts") or [{}])[-1].get("overrides", [])
+        self._continue(overrides, cause)
+
+    def _continue(self, overrides, cause: str | None = None) -> None:
+        """Begin a launch that continues the run, under its lock: from the newest good checkpoint,
+        each newer file that failed its checks set aside (``.bad``) and listed in `skipped`; with
+        no good checkpoint at all, from the beginning (`starting_over` says so in one line)."""
+        resume_from, meta, bad = checkpoint.newest_good(self.path / "checkpoints")
+        skipped = [_set_aside(self.path, error) for error in bad]
         self.identity = Identity(
-            run_id=self.identity.run_id,
+            run_id=str(self.owner["run_id"]),
             launch_id=new_id(),
             attempt=len(self.owner.get("attempts", [])) + 1,
             resume_from=str(resume_from) if resume_from is not None else None,
         )
-        self.skipped = skipped
         self.resume_meta = meta
+        self.skipped, self.starting_over = [], None
+        if resume_from is None:
+            found = f" ({'; '.join(str(e) for e in skipped)})" if skipped else ""
+            self.starting_over = (
+                f"{self.path} has no usable checkpoint yet{found}; starting the run again from the beginning"
+            )
+        else:
+            self.skipped = skipped
         for name in LAUNCH_FILES:
             (self.path / name).unlink(missing_ok=True)
-        overrides = (self.owner.get("attempts") or [{}])[-1].get("overrides", [])
-        self._record_attempt(self.identity.resume_from, overrides, cause=cause)
+        self._record_attempt(self.identity.resume_from, overrides, [str(e.path) for e in skipped], cause)
 
-    def _record_attempt(self, resume_from: str | None, overrides, cause: str | None = None) -> None:
+    def _record_attempt(
+        self, resume_from: str | None, overrides, set_aside: list[str] | None = None, cause: str | None = None
+    ) -> None:
         attempt = {
             "attempt": self.identity.attempt,
             "launch_id": self.identity.launch_id,
@@ -265,6 +268,9 @@ class RunDir:
             "overrides": list(overrides),
             "pid": os.getpid(),
         }
+        if set_aside is not None:  # a resume, or a restart of the whole run
+            attempt["set_aside"] = set_aside
+            attempt["restart_from_scratch"] = resume_from is None
         if cause is not None:
             attempt["run_restart_cause"] = cause
         self.owner.setdefault("attempts", []).append(attempt)
@@ -282,6 +288,16 @@ class RunDir:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _set_aside(path: Path, error: checkpoint.CheckpointError) -> checkpoint.CheckpointError:
+    """Rename the file `error` names out of the checkpoints' names (a resume skipped it: it must not
+    count as kept when learner 0 prunes, nor be tried again); the error, saying where it went."""
+    try:
+        moved = checkpoint.set_aside(error.path)
+    except OSError as exc:
+        raise RunDirError(f"--resume {path}: cannot set aside {error.path} ({error}): {exc.strerror or exc}") from None
+    return checkpoint.CheckpointError(f"{error}; set aside as {moved.name}", moved)
 
 
 def check_resumable(path: Path) -> dict:

@@ -68,9 +68,10 @@ def run_attempts(cfg: Config, run_dir: RunDir, quiet: bool, spawner: WarmSpawner
 
 
 def _say_where_from(cfg: Config, run_dir: RunDir) -> None:
-    for error in run_dir.skipped:
-        print(f"aiorl: {error}; falling back to the previous checkpoint", file=sys.stderr, flush=True)
-    origin = run_dir.identity.resume_from or "the beginning (no checkpoint yet)"
+    """Where the next attempt starts; the launcher names the checkpoints set aside on the way."""
+    if run_dir.starting_over:
+        print(f"aiorl: {run_dir.starting_over}", file=sys.stderr, flush=True)
+    origin = run_dir.identity.resume_from or "the beginning"
     replay = (
         "with its replay snapshots" if cfg.run.snapshot_replay else "with empty replay (run.snapshot_replay is off)"
     )

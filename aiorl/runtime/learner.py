@@ -34,7 +34,7 @@ from aiorl.core.ratelog import RateLimitedLog
 from aiorl.runtime import rendezvous
 from aiorl.runtime.algorithm import PeerNotFinite
 from aiorl.runtime.fragments import LagMeter
-from aiorl.runtime.learner_outputs import LearnerOutputs
+from aiorl.runtime.learner_outputs import LearnerOutputs, load_resume_checkpoint
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed
@@ -196,7 +196,7 @@ class LearnerRole(LearnerOutputs, Role):
             self.start_info.get("rendezvous"),
         )
         if self.identity.resume_from:
-            meta = await asyncio.to_thread(core.load_checkpoint, self.identity.resume_from)
+            meta = await asyncio.to_thread(load_resume_checkpoint, core, self.identity.resume_from, self.index == 0)
             self.step_base = int(meta["learner_steps"])
             self.log.info("resumed from %s (%d learner steps)", self.identity.resume_from, self.step_base)
         self.core = core

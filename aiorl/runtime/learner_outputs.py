@@ -2,15 +2,20 @@
 evaluation and the exported policy (`LearnerOutputs`, a part of
 `aiorl.runtime.learner.LearnerRole`).
 
-Checkpoints (learner 0; `aiorl.io.checkpoint`): every ``run.checkpoint_interval_s``
-seconds and/or ``run.checkpoint_every`` learner steps, at shutdown, and when
-the role ends abnormally (coordinator lost, told to exit early, a second
+Checkpoints (learner 0; `aiorl.io.checkpoint`): the first as soon as learning
+has started, at the launch's first weights publication after
+``learning_starts`` (its ``agent.publish_interval``-th learner step; for a
+synchronous algorithm, DPPO or ES, after its first iteration), so that a run
+pre-empted in its first minutes still continues from somewhere; then every
+``run.checkpoint_interval_s`` seconds and/or ``run.checkpoint_every`` learner
+steps (with both off, neither the first nor any other before the end), at shutdown, and
+when the role ends abnormally (coordinator lost, told to exit early, a second
 signal, its step failed because a data-parallel peer died) if it still can;
 weights holding NaN or infinities are never checkpointed. Each records the
 run's counters and return window from the coordinator, so that ``--resume``
 continues them. The state is serialized between two steps (training waits
 that long); the file is written in the background. A resumed run's learners
-all load the checkpoint it continues from.
+all load the checkpoint it continues from (`load_resume_checkpoint`).
 
 Evaluations (`aiorl.runtime.evaluator`): the current policy is copied between
 two steps and scored in the evaluation process, one evaluation at a time; at
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from aiorl.io import checkpoint
 from aiorl.io.rundir import Identity
@@ -31,6 +37,27 @@ from aiorl.runtime.phase import last_checkpoint_budget_s
 # Of cluster.phase_timeout_s (the learners' deadline to finish): what the final evaluation may take;
 # the rest is for publishing, the final checkpoint and the export.
 FINAL_EVALUATION_SHARE = 0.5
+
+
+def load_resume_checkpoint(core, path: str, sets_aside: bool) -> dict:
+    """Load the checkpoint a resumed launch continues from into `core`; its meta.
+
+    The launcher chose the file by checks that need no torch (`aiorl.io.checkpoint.verify`). Should
+    the real weights-only load still refuse its content, the learner that `sets_aside` (learner 0,
+    the one that writes checkpoints) renames it out of the checkpoints' names before the launch
+    fails: the next ``--resume`` continues from the checkpoint before it instead of choosing this
+    one again. A file that could not be read at all (an I/O error) stays where it is."""
+    try:
+        return core.load_checkpoint(path)
+    except checkpoint.CheckpointUnreadable:
+        raise
+    except checkpoint.CheckpointError as exc:
+        if not sets_aside:
+            raise
+        moved = checkpoint.set_aside(Path(path))
+        raise checkpoint.CheckpointError(
+            f"{exc}; set aside as {moved.name}: `aiorl run --resume` continues from the checkpoint before it", moved
+        ) from None
 
 
 class LearnerOutputs:
@@ -47,6 +74,7 @@ class LearnerOutputs:
         self.checkpoints: list[str] = []
         self.identity = Identity.from_env()
         self.last_checkpoint_t = time.monotonic()
+        self.checkpointed = False  # this launch wrote (or tried) a checkpoint already
         self._writing: asyncio.Task | None = None
         # Learner 0 with run.eval_every / eval_interval_s; its process starts at registration.
         self.evaluator = (
@@ -62,8 +90,21 @@ class LearnerOutputs:
         by_time = (
             r.checkpoint_interval_s is not None and time.monotonic() - self.last_checkpoint_t >= r.checkpoint_interval_s
         )
-        if by_steps or by_time:
+        # A run pre-empted before its first interval must not start over: the first checkpoint comes
+        # with the first weights published after learning started.
+        first = (
+            not self.checkpointed
+            and (r.checkpoint_interval_s is not None or bool(r.checkpoint_every))
+            and self.counters["learner_steps"] >= self.first_publication_step()
+        )
+        if first:
+            await self._checkpoint("first")
+        elif by_steps or by_time:
             await self._checkpoint("periodic")
+
+    def first_publication_step(self) -> int:
+        """This launch's learner step at which learner 0 first publishes trained weights."""
+        return 1 if self.synchronous else self.cfg.agent.publish_interval
 
     def _maybe_evaluate(self) -> None:
         ev = self.evaluator
@@ -107,6 +148,7 @@ class LearnerOutputs:
     async def _checkpoint(self, reason: str, coordinator: bool = True) -> None:
         """Serialize the core between steps (training waits), write the file in the background."""
         self.last_checkpoint_t = time.monotonic()
+        self.checkpointed = True
         if self._writing is not None:
             await self._writing  # one file at a time
         run_state = await self._run_state() if coordinator else dict(self.run_counters)
@@ -143,8 +185,8 @@ class LearnerOutputs:
         async def write():
             try:
                 path = await asyncio.to_thread(checkpoint.write_file, directory, steps, payload, meta, keep)
-            except OSError as exc:  # a full disk costs this checkpoint, not the run
-                self.log.error("checkpoint at learner step %d not written: %s", steps, exc)
+            except (OSError, checkpoint.CheckpointError) as exc:  # a full disk, a state a resume would refuse:
+                self.log.error("checkpoint at learner step %d not written: %s", steps, exc)  # not the run's end
                 return
             self.checkpoints.append(str(path))
             self.log.info("checkpoint %s (%s)", path.name, reason)

@@ -4,15 +4,15 @@ MUTANTS = [
     dict(
         name="checkpoint-checksum-ignored",
         path="aiorl/io/checkpoint.py",
-        old="    if digest != bytes(view[offset + payload_len :]):\n",
+        old="    if digest != bytes(view[parts.digest_offset :]):\n",
         new="    if False:\n",
         tests=["tests/test_checkpoint.py::test_a_damaged_file_is_refused_by_name"],
     ),
     dict(
         name="checkpoint-no-fallback",
         path="aiorl/io/checkpoint.py",
-        old="    for path in reversed(list_checkpoints(directory)):",
-        new="    for path in reversed(list_checkpoints(directory)[-1:]):",
+        old="    for path in reversed(list_checkpoints(directory)):\n        try:\n            return path, verify(path), bad",
+        new="    for path in reversed(list_checkpoints(directory)[-1:]):\n        try:\n            return path, verify(path), bad",
         tests=[
             "tests/test_checkpoint.py::test_newest_good_falls_back_past_bad_files_and_says_which",
             "tests/test_rundir.py::test_resume_takes_the_newest_good_checkpoint_and_records_the_launch",
