@@ -192,6 +192,36 @@ def test_a_lone_synchronous_actor_killed_mid_run_comes_back_and_the_learner_step
     assert [e["iteration"] for e in log] == [e["weights_version"] for e in log]
 
 
+def test_every_process_sigkilled_10_s_after_launch_then_resume_completes_the_run(tmp_path):
+    """A pre-empted job: the launcher and every role SIGKILLed at once, 10 s after launch (before or
+    after the first checkpoint, whichever the machine's speed gives); `--resume` completes the run."""
+    config = example("dppo_cartpole")
+    proc, run_dir = start(tmp_path, config)
+    launched = time.monotonic()
+    try:
+        roles = pids(run_dir)
+        time.sleep(max(0.0, 10.0 - (time.monotonic() - launched)))
+        assert proc.poll() is None, "the run ended before it could be killed"
+        for pid in [proc.pid, *pids(run_dir).values(), *roles.values()]:
+            kill(pid)
+        proc.wait()
+    finally:
+        proc.kill()
+    wait_for(lambda: not any(alive(pid) for pid in pids(run_dir).values()), 30, "every role gone")
+    before = read_json(run_dir / "run.json")["run_id"]
+    resumed = aiorl("run", "--resume", str(run_dir), "--quiet", timeout_s=400)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    summary = read_json(run_dir / "summary.json")
+    assert summary["outcome"] == "finished" and summary["env_steps"] >= 100_000, summary["stop_reason"]
+    assert summary["run_id"] == before and summary["attempt"] == 2
+    owner = read_json(run_dir / "run.json")
+    assert len(owner["attempts"]) == 2
+    resume_from = owner["attempts"][1]["resume_from"]
+    # Continued from its checkpoint if it had one, else started over, and said which.
+    assert (resume_from is None) == ("starting the run again from the beginning" in resumed.stderr), resumed.stderr
+    assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
+
+
 def aiorl(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "aiorl", *args], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
@@ -206,7 +236,8 @@ def test_a_lost_learner_0_or_memory_0_restarts_the_whole_run_from_its_checkpoint
     config = example(name, run={"checkpoint_interval_s": 2.0})
     proc, run_dir = start(tmp_path, config)
     try:
-        wait_for(lambda: list((run_dir / "checkpoints").glob("checkpoint-*.pt")), 120, "a checkpoint")
+        # The first checkpoint comes at the first publication, the next one 2 s later, with counts.
+        wait_for(lambda: len(list((run_dir / "checkpoints").glob("checkpoint-*.pt"))) >= 2, 120, "2 checkpoints")
         wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 60, "learning")
         first = pids(run_dir)
         killed_at = time.monotonic()
