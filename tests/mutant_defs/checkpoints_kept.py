@@ -230,8 +230,8 @@ MUTANTS = [
     dict(
         name="resume_leaves_skipped_files_in_place",
         path="aiorl/io/rundir.py",
-        old="            skipped = [_set_aside(path, error) for error in bad]\n",
-        new="            skipped = bad\n",
+        old="        skipped = [_set_aside(self.path, error) for error in bad]\n",
+        new="        skipped = bad\n",
         tests=[
             RD + "test_resume_takes_the_newest_good_checkpoint_and_records_the_launch",
             RD + "test_resume_before_the_first_checkpoint_starts_the_run_again",
@@ -240,15 +240,15 @@ MUTANTS = [
     dict(
         name="resume_without_a_checkpoint_refuses",
         path="aiorl/io/rundir.py",
-        old="            if resume_from is None:\n",
-        new='            if resume_from is None:\n                raise RunDirError(f"--resume {path}: no usable checkpoint")\n',
+        old="        if resume_from is None:\n",
+        new='        if resume_from is None:\n            raise RunDirError(f"--resume {self.path}: no usable checkpoint")\n',
         tests=[RD + "test_resume_before_the_first_checkpoint_starts_the_run_again"],
     ),
     dict(
         name="resume_without_a_checkpoint_refuses_a_real_run",
         path="aiorl/io/rundir.py",
-        old="            if resume_from is None:\n",
-        new='            if resume_from is None:\n                raise RunDirError(f"--resume {path}: no usable checkpoint")\n',
+        old="        if resume_from is None:\n",
+        new='        if resume_from is None:\n            raise RunDirError(f"--resume {self.path}: no usable checkpoint")\n',
         tests=[RA + "test_a_run_killed_before_its_first_checkpoint_starts_again_then_continues"],
     ),
     dict(

@@ -233,8 +233,8 @@ MUTANTS = [
     dict(
         name="sync_memory_waits_for_a_lost_actor",
         path="aiorl/runtime/memory/ingest.py",
-        old="        if self.synchronous:\n            self._actor_finished(index)\n\n",
-        new="pass",
+        old="        if self.synchronous:\n            if returns:\n                self._actor_away(index)\n            else:\n                self._actor_finished(index)\n",
+        new="        pass\n",
         tests=["tests/test_cluster_faults.py::test_losing_an_actor_in_synchronous_mode_leaves_the_others_iterating"],
     ),
     # ------------------------------------------------------------------ algorithms, kernels, tools
