@@ -42,6 +42,10 @@ roles_alive                 roles registered and not lost or failed
 roles_late                  names of roles whose last heartbeat is over 2 intervals old
 roles_lost                  names of roles lost or failed
 ==========================  ===========================================================
+
+A run that restarts itself (`aiorl.launch.attempts`) writes one more kind of row between two
+attempts, with no counters: ``{"event": "run_restart", "time": <unix time>, "attempt": <the
+attempt it starts>, "cause": "<the role lost and how>", "resume_from": <checkpoint or null>}``.
 """
 
 from __future__ import annotations

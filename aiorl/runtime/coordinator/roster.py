@@ -123,7 +123,7 @@ class Roster:
             return None, f"{name} is {status} and is not restarted (see aiorl/runtime/restart.py)"
         if record.restarts >= c.max_restarts:
             return None, f"{name} used its {c.max_restarts} restart(s) (cluster.max_restarts)"
-        if phase > Phase.RUNNING:
+        if phase != Phase.RUNNING:
             return None, f"{name} cannot restart: the run is in phase {phase.name}"
         return "restart", None
 
