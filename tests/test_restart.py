@@ -46,6 +46,10 @@ def test_which_roles_are_restarted(name, expected):
     kind, _, index = name.rpartition("-")
     assert restartable(kind, int(index)) is expected
     assert (RestartPolicy(max_restarts=1).decide(name, -9, 0.0) is not None) is expected
+    # A synchronous run's memory hosts hold its rounds: losing one restarts the whole run instead.
+    in_sync = expected and kind == "actor"
+    assert restartable(kind, int(index), synchronous=True) is in_sync
+    assert (RestartPolicy(max_restarts=1, synchronous=True).decide(name, -9, 0.0) is not None) is in_sync
 
 
 def test_exit_codes_of_an_interrupted_run():

@@ -3,7 +3,8 @@
 Actors and memory hosts other than 0 are restarted in place (`aiorl.runtime.restart`).
 The others cannot be: learners (a data-parallel group cannot take a new member
 mid-run, and learner 0 holds the only live copy of the weights) and memory host 0
-(it runs the coordinator). When one of them is lost, the attempt ends through its
+(it runs the coordinator), and a synchronous run's memory hosts (their rounds die with them).
+When one of them is lost, the attempt ends through its
 bounded shutdown (the coordinator's phases, or the launcher's wait for the roles that
 lost the coordinator, in which learner 0 writes a last checkpoint if it still can),
 and the launcher starts the whole run again from its newest good checkpoint, in the

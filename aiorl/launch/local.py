@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiorl.algos import get_settings
 from aiorl.config import Config
 from aiorl.io.rundir import RunDir, write_json_atomic
 from aiorl.launch.notices import ExitNotices
@@ -104,7 +105,7 @@ class LocalLauncher:
         self.quiet = quiet
         self.children: dict[str, Child] = {}  # the current process of each role, memory-0 first
         self.ended: list[Child] = []  # earlier processes of restarted roles
-        self.policy = RestartPolicy.from_config(cfg)
+        self.policy = RestartPolicy.from_config(cfg, get_settings(cfg.algo).is_synchronous(cfg))
         self.restart_at: dict[str, float] = {}  # role -> monotonic time of its pending restart
         self.signals = 0
         self.signal_name: str | None = None
@@ -245,7 +246,7 @@ class LocalLauncher:
         for status in ("lost", "failed"):  # one that died explains the run before one that failed after it
             for name, role in roles.items():
                 kind, index = parse_role_name(name)
-                if not restartable(kind, index) and role.get("status") == status:
+                if not restartable(kind, index, self.policy.synchronous) and role.get("status") == status:
                     return f"{name} {status}: {role.get('reason')}"
         return None
 

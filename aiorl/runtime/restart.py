@@ -11,7 +11,7 @@ has to start processes: `RestartPolicy` is all the bookkeeping it needs (the
 local launcher uses it; a Ray launcher reuses it unchanged).
 
 What is restarted: actors, and memory hosts other than 0 (memory 0 runs the
-coordinator), in any phase before STOPPING (STARTING included) and for every
+coordinator) of asynchronous algorithms, in any phase before STOPPING (STARTING included) and for every
 algorithm; on by default. A memory host rejoins empty, or from its last replay
 snapshot when ``run.snapshot_replay`` is on. A restarted synchronous actor
 joins the iteration after the newest weights (DPPO: the coordinator says which
@@ -44,14 +44,17 @@ NOT_RESTARTED = frozenset({EXIT_OK, EXIT_COORDINATOR_LOST, EXIT_REFUSED})
 LAUNCHER_PEER = "launcher"
 
 
-def restartable(kind: str, index: int) -> bool:
-    """Whether a role of this kind and index may be restarted at all (the budget aside)."""
-    return kind == "actor" or (kind == "memory" and index > 0)
+def restartable(kind: str, index: int, synchronous: bool = False) -> bool:
+    """Whether a role of this kind and index may be restarted in place at all (the budget aside).
+    Not a memory host of a synchronous run: the rounds it gathered (which iteration, which parts)
+    die with it, and a new one would start again at iteration 0; the whole run restarts instead."""
+    return kind == "actor" or (kind == "memory" and index > 0 and not synchronous)
 
 
 @dataclass
 class RestartPolicy:
     max_restarts: int
+    synchronous: bool = False
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
     healthy_after_s: float = HEALTHY_AFTER_S
@@ -60,9 +63,9 @@ class RestartPolicy:
     _quick: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, cfg) -> RestartPolicy:
+    def from_config(cls, cfg, synchronous: bool) -> RestartPolicy:
         c = cfg.cluster
-        return cls(c.max_restarts, c.restart_backoff_s, c.restart_backoff_max_s)
+        return cls(c.max_restarts, synchronous, c.restart_backoff_s, c.restart_backoff_max_s)
 
     def __repr__(self) -> str:
         return f"<RestartPolicy max={self.max_restarts} restarts={self.restarts}>"
@@ -71,7 +74,7 @@ class RestartPolicy:
         """Seconds to wait before starting `name` again after it exited with `exit_code` having
         run `ran_s` seconds; None when it is not to be restarted. Counts the restart."""
         kind, index = parse_role_name(name)
-        if exit_code in NOT_RESTARTED or not restartable(kind, index):
+        if exit_code in NOT_RESTARTED or not restartable(kind, index, self.synchronous):
             return None
         done = self.restarts.get(name, 0)
         if done >= self.max_restarts:

@@ -81,8 +81,8 @@ MUTANTS = [
     dict(
         name="run-restart-cause-takes-restartable-roles",
         path="aiorl/launch/local.py",
-        old='                if not restartable(kind, index) and role.get("status") == status:\n',
-        new='                if restartable(kind, index) and role.get("status") == status:\n',
+        old='                if not restartable(kind, index, self.policy.synchronous) and role.get("status") == status:\n',
+        new='                if restartable(kind, index, self.policy.synchronous) and role.get("status") == status:\n',
         tests=[RUN_RESTART + "[learner-0-dppo_cartpole-475.0]"],
     ),
     dict(

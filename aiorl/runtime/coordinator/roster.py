@@ -78,8 +78,9 @@ class RoleRecord:
 class Roster:
     """The run's roles by name; `changed` is set on any status change (phase waits re-check)."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, synchronous: bool):
         self.cfg = cfg
+        self.synchronous = synchronous
         c = cfg.cluster
         self.roles: dict[str, RoleRecord] = {}
         for kind, count in (("memory", c.memories), ("learner", c.learners), ("actor", c.actors)):
@@ -119,11 +120,11 @@ class Roster:
         if status in ("running", "done"):
             return None, f"{name} is already registered (status {status})"
         c = self.cfg.cluster
-        if not restartable(record.kind, record.index):
+        if not restartable(record.kind, record.index, self.synchronous):
             return None, f"{name} is {status} and is not restarted (see aiorl/runtime/restart.py)"
         if record.restarts >= c.max_restarts:
             return None, f"{name} used its {c.max_restarts} restart(s) (cluster.max_restarts)"
-        if phase != Phase.RUNNING:
+        if phase > Phase.RUNNING:
             return None, f"{name} cannot restart: the run is in phase {phase.name}"
         return "restart", None
 
@@ -173,7 +174,9 @@ class Roster:
         return c.coordinator_timeout_s + 2 * c.heartbeat_interval_s
 
     def restart_left(self, record: RoleRecord) -> bool:
-        return restartable(record.kind, record.index) and record.restarts < self.cfg.cluster.max_restarts
+        return (
+            restartable(record.kind, record.index, self.synchronous) and record.restarts < self.cfg.cluster.max_restarts
+        )
 
     def connection_lost(self, record: RoleRecord, now: float) -> None:
         record.conn = None

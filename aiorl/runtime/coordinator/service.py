@@ -62,7 +62,7 @@ class Coordinator(Registration, LauncherNotices):
         self.config_hash = cfg.config_hash()
         algo = cfg.algorithm
         self.synchronous = algo.is_synchronous(cfg)
-        self.roster = Roster(cfg)
+        self.roster = Roster(cfg, self.synchronous)
         self.phases = PhaseClock()
         self.started = asyncio.Event()
         self.start_settled = asyncio.Event()  # the run started, or stopped before it could
