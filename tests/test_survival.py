@@ -228,6 +228,7 @@ def aiorl(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # it ends on the example's learning bar
 @pytest.mark.parametrize(
     "victim, name, bar",
     [("learner-0", "dppo_cartpole", 475.0), ("memory-0", "apex_dqn_cartpole", 475.0)],

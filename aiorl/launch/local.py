@@ -239,9 +239,7 @@ class LocalLauncher:
             return None
         if self.stalled:
             return self.stalled
-        coordinator = self.coordinator
-        if coordinator is not None and summary.get("written_by") == "launcher":
-            return f"memory-0 (the coordinator) {describe_exit(coordinator.proc.returncode)}"
+        # A summary the launcher wrote (the coordinator died) has memory 0 "failed", with its exit.
         roles = summary.get("roles") or {}
         for status in ("lost", "failed"):  # one that died explains the run before one that failed after it
             for name, role in roles.items():

@@ -86,13 +86,6 @@ MUTANTS = [
         tests=[RUN_RESTART + "[learner-0-dppo_cartpole-475.0]"],
     ),
     dict(
-        name="run-restart-without-the-coordinator-summary",
-        path="aiorl/launch/local.py",
-        old='        if coordinator is not None and summary.get("written_by") == "launcher":\n',
-        new="        if False:\n",
-        tests=[RUN_RESTART + "[memory-0-apex_dqn_cartpole-475.0]"],
-    ),
-    dict(
         name="run-restart-budget-off-by-one",
         path="aiorl/launch/attempts.py",
         old="            if cause is None or len(attempts) > budget:\n",
