@@ -13,28 +13,12 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import alive, finish, last_metrics, pids, read_json, run, start, wait_for
+from test_faults import APEX, RANDOM
 
 from aiorl.io import checkpoint
 
 pytestmark = pytest.mark.cluster
 
-APEX = {
-    "algo": "apex_dqn",
-    "env": {"id": "CartPole-v1"},
-    "agent": {
-        "sample_batch_size": 16,
-        "batch_size": 32,
-        "buffer_size": 20_000,
-        "learning_starts": 300,
-        "publish_interval": 10,
-    },
-    "model": {"network": ["linear:32", "relu"], "n_step": 3, "learning_rate": 0.0005, "tau": 0.01},
-}
-RANDOM = {
-    "algo": "random_agent",
-    "env": {"id": "CartPole-v1", "num_envs": 2},
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200},
-}
 DPPO = {
     "algo": "dppo",
     "env": {"id": "CartPole-v1", "num_envs": 2},
