@@ -7,6 +7,7 @@ import signal
 
 import pytest
 from cluster_helpers import (
+    NO_RESTARTS,
     alive,
     check_tls_only,
     cluster,
@@ -118,7 +119,9 @@ def test_sync_barrier_no_iteration_starts_before_its_weights(tmp_path):
 
 
 def test_sigkill_an_actor_the_run_still_ends_cleanly(tmp_path):
-    proc, run_dir = start(tmp_path, cluster(3, 2, 1, scheduled_timesteps=150_000))
+    config = cluster(3, 2, 1, scheduled_timesteps=150_000)
+    config["cluster"].update(NO_RESTARTS)  # the run ends cleanly without the actor (test_survival: with it)
+    proc, run_dir = start(tmp_path, config)
     try:
         victim = pids(run_dir)["actor-1"]
         wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 1000, 120, "env steps")
@@ -142,7 +145,9 @@ def test_sigkill_an_actor_the_run_still_ends_cleanly(tmp_path):
 
 
 def test_killing_the_coordinator_ends_every_role_nonzero(tmp_path):
-    proc, run_dir = start(tmp_path, cluster(2, 2, 1, scheduled_timesteps=10**9))
+    config = cluster(2, 2, 1, scheduled_timesteps=10**9)
+    config["cluster"].update(NO_RESTARTS)  # not the run restarting itself (test_survival)
+    proc, run_dir = start(tmp_path, config)
     try:
         started = pids(run_dir)
         wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 120, "learner steps")

@@ -78,6 +78,12 @@ def test_a_sigkilled_actor_is_restarted_and_its_successor_gets_credits(tmp_path)
     assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
 
 
+def steps(run_dir) -> list[int]:
+    """Learner steps of the checkpoints on disk, oldest first."""
+    found = checkpoint.list_checkpoints(run_dir / "checkpoints")
+    return [int(checkpoint.CHECKPOINT_RE.match(p.name).group(1)) for p in found]
+
+
 def test_sigkill_every_process_then_resume_from_the_newest_checkpoint(tmp_path):
     config = impala_config()
     config["agent"]["scheduled_global_steps"] = 400
@@ -85,7 +91,9 @@ def test_sigkill_every_process_then_resume_from_the_newest_checkpoint(tmp_path):
     proc, run_dir = start(tmp_path, config)
     try:
         started = pids(run_dir)
-        wait_for(lambda: len(checkpoint.list_checkpoints(run_dir / "checkpoints")) >= 2, 180, "two checkpoints")
+        # Two of every 50 steps: not the first one, written at the first publication (before the
+        # run's counters reached learner 0), which pruning then drops.
+        wait_for(lambda: steps(run_dir) and steps(run_dir)[0] >= 50 and len(steps(run_dir)) >= 2, 180, "2 checkpoints")
         for pid in [*started.values(), proc.pid]:  # no clean shutdown anywhere
             kill(pid)
         proc.wait(30)

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from cluster_helpers import alive, cluster, finish, pids, start, wait_for
+from cluster_helpers import NO_RESTARTS, alive, cluster, finish, pids, start, wait_for
 
 from aiorl.launch.spawner import WarmSpawner, _env_diff, enabled
 from aiorl.runtime.warm_fork import SpawnerChannel, seqpacket_pair
@@ -153,6 +153,7 @@ def test_the_evaluation_worker_is_forked_and_dies_with_its_learner(tmp_path):
     config = yaml.safe_load((ROOT / "examples" / "dppo_cartpole.yaml").read_text())
     config["agent"]["scheduled_timesteps"] = 10**9
     config["run"] = {"eval_every": 10**6, "eval_episodes": 1}
+    config["cluster"].update(NO_RESTARTS)  # the run would start again without its learner
     proc, run_dir = start(tmp_path, config)
     try:
         roles = pids(run_dir)
