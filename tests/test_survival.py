@@ -74,12 +74,14 @@ def successor(run_dir: Path, name: str, old: int) -> int:
     return pids(run_dir)[name]
 
 
-def kill_in_starting(run_dir: Path, actors: list[str]) -> list[str]:
+def kill_in_starting(run_dir: Path, actors: list[str], held: list[int]) -> list[str]:
     """Hold the run in STARTING (the last actor SIGSTOPped before it registers: it is still importing),
     SIGKILL actor-0 once it registered and wait for its successor to register, still in STARTING;
-    then SIGKILL the held actor, which never registered. Returns the victims."""
+    then SIGKILL the held actor, which never registered. Returns the victims; `held` gets the held
+    pid (a stopped process cannot act on its parent-death signal: the caller ends it if this fails)."""
     held_name = actors[-1]
     started = pids(run_dir)
+    held.append(started[held_name])
     kill(started[held_name], signal.SIGSTOP)
     wait_for(lambda: registered(run_dir, "actor-0", started["actor-0"]), 60, "actor-0 registered")
     assert role_status(run_dir)[0] == "STARTING"
@@ -131,14 +133,17 @@ def test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_f
     )
     actors = ["actor-0", "actor-1"]
     proc, run_dir = start(tmp_path, config)
+    held: list[int] = []
     try:
-        victims = kill_in_starting(run_dir, actors)
+        victims = kill_in_starting(run_dir, actors, held)
         more, lost_s = chaos(proc, run_dir, actors, random.Random(algo))
         victims += more
         code, out = finish(proc, timeout_s=240)
     finally:
         proc.kill()
         proc.wait()
+        for pid in held:
+            kill(pid)
     print(f"{algo}: kills {victims}; seconds from a kill to the successor stepping: {lost_s}")
     assert code == 0, out
     assert len(victims) >= 4, victims  # two in STARTING, at least two while RUNNING
