@@ -41,7 +41,7 @@ def run_attempts(cfg: Config, run_dir: RunDir, quiet: bool, spawner: WarmSpawner
         while True:
             launcher = launcher_for(cfg)(cfg, run_dir, quiet=quiet, spawner=spawner)
             code = launcher.run()
-            cause = launcher.run_restart_cause() if code != 0 else None
+            cause = launcher.run_restart_cause()  # None unless the attempt failed
             attempts.append(
                 {
                     "attempt": run_dir.identity.attempt,
@@ -96,7 +96,8 @@ def _conclude(cfg: Config, run_dir: RunDir, attempts: list[dict], code: int) -> 
     causes = [f"attempt {a['attempt']}: {a['cause']}" for a in attempts if a["cause"]]
     budget = cfg.cluster.max_run_restarts
     # The last attempt would have been restarted but for the budget (none at all: restarts are off).
-    spent = attempts[-1]["cause"] is not None and budget > 0
+    unrestarted = attempts[-1]["cause"] is not None
+    spent = unrestarted and budget > 0
     summary = run_dir.read_owned("summary.json")
     if summary is not None:
         summary["run_restarts"] = len(attempts) - 1
@@ -105,7 +106,7 @@ def _conclude(cfg: Config, run_dir: RunDir, attempts: list[dict], code: int) -> 
         if spent:
             summary["failures"] = [*summary.get("failures", []), *causes]
         run_dir.write_owned("summary.json", summary)
-    if attempts[-1]["cause"] is not None and budget == 0:
+    if unrestarted and budget == 0:
         print("aiorl: the run was not restarted: cluster.max_run_restarts is 0", file=sys.stderr, flush=True)
     elif spent:
         print(

@@ -173,6 +173,11 @@ class Roster:
         c = self.cfg.cluster
         return c.coordinator_timeout_s + 2 * c.heartbeat_interval_s
 
+    def may_return(self, record: RoleRecord, phase: Phase) -> bool:
+        """Whether a lost `record` may still come back: a restart is admitted (`admission`) before
+        STOPPING, within its budget."""
+        return phase <= Phase.RUNNING and self.restart_left(record)
+
     def restart_left(self, record: RoleRecord) -> bool:
         return (
             restartable(record.kind, record.index, self.synchronous) and record.restarts < self.cfg.cluster.max_restarts

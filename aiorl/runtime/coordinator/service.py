@@ -318,7 +318,7 @@ class Coordinator(Registration, LauncherNotices):
                     record.name,
                 )
                 self.requests.wake_work()
-        returns = self.phase <= Phase.RUNNING and self.roster.restart_left(record)
+        returns = self.roster.may_return(record, self.phase)
         self.push_to_memories("role_lost", {"role": record.name, "returns": returns})
 
     def push_to_memories(self, kind: str, meta: dict) -> None:
@@ -344,7 +344,7 @@ class Coordinator(Registration, LauncherNotices):
     def _role_failed(self, record: RoleRecord) -> None:
         """A role was lost or failed: what it means for the run (its own line is listed at the end)."""
         kind_alive = self.roster.alive(record.kind)
-        restart = self.phase <= Phase.RUNNING and self.roster.restart_left(record)
+        restart = self.roster.may_return(record, self.phase)
         if restart:
             log.warning(
                 "%s may come back: %d restart(s) left", record.name, self.cfg.cluster.max_restarts - record.restarts
