@@ -23,7 +23,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 $(BIN)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68" wheel "Cython>=3.0" "numpy>=2.0"
+	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77" wheel "Cython>=3.0" "numpy>=2.0"
 	@echo "installing $(TORCH_SPEC) from $(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configured index (pip config list))"
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	@$(BIN)/python -c "import torch; print('installed torch', torch.__version__, '| CUDA build:', torch.version.cuda or 'none (CPU)')"

@@ -1,6 +1,7 @@
 """`aiorl eval RUN_DIR`: text and JSON output, reproducible episodes, clear errors."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -118,6 +119,25 @@ def test_video_records_every_episode(tmp_path, capsys):
     videos = sorted((tmp_path / "video").glob("*.mp4"))
     assert [v.name for v in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
     assert all(v.stat().st_size > 0 for v in videos)
+
+
+def test_video_on_a_headless_host_prints_nothing_on_stderr(tmp_path):
+    """No display and no XDG_RUNTIME_DIR (a server, CI): the recording is off screen, so nothing
+    may complain on stderr. A process of its own: SDL's state is per process."""
+    pytest.importorskip("moviepy")
+    pytest.importorskip("pygame")
+    run_dir, _ = make_run_dir(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "DISPLAY")}
+    done = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "1", "--video", str(tmp_path / "v")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert [v.name for v in (tmp_path / "v").glob("*.mp4")] == ["eval-episode-0.mp4"]
 
 
 def test_video_without_its_extra_and_render_mode_wiring(tmp_path, capsys, monkeypatch):

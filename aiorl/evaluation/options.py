@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import os
 import tempfile
 from pathlib import Path
 
@@ -84,6 +85,10 @@ def render_env_config(env_cfg: EnvConfig, video_dir: str | None, render: bool) -
         raise EvalOptionError(
             f"--video needs {VIDEO_ENCODER} to encode the episodes: pip install 'aiorl[{VIDEO_EXTRA}]'"
         )
+    if video_dir is not None:
+        # Off-screen frames need no display: without this, SDL (pygame, which draws the classic
+        # control envs) looks for one and prints an XDG_RUNTIME_DIR error on a headless host.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     mode = "rgb_array" if video_dir is not None else "human"
     return dataclasses.replace(env_cfg, kwargs={**env_cfg.kwargs, "render_mode": mode})
 
