@@ -14,7 +14,7 @@ has exited. It works from any thread: the launcher takes over SIGINT/SIGTERM
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,21 @@ class RunResult:
     def ok(self) -> bool:
         return self.exit_code == 0
 
+    def __repr__(self) -> str:
+        # The summary is kilobytes: the repr says how the run ended; `.summary` has the rest.
+        s = self.summary
+        evaluation = (s.get("evaluation") or {}).get("best")
+        parts = [
+            f"{self.outcome}",
+            f"exit_code={self.exit_code}",
+            f"env_steps={s.get('env_steps')}",
+            f"learner_steps={s.get('learner_steps')}",
+            f"return_mean_100={s.get('return_mean_100')}",
+            *([f"best_eval={evaluation['return_mean']:g}"] if evaluation else []),
+            f"run_dir='{self.run_dir}'",
+        ]
+        return f"<RunResult {' '.join(parts)}>"
+
 
 def _override_list(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
     """``{"agent.batch_size": 64}`` or ``["agent.batch_size=64"]`` as `--set` strings."""
@@ -57,6 +72,21 @@ def _override_list(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[
     if isinstance(overrides, str):
         raise TypeError("overrides: give a mapping or a list of 'key.path=value' strings, not one string")
     return list(overrides)
+
+
+class _Callback:
+    """`on_metrics`, keeping the exception it raised for `run` to raise after the run."""
+
+    def __init__(self, fn: Callable[[dict], object]):
+        self.fn = fn
+        self.error: Exception | None = None
+
+    def __call__(self, row: dict) -> None:
+        try:
+            self.fn(row)
+        except Exception as exc:
+            self.error = exc
+            raise
 
 
 def _load(config: str | Path | Mapping | Config, overrides: list[str]) -> Config:
@@ -72,22 +102,32 @@ def run(
     overrides: Mapping[str, Any] | Sequence[str] | None = None,
     run_dir: str | Path | None = None,
     quiet: bool = True,
+    on_metrics: Callable[[dict], object] | None = None,
 ) -> RunResult:
     """Run `config` (a file, a mapping or a `Config`) with every role as a local process (on a Ray
     cluster with ``cluster.launcher: ray``); block until it ends. `overrides` are `--set` values;
-    `run_dir` is ``run.dir``; `quiet=False` shows the panel."""
+    `run_dir` is ``run.dir``; `quiet=False` shows the panel.
+
+    `on_metrics` is called, in this thread, with each row of the run's ``metrics.jsonl`` (a dict:
+    ``time_s``, ``phase``, ``env_steps``, ``learner_steps``, ``return_mean_100``, ``eval/...``;
+    see `aiorl.io.metrics`) within about a second of its writing, so that a notebook can show
+    progress its own way. If it raises, the run stops cleanly (as on Ctrl-C) and `run` raises that
+    exception once every role has exited."""
 
     sets = _override_list(overrides)
     cfg = _load(config, sets)
     if run_dir is not None:
         cfg.run.dir = str(run_dir)
+    callback = None if on_metrics is None else _Callback(on_metrics)
     warm = spawner.for_run(cfg, None)
     try:
         claimed = prepare_local_run(cfg, None, sets, warm)
-        code = run_attempts(cfg, claimed, quiet, warm)
+        code = run_attempts(cfg, claimed, quiet, warm, on_metrics=callback)
     finally:
         if warm is not None:
             warm.end()
+    if callback is not None and callback.error is not None:
+        raise callback.error
     return RunResult(claimed.path, code, read_json(claimed.path / "summary.json") or {})
 
 

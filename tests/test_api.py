@@ -44,10 +44,13 @@ def test_import_is_cheap_and_dir_shows_the_api():
 def test_run_from_a_thread_blocks_and_returns_the_summary(tmp_path):
     """No signal handler can be set outside the main thread: a notebook's worker thread must still run."""
     out: dict = {}
+    rows: list[dict] = []
 
     def target():
         try:
-            out["result"] = aiorl.run(SMALL, overrides={"run.seed": 3}, run_dir=tmp_path / "run")
+            out["result"] = aiorl.run(
+                SMALL, overrides={"run.seed": 3}, run_dir=tmp_path / "run", on_metrics=rows.append
+            )
         except BaseException as exc:  # surfaces in the assertion below
             out["error"] = exc
 
@@ -60,6 +63,44 @@ def test_run_from_a_thread_blocks_and_returns_the_summary(tmp_path):
     assert result.run_dir == tmp_path / "run"
     assert result.summary["env_steps"] >= 3000
     assert aiorl.load_config(result.run_dir / "config.yaml").run.seed == 3
+    # on_metrics saw every row of metrics.jsonl, in order, the last (EXITED) one included.
+    written = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows == written and rows[-1]["phase"] == "EXITED"
+    # A short repr: how it ended, not the kilobytes of summary.json.
+    text = repr(result)
+    assert text.startswith("<RunResult finished exit_code=0 ") and f"env_steps={result.summary['env_steps']}" in text
+    assert len(text) < 300, text
+
+
+def test_an_on_metrics_callback_that_raises_stops_the_run_cleanly_and_its_error_surfaces(tmp_path):
+    seen: list[dict] = []
+
+    def watch(row):
+        seen.append(row)
+        if row["env_steps"] > 0:
+            raise ValueError("enough for me")
+
+    # Long, but bounded: a launcher that ignored the error would end by run.max_seconds, "finished".
+    long = {
+        **SMALL,
+        "agent": {**SMALL["agent"], "scheduled_timesteps": 10**9},
+        "run": {**SMALL["run"], "max_seconds": 60},
+    }
+    with pytest.raises(ValueError, match="enough for me"):
+        aiorl.run(long, run_dir=tmp_path / "run", on_metrics=watch)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["outcome"] == "interrupted" and summary["env_steps"] < 10**9
+    assert seen[-1]["env_steps"] > 0  # not called again after it raised
+    pids = json.loads((tmp_path / "run" / "pids.json").read_text())
+    assert not [pid for pid in pids.values() if _alive(pid)]
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    return True
 
 
 def test_run_refuses_a_bad_config_before_anything_starts(tmp_path):

@@ -12,11 +12,11 @@ imports an algorithm's config side only, `get_algorithm` the whole algorithm.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import pkgutil
 
 from aiorl.config import ConfigError
+from aiorl.core.suggest import did_you_mean
 from aiorl.runtime.algorithm import Algorithm, AlgorithmSettings
 
 CONFIG_SUFFIX = "_config"
@@ -34,8 +34,7 @@ def get_settings(name: str) -> type[AlgorithmSettings]:
     """The `AlgorithmSettings` class registered as module `aiorl.algos.<name>_config` (no torch)."""
     names = available_algorithms()
     if name not in names:
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        hint = did_you_mean(name, names)
         raise ConfigError(f"algo: unknown algorithm {name!r}{hint} (available: {', '.join(names)})")
     module = importlib.import_module(f"aiorl.algos.{name}{CONFIG_SUFFIX}")
     settings = getattr(module, "SETTINGS", None)

@@ -4,11 +4,12 @@ with every error naming its key path."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from dataclasses import field
 from typing import Any
+
+from aiorl.core.suggest import did_you_mean
 
 
 class ConfigError(ValueError):
@@ -90,8 +91,7 @@ def build_dataclass(cls, data, path: str):
     for key, value in data.items():
         key_path = f"{path}.{key}" if path else str(key)
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
-            hint = f"; did you mean '{path + '.' if path else ''}{close[0]}'?" if close else ""
+            hint = did_you_mean(str(key), names, prefix=f"{path}." if path else "", cutoff=0.5)
             raise ConfigError(f"unknown key '{key_path}'{hint} (valid keys: {', '.join(names)})")
         kwargs[key] = coerce(value, hints[key], key_path)
     return cls(**kwargs)

@@ -8,9 +8,8 @@ without Atari loads without gymnasium.
 
 from __future__ import annotations
 
-import difflib
-
 from aiorl.config import ConfigError, EnvConfig
+from aiorl.core.suggest import did_you_mean
 
 PRESETS = ("atari",)
 BACKENDS = ("gymnasium", "ale_vector")
@@ -25,8 +24,7 @@ def check_env_config(env_cfg: EnvConfig) -> None:
     if env_cfg.preset is not None and env_cfg.preset not in PRESETS:
         raise ConfigError(f"env.preset: expected one of {', '.join(PRESETS)} (or null), got {env_cfg.preset!r}")
     if env_cfg.backend not in BACKENDS:
-        close = difflib.get_close_matches(str(env_cfg.backend), BACKENDS, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        hint = did_you_mean(str(env_cfg.backend), BACKENDS)
         raise ConfigError(f"env.backend: unknown backend {env_cfg.backend!r}{hint} (expected {', '.join(BACKENDS)})")
     if env_cfg.preset_options and env_cfg.preset is None:
         raise ConfigError("env.preset_options: set env.preset too (the options belong to a preset)")

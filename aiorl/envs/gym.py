@@ -6,6 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 from aiorl.config import ConfigError
+from aiorl.core.suggest import did_you_mean
 
 
 def gym_make(env_id: str, kwargs: dict) -> gym.Env:
@@ -50,6 +51,15 @@ def custom_env(env_id: str) -> str | gym.envs.registration.EnvSpec:
             f"env.id: importing module {module_name!r} of {env_id!r} failed: {type(exc).__name__}: {exc}"
         ) from None
     entry = getattr(module, name, None)
-    if name in gym.registry or not callable(entry):
-        return env_id  # a registered id (Gymnasium names what is missing if it is not)
+    if name in gym.registry:
+        return env_id
+    if not callable(entry):
+        # Gymnasium's own hint knows only registered ids; a user who wrote module:Name may as
+        # well have meant one of the module's classes or functions.
+        own = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
+        hint = did_you_mean(name, own + list(gym.registry), prefix=f"{module_name}:")
+        raise ConfigError(
+            f"env.id: module {module_name!r} has no env class or function {name!r} and registers no env "
+            f"id {name!r}{hint}"
+        )
     return gym.envs.registration.EnvSpec(id=name, entry_point=entry)

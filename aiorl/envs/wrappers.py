@@ -20,12 +20,12 @@ clipping, life loss) are the preset's business.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 
 import gymnasium as gym
 
 from aiorl.config import ConfigError
+from aiorl.core.suggest import did_you_mean
 from aiorl.envs import atari
 
 
@@ -47,8 +47,7 @@ def wrapper_class(name: str, where: str) -> type:
             raise ConfigError(f"{where}: Gymnasium's {name} cannot be imported here: {exc}") from None
         if isinstance(cls, type) and issubclass(cls, gym.Wrapper):
             return cls
-    close = difflib.get_close_matches(name, names + list(own), n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
+    hint = did_you_mean(name, names + list(own))
     raise ConfigError(f"{where}: unknown wrapper {name!r}{hint} (the names in gymnasium.wrappers, and EpisodicLife)")
 
 
@@ -92,8 +91,7 @@ def parse_wrappers(items, key: str = "env.wrappers") -> list[tuple[type, dict]]:
         accepted = {p.name for p in params}
         for kw in kwargs:
             if kw not in accepted:
-                close = difflib.get_close_matches(str(kw), sorted(accepted), n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
+                hint = did_you_mean(str(kw), sorted(accepted))
                 raise ConfigError(f"{where}: unknown keyword {kw!r}{hint} (accepted: {', '.join(sorted(accepted))})")
         missing = [p.name for p in params if p.default is p.empty and p.name not in kwargs]
         if missing:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 
 from aiorl.config import Config
 from aiorl.io.rundir import RunDir
@@ -33,13 +34,20 @@ from aiorl.launch import launcher_for
 from aiorl.launch.spawner import WarmSpawner
 
 
-def run_attempts(cfg: Config, run_dir: RunDir, quiet: bool, spawner: WarmSpawner | None) -> int:
-    """Launch the run until an attempt ends for a reason a restart cannot help; its exit code."""
+def run_attempts(
+    cfg: Config,
+    run_dir: RunDir,
+    quiet: bool,
+    spawner: WarmSpawner | None,
+    on_metrics: Callable[[dict], object] | None = None,
+) -> int:
+    """Launch the run until an attempt ends for a reason a restart cannot help; its exit code.
+    `on_metrics` is called with each metrics row (`aiorl.run`)."""
     budget = cfg.cluster.max_run_restarts
     attempts: list[dict] = []
     try:
         while True:
-            launcher = launcher_for(cfg)(cfg, run_dir, quiet=quiet, spawner=spawner)
+            launcher = launcher_for(cfg)(cfg, run_dir, quiet=quiet, spawner=spawner, on_metrics=on_metrics)
             code = launcher.run()
             cause = launcher.run_restart_cause()  # None unless the attempt failed
             attempts.append(

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,8 +98,16 @@ def describe_exit(code: int | None) -> str:
 
 
 class LocalLauncher:
-    def __init__(self, cfg: Config, run_dir: RunDir, quiet: bool = False, spawner: WarmSpawner | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: RunDir,
+        quiet: bool = False,
+        spawner: WarmSpawner | None = None,
+        on_metrics: Callable[[dict], object] | None = None,
+    ):
         self.cfg = cfg
+        self.on_metrics = on_metrics  # each metrics row, as the launcher reads it (aiorl.run)
         self.spawner = spawner  # forks the roles; None: each role is a process started on its own
         self.rundir = run_dir
         self.run_dir = run_dir.path
@@ -174,13 +183,13 @@ class LocalLauncher:
         log.debug("started %s (pid %d)", child.name, proc.pid)
         return child
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum, frame, why: str | None = None) -> None:
         self.signals += 1
         coordinator = self.coordinator
         if self.signals == 1 and coordinator is not None and coordinator.proc.poll() is None:
             self.signal_name = signal.Signals(signum).name
             print(
-                f"\naiorl: {self.signal_name}: stopping the run cleanly (press Ctrl-C again to kill it)",
+                f"\naiorl: {why or self.signal_name}: stopping the run cleanly (press Ctrl-C again to kill it)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -265,7 +274,7 @@ class LocalLauncher:
         # the run keeps Python's and is stopped through its stop criteria.
         in_main = threading.current_thread() is threading.main_thread()
         old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
-        progress = self.progress = Progress(self.cfg, self.run_dir, quiet=self.quiet)
+        progress = self.progress = Progress(self.cfg, self.run_dir, quiet=self.quiet, on_row=self.on_metrics)
         metrics = self.run_dir / "metrics.jsonl"
         progress.tail.offset = metrics.stat().st_size if metrics.exists() else 0  # a resume appends
         progress.logs.skip_existing()
@@ -343,6 +352,9 @@ class LocalLauncher:
         others_gone_at = signalled_at = None
         while True:
             progress.update()
+            if progress.on_row_error is not None and self.signals == 0:
+                error = progress.on_row_error
+                self._on_signal(signal.SIGINT, None, why=f"on_metrics raised {type(error).__name__}: {error}")
             now = time.monotonic()
             self._restart_due(now)
             alive = [ch for ch in self.children.values() if ch.proc.poll() is None]

@@ -252,8 +252,12 @@ def role_problems(row: dict) -> list[str]:
 
 
 class Progress:
-    def __init__(self, cfg: Config, run_dir: Path, quiet: bool = False, stream=None, panel_metrics=None):
+    def __init__(self, cfg: Config, run_dir: Path, quiet: bool = False, stream=None, panel_metrics=None, on_row=None):
         self.cfg = cfg
+        # Called with each metrics row as it is read (`aiorl.run(on_metrics=...)`), quiet or not;
+        # the first exception it raises is kept in `on_row_error` and it is not called again.
+        self.on_row = on_row
+        self.on_row_error: Exception | None = None
         self.run_dir = run_dir
         self.stream = stream or sys.stdout
         self.quiet = quiet
@@ -304,6 +308,7 @@ class Progress:
             self.rates.add(new)
             if "eval/return_mean" in new:
                 self.state.evaluation = {k: v for k, v in new.items() if k.startswith("eval/")}
+            self._tell(new)
         problems = self.logs.poll()
         s = self.state
         if row is not None:
@@ -324,11 +329,19 @@ class Progress:
                     )
         return row
 
+    def _tell(self, row: dict) -> None:
+        if self.on_row is None:
+            return
+        try:
+            self.on_row(dict(row))  # a copy: what the callback does to it is its own business
+        except Exception as exc:
+            self.on_row, self.on_row_error = None, exc
+
     def stop(self, final: dict | None = None, roles_alive: int | None = None) -> None:
         """End the display; with `final` (summary.json), the last frame shows how the run ended."""
         if self.live is None:
             if self.quiet:
-                self.logs.poll()  # shown nowhere, but counted for the launcher's closing lines
+                self._read()  # shown nowhere, but counted for the launcher's closing lines
             else:
                 self.update()
             return
@@ -341,6 +354,8 @@ class Progress:
 
     def update(self) -> None:
         if self.quiet:
+            if self.on_row is not None:
+                self._read()
             return
         row = self._read()
         if row is None:

@@ -209,8 +209,9 @@ def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
 class RayLauncher(LocalLauncher):
     """Run every role of a config on a Ray cluster (`cluster.ray_address`); see the module doc."""
 
-    def __init__(self, cfg, run_dir, quiet: bool = False, spawner=None):
-        super().__init__(cfg, run_dir, quiet=quiet)  # roles start on their nodes: no local spawner
+    def __init__(self, cfg, run_dir, quiet: bool = False, spawner=None, on_metrics=None):
+        # Roles start on their nodes: no local spawner.
+        super().__init__(cfg, run_dir, quiet=quiet, on_metrics=on_metrics)
         self.groups: dict[str, object] = {}  # role kind -> placement group
         self.hosts: dict[str, object] = {}  # role name -> its current RoleHost
         self.placed: dict[str, dict] = {}  # role name -> where its current RoleHost is

@@ -16,10 +16,10 @@ observation encoder:
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 from aiorl.config import ConfigError
+from aiorl.core.suggest import did_you_mean
 
 # Activation layer name -> its class in torch.nn.
 ACTIVATIONS = {"relu": "ReLU", "tanh": "Tanh", "elu": "ELU", "gelu": "GELU", "silu": "SiLU"}
@@ -60,8 +60,7 @@ def parse_network(spec, path: str) -> list[Layer]:
             raise ConfigError(f"{where}: expected a layer string such as 'linear:64', got {item!r}")
         kind, *raw = item.strip().lower().split(":")
         if kind not in LAYER_KINDS:
-            close = difflib.get_close_matches(kind, LAYER_KINDS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = did_you_mean(kind, LAYER_KINDS)
             raise ConfigError(f"{where}: unknown layer {item!r}{hint} (known: {', '.join(LAYER_KINDS)})")
         try:
             args = tuple(int(a) for a in raw)
