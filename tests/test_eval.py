@@ -78,6 +78,13 @@ def test_box_actions(tmp_path, capsys):
 def test_errors_exit_2_with_a_reason(tmp_path, capsys):
     assert main(["eval", str(tmp_path)]) == 2
     assert "is not a run directory (no config.yaml)" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "nope")]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"aiorl eval: {tmp_path / 'nope'} does not exist (a run directory, such as runs/latest, was expected)\n"
+    )
+    assert main(["status", str(tmp_path / "nope")]) == 2
+    assert f"TARGET '{tmp_path / 'nope'}' does not exist" in capsys.readouterr().err
     run_dir, _ = make_run_dir(tmp_path)
     (run_dir / "policy" / "policy.pt2").unlink()
     assert main(["eval", str(run_dir)]) == 2

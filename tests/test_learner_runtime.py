@@ -133,15 +133,14 @@ async def test_a_memory_connection_that_ends_before_its_end_message_fails_the_le
 async def test_beta_anneals_over_the_runs_learner_steps_not_this_learners(tmp_path):
     learner = make_learner(tmp_path, ["cluster.learners=2"])
     assert learner.beta() == pytest.approx(0.4)
-    # The last heartbeat said the run is at 500 of 1000 learner steps; this learner sent 250 of them
-    # and has made 10 more since, so the run is at about 520.
-    learner.run_counters = {"learner_steps": 500, "env_steps": 0}
-    learner.counters_at_heartbeat = {"learner_steps": 250}
+    # Two data-parallel learners step together, each to its share (500) of the run's 1000: this
+    # one's 260 steps put the run at 520, whatever the last heartbeat said (it lags).
+    learner.run_counters = {"learner_steps": 400, "env_steps": 0}
     learner.counters["learner_steps"] = 260
     assert learner.schedule_progress() == pytest.approx(0.52)
     assert learner.beta() == pytest.approx(0.4 + 0.52 * 0.6)
-    learner.run_counters["learner_steps"] = 1000
-    assert learner.beta() == pytest.approx(1.0)
+    learner.counters["learner_steps"] = 500  # its share done: the run's budget is (it stops there)
+    assert learner.beta() == pytest.approx(1.0) and learner.budget_reached
 
 
 async def test_beta_anneals_over_env_steps_when_those_end_the_run(tmp_path):

@@ -7,10 +7,12 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from aiorl.core.console import aiorl_command
 from aiorl.experiment.loading import load_config
 from aiorl.launch.panel import PanelState, Progress, RateWindow, render_panel
 from aiorl.launch.role_logs import RoleLogWatch
@@ -108,7 +110,23 @@ def test_last_frame_says_exited_with_the_summary_counters_and_the_next_command(t
     assert "20,512" in text and "812" in text and "999" in text and "31.25" in text  # summary.json's, not the row's
     assert "stopped: reached scheduled_timesteps (20016 >= 20000)" in text
     assert "at the stop env_steps 20,016, learner_steps 800" in text
-    assert f"policy at {tmp_path / 'policy'}; try `aiorl eval {tmp_path} --episodes 20`" in text
+    assert f"policy at {tmp_path / 'policy'}; try `{aiorl_command()} eval {tmp_path} --episodes 20`" in text
+
+
+@pytest.mark.parametrize("activated", [True, False])
+def test_the_suggested_command_runs_as_written_with_the_venv_activated_or_not(tmp_path, monkeypatch, activated):
+    """After `make run` the venv is not activated: `aiorl` is not on PATH, and a hint that said
+    `aiorl eval ...` failed with "command not found". The hint names what this shell can run."""
+    venv_bin = Path(sys.executable).parent
+    others = [p for p in os.environ["PATH"].split(os.pathsep) if Path(p).resolve() != venv_bin.resolve()]
+    path = os.pathsep.join(([str(venv_bin)] if activated else []) + others)
+    monkeypatch.setenv("PATH", path)
+    command = aiorl_command()
+    assert (command == "aiorl") == activated, command
+    done = subprocess.run(
+        f"{command} --version", shell=True, capture_output=True, text=True, env={**os.environ, "PATH": path}
+    )
+    assert done.returncode == 0 and done.stdout.startswith("aiorl "), done.stderr
 
 
 def test_no_eta_after_an_interrupt():

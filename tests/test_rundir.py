@@ -151,3 +151,32 @@ def test_identity_travels_through_the_environment():
     assert Identity.from_env(identity.env()) == identity
     by_hand = Identity.from_env({})
     assert by_hand.launch_id and by_hand.run_id == "" and by_hand.attempt == 1
+
+
+def test_runs_latest_points_at_the_newest_run_launched_there(tmp_path, monkeypatch):
+    from aiorl.experiment.loading import load_config
+    from aiorl.io.rundir import claim
+
+    monkeypatch.chdir(tmp_path)
+    data = {"algo": "random_agent", "env": {"id": "CartPole-v1"}, "agent": {"scheduled_timesteps": 100}}
+    first = claim(load_config(data=data), None, [])
+    first.close()
+    assert os.readlink("runs/latest") == first.path.name  # relative: the runs folder can move
+    monkeypatch.setattr("time.strftime", lambda fmt: "20990101-000000")  # a second name
+    second = claim(load_config(data=data), None, [])
+    second.close()
+    assert os.readlink("runs/latest") == second.path.name != first.path.name
+    assert (Path("runs/latest") / "config.yaml").is_file()
+    # Resuming a run there makes it the newest launched.
+    checkpoint.save(first.path / "checkpoints", 1, {"w": torch.zeros(1)}, {}, keep=1)
+    claim(load_config(data=data), str(first.path), []).close()
+    assert os.readlink("runs/latest") == first.path.name
+    # A run.dir of the user's own touches no `latest` beside it.
+    claim(load_config(data={**data, "run": {"dir": str(tmp_path / "mine" / "r")}}), None, []).close()
+    assert not (tmp_path / "mine" / "latest").exists()
+    # Nor does aiorl replace a `latest` that is not its link.
+    os.unlink("runs/latest")
+    os.mkdir("runs/latest")
+    monkeypatch.setattr("time.strftime", lambda fmt: "20990101-000001")
+    claim(load_config(data=data), None, []).close()
+    assert Path("runs/latest").is_dir() and not Path("runs/latest").is_symlink()

@@ -43,7 +43,8 @@ def resolve_target(target: str, token_file: str | None) -> tuple[str, int, bytes
         return host, int(address["port"]), load_token(token_path), path
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit():
-        raise StatusError(f"TARGET {target!r}: expected a run directory or host:port")
+        missing = " does not exist" if not path.exists() else " is not a directory" if sep == "" else ""
+        raise StatusError(f"TARGET {target!r}{missing}: expected a run directory or host:port")
     return host, int(port), load_token(token_file), None
 
 

@@ -4,7 +4,10 @@ role started by hand (its connect, phase and exit lines), as ``aiorl <role>: <me
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
+from pathlib import Path
 
 # Log records with this attribute set also go to the console of a role started by hand.
 CONSOLE = "console"
@@ -22,3 +25,19 @@ def console_handler(name: str) -> logging.Handler:
     handler.addFilter(_ConsoleFilter())
     handler.setFormatter(logging.Formatter(f"aiorl {name}: %(message)s"))
     return handler
+
+
+def aiorl_command() -> str:
+    """`aiorl` as the user can type it in this shell, for the commands aiorl suggests: ``aiorl``
+    when that is on PATH and is this installation; else this installation's script (a venv not
+    activated: ``.venv/bin/aiorl``), else ``python -m aiorl`` with this interpreter."""
+    script = Path(sys.executable).parent / "aiorl"
+    if not script.is_file():
+        return f"{sys.executable} -m aiorl"
+    found = shutil.which("aiorl")
+    if found is not None and os.path.samefile(found, script):
+        return "aiorl"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)

@@ -42,13 +42,15 @@ def evaluate_run(
     render: bool = False,
     which: str | None = None,
 ) -> dict:
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not run_dir.exists():
+        raise EvalError(f"{run_dir} does not exist (a run directory, such as runs/latest, was expected)")
+    if not config_path.is_file():
+        raise EvalError(f"{run_dir} is not a run directory (no config.yaml)")
     import torch
 
     torch.set_num_threads(1)  # one observation at a time: extra threads only cost
-    run_dir = Path(run_dir)
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise EvalError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_config(config_path)
     given = [
         name

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import secrets
 import time
@@ -49,6 +50,7 @@ from aiorl.io import checkpoint
 FILE_MODE = 0o644
 DIR_MODE = 0o700
 OWNER_FILE = "run.json"
+LATEST = "latest"  # runs/latest: a link to the newest run launched in runs/
 LOCK_FILE = ".lock"
 # Files of one launch: a new launch removes the previous launch's.
 LAUNCH_FILES = ("coordinator.json", "pids.json", "exits.json")
@@ -56,6 +58,8 @@ ENV_RUN_ID = "AIORL_RUN_ID"
 ENV_LAUNCH_ID = "AIORL_LAUNCH_ID"
 ENV_ATTEMPT = "AIORL_ATTEMPT"
 ENV_RESUME_FROM = "AIORL_RESUME_FROM"
+
+log = logging.getLogger("aiorl.rundir")
 
 
 class RunDirError(Exception):
@@ -162,6 +166,24 @@ def default_path(algo: str, env_id: str) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
+
+
+def point_latest_at(path: Path) -> None:
+    """Make ``latest`` beside `path` (``runs/latest``) a relative link to it: every command takes
+    the newest run as ``runs/latest``. Replaced atomically; a ``latest`` that is not a link (the
+    user's own) is left alone."""
+    link = path.parent / LATEST
+    if link.exists() and not link.is_symlink():
+        log.warning("%s is not a link made by aiorl; left as it is", link)
+        return
+    tmp = path.parent / f".{LATEST}-{os.getpid()}"
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(path.name, target_is_directory=True)
+        os.replace(tmp, link)
+    except OSError as exc:  # a read-only or odd file system: the run goes on without the shortcut
+        log.warning("cannot point %s at %s: %s", link, path.name, exc)
+        tmp.unlink(missing_ok=True)
 
 
 def role_run_dir(path: str | Path | None, algo: str, env_id: str) -> Path:
@@ -315,8 +337,12 @@ def claim(cfg, resume: str | None, overrides: list[str]) -> RunDir:
     anything) or, with `resume`, the given one continued. Writes the resolved config into it."""
     if resume is not None:
         run_dir = RunDir.resume(Path(resume).resolve(), overrides)  # roles may not share our cwd
+        if (run_dir.path.parent / LATEST).is_symlink():
+            point_latest_at(run_dir.path)
     else:
         run_dir = RunDir.create(cfg.run.dir or default_path(cfg.algo, cfg.env.id), overrides)
+        if not cfg.run.dir:
+            point_latest_at(run_dir.path)
     cfg.run.dir = str(run_dir.path.resolve())
     cfg.dump(run_dir.path / "config.yaml")
     return run_dir

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from aiorl.algos import get_settings
 from aiorl.config import Config
+from aiorl.core.console import aiorl_command
 from aiorl.io.export import LEGACY_POLICY_FILE, POLICY_FILE
 from aiorl.launch.role_logs import RoleLogWatch
 
@@ -118,6 +119,29 @@ class PanelState:
     final: dict | None = None  # summary.json, once the run has ended
     roles_alive: int | None = None  # the launcher's count at the end
     evaluation: dict | None = None  # the eval/* keys of the newest row that had them
+    # What the memory hosts hold: "replay" (its size and fill), "queue" (IMPALA's fragments) or
+    # None (the rounds of a synchronous algorithm: nothing worth a line).
+    store: str | None = "replay"
+    # Seconds since this launch started (the launcher's clock); None: the row's time_s. A resumed
+    # run's rows count from its first launch.
+    elapsed_s: float | None = None
+
+    def elapsed_text(self) -> str:
+        run_s = self.row.get("time_s") or 0
+        if self.elapsed_s is None:
+            return f"elapsed {_clock(run_s)}"
+        own = f"elapsed {_clock(self.elapsed_s)}"
+        return own if run_s <= self.elapsed_s + 1 else f"{own} (run {_clock(run_s)})"
+
+    def store_text(self) -> str | None:
+        row = self.row
+        if self.store == "replay":
+            fill = row.get("replay_fill")
+            return f"{row.get('replay_size', 0) or 0:,}" + ("" if fill is None else f" ({100 * fill:.0f}%)")
+        if self.store == "queue":
+            size, capacity = row.get("queue/fragments"), row.get("queue/capacity")
+            return f"{size or 0:,}" + (f"/{capacity:,} fragments" if capacity else " fragments")
+        return None
 
     def eval_text(self) -> str | None:
         e = self.evaluation
@@ -149,22 +173,18 @@ def next_command(run_dir: Path) -> str | None:
     policy = run_dir / "policy"
     if not ((policy / POLICY_FILE).exists() or (policy / LEGACY_POLICY_FILE).exists()):
         return None
-    return f"policy at {policy}; try `aiorl eval {run_dir} --episodes 20`"
+    return f"policy at {policy}; try `{aiorl_command()} eval {run_dir} --episodes 20`"
 
 
 def stopped_at_note(final: dict) -> str | None:
     """The counters the stop was decided on, when the final ones (summary.json's) are past them: the
     work in flight at the stop finishes after it (actors' last batches, the learners' training
     while those arrive, and the batches they hold credits for)."""
-    at = final.get("stopped_at")
-    if not at or (
-        at.get("env_steps") == final.get("env_steps") and at.get("learner_steps") == final.get("learner_steps")
-    ):
+    at = final.get("stopped_at") or {}
+    if all(at[key] == final.get(key) for key in at):
         return None
-    return (
-        f"at the stop env_steps {at.get('env_steps'):,}, learner_steps {at.get('learner_steps'):,} "
-        "(the work in flight then finished after it)"
-    )
+    counts = ", ".join(f"{key} {at[key]:,}" for key in ("env_steps", "learner_steps") if key in at)
+    return f"at the stop {counts} (the work in flight then finished after it)"
 
 
 def stop_line(final: dict) -> str:
@@ -190,14 +210,13 @@ def render_panel(state: PanelState):
         Text(state.goal_key, style="bold"),
         ProgressBar(total=state.goal or None, completed=min(done, state.goal) if state.goal else 0, width=30),
         f"{done:,}" + (f"/{state.goal:,} ({100 * min(done / state.goal, 1):.0f}%)" if state.goal else ""),
-        f"elapsed {_clock(row.get('time_s') or 0)}",
+        state.elapsed_text(),
         *([f"eta {_clock(state.eta_s())}"] if state.eta_s() is not None else []),
     )
 
     table = Table.grid(padding=(0, 2))
     for _ in range(4):
         table.add_column()
-    fill = row.get("replay_fill")
     table.add_row("phase", f"[bold]{phase}", "roles alive", str(alive))
     table.add_row(
         "env steps",
@@ -214,9 +233,10 @@ def render_panel(state: PanelState):
         table.add_row(*(cell for item in pair for cell in item), *([""] * (4 - 2 * len(pair))))
     if state.eval_text() is not None:
         table.add_row("last evaluation", state.eval_text(), "", "")
+    store = state.store_text()
     table.add_row(
-        "replay",
-        f"{row.get('replay_size', 0) or 0:,}" + ("" if fill is None else f" ({100 * fill:.0f}%)"),
+        state.store if store is not None else "",
+        store or "",
         "weights version",
         str(row.get("weights_version", "-")),
     )
@@ -233,15 +253,14 @@ def render_panel(state: PanelState):
     return Panel(Group(*lines), title=state.title, subtitle=str(state.run_dir), expand=False)
 
 
-def summary_line(row: dict, env_rate=None, learner_rate=None) -> str:
-    fill = row.get("replay_fill")
+def summary_line(row: dict, env_rate=None, learner_rate=None, store: str | None = None) -> str:
+    """The plain line's counters; `store`: PanelState.store_text()'s words, with its name."""
     env_rate = row.get("env_steps_per_s") if env_rate is None else env_rate
     learner_rate = row.get("learner_steps_per_s") if learner_rate is None else learner_rate
     return (
         f"env {row.get('env_steps', 0):,} ({_fmt(env_rate, ',.0f')}/s)  "
         f"learner {row.get('learner_steps', 0):,} ({_fmt(learner_rate, ',.0f')}/s)  "
-        f"return {_fmt(row.get('return_mean_100'))}  "
-        f"replay {row.get('replay_size', 0):,}{'' if fill is None else f' ({100 * fill:.0f}%)'}"
+        f"return {_fmt(row.get('return_mean_100'))}" + (f"  {store}" if store else "")
     )
 
 
@@ -275,9 +294,14 @@ class Progress:
             goal_key, goal = "learner_steps", a.scheduled_global_steps
         else:
             goal_key, goal = "env_steps", None
+        settings = get_settings(cfg.algo)
         if panel_metrics is None:
-            panel_metrics = get_settings(cfg.algo).panel_metrics
+            panel_metrics = settings.panel_metrics
         self.state = PanelState(f"aiorl {cfg.algo} on {cfg.env.id}", run_dir, goal_key, goal, tuple(panel_metrics))
+        self.state.store = (
+            "replay" if settings.keeps_replay(cfg) else "queue" if settings.fragment_queue(cfg) is not None else None
+        )
+        self.t0 = time.monotonic()
 
     @property
     def goal_key(self) -> str:
@@ -313,6 +337,7 @@ class Progress:
         s = self.state
         if row is not None:
             s.row = row
+        s.elapsed_s = time.monotonic() - self.t0
         s.env_rate, s.learner_rate = self.rates.rates()
         s.problems = self.logs.summary()
         s.problem_kind = self.logs.latest.kind if self.logs.latest else None
@@ -371,9 +396,11 @@ class Progress:
             done = row.get(self.goal_key, 0)
             goal = f"/{self.goal} ({100 * min(done / self.goal, 1):.0f}%)" if self.goal else ""
             problems = "; ".join(role_problems(row))
+            store = self.state.store_text()
+            store = store and f"{self.state.store} {store}"
             print(
-                f"[{row.get('time_s', 0):7.1f}s] {row.get('phase', '?'):<8} {self.goal_key} {done:,}{goal}  "
-                f"{summary_line(row, self.state.env_rate, self.state.learner_rate)}"
+                f"[{self.state.elapsed_s:7.1f}s] {row.get('phase', '?'):<8} {self.goal_key} {done:,}{goal}  "
+                f"{summary_line(row, self.state.env_rate, self.state.learner_rate, store)}"
                 + (f"  eval {self.state.eval_text()}" if self.state.eval_text() else "")
                 + (f"  !! {problems}" if problems else ""),
                 file=self.stream,

@@ -342,6 +342,8 @@ class ActorRole(Role):
         await self.wait_phase(Phase.RUNNING)
         self.idle.start()
         while self.phase == Phase.RUNNING:
+            if await self._budget_reached():
+                break
             if self._pending_weights is not None:
                 self.policy.set_weights(*self._pending_weights)
                 self._pending_weights = None
@@ -359,6 +361,19 @@ class ActorRole(Role):
                 and (self._pull is None or self._pull.done())
             ):
                 self._pull = self.spawn(self._pull_weights(), "weights pull")
+
+    async def _budget_reached(self) -> bool:
+        """At ``scheduled_timesteps`` by what this actor knows (`run_total_reached`): no more
+        rollouts. It tells the coordinator at once and waits for the stop, so the run ends at
+        most one rollout per actor, and what the others step until their next heartbeat,
+        past its budget. Synchronous actors finish their iteration instead (rounds are whole)."""
+        if not self.run_total_reached("env_steps", self.cfg.agent.scheduled_timesteps):
+            return False
+        self.log.info("scheduled_timesteps reached: no more rollouts; waiting for the stop")
+        self.beat_now()
+        with self.idle:
+            await self.wait_phase(Phase.STOPPING)
+        return True
 
     async def _pull_weights(self) -> None:
         reply = await self._request_or_lost("get_weights", {"have": self.policy.weights_version})
@@ -378,6 +393,8 @@ class ActorRole(Role):
         await self.wait_phase(Phase.RUNNING)
         self.idle.start()
         while self.phase == Phase.RUNNING:
+            if await self._budget_reached():
+                break
             if self._pending_weights is not None:
                 self.policy.set_weights(*self._pending_weights)
                 self._pending_weights = None

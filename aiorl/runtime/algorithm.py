@@ -203,6 +203,12 @@ class AlgorithmSettings:
         return None
 
     @classmethod
+    def keeps_replay(cls, cfg: Config) -> bool:
+        """Whether the memory hosts keep a replay buffer: not for a synchronous algorithm (its
+        rounds) nor for one with a fragment queue (IMPALA)."""
+        return not cls.is_synchronous(cfg) and cls.fragment_queue(cfg) is None
+
+    @classmethod
     def validate(cls, cfg: Config) -> None:
         """Refuse algorithm-specific values that cannot work (raise ConfigError)."""
 

@@ -154,6 +154,15 @@ class LearnerRole(LearnerOutputs, Role):
         """This learner's steps over the whole run, earlier launches included."""
         return self.step_base + self.counters["learner_steps"]
 
+    @property
+    def budget_reached(self) -> bool:
+        """This learner's share of ``scheduled_global_steps`` is done: it takes no more steps, so
+        the run stops at its budget, not a heartbeat of steps past it. Data-parallel learners
+        step together, so each stops at the same step (one waiting for another that stopped
+        would hang); their sum is the budget rounded up to a multiple of the learners."""
+        budget = self.cfg.agent.scheduled_global_steps
+        return budget is not None and self.total_steps >= -(-budget // self.cfg.cluster.learners)
+
     def beta(self) -> float:
         """PER's beta, annealed linearly to ``prioritized_replay_beta_final`` over the run's schedule."""
         a = self.cfg.agent
@@ -170,17 +179,16 @@ class LearnerRole(LearnerOutputs, Role):
 
         The larger of the run's learner steps over ``scheduled_global_steps``
         (the sum over every learner: what the coordinator stops on) and its env
-        steps over ``scheduled_timesteps``. The run's totals come with each
-        heartbeat reply; this learner's steps since then stand for every
-        learner's (data-parallel learners step together).
+        steps over ``scheduled_timesteps``. Learner steps: this learner's over
+        its share of the budget, where it stops (data-parallel learners step
+        together); env steps: the run's totals, which come with each heartbeat reply.
         """
         a = self.cfg.agent
         totals = self.run_counters
         frac = 0.0
         if a.scheduled_global_steps:
-            since = self.counters["learner_steps"] - self.counters_at_heartbeat.get("learner_steps", 0)
-            run_steps = max(totals.get("learner_steps", 0) + since * self.cfg.cluster.learners, self.total_steps)
-            frac = run_steps / a.scheduled_global_steps
+            # Data-parallel learners step together, each to its share of the budget (`budget_reached`).
+            frac = self.total_steps / -(-a.scheduled_global_steps // self.cfg.cluster.learners)
         if a.scheduled_timesteps:
             frac = max(frac, totals.get("env_steps", 0) / a.scheduled_timesteps)
         return min(1.0, frac)
@@ -313,7 +321,7 @@ class LearnerRole(LearnerOutputs, Role):
     async def _train(self, m: int | None, batch: dict, checkpoint_now: bool = True) -> bool:
         """One step on `batch`; True when the priorities sent also returned its credit.
         `checkpoint_now=False`: the caller checkpoints and evaluates (after publishing)."""
-        if self.stopped:
+        if self.stopped or self.budget_reached:
             self.unused_batches += 1
             return False
         t0 = time.perf_counter()
@@ -339,6 +347,9 @@ class LearnerRole(LearnerOutputs, Role):
             self.log.info("a data-parallel peer ran out of data; stopping after %d steps", step - 1)
             return False
         self.counters["learner_steps"] += 1
+        if self.budget_reached:
+            self.log.info("scheduled_global_steps reached: no more steps; waiting for the stop")
+            self.beat_now()
         self.last_metrics = {k: float(v) for k, v in result.metrics.items()}
         if self.lag.batches:
             self.last_metrics.update(self.lag.metrics())
@@ -401,7 +412,8 @@ class LearnerRole(LearnerOutputs, Role):
             if m in self.away:
                 continue  # a batch of a connection that closed since
             try:
-                if not await self._train(m, msg.arrays):
+                # At the budget a batch's credit is kept: the memory sends no more to skip.
+                if not await self._train(m, msg.arrays) and not self.budget_reached:
                     await self.memories[m].send(
                         "credit", {"n": 1, "beta": self.beta(), "version": self.weights_version()}
                     )
@@ -468,6 +480,12 @@ class LearnerRole(LearnerOutputs, Role):
                 self.log.warning("iteration %d: every actor was away (restarting); no step", iteration)
                 if self.index == 0:
                     await self._publish_weights()
+                iteration += 1
+                continue
+            if self.budget_reached:
+                # Past the budget no step and no new weights: the actors wait for them, and the
+                # coordinator (told by the heartbeat sent at the budget) stops the run.
+                self.unused_batches += len(parts)
                 iteration += 1
                 continue
             batch = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -121,6 +121,7 @@ class Role:
         self._late_failure: asyncio.Task | None = None
         self._spawned: set[asyncio.Task] = set()
         self._algorithm = None
+        self._beat_now: asyncio.Event | None = None  # set: send the next heartbeat at once
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} phase={self.phase.name} counters={self.counters}>"
@@ -476,14 +477,34 @@ class Role:
         meta.update(self.heartbeat_extra())
         return meta
 
+    def beat_now(self) -> None:
+        """Send the next heartbeat now, not at its interval: counters the coordinator should act
+        on at once (a stop budget reached)."""
+        if self._beat_now is not None:
+            self._beat_now.set()
+
+    def run_total_reached(self, key: str, budget: int | None) -> bool:
+        """Whether the run's counter `key` has reached `budget`, as far as this role knows: the
+        run's total at the last heartbeat plus this role's own steps since. The other roles'
+        steps since are unknown, so this never says yes too early: a role that stops on it
+        never keeps the run from reaching its budget."""
+        if budget is None:
+            return False
+        since = self.counters.get(key, 0) - self.counters_at_heartbeat.get(key, 0)
+        return self.run_counters.get(key, 0) + since >= budget
+
     async def _heartbeat_loop(self) -> None:
         interval = self.cfg.cluster.heartbeat_interval_s
         loop = asyncio.get_running_loop()
+        self._beat_now = asyncio.Event()
         while True:
             expected = loop.time() + interval
-            await asyncio.sleep(interval)
-            # How late the timer fired: the loop's responsiveness while work runs.
-            self._loop_lag_s = max(0.0, loop.time() - expected)
+            try:
+                await asyncio.wait_for(self._beat_now.wait(), interval)
+                self._beat_now.clear()
+            except TimeoutError:
+                # How late the timer fired: the loop's responsiveness while work runs.
+                self._loop_lag_s = max(0.0, loop.time() - expected)
             meta = self._heartbeat_meta()
             reply = await self._request_or_lost("heartbeat", meta)
             self._set_phase(Phase(int(reply.meta["phase"])))

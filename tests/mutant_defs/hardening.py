@@ -120,8 +120,8 @@ MUTANTS = [
     dict(
         name="beta-by-own-learner-steps",
         path="aiorl/runtime/learner.py",
-        old='            run_steps = max(totals.get("learner_steps", 0) + since * self.cfg.cluster.learners, self.total_steps)',
-        new="            run_steps = self.total_steps",
+        old="            frac = self.total_steps / -(-a.scheduled_global_steps // self.cfg.cluster.learners)",
+        new="            frac = self.total_steps / a.scheduled_global_steps",
         tests=[
             "tests/test_learner_runtime.py::test_beta_anneals_over_the_runs_learner_steps_not_this_learners",
             "tests/test_learner_runtime.py::test_two_learners_reach_the_final_beta_when_the_run_ends",

@@ -74,3 +74,60 @@ MUTANTS += [
         tests=[SUGGEST + "test_a_misspelt_class_of_a_users_module_is_suggested_before_a_registered_id"],
     ),
 ]
+
+BUDGETS = "tests/test_budgets.py::"
+
+MUTANTS += [
+    dict(
+        name="learners-step-past-their-budget",
+        path="aiorl/runtime/learner.py",
+        old="        if self.stopped or self.budget_reached:\n",
+        new="        if self.stopped:\n",
+        tests=[
+            BUDGETS + "test_a_learner_step_budget_is_met_exactly[1]",
+            BUDGETS + "test_an_es_iteration_budget_is_met_exactly",
+        ],
+    ),
+    dict(
+        name="each-data-parallel-learner-takes-the-whole-budget",
+        path="aiorl/runtime/learner.py",
+        old="self.total_steps >= -(-budget // self.cfg.cluster.learners)",
+        new="self.total_steps >= budget",
+        tests=[BUDGETS + "test_a_learner_step_budget_is_met_exactly[2]"],
+    ),
+    dict(
+        name="actors-step-past-the-env-budget",
+        path="aiorl/runtime/actor.py",
+        old='        if not self.run_total_reached("env_steps", self.cfg.agent.scheduled_timesteps):\n',
+        new="        if True:\n",
+        tests=[BUDGETS + "test_an_env_step_budget_ends_within_one_rollout_of_the_actor"],
+    ),
+    dict(
+        name="stop-records-a-stale-counter",
+        path="aiorl/runtime/coordinator/counters.py",
+        old="        if counter is not None:\n            self.at = {counter: self.at[counter]}\n",
+        new="",
+        tests=[BUDGETS + "test_an_es_iteration_budget_is_met_exactly"],
+    ),
+    dict(
+        name="latest-not-pointed-at-a-new-run",
+        path="aiorl/io/rundir.py",
+        old="        if not cfg.run.dir:\n            point_latest_at(run_dir.path)\n",
+        new="",
+        tests=["tests/test_rundir.py::test_runs_latest_points_at_the_newest_run_launched_there"],
+    ),
+    dict(
+        name="hint-says-aiorl-where-it-is-not-on-path",
+        path="aiorl/core/console.py",
+        old="    if found is not None and os.path.samefile(found, script):\n",
+        new="    if True:\n",
+        tests=["tests/test_panel.py::test_the_suggested_command_runs_as_written_with_the_venv_activated_or_not"],
+    ),
+    dict(
+        name="eval-of-a-missing-path-says-not-a-run-directory",
+        path="aiorl/evaluation/evaluate.py",
+        old="    if not run_dir.exists():\n",
+        new="    if False:\n",
+        tests=["tests/test_eval.py::test_errors_exit_2_with_a_reason"],
+    ),
+]

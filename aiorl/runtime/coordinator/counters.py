@@ -137,26 +137,34 @@ class RunCounters:
         }
 
 
-def stop_criterion(cfg: Config, counters: RunCounters) -> str | None:
-    """Why the run should stop now by its criteria (`agent.*`), or None."""
+def stop_criterion(cfg: Config, counters: RunCounters) -> tuple[str, str | None] | None:
+    """Why the run should stop now by its criteria (`agent.*`), with the counter that reached its
+    budget (None: a return reached its target); None: go on."""
     a = cfg.agent
     if a.scheduled_timesteps is not None and counters.env_steps >= a.scheduled_timesteps:
-        return f"reached scheduled_timesteps ({counters.env_steps} >= {a.scheduled_timesteps})"
+        return f"reached scheduled_timesteps ({counters.env_steps} >= {a.scheduled_timesteps})", "env_steps"
     if a.scheduled_global_steps is not None and counters.learner_steps >= a.scheduled_global_steps:
-        return f"reached scheduled_global_steps ({counters.learner_steps} >= {a.scheduled_global_steps})"
+        return (
+            f"reached scheduled_global_steps ({counters.learner_steps} >= {a.scheduled_global_steps})",
+            "learner_steps",
+        )
     if a.target_return is not None and evaluation_on(cfg):
         last = (counters.evaluation or {}).get("last")
         if last is not None and last["return_mean"] >= a.target_return:
             return (
                 f"evaluation {last['n']} (learner step {last['learner_steps']}): mean return "
-                f"{last['return_mean']:.1f} >= target_return {a.target_return}"
+                f"{last['return_mean']:.1f} >= target_return {a.target_return}",
+                None,
             )
         return None
     returns = counters.returns
     if a.target_return is not None and len(returns) >= min(100, returns.maxlen):
         mean = float(np.mean(returns))
         if mean >= a.target_return:
-            return f"mean return of the last {len(returns)} episodes {mean:.1f} >= target_return {a.target_return}"
+            return (
+                f"mean return of the last {len(returns)} episodes {mean:.1f} >= target_return {a.target_return}",
+                None,
+            )
     return None
 
 
@@ -166,16 +174,24 @@ class Stop:
     def __init__(self):
         self.reason: str | None = None
         # The counters the stop was decided on; the final ones are larger by the work in flight
-        # then (a learner trains the batches it holds credits for).
+        # then (a learner trains the batches it holds credits for). A budget's stop records only
+        # its counter: the other is as old as its owners' last heartbeat (0 for a quick run).
         self.at: dict | None = None
         self.event = asyncio.Event()
         self.failures: list[str] = []  # run-level; lost and failed roles are added at the end
         self.by_failure = False
         self.interrupted_by: str | None = None  # the signal that stopped the run
 
-    def begin(self, reason: str, counters: RunCounters, failed: bool = False, listed_later: bool = False) -> None:
+    def begin(
+        self,
+        reason: str,
+        counters: RunCounters,
+        failed: bool = False,
+        listed_later: bool = False,
+        counter: str | None = None,
+    ) -> None:
         """Stop the run; `failed`: because something went wrong (`listed_later`: a role's loss,
-        which the outcome lists at the end)."""
+        which the outcome lists at the end); `counter`: the one whose budget was reached."""
         if failed:
             self.by_failure = True
             if not listed_later:
@@ -185,4 +201,6 @@ class Stop:
         log.info("stopping: %s", reason)
         self.reason = reason
         self.at = {"env_steps": counters.env_steps, "learner_steps": counters.learner_steps}
+        if counter is not None:
+            self.at = {counter: self.at[counter]}
         self.event.set()

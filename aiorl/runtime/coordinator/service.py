@@ -193,13 +193,16 @@ class Coordinator(Registration, LauncherNotices):
     def _check_stop_criteria(self) -> None:
         if self.phase != Phase.RUNNING or self.stop_event.is_set():
             return
-        reason = stop_criterion(self.cfg, self.counters)
-        if reason is not None:
-            self.begin_stop(reason)
+        stop = stop_criterion(self.cfg, self.counters)
+        if stop is not None:
+            self.begin_stop(*stop)
 
-    def begin_stop(self, reason: str, failed: bool = False, role: RoleRecord | None = None) -> None:
-        """Stop the run; `failed`: because something went wrong (a `role`'s loss is listed at the end)."""
-        self.stop.begin(reason, self.counters, failed, listed_later=role is not None)
+    def begin_stop(
+        self, reason: str, counter: str | None = None, failed: bool = False, role: RoleRecord | None = None
+    ) -> None:
+        """Stop the run; `counter`: the one whose budget was reached; `failed`: because something
+        went wrong (a `role`'s loss is listed at the end)."""
+        self.stop.begin(reason, self.counters, failed, listed_later=role is not None, counter=counter)
 
     def interrupt(self, signal_name: str, who: str) -> None:
         """A signal asked the run to stop before its stop criterion held."""
