@@ -212,7 +212,8 @@ def test_heartbeats_flow_while_a_learner_step_runs_longer_than_the_heartbeat_tim
 @pytest.mark.parametrize(
     "stop, expected",
     [
-        ({"agent": {"target_return": 15.0}}, "target_return"),
+        # A budget far off: a run needs one (a target may never be reached); the target ends this one.
+        ({"agent": {"target_return": 15.0, "scheduled_timesteps": 10**9}}, "target_return"),
         ({"run": {"max_seconds": 2.0}}, "run.max_seconds"),
     ],
 )

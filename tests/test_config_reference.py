@@ -11,9 +11,11 @@ import yaml
 
 from aiorl.algos import available_algorithms, get_settings
 from aiorl.cli.main import main
+from aiorl.config import check_stops
 from aiorl.experiment import reference as config_reference
 from aiorl.experiment.loading import load_config
 from aiorl.runtime.algorithm import Algorithm
+from aiorl.runtime.evaluator import evaluation_on
 
 
 @pytest.mark.parametrize("algo", available_algorithms())
@@ -24,7 +26,14 @@ def test_config_algo_prints_every_key_with_its_doc_and_loads_back(algo, tmp_path
     path.write_text(text)
     cfg = load_config(path)  # what `aiorl run` loads
     assert cfg.algo == algo
-    assert cfg.to_dict() == load_config(data={"algo": algo}).to_dict()  # the defaults, every one
+    # The defaults, every one, but the starter's budget and evaluation: a config that stops.
+    starter = get_settings(algo).starter
+    expected = load_config(data={"algo": algo}, overrides=[f"{k}={v}" for k, v in starter.items()])
+    assert cfg.to_dict() == expected.to_dict()
+    check_stops(cfg)
+    assert cfg.agent.scheduled_timesteps or cfg.agent.scheduled_global_steps
+    if algo != "random_agent":  # it learns nothing worth evaluating
+        assert evaluation_on(cfg)
     data = yaml.safe_load(text)
     for key in config_reference.keys(algo):
         section, name = key.path.split(".", 1)
@@ -43,12 +52,37 @@ def test_a_loaded_config_binds_the_whole_algorithm_on_its_settings(algo):
     assert algorithm.make_learner is not Algorithm.make_learner and algorithm.name == algo
 
 
-def test_config_algo_output_passes_the_checks_aiorl_run_makes(tmp_path, capsys):
+@pytest.mark.parametrize("algo", available_algorithms())
+def test_config_algo_output_passes_the_checks_aiorl_run_makes(algo, tmp_path, capsys):
     from aiorl.experiment.preflight import check_local_run
 
-    assert main(["config", "apex_dqn"]) == 0
+    assert main(["config", algo]) == 0
     (tmp_path / "cfg.yaml").write_text(capsys.readouterr().out)
     check_local_run(load_config(tmp_path / "cfg.yaml"))
+
+
+def test_a_generated_config_runs_and_stops_by_itself_and_one_without_a_budget_is_refused(tmp_path, capsys):
+    assert main(["config", "random_agent"]) == 0
+    (tmp_path / "my.yaml").write_text(capsys.readouterr().out)
+    done = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "my.yaml", "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "reached scheduled_timesteps" in done.stdout
+    refused = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "my.yaml", "--set", "agent.scheduled_timesteps=null"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "no stop criterion" in refused.stderr and "run.max_seconds" in refused.stderr
+    assert (tmp_path / "runs").is_dir() and len(list((tmp_path / "runs").iterdir())) == 2  # one run and latest
 
 
 def test_config_show_prints_the_resolved_config_of_a_file(tmp_path, capsys):

@@ -256,6 +256,11 @@ def test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best(tmp_p
     assert not (run_dir / "policy" / ".eval").exists()
     assert not list(run_dir.glob(".evaluation-*"))  # the evaluation process was ended and cleaned up
 
+    # aiorl status of the finished run: the best evaluation beside the training return
+    assert main(["status", str(run_dir)]) == 0
+    status = capsys.readouterr().out
+    assert f"evaluation: best {best['return_mean']:.2f} ± {best['return_std']:.1f} at learner step " in status
+
     # aiorl eval: the best by default, --final the final one, each named
     assert main(["eval", str(run_dir), "--episodes", "2", "--json"]) == 0
     default = json.loads(capsys.readouterr().out)

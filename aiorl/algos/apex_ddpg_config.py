@@ -41,6 +41,12 @@ class ApexDDPGConfig:
 
 class ApexDDPGSettings(AlgorithmSettings):
     name = "apex_ddpg"
+    starter = {
+        "env.id": "Pendulum-v1",
+        "agent.scheduled_global_steps": 5000,
+        "run.eval_every": 500,
+        "run.eval_episodes": 10,
+    }
     model_config = ApexDDPGConfig
     panel_metrics = (
         ("critic loss", "learner/losses/critic_loss"),

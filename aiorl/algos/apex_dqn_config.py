@@ -42,6 +42,7 @@ class ApexDQNConfig:
 
 class ApexDQNSettings(AlgorithmSettings):
     name = "apex_dqn"
+    starter = {"agent.scheduled_global_steps": 30000, "run.eval_every": 1000, "run.eval_episodes": 10}
     model_config = ApexDQNConfig
     panel_metrics = (
         ("td loss", "learner/losses/td_loss"),

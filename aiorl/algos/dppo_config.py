@@ -58,6 +58,7 @@ class DPPOConfig:
 
 class DPPOSettings(AlgorithmSettings):
     name = "dppo"
+    starter = {"agent.scheduled_timesteps": 100000, "run.eval_every": 20, "run.eval_episodes": 10}
     model_config = DPPOConfig
     panel_metrics = (
         ("policy loss", "learner/losses/policy_loss"),

@@ -67,6 +67,7 @@ def layers_of(m: ESConfig) -> list:
 
 class ESSettings(AlgorithmSettings):
     name = "es"
+    starter = {"agent.scheduled_global_steps": 60, "run.eval_every": 5, "run.eval_episodes": 10}
     model_config = ESConfig
     panel_metrics = (
         ("es return", "learner/es/return_mean"),

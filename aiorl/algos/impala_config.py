@@ -68,6 +68,7 @@ class ImpalaConfig:
 
 class ImpalaSettings(AlgorithmSettings):
     name = "impala"
+    starter = {"agent.scheduled_timesteps": 200000, "run.eval_every": 100, "run.eval_episodes": 10}
     model_config = ImpalaConfig
     # The paper's unroll length and batch (32 fragments of 20 steps): the shared defaults
     # (batch 32, rollouts of 64) are not whole fragments.

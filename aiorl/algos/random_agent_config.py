@@ -23,6 +23,7 @@ class RandomAgentConfig:
 
 class RandomAgentSettings(AlgorithmSettings):
     name = "random_agent"
+    starter = {"agent.scheduled_timesteps": 10000}
     model_config = RandomAgentConfig
     panel_metrics = (("loss", "learner/loss"),)
 

@@ -141,10 +141,28 @@ def render_final(final: dict) -> str:
         f"env_steps {final['env_steps']}  learner_steps {final['learner_steps']}  "
         f"episodes {final['episodes']}  return_mean_100 {final.get('return_mean_100')}",
     ]
+    evaluation = evaluation_line(final.get("evaluation"))
+    if evaluation:
+        lines.append(evaluation)
     for name, role in final["roles"].items():
         lines.append(f"{name:<12} {role['status']:<9}" + (f"  ({role['reason']})" if role.get("reason") else ""))
     lines.extend(f"failure: {failure}" for failure in final.get("failures", []))
     return "\n".join(lines)
+
+
+def evaluation_line(evaluation: dict | None) -> str | None:
+    """The best and the last evaluation during training (summary.json's ``evaluation``), or None."""
+    best, last = (evaluation or {}).get("best"), (evaluation or {}).get("last")
+    if not best:
+        return None
+
+    def one(e: dict) -> str:
+        return f"{e['return_mean']:.2f} ± {e['return_std']:.1f} at learner step {e['learner_steps']:,}"
+
+    line = f"evaluation: best {one(best)} ({evaluation.get('count')} evaluations)"
+    if last and last.get("n") != best.get("n"):
+        line += f"; last {one(last)}"
+    return line
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -163,3 +163,16 @@ def check_synchronous(cfg: Config) -> None:
         f"agent.samples_per_insert: {cfg.algo} is synchronous (one rollout per actor per iteration, "
         "no replay), so there is nothing to rate limit; remove it",
     )
+
+
+def check_stops(cfg: Config) -> None:
+    """Refuse a run that nothing would end but a signal: a budget of env steps, learner steps or
+    seconds (a target return alone may never be reached). Checked where a run is launched, not
+    where a config is read: a past run's config stays readable."""
+    a, r = cfg.agent, cfg.run
+    _check(
+        a.scheduled_timesteps is not None or a.scheduled_global_steps is not None or r.max_seconds is not None,
+        "the run has no stop criterion and would run until interrupted: set agent.scheduled_timesteps, "
+        "agent.scheduled_global_steps or run.max_seconds (`aiorl config "
+        f"{cfg.algo}` prints a config with the algorithm's usual budget)",
+    )

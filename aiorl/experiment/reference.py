@@ -125,12 +125,16 @@ def _algorithms() -> list[str]:
 
 
 def default_yaml(algo: str) -> str:
-    # The agent section as the algorithm has it (`AlgorithmSettings.agent_defaults`).
+    # The agent section as the algorithm has it (`AlgorithmSettings.agent_defaults`), with the
+    # budget and evaluation of its `starter`: a config that stops (a run without a budget is refused).
+    starter = get_settings(algo).starter
+    cfg = load_config(data={"algo": algo}, overrides=[f"{key}={_flow(value)}" for key, value in starter.items()])
     return render(
-        {"agent": load_config(data={"algo": algo}).agent},
+        {"agent": cfg.agent, "run": cfg.run, "env": cfg.env},
         algo,
-        f"aiorl run config for {algo}: every key with its default, type and "
-        f"documentation.\nSave it, edit it, then: aiorl run FILE.yaml",
+        f"aiorl run config for {algo}: every key with its default, type and documentation, and "
+        f"a budget and evaluation to start from ({', '.join(f'{k}: {v}' for k, v in starter.items())}).\n"
+        "Save it, edit it, then: aiorl run FILE.yaml",
     )
 
 

@@ -179,6 +179,9 @@ class AlgorithmSettings:
     #: Defaults of `agent` keys this algorithm needs different from the shared ones (a user's
     #: value wins); `aiorl config ALGO` prints them.
     agent_defaults: ClassVar[dict] = {}
+    #: What `aiorl config ALGO` sets beyond the defaults, as dotted keys, so that the config it
+    #: prints runs and stops: its example's budget and evaluation (and an env it can act in).
+    starter: ClassVar[dict] = {}
     synchronous: ClassVar[bool] = False
     # What the live panel shows beside the counters, as (label, metrics.jsonl key): the
     # learner's loss, the exploration as this algorithm defines it (epsilon, entropy) and

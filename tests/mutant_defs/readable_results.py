@@ -131,3 +131,34 @@ MUTANTS += [
         tests=["tests/test_eval.py::test_errors_exit_2_with_a_reason"],
     ),
 ]
+
+MUTANTS += [
+    dict(
+        name="status-of-a-finished-run-without-its-evaluation",
+        path="aiorl/cli/status.py",
+        old="    if evaluation:\n        lines.append(evaluation)\n",
+        new="",
+        tests=[
+            "tests/test_eval_during_training.py::test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best"
+        ],
+    ),
+]
+
+REFERENCE = "tests/test_config_reference.py::"
+
+MUTANTS += [
+    dict(
+        name="generated-config-without-a-budget",
+        path="aiorl/experiment/reference.py",
+        old="    starter = get_settings(algo).starter\n",
+        new="    starter = {}\n",
+        tests=[REFERENCE + "test_config_algo_prints_every_key_with_its_doc_and_loads_back[apex_dqn]"],
+    ),
+    dict(
+        name="a-run-without-a-stop-criterion-is-launched",
+        path="aiorl/cli/main.py",
+        old="        check_stops(cfg)\n",
+        new="",
+        tests=[REFERENCE + "test_a_generated_config_runs_and_stops_by_itself_and_one_without_a_budget_is_refused"],
+    ),
+]
