@@ -109,7 +109,7 @@ class PPOActor(ActorPolicy):
 
     def __init__(self, algo: DPPO, seed: int):
         m = algo.cfg.model
-        setup_torch(m.torch_threads, seed)
+        setup_torch(m.torch_threads, seed, algo.cfg.run.deterministic)
         self.m = m
         self.net = algo.network().eval()
         self.gaussian = isinstance(self.net.head, GaussianHead)

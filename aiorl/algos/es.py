@@ -285,7 +285,7 @@ class ESLearner(LearnerCore):
     def __init__(self, algo: ES, seed: int):
         self.algo = algo
         self.m = algo.cfg.model
-        setup_torch(self.m.torch_threads, seed)
+        setup_torch(self.m.torch_threads, seed, algo.cfg.run.deterministic)
         self.net = algo.network()
         self.theta = get_flat(self.net).astype(np.float64)
         self.noise = algo.noise_table()

@@ -4,7 +4,13 @@ loaded with its algorithm (the model section, the algorithm's defaults and check
 subsystem's check) one floor up, by `aiorl.experiment.load_config`.
 """
 
-from aiorl.config.checks import check_agent_and_run, check_cluster_and_env, check_stops, check_synchronous
+from aiorl.config.checks import (
+    check_agent_and_run,
+    check_cluster_and_env,
+    check_deterministic,
+    check_stops,
+    check_synchronous,
+)
 from aiorl.config.files import apply_overrides, read_config_file
 from aiorl.config.schema import ConfigError, build_dataclass, coerce, doc, field_docs, type_name
 from aiorl.config.sections import AgentConfig, ClusterConfig, Config, EnvConfig, RunSection, connect_host
@@ -20,6 +26,7 @@ __all__ = [
     "build_dataclass",
     "check_agent_and_run",
     "check_cluster_and_env",
+    "check_deterministic",
     "check_stops",
     "check_synchronous",
     "coerce",

@@ -156,6 +156,22 @@ def check_agent_and_run(cfg: Config) -> None:
     )
 
 
+def check_deterministic(cfg: Config, synchronous: bool) -> None:
+    """`run.deterministic` holds only where the data of each step does not depend on timing."""
+    if not cfg.run.deterministic:
+        return
+    _check(
+        synchronous,
+        f"run.deterministic: {cfg.algo} is asynchronous (which batches a learner samples, and the weights "
+        "each actor acts with, depend on timing), so no seed can make two runs equal; it holds for dppo and es",
+    )
+    _check(
+        cfg.run.max_seconds is None,
+        "run.deterministic: run.max_seconds stops at a time, not at a step: give the budget as "
+        "agent.scheduled_global_steps or agent.scheduled_timesteps",
+    )
+
+
 def check_synchronous(cfg: Config) -> None:
     """Synchronous algorithms aggregate one rollout per actor per iteration: no replay to rate limit."""
     _check(

@@ -202,6 +202,13 @@ class RunSection:
     dir: str | None = doc("Run directory (default runs/<algo>-<env>-<timestamp>).", default=None)
     seed: int = doc("Base seed; every role derives its own from it.", default=0)
     max_seconds: float | None = doc("Stop the run after this many seconds.", default=None)
+    deterministic: bool = doc(
+        "Repeat a synchronous run (dppo, es) exactly for its seed on one machine: the same weights after "
+        "every iteration (torch's deterministic algorithms). Refused for the asynchronous algorithms, "
+        "whose data order depends on timing, and with run.max_seconds, whose stop depends on the clock. "
+        "A restart in place changes the data of the iterations it touches.",
+        default=False,
+    )
     log_level: str = doc("Logging level of every role.", default="INFO")
     metrics_interval_s: float = doc("Seconds between metrics.jsonl rows.", default=1.0)
     metrics: bool = doc("Roles report gauges (rates, losses, lag, memory) with their heartbeats.", default=True)

@@ -19,6 +19,7 @@ from aiorl.config import (
     build_dataclass,
     check_agent_and_run,
     check_cluster_and_env,
+    check_deterministic,
     check_synchronous,
     coerce,
     read_config_file,
@@ -49,6 +50,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     settings.validate(cfg)
     if settings.is_synchronous(cfg):
         check_synchronous(cfg)
+    check_deterministic(cfg, settings.is_synchronous(cfg))
     return cfg
 
 

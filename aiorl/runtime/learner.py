@@ -460,7 +460,7 @@ class LearnerRole(LearnerOutputs, Role):
                 if msg.meta.get("versions"):
                     versions.extend(msg.meta["versions"])
                 if not msg.meta.get("empty"):
-                    parts.append(msg.arrays)
+                    parts.append((m, msg.arrays))
                 final = final or bool(msg.meta.get("final"))
             if ended:
                 if parts:
@@ -468,7 +468,7 @@ class LearnerRole(LearnerOutputs, Role):
                         "iteration %d is incomplete at the end of the run (memory %s ended): %d rows discarded",
                         iteration,
                         ", ".join(map(str, sorted(ended))),
-                        sum(len(next(iter(p.values()))) for p in parts),
+                        sum(len(next(iter(p.values()))) for _, p in parts),
                     )
                 break
             if not parts and (final or self.phase > Phase.RUNNING):
@@ -488,6 +488,9 @@ class LearnerRole(LearnerOutputs, Role):
                 self.unused_batches += len(parts)
                 iteration += 1
                 continue
+            # In memory order, not arrival order: the same rounds make the same batch (and the
+            # same minibatches), so a synchronous run is deterministic for its seed.
+            parts = [p for _, p in sorted(parts, key=lambda part: part[0])]
             batch = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             rows = len(next(iter(batch.values())))
             lag = iteration - min(versions) if versions else None

@@ -162,3 +162,22 @@ MUTANTS += [
         tests=[REFERENCE + "test_a_generated_config_runs_and_stops_by_itself_and_one_without_a_budget_is_refused"],
     ),
 ]
+
+REPRO = "tests/test_reproducibility.py::"
+
+MUTANTS += [
+    dict(
+        name="deterministic-allowed-for-asynchronous-algorithms",
+        path="aiorl/config/checks.py",
+        old="        synchronous,\n        f\"run.deterministic: {cfg.algo} is asynchronous",
+        new="        True,\n        f\"run.deterministic: {cfg.algo} is asynchronous",
+        tests=[REPRO + "test_deterministic_is_refused_where_it_cannot_hold"],
+    ),
+    dict(
+        name="deterministic-allowed-with-a-clock-stop",
+        path="aiorl/config/checks.py",
+        old="        cfg.run.max_seconds is None,\n        \"run.deterministic: run.max_seconds",
+        new="        True,\n        \"run.deterministic: run.max_seconds",
+        tests=[REPRO + "test_deterministic_is_refused_where_it_cannot_hold"],
+    ),
+]

@@ -22,10 +22,13 @@ from aiorl.runtime.rendezvous import init_process_group
 # Tensors and devices
 
 
-def setup_torch(threads: int, seed: int) -> None:
-    """Role processes share 2 cores: keep torch to `threads` intra-op threads."""
+def setup_torch(threads: int, seed: int, deterministic: bool = False) -> None:
+    """Role processes share 2 cores: keep torch to `threads` intra-op threads. `deterministic`
+    (``run.deterministic``): only algorithms that give the same result every time."""
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
 
 
 def resolve_device(name: str, learner_index: int = 0) -> torch.device:
@@ -311,7 +314,7 @@ class ApexLearner(LearnerCore):
     def __init__(self, algo, learner_index: int, num_learners: int, seed: int):
         self.algo = algo
         self.m = algo.cfg.model
-        setup_torch(self.m.torch_threads, seed)
+        setup_torch(self.m.torch_threads, seed, algo.cfg.run.deterministic)
         self.device = resolve_device(self.m.device, learner_index)
         self.learner_steps = 0
 
