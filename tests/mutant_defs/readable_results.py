@@ -169,15 +169,15 @@ MUTANTS += [
     dict(
         name="deterministic-allowed-for-asynchronous-algorithms",
         path="aiorl/config/checks.py",
-        old="        synchronous,\n        f\"run.deterministic: {cfg.algo} is asynchronous",
-        new="        True,\n        f\"run.deterministic: {cfg.algo} is asynchronous",
+        old='        synchronous,\n        f"run.deterministic: {cfg.algo} is asynchronous',
+        new='        True,\n        f"run.deterministic: {cfg.algo} is asynchronous',
         tests=[REPRO + "test_deterministic_is_refused_where_it_cannot_hold"],
     ),
     dict(
         name="deterministic-allowed-with-a-clock-stop",
         path="aiorl/config/checks.py",
-        old="        cfg.run.max_seconds is None,\n        \"run.deterministic: run.max_seconds",
-        new="        True,\n        \"run.deterministic: run.max_seconds",
+        old='        cfg.run.max_seconds is None,\n        "run.deterministic: run.max_seconds',
+        new='        True,\n        "run.deterministic: run.max_seconds',
         tests=[REPRO + "test_deterministic_is_refused_where_it_cannot_hold"],
     ),
 ]
