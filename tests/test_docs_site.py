@@ -228,6 +228,14 @@ def test_the_metrics_page_lists_every_row_key(site):
     rows = [row for section in tables(page(site, "reference/metrics")).values() for row in section]
     shown = {name.strip() for row in rows for name in row[0].split(",")}
     assert set(ROW_KEYS) <= shown, f"metrics keys missing from the site: {sorted(set(ROW_KEYS) - shown)}"
+    # Every line of the docstring's key table, each column's text, is on the page: continuation
+    # lines of a meaning included.
+    text = text_of(article(page(site, "reference/metrics")))
+    lines = module_docstring("aiorl/io/metrics.py").splitlines()
+    rules = [i for i, line in enumerate(lines) if re.fullmatch(r"=+ +=+", line.strip())]
+    for line in lines[rules[0] + 1 : rules[1]]:
+        for piece in re.split(r"\s{2,}", line.strip()):
+            assert words(piece.replace("``", "")) in text, f"the metrics page lacks {piece!r}"
 
 
 def test_the_api_page_holds_the_public_apis_docstrings(site):

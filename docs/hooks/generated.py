@@ -244,8 +244,8 @@ def metrics_reference() -> str:
             rows.append([key, meaning])
         elif rows:
             rows[-1][1] += " " + meaning
-    before = "\n\n".join(p for p in text[: text.index(lines[start])].split("\n\n")[1:] if p.strip())
-    after = text[text.index(lines[end]) + len(lines[end]) :].strip()
+    before = "\n".join(lines[:start]).split("\n\n", 1)[1]  # without the first line, the page's title
+    after = "\n".join(lines[end + 1 :]).strip()
     keys = [(", ".join(code(k.strip()) for k in key.split(",")), cell(meaning)) for key, meaning in rows]
     parts = [cell_paragraphs(before), table(("key", "meaning"), keys)]
     if after:
