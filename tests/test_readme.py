@@ -1,5 +1,6 @@
-"""The README tells the truth (issue 15): its keys, metric names, algorithms and cheap commands
-are checked against the code, so it cannot drift."""
+"""The README and the documentation site's pages tell the truth (issues 15, 27): the keys, metric
+names, algorithms and cheap commands they show are checked against the code, so they cannot drift.
+(What the site generates from the code is checked by tests/test_docs_site.py.)"""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from aiorl.io.metrics import ROW_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+PAGES = {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted((ROOT / "docs").rglob("*.md"))}
+DOCS = "\n".join([README, *PAGES.values()])  # every fence closes within its file
 SECTIONS = ("env", "cluster", "agent", "model", "run")
 FILES = {"run.json"}  # dotted names the README shows that are files, not keys
 
@@ -27,26 +30,19 @@ def code_spans(text: str) -> list[str]:
 
 
 def blocks(lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.S | re.M)
+    return re.findall(rf"^```{lang}\n(.*?)^```", DOCS, flags=re.S | re.M)
 
 
 def dotted_keys() -> set[str]:
-    """Every `section.key` the README shows: in code spans, --set, and YAML-ish `key: value` spans."""
+    """Every `section.key` the README and the pages show: in code spans, --set, and YAML-ish
+    `key: value` spans."""
     found = set()
-    texts = code_spans(README) + blocks("bash")
+    texts = code_spans(DOCS) + blocks("bash")
     for text in texts:
         for section, key in re.findall(rf"(?<![\w./-])({'|'.join(SECTIONS)})\.([A-Za-z_][\w*]*)", text):
             if f"{section}.{key}" not in FILES:
                 found.add(f"{section}.{key}")
     return found
-
-
-def table_keys() -> dict[str, set[str]]:
-    """The config table: section -> the keys its row names."""
-    rows = {}
-    for section, cells in re.findall(r"^\| `(\w+)` \| (.*) \|$", README, flags=re.M):
-        rows[section] = set(code_spans(cells))
-    return rows
 
 
 def matches(pattern: str, keys) -> bool:
@@ -61,33 +57,22 @@ def test_every_dotted_key_the_readme_shows_exists():
     assert not missing, f"README shows keys that do not exist: {missing}"
 
 
-def test_the_key_table_names_real_keys_and_every_shared_key():
-    rows = table_keys()
-    assert set(rows) >= {"algo", "env", "cluster", "agent", "model", "run"}
-    real = config_reference.all_keys()
-    for section in ("env", "cluster", "agent", "run"):
-        names = {k.split(".", 1)[1] for k in real if k.startswith(section + ".")}
-        shown = {c for c in rows[section] if re.fullmatch(r"[\w*]+", c)}
-        assert not [c for c in shown if not matches(c, names)], (section, shown - names)
-        unlisted = sorted(n for n in names if not any(matches(c, [n]) for c in shown))
-        assert not unlisted, f"README's {section} row leaves out {unlisted}"
-    model_keys = {k.split(".", 1)[1] for k in real if k.startswith("model.")}
-    listed = {c for c in rows["model"] if re.fullmatch(r"\w+", c)} - set(available_algorithms())
-    assert listed <= model_keys, listed - model_keys
-
-
-def test_the_readme_and_pyproject_name_only_algorithms_that_exist():
-    names = set(available_algorithms())
-    assert set(code_spans(table_keys_row("algo"))) == names  # every one, and nothing else
+def test_the_readmes_algorithm_table_names_every_algorithm_and_its_page():
+    # The README's table of algorithms: every registered one, and nothing else, each linking its page.
+    rows = re.findall(r"^\| \[`(\w+)`\]\(docs/algorithms/(\w+)\.md\) \|", README, flags=re.M)
+    assert {name for name, _ in rows} == set(available_algorithms())
+    assert all(name == page for name, page in rows)
     description = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
+    names = set(available_algorithms())
     families = {"Ape-X": {"apex_dqn", "apex_ddpg"}, "distributed PPO": {"dppo"}, "ES": {"es"}, "IMPALA": {"impala"}}
     for phrase, algos in families.items():
         if phrase in description or phrase in README.split("## Running")[0]:
             assert algos & names, f"{phrase!r} is advertised, but no such algorithm is registered"
 
 
-def table_keys_row(section: str) -> str:
-    return re.search(rf"^\| `{section}` \| (.*) \|$", README, flags=re.M).group(1)
+def test_the_readmes_links_into_the_docs_lead_to_pages():
+    for target in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / target).is_file(), f"README links {target}, which does not exist"
 
 
 def learner_metric_names() -> set[str]:
@@ -100,8 +85,8 @@ def learner_metric_names() -> set[str]:
     return {m for path in sources for m in re.findall(r"[\"']([\w/]+)[\"']", path.read_text())}
 
 
-def test_metric_names_the_readme_gives_are_real_keys():
-    paragraph = README[README.index("`metrics.jsonl` gets one row") :]
+def test_metric_names_the_readme_and_the_pages_give_are_real_keys():
+    paragraph = DOCS[DOCS.index("`metrics.jsonl` gets one row") :]
     paragraph = paragraph[: paragraph.index("so metrics cost no extra messages")]
     shown = [s for s in code_spans(paragraph) if re.fullmatch(r"[\w/]*\w", s) and s not in available_algorithms()]
     assert len(shown) > 10
@@ -111,7 +96,7 @@ def test_metric_names_the_readme_gives_are_real_keys():
             assert name.split("/", 1)[1] in emitted, f"no learner reports {name}"
         else:
             assert name in ROW_KEYS or name in ("metrics.jsonl",), f"{name} is not a metrics.jsonl key"
-    for name in re.findall(r"`(learner/[\w/]+)`", README):
+    for name in re.findall(r"`(learner/[\w/]+)`", DOCS):
         assert name.split("/", 1)[1] in emitted, f"no learner reports {name}"
 
 
@@ -122,9 +107,9 @@ def cheap_commands() -> list[str]:
     commands = []
     for block in blocks("bash"):
         for line in block.splitlines():
-            command = line.split("  #")[0].strip()
-            if command.startswith(CHEAP):
-                commands.append(command.split(" > ")[0])
+            command = line.split("  #")[0].strip().split(" > ")[0]
+            if command.startswith(CHEAP) and command not in commands:
+                commands.append(command)
     return commands
 
 
@@ -140,6 +125,7 @@ def test_the_readmes_cheap_commands_work_as_written(command):
 
 def test_the_readmes_config_error_transcript_is_what_aiorl_prints():
     transcript = re.search(r"^\$ (aiorl run [^\n]*batch_sise[^\n]*)\n([^\n]+)\n", README, flags=re.M)
+    assert transcript, "the README no longer shows what a config error looks like"
     command, expected = transcript.groups()
     result = subprocess.run(
         [sys.executable, "-m", "aiorl", *shlex.split(command)[1:]],
@@ -163,7 +149,11 @@ def test_the_readmes_python_example_uses_the_real_api():
             assert hasattr(aiorl, name), name
 
 
-def test_the_makefile_variables_the_readme_documents_exist():
+def test_the_makefile_variables_and_targets_the_readme_documents_exist():
     makefile = (ROOT / "Makefile").read_text()
-    for name in set(re.findall(r"make setup (\w+)=", README)):
+    for target in set(re.findall(r"^make ([\w-]+)", "\n".join(blocks("bash")), flags=re.M)):
+        assert re.search(rf"^{target}:", makefile, flags=re.M), (
+            f"make {target} is documented, the Makefile has no such target"
+        )
+    for name in set(re.findall(r"make setup (\w+)=", DOCS)):
         assert re.search(rf"^{name}\s*\?=", makefile, flags=re.M), name

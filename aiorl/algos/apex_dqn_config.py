@@ -14,8 +14,8 @@ from aiorl.runtime.algorithm import AlgorithmSettings
 @dataclass
 class ApexDQNConfig:
     network: list = doc(
-        "Torso layers, e.g. ['linear:256', 'relu'] or ['nature_cnn'] (see aiorl/algos/"
-        "_networks.py); empty: nature_cnn for images, two relu layers of 256 otherwise.",
+        "Torso layers, e.g. ['linear:256', 'relu'] or ['nature_cnn'] (see aiorl/algos/lib/"
+        "networks.py); empty: nature_cnn for images, two relu layers of 256 otherwise.",
         default_factory=list,
     )
     dueling: bool = doc("Dueling head: Q = V + A - mean(A).", default=True)
