@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiorl.config import Config, check_stops
+from aiorl.config import Config
 from aiorl.evaluation.policies import POLICY_DIR, load_checked, read_meta
 from aiorl.experiment.loading import load_config
 from aiorl.experiment.preflight import prepare_local_run
@@ -116,7 +116,6 @@ def run(
 
     sets = _override_list(overrides)
     cfg = _load(config, sets)
-    check_stops(cfg)
     if run_dir is not None:
         cfg.run.dir = str(run_dir)
     callback = None if on_metrics is None else _Callback(on_metrics)

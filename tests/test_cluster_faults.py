@@ -126,8 +126,10 @@ def test_losing_an_actor_in_synchronous_mode_leaves_the_others_iterating(tmp_pat
 
 
 def test_a_missed_phase_deadline_fails_the_run_and_names_the_role(tmp_path):
-    # Each learner step takes 4 s; DRAINING waits 1.5 s for the step in flight.
-    config = cluster(1, 1, 1, scheduled_global_steps=1)
+    # Each learner step takes 4 s; the run stops by the clock during one, and DRAINING waits 1.5 s
+    # for it (a step budget would not do: learners take no step past it).
+    config = cluster(1, 1, 1)
+    config["run"] = {"max_seconds": 2.0}
     config["model"]["learner_step_sleep_s"] = 4.0
     config["cluster"] = {**config["cluster"], "phase_timeout_s": 1.5, **NO_RESTARTS}
     proc, run_dir = start(tmp_path, config)

@@ -93,6 +93,8 @@ def impala_config(**model) -> dict:
         "cluster": {"actors": 2, "memories": 1, "learners": 1},
         "agent": {"sample_batch_size": STEPS, "batch_size": 2 * STEPS, "publish_interval": 1},
         "model": {"network": ["linear:16", "tanh"], "queue_capacity": 8, **model},
+        # A run needs a stop criterion; a test that kills or stops it sooner gives its own budget.
+        "run": {"max_seconds": 600},
     }
 
 

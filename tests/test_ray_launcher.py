@@ -250,7 +250,7 @@ def test_an_unreachable_ray_address_is_one_line_and_exit_2(tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    path, run_dir = write_config(tmp_path, cluster(1, 1, 1))
+    path, run_dir = write_config(tmp_path, cluster(1, 1, 1, scheduled_timesteps=1000))
     out = subprocess.run(
         [
             sys.executable,

@@ -162,7 +162,9 @@ def test_runs_latest_points_at_the_newest_run_launched_there(tmp_path, monkeypat
     first = claim(load_config(data=data), None, [])
     first.close()
     assert os.readlink("runs/latest") == first.path.name  # relative: the runs folder can move
-    monkeypatch.setattr("time.strftime", lambda fmt: "20990101-000000")  # a second name
+    monkeypatch.setattr(
+        "aiorl.io.rundir.default_path", lambda algo, env: Path("runs") / f"{algo}-{env}-2"
+    )  # a second name
     second = claim(load_config(data=data), None, [])
     second.close()
     assert os.readlink("runs/latest") == second.path.name != first.path.name
@@ -177,6 +179,6 @@ def test_runs_latest_points_at_the_newest_run_launched_there(tmp_path, monkeypat
     # Nor does aiorl replace a `latest` that is not its link.
     os.unlink("runs/latest")
     os.mkdir("runs/latest")
-    monkeypatch.setattr("time.strftime", lambda fmt: "20990101-000001")
+    monkeypatch.setattr("aiorl.io.rundir.default_path", lambda algo, env: Path("runs") / f"{algo}-{env}-3")
     claim(load_config(data=data), None, []).close()
     assert Path("runs/latest").is_dir() and not Path("runs/latest").is_symlink()

@@ -9,7 +9,7 @@ from pathlib import Path
 from aiorl import __version__
 from aiorl.cli import plot, status
 from aiorl.cli.help import add_examples
-from aiorl.config import ConfigError, check_stops
+from aiorl.config import ConfigError
 from aiorl.evaluation import evaluate
 from aiorl.experiment import by_hand
 from aiorl.experiment import reference as config_reference
@@ -75,7 +75,6 @@ def _cmd_run(args: argparse.Namespace, early) -> int:
             args.set.append(f"cluster.ray_address={args.address}")
         config_path, overrides = _config_source(args)
         cfg = load_config(config_path, overrides)
-        check_stops(cfg)
         if args.role is not None:
             return _run_role(cfg, args.role, args.index)
 

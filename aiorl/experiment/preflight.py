@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from aiorl.config import Config, ConfigError
+from aiorl.config import Config, ConfigError, check_stops
 from aiorl.io.loggers import check_installed
 from aiorl.io.rundir import RunDir, claim
 from aiorl.launch.placement import MISSING_RAY
@@ -82,4 +82,5 @@ def prepare_local_run(
         check_local_run(cfg)
     else:
         check_in_spawner(cfg, spawner)
+    check_stops(cfg)  # last: what is wrong with the config itself reads first
     return claim(cfg, resume, overrides)

@@ -156,8 +156,8 @@ MUTANTS += [
     ),
     dict(
         name="a-run-without-a-stop-criterion-is-launched",
-        path="aiorl/cli/main.py",
-        old="        check_stops(cfg)\n",
+        path="aiorl/experiment/preflight.py",
+        old="    check_stops(cfg)  # last: what is wrong with the config itself reads first\n",
         new="",
         tests=[REFERENCE + "test_a_generated_config_runs_and_stops_by_itself_and_one_without_a_budget_is_refused"],
     ),
