@@ -3,7 +3,10 @@
 
 It builds the learner's acting policy once, from the learner's config, as ``aiorl eval
 --checkpoint`` builds one (`aiorl.evaluation.options.cpu_learner`), loads each state the
-learner sends into it, scores it and exports a new best to ``policy/best/``.
+learner sends into it, scores it, answers, and then exports a new best to ``policy/best/``
+(the answer does not wait for the export: a few tenths of a second, seconds on a busy
+machine). It takes ``run.eval_nice`` once its policy is built: the build, at the run's
+start, is what the first evaluation would otherwise wait for.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from aiorl.runtime.evaluator import BEST_DIR, eval_seed
 
 class _Stop:
     """Set by SIGTERM; read by run_episodes_together between env steps (an Event's set() takes a lock,
-    which a signal handler must not). Outside an evaluation SIGTERM ends the worker at once: one
-    still building its policy, or idle, has nothing to finish, and the learner's shutdown waits
-    for it."""
+    which a signal handler must not). Outside an evaluation or an export SIGTERM ends the worker at
+    once: one still building its policy, or idle, has nothing to finish, and the learner's shutdown
+    waits for it. An export in flight is finished first (the learner was told that policy is kept)."""
 
     def __init__(self):
         self.flag = False
@@ -57,8 +60,9 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def score(policy, cfg: Config, request: dict, policy_dir: Path, stop) -> dict:
-    """One evaluation of `policy` (its state loaded); the best so far is exported to policy/best/."""
+def score(policy, cfg: Config, request: dict, stop) -> dict:
+    """One evaluation of `policy` (its state loaded): the answer, and whether it is the best so far
+    (`keep` exports it)."""
     t0 = time.perf_counter()
     seed = eval_seed(cfg)
     result = run_episodes_together(policy, cfg.env, cfg.run.eval_episodes, seed, stop=stop)
@@ -82,11 +86,15 @@ def score(policy, cfg: Config, request: dict, policy_dir: Path, stop) -> dict:
     }
     best = request.get("best")
     kept = best is None or evaluation["return_mean"] > best
-    if kept:
+    return {"evaluation": evaluation, "kept": kept}
+
+
+def keep(policy, request: dict, reply: dict, policy_dir: Path) -> None:
+    """Export the policy scored to policy/best/ when `reply` says it is the best so far."""
+    if reply.get("kept"):
         # save_policy writes the program, then the record: a crash between the two leaves the older
         # (lower) record, and a resumed run at worst keeps a better policy than it records.
-        save_policy(policy, policy_dir / BEST_DIR, {**request["meta"], "evaluation": evaluation})
-    return {"evaluation": evaluation, "kept": kept}
+        save_policy(policy, policy_dir / BEST_DIR, {**request["meta"], "evaluation": reply["evaluation"]})
 
 
 def main(argv=None) -> int:
@@ -97,7 +105,6 @@ def main(argv=None) -> int:
     parser.add_argument("policy_dir")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
-    os.nice(args.nice)  # before the imports: the start-up's seconds of CPU yield to training too
     stop = _Stop()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the learner ends us
     signal.signal(signal.SIGTERM, stop.on_sigterm)
@@ -114,7 +121,10 @@ def main(argv=None) -> int:
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s eval-worker %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("aiorl.evaluation")
     log.setLevel(logging.INFO)
-    log.info("evaluation worker ready (pid %d)", os.getpid())
+    # Nicer only now: the build above is the run's start-up's (training has not begun), and the
+    # first evaluation waits for it.
+    os.nice(args.nice)
+    log.info("evaluation worker ready (pid %d, nice %d)", os.getpid(), os.nice(0))
     for line in sys.stdin:
         if stop.is_set():
             break
@@ -122,7 +132,9 @@ def main(argv=None) -> int:
         request = json.loads(line)
         with np.load(request["state"], allow_pickle=False) as arrays:
             policy.load_state_dict({k: torch.from_numpy(arrays[k]) for k in arrays.files})
-        replies.write(json.dumps(score(policy, cfg, request, Path(args.policy_dir), stop)) + "\n")
+        reply = score(policy, cfg, request, stop)
+        replies.write(json.dumps(reply) + "\n")  # the learner has its result before the export
+        keep(policy, request, reply, Path(args.policy_dir))
         stop.evaluating = False
         if stop.is_set():
             break
