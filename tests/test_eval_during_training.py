@@ -132,7 +132,7 @@ def test_an_interrupted_evaluation_is_not_recorded_and_close_ends_the_process(tm
         # run.eval_nice (default 10) above the learner's own: under contention training goes first
         # (taken once the process is warm: idle after its first evaluation, it traces an export)
         nicer = min(psutil.Process().nice() + 10, 19)
-        wait_for(lambda: psutil.Process(worker.pid).nice() == nicer, 120, "the evaluation process at eval_nice")
+        wait_for(lambda: psutil.Process(worker.pid).nice() == nicer, 60, "the evaluation process at eval_nice")
         results = []
         scoring = threading.Thread(target=lambda: results.append(ev.run(*policy, learner_steps=2, env_steps=2)))
         scoring.start()

@@ -14,17 +14,18 @@ episodes (evaluations compare fairly) and none is a training env's episode.
 Evaluations are due on a grid: at every multiple of ``run.eval_every`` learner
 steps (and/or every ``run.eval_interval_s`` seconds). The policy is copied the
 moment one is due, so each evaluation scores the policy of the step it is
-recorded at; the process scores one at a time, and a copy that comes due while
-another is being scored waits in a slot of one (a newer due copy replaces it:
-that evaluation is counted skipped, as is one ended unscored by a signal).
+recorded at; the process scores one at a time, and copies that come due while
+another is being scored wait, a few at most (`learner_outputs.MAX_WAITING`:
+past it the oldest is dropped and counted skipped, as is one ended unscored by
+a signal).
 Each evaluation records how late it was (``lag_s``: from when it was due until
 its result was in). At a run's end by its criterion (not a signal), learner 0
 scores the copies waiting, then the final policy too (`LearnerRole._final_evaluation`).
 
 An evaluation whose mean return beats every earlier one (of this run,
 earlier launches included) has that policy exported (`torch.export`, in the
-evaluation process) to ``policy/best/``, with the evaluation in
-``policy/best/policy.json``. That file is the record
+evaluation process, once no evaluation waits for it, and before it ends) to
+``policy/best/``, with the evaluation in ``policy/best/policy.json``. That file is the record
 a resumed run reads back, so a resume never replaces a better best with a
 worse one. The coordinator gets the evaluations with learner 0's heartbeats: each one
 until a heartbeat's reply says it arrived (two that end between two

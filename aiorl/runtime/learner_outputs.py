@@ -19,14 +19,15 @@ all load the checkpoint it continues from (`load_resume_checkpoint`).
 
 Evaluations (`aiorl.runtime.evaluator`): the policy is copied between the two
 steps where one comes due and scored in the evaluation process, one evaluation
-at a time (a copy waits in a slot of one meanwhile); at a run's end by its
-criterion the copy waiting and the final policy are scored too. Then the final
+at a time (copies wait meanwhile, a few at most); at a run's end by its
+criterion the copies waiting and the final policy are scored too. Then the final
 weights are published, checkpointed and the policy exported to ``policy/``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from pathlib import Path
 
@@ -38,6 +39,11 @@ from aiorl.runtime.phase import last_checkpoint_budget_s
 # Of cluster.phase_timeout_s (the learners' deadline to finish): what the final evaluation may take;
 # the rest is for publishing, the final checkpoint and the export.
 FINAL_EVALUATION_SHARE = 0.5
+# Policy copies that wait for the evaluation process while it scores another (or, at the run's
+# start, traces its first export): a few absorb such a wait with none skipped (ES's first iterations
+# come due faster than one evaluation at a time on a busy machine); past them the oldest is dropped
+# (counted skipped), so an evaluation is never more than a few behind the policy.
+MAX_WAITING = 3
 
 
 def load_resume_checkpoint(core, path: str, sets_aside: bool) -> dict:
@@ -82,7 +88,7 @@ class LearnerOutputs:
             Evaluator(self.cfg, self.run_dir / "policy") if self.index == 0 and evaluation_on(self.cfg) else None
         )
         self._evaluating: asyncio.Task | None = None  # scoring the copies waiting, one at a time
-        self._waiting: tuple | None = None  # the policy copied for the next evaluation
+        self._waiting: collections.deque[tuple] = collections.deque()  # policies copied, oldest first
 
     async def _maybe_checkpoint(self) -> None:
         r = self.cfg.run
@@ -120,7 +126,7 @@ class LearnerOutputs:
 
     async def _take_policy(self, learner_steps: int, due_t: float) -> None:
         """Copy the current policy (training waits that long) for the evaluation process, which scores
-        one at a time: a copy waits in a slot of one, where a newer one replaces it (counted skipped)."""
+        one at a time: copies wait, MAX_WAITING at most (past it the oldest is dropped, counted skipped)."""
         ev = self.evaluator
         env_steps = self.run_counters.get("env_steps", 0)
         t0 = time.perf_counter()
@@ -130,16 +136,17 @@ class LearnerOutputs:
             self.log.warning("%s exports no policy: no evaluation during training", self.cfg.algo)
             self.evaluator = None
             return
-        if self._waiting is not None:
+        if len(self._waiting) >= MAX_WAITING:
+            self._waiting.popleft()
             ev.skip()
-        self._waiting = (*policy, learner_steps, env_steps, copy_s, due_t, time.time())
+        self._waiting.append((*policy, learner_steps, env_steps, copy_s, due_t, time.time()))
         if self._evaluating is None or self._evaluating.done():
             self._evaluating = self.spawn(self._evaluate(ev), "evaluation")
 
     async def _evaluate(self, ev) -> None:
         """Score the copies waiting in the evaluation process, oldest first, until none waits."""
-        while self._waiting is not None:
-            args, self._waiting = self._waiting, None
+        while self._waiting:
+            args = self._waiting.popleft()
             try:
                 await asyncio.to_thread(ev.run, *args)
             except OSError as exc:  # a full disk costs this evaluation, not the run
