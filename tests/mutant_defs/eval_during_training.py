@@ -130,7 +130,7 @@ MUTANTS = [
     dict(
         name="evaluation-competes-with-training",
         path="aiorl/evaluation/worker.py",
-        old="    os.nice(args.nice)",
+        old="    os.nice(nice)",
         new="    pass",
         tests=[T + "test_an_interrupted_evaluation_is_not_recorded_and_close_ends_the_process"],
     ),
