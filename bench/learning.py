@@ -51,9 +51,17 @@ invocation is the first evaluation (the untrained policy).
   learner steps/s and env steps/s of each (over the RUNNING phase) and
   their ratio. Both runs end at the config's own step budget
   (``agent.target_return`` is cleared so that neither stops early).
+  ``--load``: beside a busy neighbour. It also prints the evaluations' lag.
+- ``eval-lag``: are evaluations on time? ``--runs N`` runs of each config,
+  each ended by its own stop criterion (``--load``: beside a busy
+  neighbour); each evaluation's lag (``eval/lag_s``: from when it was due
+  until its result was in) over every run, p50, p90 and worst, the
+  evaluations skipped (due and never scored), and whether the run stopped
+  on its target return or ran out its budget.
 
     python bench/learning.py table examples/apex_dqn_cartpole.yaml --seeds 20 --load --threshold 475
     python bench/learning.py eval-cost examples/apex_dqn_cartpole.yaml --pairs 3
+    python bench/learning.py eval-lag examples/*cartpole*.yaml --runs 2 --load
 
 ``run --versus KEY=VALUE`` (repeatable) runs the config a second time with
 those overrides too, alternating ``--pairs`` times, and prints the ratio of
@@ -703,14 +711,100 @@ def table(args) -> dict:
     return {"mode": "table", "summary": summary, "runs": runs}
 
 
+def evaluation_lags(rows: list[dict], summary: dict) -> dict:
+    """A run's evaluations during training: each one's lag (eval/lag_s, from the metrics rows), how
+    many were scored and skipped (summary.json)."""
+    evaluation = summary.get("evaluation") or {}
+    return {
+        "lags": [r["eval/lag_s"] for r in rows if isinstance(r.get("eval/lag_s"), (int, float))],
+        "evaluations": evaluation.get("count"),
+        "skipped": evaluation.get("skipped"),
+    }
+
+
+def lag_stats(lags: list[float]) -> dict:
+    if not lags:
+        return {"n": 0, "p50": None, "p90": None, "max": None}
+    return {
+        "n": len(lags),
+        "p50": round(float(np.percentile(lags, 50)), 3),
+        "p90": round(float(np.percentile(lags, 90)), 3),
+        "max": round(float(max(lags)), 3),
+    }
+
+
+def _loaded(args):
+    """The busy neighbour of `--load` (a context), or none."""
+    import contextlib
+
+    return BusyNeighbour() if args.load else contextlib.nullcontext()
+
+
+def eval_lag(args) -> dict:
+    """`--runs` runs of each config to their own stop; their evaluations' lags, skips and stops."""
+    results = []
+    with _loaded(args):
+        for config in args.configs:
+            runs = []
+            for k in range(args.runs):
+                r = run_once(config, [*args.set, f"run.seed={args.seed_base + k}"], 1, args.budget_s)
+                s = r["summary"]
+                lags = evaluation_lags(r["rows"], s)
+                run = {
+                    **lags,
+                    "seed": args.seed_base + k,
+                    "exit_code": r["exit_code"],
+                    "stop": s.get("stop_detail"),
+                    "on_target": "target_return" in (s.get("stop_detail") or ""),
+                    "running_s": r["running_s"],
+                    "first_lag_s": lags["lags"][0] if lags["lags"] else None,
+                }
+                runs.append(run)
+                log(
+                    f"{config} seed {run['seed']}: {run['evaluations']} evaluations, skipped {run['skipped']}, "
+                    f"lag {lag_stats(lags['lags'])}, first {run['first_lag_s']} s; {run['running_s']} s RUNNING; "
+                    f"stop: {run['stop']}"
+                )
+            stats = lag_stats([lag for run in runs for lag in run["lags"]])
+            results.append(
+                {
+                    "config": config,
+                    "load": args.load,
+                    "runs": runs,
+                    "lag_s": stats,
+                    "skipped": sum(run["skipped"] or 0 for run in runs),
+                    "evaluations": sum(run["evaluations"] or 0 for run in runs),
+                }
+            )
+    log(
+        f"{'config':<36} {'load':>4} {'evals':>5} {'skipped':>7} {'lag p50':>8} {'p90':>6} {'max':>6}  "
+        "(s; from due to result in)"
+    )
+    for r in results:
+        st = r["lag_s"]
+        log(
+            f"{Path(r['config']).name:<36} {'yes' if r['load'] else 'no':>4} {r['evaluations']:>5} {r['skipped']:>7} "
+            f"{st['p50']!s:>8} {st['p90']!s:>6} {st['max']!s:>6}"
+        )
+    return {"mode": "eval-lag", "load": args.load, "results": results}
+
+
 def eval_cost(args) -> dict:
     """Learner and env steps/s of the config with its evaluation and without, alternating."""
+    with _loaded(args):
+        return _eval_cost(args)
+
+
+def _eval_cost(args) -> dict:
     off = ["run.eval_every=null", "run.eval_interval_s=null"]
     common = [*args.set, "agent.target_return=null"]
     rates = {"with eval": [], "without": []}
+    lags = []
     for pair in range(args.pairs):
         for name, sets in (("with eval", common), ("without", [*common, *off])):
             r = run_once(args.config, sets, 1, args.budget_s)
+            if name == "with eval":
+                lags += evaluation_lags(r["rows"], r["summary"])["lags"]
             s, t = r["summary"], r["running_s"]
             last = (s.get("evaluation") or {}).get("last") or {}
             row = {
@@ -756,7 +850,9 @@ def eval_cost(args) -> dict:
             f"the evaluation process's share of the run's CPU: median {np.median(shares):.1%} "
             f"(runs {', '.join(f'{x:.1%}' for x in shares)})"
         )
-    return {"mode": "eval-cost", "config": args.config, "medians": result, "runs": rates}
+    result["lag_s"] = lag_stats(lags)
+    log(f"the evaluations' lag (s, from due to result in) over the runs with evaluation: {result['lag_s']}")
+    return {"mode": "eval-cost", "config": args.config, "load": args.load, "medians": result, "runs": rates}
 
 
 def versus(args) -> int:
@@ -840,6 +936,15 @@ def main(argv=None) -> int:
     t.add_argument("--threshold", type=float, default=None, help="final aiorl eval mean return to reach")
     t.add_argument("--final-episodes", type=int, default=20, help="episodes of the final `aiorl eval`")
     sub.choices["eval-cost"].add_argument("--pairs", type=int, default=3, help="alternating (with, without) pairs")
+    sub.choices["eval-cost"].add_argument("--load", action="store_true", help="a busy-loop process beside the runs")
+    lag = sub.add_parser("eval-lag")
+    lag.add_argument("configs", nargs="+")
+    lag.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    lag.add_argument("--runs", type=int, default=1, help="runs of each config (run.seed SEED_BASE, SEED_BASE + 1, ...)")
+    lag.add_argument("--seed-base", type=int, default=0)
+    lag.add_argument("--load", action="store_true", help="a busy-loop process on one core beside every run")
+    lag.add_argument("--budget-s", type=float, default=1800.0, help="interrupt a run after this many seconds")
+    lag.add_argument("--json", help="write the results here")
     r = sub.choices["run"]
     r.add_argument(
         "--versus",
@@ -850,6 +955,11 @@ def main(argv=None) -> int:
     )
     r.add_argument("--pairs", type=int, default=1, help="with --versus: alternating (reference, variant) pairs")
     args = parser.parse_args(argv)
+    if args.mode == "eval-lag":
+        result = eval_lag(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        return 0
     if args.mode in ("table", "eval-cost"):
         result = table(args) if args.mode == "table" else eval_cost(args)
         if args.json:

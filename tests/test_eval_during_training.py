@@ -12,7 +12,7 @@ import psutil
 import pytest
 import torch
 from apex_helpers import make_algo
-from cluster_helpers import read_json, run
+from cluster_helpers import read_json, run, wait_for
 
 from aiorl.cli.main import main
 from aiorl.evaluation.episodes import run_episodes, run_episodes_together
@@ -66,9 +66,11 @@ def test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it(tmp_path
     finally:
         ev.close()
     assert good["return_mean"] > 100 > bad["return_mean"]
-    assert ev.last == bad and ev.best == good and ev.count == 2
-    # policy/best/ holds the program that scored best, with the evaluation that chose it
-    assert read_best(policy_dir) == good
+    assert ev.last == bad and ev.count == 2
+    # policy/best/ holds the program that scored best, with the evaluation that chose it (as the
+    # evaluation process scored it: without what the learner adds, its lag and the best so far)
+    recorded = read_best(policy_dir)
+    assert recorded == ev.best and recorded["n"] == 1 and recorded.items() <= good.items() and "lag_s" in good
     best = torch.export.load(str(policy_dir / BEST_DIR / "policy.pt2")).module()
     obs = torch.tensor([[0.0, 0.0, 0.1, 0.1], [0.0, 0.0, -0.1, -0.1]])
     assert best(obs).tolist() == [1, 0]  # Balance's answers; Left's are [0, 0]
@@ -77,13 +79,13 @@ def test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it(tmp_path
     # A resumed run reads its best back: a worse evaluation does not replace it, a better one does
     again = Evaluator(cfg, policy_dir)
     try:
-        assert again.best == good
+        assert again.best == recorded
         again.run(*acting(cfg, "left"), learner_steps=300, env_steps=3000)
     finally:
         again.close()
-    assert read_best(policy_dir) == good
+    assert read_best(policy_dir) == recorded
     summary = again.summary()
-    assert summary["best"] == good and summary["last"]["learner_steps"] == 300
+    assert summary["best"] == recorded and summary["last"]["learner_steps"] == 300
     assert evaluation_metrics(summary)["eval/best_return_mean"] == good["return_mean"]
 
 
@@ -128,7 +130,9 @@ def test_an_interrupted_evaluation_is_not_recorded_and_close_ends_the_process(tm
         assert first is not None and first["worker_cpu_s"] > 0.5  # its imports alone take more
         worker = ev.worker.proc
         # run.eval_nice (default 10) above the learner's own: under contention training goes first
-        assert psutil.Process(worker.pid).nice() == min(psutil.Process().nice() + 10, 19)
+        # (taken once the process is warm: idle after its first evaluation, it traces an export)
+        nicer = min(psutil.Process().nice() + 10, 19)
+        wait_for(lambda: psutil.Process(worker.pid).nice() == nicer, 60, "the evaluation process at eval_nice")
         results = []
         scoring = threading.Thread(target=lambda: results.append(ev.run(*policy, learner_steps=2, env_steps=2)))
         scoring.start()

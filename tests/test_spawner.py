@@ -75,13 +75,17 @@ def test_the_spawner_forks_with_no_thread_beyond_numpys_own(tmp_path):
     assert spawner.proc.returncode is not None
 
 
-@pytest.mark.parametrize(("algo", "imported"), [("dppo", ["torch._dynamo"]), ("es", [])])
-def test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks(algo, imported, tmp_path):
+@pytest.mark.parametrize(
+    ("algo", "exports", "imported"),
+    [("dppo", False, ["torch._dynamo"]), ("es", False, []), ("es", True, ["torch._dynamo"])],
+)
+def test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks(algo, exports, imported, tmp_path):
     # torch.optim's optimizers import torch._dynamo (most of a second): imported once here, not
-    # by each learner, evaluation worker and restart on the way to its first step. ES uses none.
+    # by each learner, evaluation worker and restart on the way to its first step. ES uses none,
+    # unless its run evaluates during training: the evaluation worker's exports import it.
     spawner = WarmSpawner.start()
     try:
-        spawner.ready(algo)
+        spawner.ready(algo, exports=exports)
         child = spawner.spawn_role(["--help"], dict(os.environ), tmp_path / "role.log", None)
         assert child.wait(60) == 0
         assert spawner.ready(modules=("torch._dynamo",))["imported"] == imported

@@ -1,9 +1,22 @@
 """`aiorl plot`: learning curves from the metrics.jsonl of one or more runs.
 
-Smoothing (``--smooth N``) is a centred moving average over N rows: each point
-is the mean of the rows around it (fewer at the two ends), so the smoothed
-curve does not lag the data it smooths, as a trailing mean or an EMA would.
-``return_mean_100`` itself is already the mean of the last 100 episodes.
+By default a run's training return (``return_mean_100``, a line) and its
+evaluation return (``eval/return_mean``, when it evaluated during training:
+points joined by a dashed line) share one figure and one legend; ``--metric``
+(repeatable) draws others.
+
+Evaluation metrics (``eval/*``) are drawn at the step of the policy each one
+scored (``eval/learner_steps``, ``eval/env_steps``, ``eval/time_s``; a run
+written before the last two interpolates them from its rows' learner steps),
+not where its result landed in the rows, and are not smoothed unless
+``--smooth`` is given: a handful of points under a window of 10 rows would be
+a flat line.
+
+Smoothing (``--smooth N``; training metrics 10 by default) is a centred moving
+average over N rows: each point is the mean of the rows around it (fewer at
+the two ends), so the smoothed curve does not lag the data it smooths, as a
+trailing mean or an EMA would. ``return_mean_100`` itself is already the mean
+of the last 100 episodes.
 
 Runs of the same config (config.yaml equal but for ``run.dir`` and
 ``run.seed``: ``aiorl plot runs/a runs/b``) are one curve: the mean across
@@ -41,6 +54,10 @@ X_AXES = {
     "learner_steps": ("learner_steps", "learner steps"),
     "time": ("time_s", "wall time (s)"),
 }
+# Where each evaluation's x lies: the policy it scored, by x axis.
+EVAL_X = {"learner_steps": "eval/learner_steps", "env_steps": "eval/env_steps", "time_s": "eval/time_s"}
+DEFAULT_METRICS = ("return_mean_100", "eval/return_mean")
+TRAINING_WINDOW = 10  # rows of the training metrics' smoothed line unless --smooth says otherwise
 FORMATS = (".png", ".svg", ".pdf")
 # Keys that differ between seeds of one experiment.
 NOT_THE_EXPERIMENT = {"run": ("dir", "seed")}
@@ -64,7 +81,18 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
+def is_evaluation(metric: str) -> bool:
+    return metric.startswith("eval/")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def series(rows: list[dict], x_key: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of `metric` over the rows that have it; an evaluation metric at its scored steps."""
+    if is_evaluation(metric):
+        return evaluation_series(rows, x_key, metric)
     points = [
         (r[x_key], r[metric])
         for r in rows
@@ -73,6 +101,37 @@ def series(rows: list[dict], x_key: str, metric: str) -> tuple[np.ndarray, np.nd
     if not points:
         return np.empty(0), np.empty(0)
     x, y = np.array(points, dtype=np.float64).T
+    return x, y
+
+
+def evaluation_series(rows: list[dict], x_key: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each evaluation's `metric` at the x of the policy it scored, sorted by it: its eval/learner_steps,
+    eval/env_steps or eval/time_s; where the row has no such key (a run written before them), the x
+    the training rows had at its eval/learner_steps (interpolated); without those either, the row's own."""
+    evaluations = [r for r in rows if _number(r.get(metric))]
+    if not evaluations:
+        return np.empty(0), np.empty(0)
+    own = EVAL_X.get(x_key)
+    training = sorted(
+        (r["learner_steps"], r[x_key])
+        for r in rows
+        if _number(r.get("learner_steps")) and _number(r.get(x_key)) and x_key != "learner_steps"
+    )
+    steps, xs = np.array(training, dtype=np.float64).reshape(-1, 2).T
+    points = []
+    for r in evaluations:
+        if own is not None and _number(r.get(own)):
+            x = r[own]
+        elif len(steps) and _number(r.get("eval/learner_steps")):
+            x = float(np.interp(r["eval/learner_steps"], steps, xs))
+        elif _number(r.get(x_key)):
+            x = r[x_key]
+        else:
+            continue
+        points.append((x, r[metric]))
+    if not points:
+        return np.empty(0), np.empty(0)
+    x, y = np.array(sorted(points, key=lambda p: p[0]), dtype=np.float64).T
     return x, y
 
 
@@ -122,54 +181,88 @@ def across_runs(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
     return grid, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
 
 
+def _label(metric: str, metrics: list[str]) -> str:
+    """A curve's name in the legend: the metric's, where the figure has more than one."""
+    if len(metrics) == 1:
+        return ""
+    if metric == "return_mean_100":
+        return "training return (last 100 episodes)"
+    if metric == "eval/return_mean":
+        return "evaluation return (greedy episodes)"
+    return metric
+
+
+def _draw(ax, curves, name: str, metric: str, window: int, color):
+    """One group's curve of `metric`: training metrics a smoothed line over the faint raw one,
+    evaluation metrics points joined by a dashed line; several runs their mean with a min-max band."""
+    evaluation = is_evaluation(metric)
+    style = {"linestyle": "--", "marker": "o", "markersize": 5, "linewidth": 1.5} if evaluation else {"linewidth": 2}
+    if len(curves) == 1:
+        xs, ys = curves[0]
+        (line,) = ax.plot(xs, smooth(ys, window), color=color, label=name, **style)
+        if window > 1:  # the raw values under a smoothed line
+            ax.plot(xs, ys, color=line.get_color(), alpha=0.35, linewidth=0.8)
+        return line
+    grid, mean, low, high = across_runs([(x, smooth(y, window)) for x, y in curves])
+    (line,) = ax.plot(grid, mean, color=color, label=f"{name} (mean of {len(curves)} runs)", **style)
+    ax.fill_between(
+        grid,
+        low,
+        high,
+        color=line.get_color(),
+        alpha=0.2,
+        linewidth=0,
+        label=f"{name} (min-max of {len(curves)} runs)",
+    )
+    return line
+
+
 def plot(
     run_dirs: list[Path],
     out: Path,
     x: str = "steps",
-    metric: str = "return_mean_100",
+    metric: str | list[str] | None = None,
     size: tuple[int, int] = (1000, 600),
-    window: int = 10,
+    window: int | None = None,
     title: str | None = None,
 ) -> Path:
+    """Draw `metric` (one or several; default the training and the evaluation return) of `run_dirs`.
+    `window`: the smoothing of every curve; None: training metrics TRAINING_WINDOW, evaluations none."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     x_key, x_label = X_AXES[x]
+    metrics = list(DEFAULT_METRICS) if metric is None else [metric] if isinstance(metric, str) else list(metric)
+    metric = metrics[0]  # the one a run must have; the default's evaluation return is drawn where there is one
     dpi = 100
     fig, ax = plt.subplots(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi)
-    plotted, seen, missing = 0, set(), []
-    for group in group_runs(run_dirs):
-        curves = []
-        for run_dir in group:
-            rows = read_metrics(run_dir)
+    plotted, seen, drawn = 0, set(), set()
+    groups = [{run_dir: read_metrics(run_dir) for run_dir in group} for group in group_runs(run_dirs)]
+    for rows_of in groups:
+        for rows in rows_of.values():
             seen.update(numeric_metrics(rows))
-            xs, ys = series(rows, x_key, metric)
-            order = np.argsort(xs, kind="stable")  # a resumed run's rows can restart the clock
-            if len(xs) == 0:
-                missing.append(run_dir)
+    present = [m for m in metrics if m in seen] or [metric]  # named in the legend where more than one
+    for rows_of in groups:
+        first = next(iter(rows_of))
+        color = None  # a group's curves share its colour; the metric tells them apart by style
+        for name in present:
+            curves = []
+            for run_dir, rows in rows_of.items():
+                xs, ys = series(rows, x_key, name)
+                order = np.argsort(xs, kind="stable")  # a resumed run's rows can restart the clock
+                if len(xs) == 0:
+                    continue
+                drawn.add(run_dir)
+                curves.append((xs[order], ys[order]))
+            if not curves:
                 continue
-            curves.append((xs[order], ys[order]))
-        if not curves:
-            continue
-        if len(curves) == 1:
-            xs, ys = curves[0]
-            (line,) = ax.plot(xs, smooth(ys, window), linewidth=2, label=group[0].name)
-            ax.plot(xs, ys, color=line.get_color(), alpha=0.35, linewidth=0.8)
-        else:
-            grid, mean, low, high = across_runs([(x, smooth(y, window)) for x, y in curves])
-            (line,) = ax.plot(grid, mean, linewidth=2, label=f"{group[0].name} (mean of {len(curves)} runs)")
-            ax.fill_between(
-                grid,
-                low,
-                high,
-                color=line.get_color(),
-                alpha=0.2,
-                linewidth=0,
-                label=f"{group[0].name} (min-max of {len(curves)} runs)",
-            )
-        plotted += 1
+            label = _label(name, present)
+            label = f"{first.name}: {label}" if label else first.name
+            smoothing = window if window is not None else 1 if is_evaluation(name) else TRAINING_WINDOW
+            color = _draw(ax, curves, label, name, smoothing, color).get_color()
+            plotted += 1
     if plotted == 0:
         import difflib
 
@@ -179,11 +272,15 @@ def plot(
         raise PlotError(
             f"--metric {metric!r}: no run has values of it{hint} (metrics there: {', '.join(sorted(seen)) or 'none'})"
         )
-    for run_dir in missing:
+    for run_dir in (r for r in run_dirs if r not in drawn):
         print(f"aiorl plot: {run_dir}: no values of {metric!r}; left out", file=sys.stderr)
+    if present == list(DEFAULT_METRICS):
+        y_label = "return"
+    else:
+        y_label = LABELS.get(present[0], present[0]) if len(present) == 1 else ", ".join(present)
     ax.set_xlabel(x_label)
-    ax.set_ylabel(LABELS.get(metric, metric))
-    ax.set_title(title or f"{LABELS.get(metric, metric)} vs {x_label}")
+    ax.set_ylabel(y_label)
+    ax.set_title(title or f"{y_label} vs {x_label}")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best")
     if x_key == "env_steps":
@@ -243,8 +340,20 @@ def add_parser(sub) -> None:
         default="steps",
         help="x axis: env steps (steps, env_steps), learner_steps or wall time",
     )
-    p.add_argument("--metric", default="return_mean_100", help="metrics.jsonl key to plot")
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        help="metrics.jsonl key to plot; repeatable (default: return_mean_100 and, where the run evaluated "
+        "during training, eval/return_mean)",
+    )
     p.add_argument("--size", type=_size, default=(1000, 600), help="WIDTHxHEIGHT in pixels")
-    p.add_argument("--smooth", type=non_negative(int), default=10, help="rolling window (rows) of the smoothed line")
+    p.add_argument(
+        "--smooth",
+        type=non_negative(int),
+        default=None,
+        help=f"rolling window (rows) of the smoothed line (default: {TRAINING_WINDOW} for training metrics, "
+        "none for evaluations, eval/*)",
+    )
     p.add_argument("--title", default=None)
     p.set_defaults(func=cmd_plot)

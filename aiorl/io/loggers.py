@@ -11,7 +11,10 @@
 
 Each logger gets the resolved config once, flattened to ``section.key``
 values, as hyper-parameters (TensorBoard's HPARAMS tab too), and then every
-numeric value of every row against env steps. A logger that fails at run
+numeric value of every row against env steps; each evaluation's ``eval/*``
+values against the env steps of the policy it scored (``eval/env_steps``;
+in W&B, whose steps only grow, on a step of their own, charted against
+``eval/env_steps``). A logger that fails at run
 time is logged once and dropped: it must not end the run. A logger asked for
 whose package is missing is refused before any process starts
 (`check_installed`), with the extra to install.
@@ -96,6 +99,8 @@ class TensorBoardLogger:
         for key, value in numbers(row):
             self.writer.add_scalar(key, value, step)
 
+    log_evaluation = log_row  # any step, earlier ones too
+
     def close(self) -> None:
         self.writer.close()
 
@@ -112,9 +117,18 @@ class WandbLogger:
             resume="allow" if purge_step else None,
             id=_run_id(run_dir, "wandb"),
         )
+        self.run.define_metric("eval/*", step_metric="eval/env_steps")
+        self.step = 0  # W&B refuses a step below the last one
 
     def log_row(self, row: dict, step: int) -> None:
-        self.run.log(dict(numbers(row)), step=step)
+        self.step = max(step, self.step)
+        self.run.log(dict(numbers(row)), step=self.step)
+
+    def log_evaluation(self, values: dict, step: int) -> None:
+        # A step of its own after the row's (two evaluations in one step would be one history row),
+        # drawn against eval/env_steps (define_metric above).
+        self.step += 1
+        self.run.log({**dict(numbers(values)), "eval/env_steps": step}, step=self.step)
 
     def close(self) -> None:
         self.run.finish()
@@ -147,6 +161,8 @@ class MlflowLogger:
         metrics = [Metric(key, float(value), now, step) for key, value in numbers(row)]
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
+    log_evaluation = log_row  # any step, earlier ones too
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)

@@ -33,9 +33,14 @@ actor_idle_fraction         mean over actors of the share of their loop's wall t
 queue/<name>                trajectory queues of the memories (IMPALA), summed: fragments, capacity,
                             pushed, taken, dropped_full, dropped_lag, throttled (credit grants that
                             waited for room)
-eval/<name>                 only in the first row after an evaluation during training (run.eval_every):
-                            return_mean, return_std, episodes, learner_steps (of the policy scored),
-                            seed (of its first episode), best_return_mean (best evaluation so far)
+eval/<name>                 only in rows written after an evaluation during training (run.eval_every),
+                            one row per evaluation (two heard of between two rows: two rows, the same
+                            but for their eval/* keys): return_mean, return_std, episodes,
+                            learner_steps, env_steps and time_s (of the policy scored: when it was
+                            copied; older runs have no env_steps, time_s), seed (of its first episode),
+                            best_return_mean (best evaluation so far), lag_s (seconds from when it was
+                            due until its result was in), skipped (evaluations due and not scored so
+                            far in this launch)
 loop_lag_max_s              worst event-loop lag of any role (timer lateness)
 rss_bytes                   resident memory of all role processes together
 roles_alive                 roles registered and not lost or failed
@@ -107,12 +112,18 @@ class MetricsWriter:
             names = [n for n in names if n != "tensorboard"]
         self.loggers = make_loggers(names, Path(run_dir), config or {}, purge_step)
 
-    def write(self, row: dict) -> None:
-        self.file.write(json.dumps(row) + "\n")
+    def write(self, row: dict, evaluations: list[dict] = ()) -> None:
+        """One row; with `evaluations` (the ``eval/*`` keys of each evaluation heard of since the last
+        row), one row per evaluation, the same but for them. The loggers get the row's numbers once,
+        at its env steps, and each evaluation's at the env steps of the policy it scored."""
+        self.file.write("".join(json.dumps({**row, **e}) + "\n" for e in evaluations or [{}]))
         step = int(row.get("env_steps", 0))
         for logger in list(self.loggers):
             try:
                 logger.log_row(row, step)
+                for evaluation in evaluations:
+                    at = evaluation.get("eval/env_steps")
+                    logger.log_evaluation(evaluation, step if at is None else int(at))
             except Exception as exc:  # a logging service must not end the run: drop it, say so once
                 log.warning(
                     "%s failed (%s: %s); metrics go on without it", type(logger).__name__, type(exc).__name__, exc

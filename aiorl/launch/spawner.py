@@ -101,10 +101,18 @@ class WarmSpawner:
     def start(cls) -> WarmSpawner:
         return cls(*start_spawner_process(ENTRY_MODULE))
 
-    def ready(self, algo: str | None = None, timeout: float | None = None, modules: tuple[str, ...] = ()) -> dict:
-        """Wait until its imports are done (`algo`'s too); returns what it reports of itself: its pid,
-        its threads, and which of `modules` it has imported."""
-        return self.channel.request({"op": "ready", "algo": algo, "modules": list(modules)}, timeout=timeout)
+    def ready(
+        self,
+        algo: str | None = None,
+        timeout: float | None = None,
+        modules: tuple[str, ...] = (),
+        exports: bool = False,
+    ) -> dict:
+        """Wait until its imports are done (`algo`'s too; `exports`: what the evaluation worker's
+        exports need, for a run that evaluates during training); returns what it reports of itself:
+        its pid, its threads, and which of `modules` it has imported."""
+        message = {"op": "ready", "algo": algo, "modules": list(modules), "exports": exports}
+        return self.channel.request(message, timeout=timeout)
 
     def check(self, config_path: str | Path, timeout: float | None = None) -> dict:
         """The preflight of a config file, in a forked child: {"mistake": None} or the user's mistake."""
@@ -195,6 +203,7 @@ class Spawner:
         self.launcher = sock
         self.run_child, self.check, self.warm, self.warm_learner = run_child, check, warm, warm_learner
         self.learner_imports: str | None = None  # the algorithm whose `warm_learner` is still to run
+        self.export_imports = False  # `warm_learner` imports what the evaluation worker's exports need too
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -260,6 +269,7 @@ class Spawner:
                 self.warm(message["algo"])
                 if self.warm_learner is not None:
                     self.learner_imports = message["algo"]
+                    self.export_imports = bool(message.get("exports"))
             return {
                 "pid": os.getpid(),
                 "threads": len(os.listdir("/proc/self/task")),
@@ -350,7 +360,7 @@ class Spawner:
         that it overlaps the preflight's check (a child) rather than delaying it."""
         if self.learner_imports is not None:
             algo, self.learner_imports = self.learner_imports, None
-            self.warm_learner(algo)
+            self.warm_learner(algo, self.export_imports)
 
     def _client_pid(self, client: socket.socket) -> int:
         return next(pid for pid, sock in self.client_socks.items() if sock is client)

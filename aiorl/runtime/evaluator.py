@@ -11,19 +11,28 @@ call per step for all of them) on environments of its own: episode k is
 reset with seed
 ``EVAL_SEED_BASE + run.seed + k``, so every evaluation of a run sees the same
 episodes (evaluations compare fairly) and none is a training env's episode.
-One evaluation at a time: one that is due while another runs is skipped.
-At a run's end by its criterion (not a signal), learner 0 lets the one in
-flight finish and scores the final policy too (`LearnerRole._final_evaluation`).
+Evaluations are due on a grid: at every multiple of ``run.eval_every`` learner
+steps (and/or every ``run.eval_interval_s`` seconds). The policy is copied the
+moment one is due, so each evaluation scores the policy of the step it is
+recorded at; the process scores one at a time, and copies that come due while
+another is being scored wait, a few at most (`learner_outputs.MAX_WAITING`:
+past it the oldest is dropped and counted skipped, as is one ended unscored by
+a signal).
+Each evaluation records how late it was (``lag_s``: from when it was due until
+its result was in). At a run's end by its criterion (not a signal), learner 0
+scores the copies waiting, then the final policy too (`LearnerRole._final_evaluation`).
 
 An evaluation whose mean return beats every earlier one (of this run,
 earlier launches included) has that policy exported (`torch.export`, in the
-evaluation process) to ``policy/best/``, with the evaluation in
-``policy/best/policy.json``. That file is the record
+evaluation process, once no evaluation waits for it, and before it ends) to
+``policy/best/``, with the evaluation in ``policy/best/policy.json``. That file is the record
 a resumed run reads back, so a resume never replaces a better best with a
-worse one. The coordinator gets the last and best evaluations with learner
-0's heartbeats: it writes them to metrics.jsonl (``eval/*`` keys) and
-summary.json, and stops on ``agent.target_return`` against the evaluation's
-mean return when evaluation is on.
+worse one. The coordinator gets the evaluations with learner 0's heartbeats: each one
+until a heartbeat's reply says it arrived (two that end between two
+heartbeats both arrive). It writes each to metrics.jsonl (``eval/*`` keys, one
+row per evaluation, at the steps of the policy scored) and TensorBoard, the
+last and best to summary.json, and stops on ``agent.target_return`` against
+the evaluations' mean return when evaluation is on.
 
 Why the network's state, not an exported file: an export (torch.export
 tracing) takes a few tenths of a second and a call of the exported program
@@ -70,6 +79,12 @@ def read_best(policy_dir: Path) -> dict | None:
     return evaluation if isinstance(evaluation, dict) and "return_mean" in evaluation else None
 
 
+# Evaluations kept for the coordinator until a heartbeat's reply says they arrived: far more than
+# end between two heartbeats (each takes a policy copy and episodes), and at ~0.5 KB each well
+# inside a heartbeat's header (64 KiB); past it the oldest are dropped.
+MAX_UNREPORTED = 32
+
+
 class Evaluator:
     """Learner 0's evaluations: when one is due, running one, recording last and best."""
 
@@ -79,8 +94,12 @@ class Evaluator:
         self.best = read_best(policy_dir)  # a resumed run goes on from its best
         self.last: dict | None = None
         self.count = 0
-        self.last_step = 0
+        self.skipped = 0  # due and not scored: replaced by a newer one while waiting, or ended by a signal
+        self.last_step: int | None = None  # the grid's start: this launch's first learner step seen
         self.last_t = time.monotonic()
+        self.due_t: float | None = None  # when the evaluation now due came due (monotonic)
+        self.unreported: list[dict] = []  # scored, not yet acknowledged by the coordinator
+        self.lock = threading.Lock()  # run() records from a worker thread; heartbeats read in the loop's
         self.stop = threading.Event()  # set at shutdown: no evaluation starts
         self.worker = None  # aiorl.runtime.eval_worker.EvalWorker, from start() (learner 0's registration)
         if self.best is not None:
@@ -91,15 +110,29 @@ class Evaluator:
             )
 
     def due(self, learner_steps: int) -> bool:
+        """Whether an evaluation is due at `learner_steps`: a multiple of run.eval_every was reached
+        since the last one (the first call starts the grid: a resumed run's first is at the next
+        multiple), or run.eval_interval_s passed. Notes when it came due, for its lag."""
         r = self.cfg.run
-        by_steps = r.eval_every is not None and learner_steps - self.last_step >= r.eval_every
+        if self.last_step is None:
+            self.last_step = learner_steps - learner_steps % r.eval_every if r.eval_every else learner_steps
+        by_steps = r.eval_every is not None and learner_steps // r.eval_every > self.last_step // r.eval_every
         by_time = r.eval_interval_s is not None and time.monotonic() - self.last_t >= r.eval_interval_s
+        if (by_steps or by_time) and self.due_t is None:
+            # Due by time at last_t + eval_interval_s exactly; by steps now (checked after every step).
+            self.due_t = self.last_t + r.eval_interval_s if by_time and not by_steps else time.monotonic()
         return by_steps or by_time
 
-    def mark(self, learner_steps: int) -> None:
-        """An evaluation of the policy at `learner_steps` starts now."""
-        self.last_step = learner_steps
-        self.last_t = time.monotonic()
+    def mark(self, learner_steps: int) -> float:
+        """An evaluation of the policy at `learner_steps` is taken now; when it came due (monotonic).
+        Grid points passed over in one step (more than one multiple of run.eval_every) count skipped."""
+        r = self.cfg.run
+        if r.eval_every is not None and self.last_step is not None:
+            self.skipped += max(0, learner_steps // r.eval_every - self.last_step // r.eval_every - 1)
+        now = time.monotonic()
+        due_t = now if self.due_t is None else self.due_t
+        self.last_step, self.last_t, self.due_t = learner_steps, now, None
+        return due_t
 
     def start(self) -> None:
         """Start the evaluation process (from the loop's thread, when learner 0 registers: its imports
@@ -107,14 +140,27 @@ class Evaluator:
         if self.worker is None and not self.stop.is_set():
             self.worker = EvalWorker(self.cfg, self.policy_dir)
 
-    def run(self, policy, meta: dict, learner_steps: int, env_steps: int, copy_s: float = 0.0) -> dict | None:
+    def run(
+        self,
+        policy,
+        meta: dict,
+        learner_steps: int,
+        env_steps: int,
+        copy_s: float = 0.0,
+        due_t: float | None = None,
+        policy_time: float | None = None,
+    ) -> dict | None:
         """Score `policy` (a module from `LearnerCore.acting_policy`, with its policy.json `meta`) in the
         evaluation process, which exports it to policy/best/ if it is the best so far. Blocks: call it
-        in a worker thread.
+        in a worker thread. `due_t`: when it came due (monotonic; default now), `policy_time`: when the
+        policy was copied (unix time; default now).
 
-        None: stopped at shutdown before its episodes were done (not recorded).
+        None: stopped at shutdown before its episodes were done (not recorded; counted skipped).
         """
+        due_t = time.monotonic() if due_t is None else due_t
+        policy_time = time.time() if policy_time is None else policy_time
         if self.stop.is_set():
+            self.skip()
             return None
         self.start()
         state = {k: v.detach().cpu().numpy() for k, v in policy.state_dict().items()}
@@ -128,25 +174,49 @@ class Evaluator:
         }
         reply = self.worker.evaluate(state, request)
         if reply is None:
+            self.skip()
             return None
-        evaluation = reply["evaluation"]
-        if reply["kept"]:
-            self.best = evaluation
-        # Best, last, then count: a heartbeat (another thread) that sees the new count sees both;
-        # the coordinator takes an evaluation once per count.
-        self.last = evaluation
-        self.count += 1
+        return self.record(reply, due_t, policy_time)
+
+    def record(self, reply: dict, due_t: float, policy_time: float) -> dict:
+        """Record the evaluation process's `reply` (``{evaluation, kept}``) of an evaluation that came
+        due at `due_t` (monotonic), of the policy copied at `policy_time` (unix time): last, best, and
+        one more for the coordinator. Its record: the evaluation, with its lag, the best so far and
+        the skipped count."""
+        evaluation = reply["evaluation"]  # as policy/best/policy.json records it when kept
+        done_t = time.monotonic()
+        record = {
+            **evaluation,
+            "lag_s": round(done_t - due_t, 3),  # from due to the result in: waiting, copy, episodes
+            "due_time": round(time.time() - (done_t - due_t), 3),
+            "policy_time": round(policy_time, 3),
+        }
+        with self.lock:  # a heartbeat (the loop's thread) sees all of it or none
+            if reply["kept"]:
+                self.best = evaluation
+            record["best_return_mean"] = self.best["return_mean"]
+            record["skipped"] = self.skipped
+            self.last = record
+            self.count += 1
+            self.unreported = [*self.unreported, record][-MAX_UNREPORTED:]
         log.info(
-            "evaluation %d at learner step %d: mean return %.2f (std %.2f, %d episodes, %.2f s); best %.2f",
+            "evaluation %d at learner step %d: mean return %.2f (std %.2f, %d episodes, %.2f s, %.2f s after "
+            "it was due); best %.2f",
             self.count,
-            learner_steps,
+            evaluation["learner_steps"],
             evaluation["return_mean"],
             evaluation["return_std"],
             evaluation["episodes"],
             evaluation["seconds"],
+            record["lag_s"],
             self.best["return_mean"],
         )
-        return evaluation
+        return record
+
+    def skip(self) -> None:
+        """An evaluation that was due is not scored."""
+        with self.lock:
+            self.skipped += 1
 
     def interrupt(self) -> None:
         """Shutdown: an evaluation in flight ends at its next env step, unrecorded; none starts."""
@@ -161,18 +231,46 @@ class Evaluator:
             self.worker.close()
 
     def summary(self) -> dict:
-        """What the heartbeats carry to the coordinator."""
-        return {"count": self.count, "last": self.last, "best": self.best}
+        """What the heartbeats carry to the coordinator: the evaluations it has not acknowledged yet
+        (``new``), the last and best, how many were scored and skipped."""
+        with self.lock:
+            return {
+                "count": self.count,
+                "skipped": self.skipped,
+                "last": self.last,
+                "best": self.best,
+                "new": list(self.unreported),
+            }
+
+    def reported(self, summary: dict | None) -> None:
+        """A heartbeat carrying `summary` (from `summary()`) was answered: its evaluations arrived."""
+        if not summary or not summary.get("new"):
+            return
+        arrived = max(e["n"] for e in summary["new"])
+        with self.lock:
+            self.unreported = [e for e in self.unreported if e["n"] > arrived]
 
 
 def evaluation_metrics(summary: dict) -> dict:
-    """The metrics.jsonl keys of the last evaluation (documented in aiorl.io.metrics)."""
-    last, best = summary["last"], summary["best"]
+    """The metrics.jsonl keys of the last evaluation of a `summary()` (documented in aiorl.io.metrics)."""
+    return evaluation_row(summary["last"], summary.get("best"))
+
+
+def evaluation_row(evaluation: dict, best: dict | None = None, t_start: float | None = None) -> dict:
+    """The metrics.jsonl keys of one evaluation (documented in aiorl.io.metrics); `best`: the best
+    evaluation, for one that does not record the best as of itself (an older learner's); `t_start`:
+    the run's clock (unix time at time_s 0), for ``eval/time_s``."""
+    best_return = evaluation.get("best_return_mean", best["return_mean"] if best is not None else None)
+    policy_time = evaluation.get("policy_time")
     return {
-        "eval/return_mean": last["return_mean"],
-        "eval/return_std": last.get("return_std"),
-        "eval/episodes": last.get("episodes"),
-        "eval/learner_steps": last["learner_steps"],
-        "eval/seed": last.get("seed"),
-        "eval/best_return_mean": best["return_mean"] if best is not None else None,
+        "eval/return_mean": evaluation["return_mean"],
+        "eval/return_std": evaluation.get("return_std"),
+        "eval/episodes": evaluation.get("episodes"),
+        "eval/learner_steps": evaluation["learner_steps"],
+        "eval/env_steps": evaluation.get("env_steps"),
+        "eval/time_s": None if policy_time is None or t_start is None else round(policy_time - t_start, 3),
+        "eval/seed": evaluation.get("seed"),
+        "eval/best_return_mean": best_return,
+        "eval/lag_s": evaluation.get("lag_s"),
+        "eval/skipped": evaluation.get("skipped"),
     }

@@ -129,6 +129,10 @@ class LearnerRole(LearnerOutputs, Role):
             return {}
         return {"evaluation": self.evaluator.summary()}
 
+    def heartbeat_answered(self, meta: dict) -> None:
+        if self.evaluator is not None:
+            self.evaluator.reported(meta.get("evaluation"))  # those evaluations need not be sent again
+
     async def cleanup(self) -> None:
         if self.evaluator is not None:
             self.evaluator.interrupt()  # one in flight ends at its next env step
@@ -372,7 +376,7 @@ class LearnerRole(LearnerOutputs, Role):
                 credited = True
         if checkpoint_now:
             await self._maybe_checkpoint()
-            self._maybe_evaluate()
+            await self._maybe_evaluate()
         return credited
 
     def _locked_step(self, batch):
@@ -502,7 +506,7 @@ class LearnerRole(LearnerOutputs, Role):
                 # (the coordinator's run state and the serialization then overlap their rollouts).
                 await self._publish_weights()
             await self._maybe_checkpoint()
-            self._maybe_evaluate()
+            await self._maybe_evaluate()
             self.last_metrics["policy_lag"] = float(lag) if lag is not None else -1.0
             self.iterations.append(
                 {

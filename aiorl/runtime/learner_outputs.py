@@ -17,15 +17,17 @@ continues them. The state is serialized between two steps (training waits
 that long); the file is written in the background. A resumed run's learners
 all load the checkpoint it continues from (`load_resume_checkpoint`).
 
-Evaluations (`aiorl.runtime.evaluator`): the current policy is copied between
-two steps and scored in the evaluation process, one evaluation at a time; at
-a run's end by its criterion the final policy is scored too. Then the final
+Evaluations (`aiorl.runtime.evaluator`): the policy is copied between the two
+steps where one comes due and scored in the evaluation process, one evaluation
+at a time (copies wait meanwhile, a few at most); at a run's end by its
+criterion the copies waiting and the final policy are scored too. Then the final
 weights are published, checkpointed and the policy exported to ``policy/``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from pathlib import Path
 
@@ -37,6 +39,11 @@ from aiorl.runtime.phase import last_checkpoint_budget_s
 # Of cluster.phase_timeout_s (the learners' deadline to finish): what the final evaluation may take;
 # the rest is for publishing, the final checkpoint and the export.
 FINAL_EVALUATION_SHARE = 0.5
+# Policy copies that wait for the evaluation process while it scores another (or, at the run's
+# start, traces its first export): a few absorb such a wait with none skipped (ES's first iterations
+# come due faster than one evaluation at a time on a busy machine); past them the oldest is dropped
+# (counted skipped), so an evaluation is never more than a few behind the policy.
+MAX_WAITING = 3
 
 
 def load_resume_checkpoint(core, path: str, sets_aside: bool) -> dict:
@@ -80,7 +87,8 @@ class LearnerOutputs:
         self.evaluator = (
             Evaluator(self.cfg, self.run_dir / "policy") if self.index == 0 and evaluation_on(self.cfg) else None
         )
-        self._evaluating: asyncio.Task | None = None
+        self._evaluating: asyncio.Task | None = None  # scoring the copies waiting, one at a time
+        self._waiting: collections.deque[tuple] = collections.deque()  # policies copied, oldest first
 
     async def _maybe_checkpoint(self) -> None:
         r = self.cfg.run
@@ -106,33 +114,44 @@ class LearnerOutputs:
         """This launch's learner step at which learner 0 first publishes trained weights."""
         return 1 if self.synchronous else self.cfg.agent.publish_interval
 
-    def _maybe_evaluate(self) -> None:
+    async def _maybe_evaluate(self) -> None:
+        """Between two steps: an evaluation due now gets the policy of this step, copied now."""
         ev = self.evaluator
-        if ev is None or (self._evaluating is not None and not self._evaluating.done()):
-            return  # one evaluation at a time: a due one is skipped, not queued
-        if ev.due(self.total_steps):
-            ev.mark(self.total_steps)
-            self._evaluating = self.spawn(self._evaluate(self.total_steps), "evaluation")
+        if ev is not None and ev.due(self.total_steps):
+            await self._take_policy(self.total_steps, ev.mark(self.total_steps))
 
     def _locked_policy(self) -> tuple[object, dict] | None:
         with self.core_lock:  # between two steps: never weights torn across a step
             return self.core.acting_policy()
 
-    async def _evaluate(self, learner_steps: int) -> None:
-        """Copy the current policy (training waits that long), score it in the evaluation process."""
+    async def _take_policy(self, learner_steps: int, due_t: float) -> None:
+        """Copy the current policy (training waits that long) for the evaluation process, which scores
+        one at a time: copies wait, MAX_WAITING at most (past it the oldest is dropped, counted skipped)."""
         ev = self.evaluator
         env_steps = self.run_counters.get("env_steps", 0)
-        try:
-            t0 = time.perf_counter()
-            policy = await asyncio.to_thread(self._locked_policy)
-            copy_s = time.perf_counter() - t0  # what training waited (the core's lock held)
-            if policy is None:
-                self.log.warning("%s exports no policy: no evaluation during training", self.cfg.algo)
-                self.evaluator = None
-                return
-            await asyncio.to_thread(ev.run, *policy, learner_steps, env_steps, copy_s)
-        except OSError as exc:  # a full disk costs this evaluation, not the run
-            self.log.error("evaluation at learner step %d failed: %s", learner_steps, exc)
+        t0 = time.perf_counter()
+        policy = await asyncio.to_thread(self._locked_policy)
+        copy_s = time.perf_counter() - t0  # what training waited (the core's lock held)
+        if policy is None:
+            self.log.warning("%s exports no policy: no evaluation during training", self.cfg.algo)
+            self.evaluator = None
+            return
+        if len(self._waiting) >= MAX_WAITING:
+            self._waiting.popleft()
+            ev.skip()
+        self._waiting.append((*policy, learner_steps, env_steps, copy_s, due_t, time.time()))
+        if self._evaluating is None or self._evaluating.done():
+            self._evaluating = self.spawn(self._evaluate(ev), "evaluation")
+
+    async def _evaluate(self, ev) -> None:
+        """Score the copies waiting in the evaluation process, oldest first, until none waits."""
+        while self._waiting:
+            args = self._waiting.popleft()
+            try:
+                await asyncio.to_thread(ev.run, *args)
+            except OSError as exc:  # a full disk costs this evaluation, not the run
+                ev.skip()
+                self.log.error("evaluation at learner step %d failed: %s", args[2], exc)
 
     async def _run_state(self) -> dict:
         """The run's counters and return window, to record in a checkpoint."""
@@ -224,9 +243,9 @@ class LearnerOutputs:
                     await asyncio.wait({self._evaluating})  # not cancelled by the timeout; errors stay its own
                 if self.evaluator is not None and ev.last_step != self.total_steps:
                     self.log.info("final evaluation: the policy at learner step %d", self.total_steps)
-                    ev.mark(self.total_steps)
-                    self._evaluating = self.spawn(self._evaluate(self.total_steps), "final evaluation")
-                    await asyncio.wait({self._evaluating})
+                    await self._take_policy(self.total_steps, ev.mark(self.total_steps))
+                    if self._evaluating is not None:
+                        await asyncio.wait({self._evaluating})
         except TimeoutError:
             self.log.warning(
                 "the final evaluation did not end within %g s (%g x cluster.phase_timeout_s): "

@@ -146,13 +146,16 @@ def _evaluation_record(value, path):
 
 
 def evaluation(value, path):
-    """Learner 0's evaluations: ``{count, last, best}`` (`Evaluator.summary`)."""
+    """Learner 0's evaluations: ``{count, skipped, last, best, new}`` (`Evaluator.summary`); ``new``, the
+    evaluations not yet acknowledged, oldest first (a learner without it: none but ``last``)."""
     if type(value) is not dict:
         raise BadMessage(f"{path} must be a map, got {_show(value)}")
     return {
         "count": _count(value.get("count"), f"{path}[count]"),
+        "skipped": _count(value.get("skipped", 0), f"{path}[skipped]"),
         "last": nullable(_evaluation_record)(value.get("last"), f"{path}[last]"),
         "best": nullable(_evaluation_record)(value.get("best"), f"{path}[best]"),
+        "new": nullable(list_of(_evaluation_record, 1024))(value.get("new"), f"{path}[new]"),
     }
 
 

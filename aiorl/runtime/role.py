@@ -136,6 +136,9 @@ class Role:
         """Gauges reported with every heartbeat."""
         return {}
 
+    def heartbeat_answered(self, meta: dict) -> None:
+        """The coordinator answered a heartbeat (or done) that carried `meta`: it has what it held."""
+
     def heartbeat_extra(self) -> dict:
         return {}
 
@@ -507,6 +510,7 @@ class Role:
                 self._loop_lag_s = max(0.0, loop.time() - expected)
             meta = self._heartbeat_meta()
             reply = await self._request_or_lost("heartbeat", meta)
+            self.heartbeat_answered(meta)
             self._set_phase(Phase(int(reply.meta["phase"])))
             self.weights_version_seen = int(reply.meta.get("weights_version", -1))
             self.run_counters = {

@@ -31,7 +31,7 @@ MUTANTS = [
     dict(
         name="eval-due-on-absolute-steps",
         path="aiorl/runtime/evaluator.py",
-        old="learner_steps - self.last_step >= r.eval_every",
+        old="learner_steps // r.eval_every > self.last_step // r.eval_every",
         new="learner_steps >= r.eval_every",
         tests=[T + "test_due_by_learner_steps_and_stopped_at_shutdown"],
     ),
@@ -52,15 +52,15 @@ MUTANTS = [
     dict(
         name="target-return-ignores-the-evaluation",
         path="aiorl/runtime/coordinator/counters.py",
-        old='if last is not None and last["return_mean"] >= a.target_return:',
+        old='if hit is not None and hit["return_mean"] >= a.target_return:',
         new="if False:",
         tests=[T + "test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best"],
     ),
     dict(
         name="no-eval-rows",
         path="aiorl/runtime/coordinator/report.py",
-        old="            row.update(evaluation_metrics(counters.evaluation))\n",
-        new="",
+        old="        return [evaluation_row(e, best, counters.t_start) for e in counters.take_evaluation_rows()]\n",
+        new="        return []\n",
         tests=[T + "test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best"],
     ),
     dict(
@@ -130,7 +130,7 @@ MUTANTS = [
     dict(
         name="evaluation-competes-with-training",
         path="aiorl/evaluation/worker.py",
-        old="    os.nice(args.nice)",
+        old="    os.nice(nice)",
         new="    pass",
         tests=[T + "test_an_interrupted_evaluation_is_not_recorded_and_close_ends_the_process"],
     ),

@@ -64,7 +64,9 @@ class RunCounters:
         self.lengths = collections.deque(maxlen=100)
         self.episodes = 0
         self.evaluation: dict | None = None  # learner 0's last and best evaluations (aiorl.runtime.evaluator)
-        self.evaluation_row = False  # the next metrics row carries a new evaluation
+        self.evaluations_seen = 0  # the newest evaluation's number (n) taken
+        self.evaluation_rows: list[dict] = []  # evaluations taken that no metrics row holds yet
+        self.top: dict | None = None  # the evaluation taken with the highest mean return (the first of equals)
         self.t_start = time.time()
         self.t_running: float | None = None
         self.resumed_from: dict | None = None
@@ -115,11 +117,24 @@ class RunCounters:
         self.lengths.extend(lengths)
         self.episodes += len(returns)
 
-    def add_evaluation(self, evaluation: dict) -> None:
-        """Learner 0's evaluations as its heartbeat carries them; a new one makes a metrics row."""
-        if self.evaluation is None or evaluation["count"] != self.evaluation["count"]:
-            self.evaluation = evaluation
-            self.evaluation_row = evaluation["last"] is not None
+    def add_evaluation(self, summary: dict) -> None:
+        """Learner 0's evaluations as its heartbeat carries them (`Evaluator.summary`): each one not
+        taken yet (by its number) makes a metrics row, however many one heartbeat brings."""
+        new = summary.get("new")
+        if new is None:  # a learner that sends only its last one
+            new = [] if summary["last"] is None else [summary["last"]]
+        for evaluation in sorted(new, key=lambda e: e["n"]):
+            if evaluation["n"] > self.evaluations_seen:
+                self.evaluations_seen = evaluation["n"]
+                self.evaluation_rows.append(evaluation)
+                if self.top is None or evaluation["return_mean"] > self.top["return_mean"]:
+                    self.top = evaluation
+        self.evaluation = {k: v for k, v in summary.items() if k != "new"}
+
+    def take_evaluation_rows(self) -> list[dict]:
+        """The evaluations taken since the last call, oldest first."""
+        rows, self.evaluation_rows = self.evaluation_rows, []
+        return rows
 
     def return_mean(self) -> float | None:
         return float(np.mean(self.returns)) if self.returns else None
@@ -149,11 +164,11 @@ def stop_criterion(cfg: Config, counters: RunCounters) -> tuple[str, str | None]
             "learner_steps",
         )
     if a.target_return is not None and evaluation_on(cfg):
-        last = (counters.evaluation or {}).get("last")
-        if last is not None and last["return_mean"] >= a.target_return:
+        hit = counters.top  # of every evaluation this launch: two in one heartbeat are both held to it
+        if hit is not None and hit["return_mean"] >= a.target_return:
             return (
-                f"evaluation {last['n']} (learner step {last['learner_steps']}): mean return "
-                f"{last['return_mean']:.1f} >= target_return {a.target_return}",
+                f"evaluation {hit['n']} (learner step {hit['learner_steps']}): mean return "
+                f"{hit['return_mean']:.1f} >= target_return {a.target_return}",
                 None,
             )
         return None

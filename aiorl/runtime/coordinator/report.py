@@ -17,7 +17,7 @@ from aiorl.runtime.coordinator.liveness import Liveness
 from aiorl.runtime.coordinator.params import ParameterStore
 from aiorl.runtime.coordinator.phases import PhaseClock
 from aiorl.runtime.coordinator.roster import Roster
-from aiorl.runtime.evaluator import evaluation_metrics
+from aiorl.runtime.evaluator import evaluation_row
 from aiorl.runtime.phase import INTERRUPTED
 from aiorl.runtime.work import WorkQueue
 
@@ -147,10 +147,14 @@ class Report:
             row["insert_per_s"] = round((inserted - i0) / dt, 2)
             row["sample_per_s"] = round((sampled - s0) / dt, 2)
         self._last_metrics = (now, env_steps, learner_steps, inserted, sampled)
-        if counters.evaluation_row:  # once per evaluation: a plot or TensorBoard gets one point each
-            row.update(evaluation_metrics(counters.evaluation))
-            counters.evaluation_row = False
         return row
+
+    def evaluation_rows(self) -> list[dict]:
+        """The ``eval/*`` keys of each evaluation heard of since the last call, oldest first: each goes
+        into a metrics row of its own (`MetricsWriter.write`), so a plot or TensorBoard gets every one."""
+        counters = self.counters
+        best = (counters.evaluation or {}).get("best")
+        return [evaluation_row(e, best, counters.t_start) for e in counters.take_evaluation_rows()]
 
     def write_summary(self, run_dir: Path, ok: bool, outcome: str, lost_restartable: list[str], refusals: dict) -> None:
         """summary.json; `refusals`: the service's counts of what it refused (registrations, bad

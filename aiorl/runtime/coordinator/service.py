@@ -590,9 +590,10 @@ class Coordinator(Registration, LauncherNotices):
     # ------------------------------------------------------------------ reporting
 
     def _write_metrics_row(self) -> None:
-        self.last_row = self.metrics_row()
+        row, evaluations = self.metrics_row(), self.report.evaluation_rows()
+        self.last_row = {**row, **evaluations[-1]} if evaluations else row
         try:
-            self._metrics.write(self.last_row)
+            self._metrics.write(row, evaluations)
         except OSError as exc:  # a full disk or no file descriptor left must not end the run
             self._log_housekeeping("could not write a metrics row: %s", exc)
 
