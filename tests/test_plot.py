@@ -73,3 +73,12 @@ def test_unknown_metric_and_format_exit_2_naming_what_exists(tmp_path, capsys):
     assert "(metrics there: env_steps, learner_steps, return_mean_100, time_s)" in err
     assert main(["plot", run, "-o", str(tmp_path / "c.jpg")]) == 2
     assert "expected a file name ending in .png, .svg, .pdf" in capsys.readouterr().err
+
+
+def test_a_metric_named_in_words_suggests_the_evaluation_return_not_its_spread(tmp_path, capsys):
+    run = fake_run(tmp_path / "a")
+    evaluation = {"eval/return_mean": 9.0, "eval/return_std": 1.0, "eval/learner_steps": 10}
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"time_s": 30.0, "env_steps": 4000, "learner_steps": 400, **evaluation}) + "\n")
+    assert main(["plot", str(run), "-o", str(tmp_path / "c.png"), "--metric", "eval_return"]) == 2
+    assert "did you mean 'eval/return_mean'?" in capsys.readouterr().err

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from aiorl.cli.argtypes import non_negative
+from aiorl.core.suggest import did_you_mean
 
 # Axis labels with units for the metrics users plot most.
 LABELS = {
@@ -264,11 +265,8 @@ def plot(
             color = _draw(ax, curves, label, name, smoothing, color).get_color()
             plotted += 1
     if plotted == 0:
-        import difflib
-
         plt.close(fig)
-        close = difflib.get_close_matches(metric, sorted(seen), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(metric, sorted(seen), prefer=DEFAULT_METRICS)  # the returns a person means
         raise PlotError(
             f"--metric {metric!r}: no run has values of it{hint} (metrics there: {', '.join(sorted(seen)) or 'none'})"
         )

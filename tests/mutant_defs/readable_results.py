@@ -181,3 +181,13 @@ MUTANTS += [
         tests=[REPRO + "test_deterministic_is_refused_where_it_cannot_hold"],
     ),
 ]
+
+MUTANTS += [
+    dict(
+        name="plot-suggests-by-spelling",
+        path="aiorl/cli/plot.py",
+        old="        hint = did_you_mean(metric, sorted(seen), prefer=DEFAULT_METRICS)",
+        new="        hint = did_you_mean(metric, sorted(seen), prefer=DEFAULT_METRICS[:0]) if False else ''",
+        tests=["tests/test_plot.py::test_a_metric_named_in_words_suggests_the_evaluation_return_not_its_spread"],
+    ),
+]
