@@ -90,8 +90,8 @@ MUTANTS = [
     dict(
         name="the-panel-reads-its-metrics-from-the-whole-algorithm",
         path="aiorl/launch/panel.py",
-        old="            panel_metrics = get_settings(cfg.algo).panel_metrics\n",
-        new="            panel_metrics = cfg.algorithm.panel_metrics\n",
+        old="        settings = get_settings(cfg.algo)\n",
+        new="        settings = cfg.algorithm\n",
         tests=[EXAMPLES],
     ),
 ]
