@@ -29,13 +29,20 @@ def config():
     return load_config(data={"algo": "apex_dqn", "agent": {"batch_size": 48}}).to_dict()
 
 
+# Two evaluations heard of by the last row: each at the env steps of the policy it scored.
+EVALUATIONS = [
+    {"eval/return_mean": 51.0, "eval/learner_steps": 10, "eval/env_steps": 120},
+    {"eval/return_mean": 362.0, "eval/learner_steps": 20, "eval/env_steps": 210},
+]
+
+
 def write_rows(tmp_path, loggers):
     writer = MetricsWriter(tmp_path, loggers=loggers, config=config())
     assert [type(lg).__name__ for lg in writer.loggers] == [
         f"{name.capitalize()}Logger".replace("Tensorboard", "TensorBoard") for name in loggers
     ]
     for row in ROWS:
-        writer.write(row)
+        writer.write(row, EVALUATIONS if row is ROWS[-1] else ())
     writer.close()
 
 
@@ -55,6 +62,7 @@ def test_tensorboard_gets_the_rows_and_the_config_as_hparams(tmp_path):
     events.Reload()
     assert [e.value for e in events.Scalars("charts/return_mean_100")] == [1.0, 2.0, 3.0]
     assert [e.step for e in events.Scalars("learner/losses/td_loss")] == [100, 200, 300]
+    assert [(e.step, e.value) for e in events.Scalars("eval/return_mean")] == [(120, 51.0), (210, 362.0)]
     plugin = events.PluginTagToContent("hparams")
     session = next(content for tag, content in plugin.items() if tag == "_hparams_/session_start_info")
     assert b"agent.batch_size" in session and b"apex_dqn" in session
@@ -73,6 +81,7 @@ def test_wandb_offline_run_holds_config_and_metrics(tmp_path, monkeypatch):
     record = next(runs[0].glob("*.wandb")).read_bytes()
     assert b"agent.batch_size" in record and b"apex_dqn" in record
     assert record.count(b"charts/return_mean_100") >= len(ROWS)
+    assert record.count(b"eval/return_mean") >= len(EVALUATIONS)  # each evaluation a history row of its own
     assert wandb.run is None  # finished
 
 
@@ -87,6 +96,8 @@ def test_mlflow_local_store_in_the_run_holds_params_and_metrics(tmp_path, monkey
     assert run.data.params["agent.batch_size"] == "48" and run.info.status == "FINISHED"
     history = client.get_metric_history(run.info.run_id, "charts/return_mean_100")
     assert [(m.step, m.value) for m in history] == [(100, 1.0), (200, 2.0), (300, 3.0)]
+    history = client.get_metric_history(run.info.run_id, "eval/return_mean")
+    assert sorted((m.step, m.value) for m in history) == [(120, 51.0), (210, 362.0)]
 
 
 def test_unknown_or_missing_logger_is_a_config_error(tmp_path, monkeypatch):

@@ -260,7 +260,8 @@ def plot(
             if not curves:
                 continue
             label = _label(name, present)
-            label = f"{first.name}: {label}" if label else first.name
+            if len(groups) > 1 or not label:  # one run's name is in the title
+                label = f"{first.name}: {label}" if label else first.name
             smoothing = window if window is not None else 1 if is_evaluation(name) else TRAINING_WINDOW
             color = _draw(ax, curves, label, name, smoothing, color).get_color()
             plotted += 1
@@ -278,7 +279,11 @@ def plot(
         y_label = LABELS.get(present[0], present[0]) if len(present) == 1 else ", ".join(present)
     ax.set_xlabel(x_label)
     ax.set_ylabel(y_label)
-    ax.set_title(title or f"{y_label} vs {x_label}")
+    one = ""
+    if len(groups) == 1 and len(present) > 1:  # the legend names the metrics, the title the run
+        first, more = next(iter(groups[0])).name, len(groups[0]) - 1
+        one = f" ({first})" if not more else f" ({first} and {more} more run{'s' if more > 1 else ''} of its config)"
+    ax.set_title(title or f"{y_label} vs {x_label}{one}")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best")
     if x_key == "env_steps":

@@ -256,8 +256,9 @@ class RunSection:
         default=10,
     )
     eval_nice: int = doc(
-        "Niceness the evaluation process adds to its own (0-19): where training keeps every core busy, "
-        "the evaluations take the CPU it leaves, and cost it little; 0: the same share as training.",
+        "Niceness the evaluation process adds to its own (0-19), once warm (its policy built, an export "
+        "traced): where training keeps every core busy, the evaluations take the CPU it leaves, and cost "
+        "it little; 0: the same share as training.",
         default=10,
     )
     snapshot_replay: bool = doc(

@@ -8,9 +8,13 @@ each one: DQN CartPole trained at 0.85x its learner steps/s with a
 10-episode evaluation every 1,000 steps in a thread. In a process of its own
 the evaluation costs only the CPU time it uses (``bench/learning.py
 eval-cost`` measures it), and it runs ``run.eval_nice`` (10) nicer than the
-learner: where actors, memories and learners keep every core busy, as they do
+learner once it is warm (its policy built and one export traced, at the run's
+start): where actors, memories and learners keep every core busy, as they do
 on a small machine, the evaluation takes the CPU they leave rather than an
-equal share.
+equal share. What it does is small (ten CartPole episodes side by side are a
+few tenths of a second of CPU; a new best's export waits until no evaluation
+does), so under a busy neighbour its results still come within a second of
+being due (``bench/learning.py eval-lag``).
 
 The learner (`EvalWorker`) starts ``python -m aiorl.evaluation.worker`` when
 it registers and talks to it over the child's stdin and stdout, one JSON
