@@ -288,3 +288,22 @@ def test_live_panel_last_frame_is_the_end_not_the_last_running_row(tmp_path):
     last = out.getvalue().rsplit("aiorl apex_dqn on CartPole-v1", 1)[1]
     assert "EXITED" in last and re.search(r"roles alive\s+0\b", last) and "eta" not in last
     assert "11,500" in last and "stopped: interrupted by SIGINT (launcher)" in last
+
+
+def test_the_store_line_is_replay_a_queue_or_nothing_as_the_algorithm_keeps():
+    assert re.search(r"replay\s+1,100 \(10%\)", frame(state_from(rows())))
+    impala = {**rows()[-1], "queue/fragments": 5, "queue/capacity": 8}
+    assert re.search(r"queue\s+5/8 fragments", frame(state_from([impala], store="queue")))
+    text = frame(state_from(rows(), store=None))  # dppo, es: rounds, nothing worth a line
+    assert "replay" not in text and "queue" not in text
+    for algo, store in (("apex_dqn", "replay"), ("impala", "queue"), ("dppo", None), ("es", None)):
+        progress = Progress(load_config(data={"algo": algo}), Path("RUN"), quiet=True)
+        assert progress.state.store == store, algo
+
+
+def test_elapsed_is_this_launchs_with_a_resumed_runs_total_beside_it():
+    resumed = [{**row, "time_s": row["time_s"] + 600} for row in rows()]  # the clock of the first launch
+    text = frame(state_from(resumed, elapsed_s=11.0))
+    assert "elapsed 0:00:11 (run 0:10:11)" in text
+    assert "elapsed 0:00:11" in frame(state_from(rows(), elapsed_s=11.0))
+    assert "(run " not in frame(state_from(rows(), elapsed_s=11.0))

@@ -192,3 +192,22 @@ MUTANTS += [
         tests=["tests/test_plot.py::test_a_metric_named_in_words_suggests_the_evaluation_return_not_its_spread"],
     ),
 ]
+
+PANEL = "tests/test_panel.py::"
+
+MUTANTS += [
+    dict(
+        name="panel-shows-replay-for-every-algorithm",
+        path="aiorl/launch/panel.py",
+        old='            "replay" if settings.keeps_replay(cfg) else',
+        new='            "replay" if True else',
+        tests=[PANEL + "test_the_store_line_is_replay_a_queue_or_nothing_as_the_algorithm_keeps"],
+    ),
+    dict(
+        name="panel-elapsed-from-the-first-launch",
+        path="aiorl/launch/panel.py",
+        old='        if self.elapsed_s is None:\n            return f"elapsed {_clock(run_s)}"\n',
+        new='        if True:\n            return f"elapsed {_clock(run_s)}"\n',
+        tests=[PANEL + "test_elapsed_is_this_launchs_with_a_resumed_runs_total_beside_it"],
+    ),
+]
