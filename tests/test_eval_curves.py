@@ -178,7 +178,10 @@ def test_the_target_return_is_held_to_every_evaluation_of_a_heartbeat(tmp_path):
     ev.record(reply(2, 2000, 16000, 300.0, kept=False), 0.0, 0.0)  # ... and dipped before the heartbeat
     assert stop_criterion(cfg, counters) is None
     counters.add_evaluation(heartbeat(ev.summary()))
-    assert stop_criterion(cfg, counters) == "evaluation 1 (learner step 1000): mean return 480.0 >= target_return 475.0"
+    assert stop_criterion(cfg, counters) == (
+        "evaluation 1 (learner step 1000): mean return 480.0 >= target_return 475.0",
+        None,  # a target, not a budget: no counter the stop was decided on
+    )
 
 
 def test_an_older_learners_summary_without_new_still_makes_one_row(tmp_path):
