@@ -48,9 +48,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     cfg.bind_algorithm(functools.partial(algos.get_algorithm, cfg.algo))
     check_config(cfg)
     settings.validate(cfg)
-    if settings.is_synchronous(cfg):
+    synchronous = settings.is_synchronous(cfg)
+    if synchronous:
         check_synchronous(cfg)
-    check_deterministic(cfg, settings.is_synchronous(cfg))
+    check_deterministic(cfg, synchronous)
     return cfg
 
 

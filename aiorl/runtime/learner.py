@@ -159,13 +159,18 @@ class LearnerRole(LearnerOutputs, Role):
         return self.step_base + self.counters["learner_steps"]
 
     @property
-    def budget_reached(self) -> bool:
-        """This learner's share of ``scheduled_global_steps`` is done: it takes no more steps, so
-        the run stops at its budget, not a heartbeat of steps past it. Data-parallel learners
-        step together, so each stops at the same step (one waiting for another that stopped
-        would hang); their sum is the budget rounded up to a multiple of the learners."""
+    def budget_share(self) -> int | None:
+        """This learner's share of ``scheduled_global_steps`` (None: no such budget). Data-parallel
+        learners step together, so each stops at the same step (one waiting for another that
+        stopped would hang); their sum is the budget rounded up to a multiple of the learners."""
         budget = self.cfg.agent.scheduled_global_steps
-        return budget is not None and self.total_steps >= -(-budget // self.cfg.cluster.learners)
+        return None if budget is None else -(-budget // self.cfg.cluster.learners)
+
+    @property
+    def budget_reached(self) -> bool:
+        """This learner's share of the budget is done: it takes no more steps, so the run stops at
+        its budget, not a heartbeat of steps past it."""
+        return self.budget_share is not None and self.total_steps >= self.budget_share
 
     def beta(self) -> float:
         """PER's beta, annealed linearly to ``prioritized_replay_beta_final`` over the run's schedule."""
@@ -192,7 +197,7 @@ class LearnerRole(LearnerOutputs, Role):
         frac = 0.0
         if a.scheduled_global_steps:
             # Data-parallel learners step together, each to its share of the budget (`budget_reached`).
-            frac = self.total_steps / -(-a.scheduled_global_steps // self.cfg.cluster.learners)
+            frac = self.total_steps / self.budget_share
         if a.scheduled_timesteps:
             frac = max(frac, totals.get("env_steps", 0) / a.scheduled_timesteps)
         return min(1.0, frac)

@@ -120,7 +120,7 @@ MUTANTS = [
     dict(
         name="beta-by-own-learner-steps",
         path="aiorl/runtime/learner.py",
-        old="            frac = self.total_steps / -(-a.scheduled_global_steps // self.cfg.cluster.learners)",
+        old="            frac = self.total_steps / self.budget_share",
         new="            frac = self.total_steps / a.scheduled_global_steps",
         tests=[
             "tests/test_learner_runtime.py::test_beta_anneals_over_the_runs_learner_steps_not_this_learners",

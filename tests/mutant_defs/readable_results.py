@@ -92,8 +92,8 @@ MUTANTS += [
     dict(
         name="each-data-parallel-learner-takes-the-whole-budget",
         path="aiorl/runtime/learner.py",
-        old="self.total_steps >= -(-budget // self.cfg.cluster.learners)",
-        new="self.total_steps >= budget",
+        old="        return None if budget is None else -(-budget // self.cfg.cluster.learners)\n",
+        new="        return budget\n",
         tests=[BUDGETS + "test_a_learner_step_budget_is_met_exactly[2]"],
     ),
     dict(
