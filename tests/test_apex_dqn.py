@@ -219,6 +219,7 @@ def test_actor_explores_with_its_epsilon(eps, greedy_share):
     make_constant(actor.q.head.advantage, 0.0)
     with torch.no_grad():
         actor.q.head.advantage.bias.copy_(torch.tensor([0.0, 1.0]))  # greedy action: 1
+    actor.fast.refresh()  # acting reads its numpy copy of the weights
     actions = actor.act(np.zeros((4000, 4), np.float32))
     assert actions.dtype == np.int64
     assert (actions == 1).mean() == pytest.approx(greedy_share, abs=0.03)

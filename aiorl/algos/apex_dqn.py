@@ -48,6 +48,7 @@ from aiorl.algos.lib.common import (
 )
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import DEFAULT_MLP, GreedyPolicy, QNetwork, check_observation_space, is_image
+from aiorl.algos.lib.numpy_forward import compile_numpy, probe_observations
 from aiorl.config import ConfigError
 from aiorl.runtime.algorithm import Algorithm, LearnerResult
 
@@ -94,6 +95,8 @@ class DQNActor(NStepPolicy):
         super().__init__(m.n_step, m.gamma)
         setup_torch(m.torch_threads, seed)
         self.q = algo.q_network().eval()
+        # Acting on CPU: a small MLP runs in numpy (torch's per-call cost dominates at a few rows).
+        self.fast = compile_numpy(self.q, probe_observations(algo.env_spec.observation_space, seed=seed))
         self.num_actions = algo.num_actions
         self.epsilons = slot_epsilons(
             actor_index, num_actors, algo.cfg.env.num_envs, m.exploration_eps, m.exploration_alpha
@@ -105,13 +108,17 @@ class DQNActor(NStepPolicy):
         spread = f"{self.epsilons.max():.4g}..{self.epsilons.min():.4g}"
         return f"<DQNActor epsilons={spread} weights_version={self.weights_version}>"
 
-    @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Epsilon-greedy per env slot (one epsilon broadcasts over any batch)."""
-        greedy = self.q(as_tensor(obs, self.device)).argmax(dim=1).numpy()
-        explore = self.rng.random(len(obs)) < self.epsilons
-        random = self.rng.integers(0, self.num_actions, size=len(obs))
-        return np.where(explore, random, greedy).astype(np.int64)
+        if self.fast is not None:
+            greedy = self.fast(obs).argmax(axis=1)
+        else:
+            with torch.inference_mode():
+                greedy = self.q(as_tensor(obs, self.device)).argmax(dim=1).numpy()
+        # One draw for both choices: whether to explore, and the uniform action if so.
+        u = self.rng.random((2, len(obs)))
+        random = (u[1] * self.num_actions).astype(np.int64)
+        return np.where(u[0] < self.epsilons, random, greedy).astype(np.int64)
 
     def postprocess(self, rollout):
         # The n-step kernel gives each row the action of its window's first step:
@@ -147,6 +154,8 @@ class DQNActor(NStepPolicy):
 
     def set_weights(self, weights, version):
         load_numpy_state(self.q, weights, "q")
+        if self.fast is not None:
+            self.fast.refresh()
         self.weights_version = version
 
 

@@ -62,6 +62,7 @@ from aiorl.algos.lib.common import (
 )
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import check_observation_space, is_image
+from aiorl.algos.lib.numpy_forward import compile_numpy, probe_observations
 from aiorl.replay import gae
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerResult
 
@@ -112,6 +113,8 @@ class PPOActor(ActorPolicy):
         setup_torch(m.torch_threads, seed, algo.cfg.run.deterministic)
         self.m = m
         self.net = algo.network().eval()
+        # Acting on CPU: a small MLP runs in numpy (torch's per-call cost dominates at a few rows).
+        self.fast = compile_numpy(self.net, probe_observations(algo.env_spec.observation_space, seed=seed))
         self.gaussian = isinstance(self.net.head, GaussianHead)
         self.action_shape = algo.env_spec.action_space.shape
         self.rng = np.random.default_rng(seed)
@@ -120,11 +123,14 @@ class PPOActor(ActorPolicy):
     def __repr__(self) -> str:
         return f"<PPOActor weights_version={self.weights_version} steps_held={len(self.steps)}>"
 
-    @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:
-        params, value, features = self.net.act(torch.as_tensor(obs))
+        if self.fast is not None:
+            params, value, features = self.fast.act(obs)
+        else:
+            with torch.inference_mode():
+                params, value, features = (t.numpy() for t in self.net.act(torch.as_tensor(obs)))
         action, logp = self.net.head.sample(params, self.rng, features)
-        self.steps.append((action, logp, value.numpy()))
+        self.steps.append((action, logp, value))
         if self.gaussian:
             return self.net.head.clip_to_bounds(action).reshape((len(obs),) + self.action_shape)
         return action
@@ -162,6 +168,8 @@ class PPOActor(ActorPolicy):
 
     def set_weights(self, weights, version):
         load_numpy_state(self.net, weights, "net")
+        if self.fast is not None:
+            self.fast.refresh()
         self.weights_version = version
         if isinstance(self.net.head, SDEHead):
             self.net.head.reset_noise()  # a new rollout: new exploration matrices, of the new scale

@@ -51,6 +51,7 @@ from aiorl.algos.lib.common import (
 )
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import check_observation_space, is_image
+from aiorl.algos.lib.numpy_forward import compile_numpy, probe_observations
 from aiorl.replay import vtrace
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerResult
 
@@ -140,6 +141,8 @@ class ImpalaActor(ActorPolicy):
         m = algo.cfg.model
         setup_torch(m.torch_threads, seed)
         self.net = algo.network().eval()
+        # Acting on CPU: a small MLP runs in numpy (torch's per-call cost dominates at a few rows).
+        self.fast = compile_numpy(self.net, probe_observations(algo.env_spec.observation_space, seed=seed))
         self.gaussian = isinstance(self.net.head, GaussianHead)
         self.action_shape = algo.env_spec.action_space.shape
         self.rng = np.random.default_rng(seed)
@@ -148,11 +151,14 @@ class ImpalaActor(ActorPolicy):
     def __repr__(self) -> str:
         return f"<ImpalaActor weights_version={self.weights_version} steps_held={len(self.steps)}>"
 
-    @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:
-        params = self.net.policy_params(torch.as_tensor(obs))
+        if self.fast is not None:
+            params = self.fast.policy_params(obs)
+        else:
+            with torch.inference_mode():
+                params = self.net.policy_params(torch.as_tensor(obs)).numpy()
         action, logp = self.net.head.sample(params, self.rng)
-        self.steps.append((action, logp if self.gaussian else params.numpy()))
+        self.steps.append((action, logp if self.gaussian else params))
         if self.gaussian:
             return self.net.head.clip_to_bounds(action).reshape((len(obs),) + self.action_shape)
         return action
@@ -177,6 +183,8 @@ class ImpalaActor(ActorPolicy):
 
     def set_weights(self, weights, version):
         load_numpy_state(self.net, weights, "net")
+        if self.fast is not None:
+            self.fast.refresh()
         self.weights_version = version
 
 

@@ -156,7 +156,9 @@ class CategoricalHead(nn.Module):
         self, logits: torch.Tensor, rng: np.random.Generator, features: torch.Tensor | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """(actions int64 [B], their log-probabilities [B]) by inverse CDF on the actor's own generator."""
-        logp = torch.log_softmax(logits, dim=1).numpy().astype(np.float64)
+        x = np.asarray(logits, np.float64)  # a tensor or, from a numpy forward, an array
+        x = x - x.max(axis=1, keepdims=True)
+        logp = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
         cdf = np.cumsum(np.exp(logp), axis=1)
         u = rng.random((len(cdf), 1)) * cdf[:, -1:]
         action = np.minimum((cdf < u).sum(axis=1), cdf.shape[1] - 1)
@@ -208,7 +210,7 @@ class GaussianHead(nn.Module):
         """(unclipped actions float32 [B, dim], their log-probabilities [B]); `features`: unused here."""
         log_std = self.log_std.detach().numpy().astype(np.float64)
         noise = rng.standard_normal(mean.shape)
-        action = mean.numpy().astype(np.float64) + np.exp(log_std) * noise
+        action = np.asarray(mean, np.float64) + np.exp(log_std) * noise
         return action.astype(np.float32), diag_normal_log_prob_np(noise, log_std).astype(np.float32)
 
     def clip_to_bounds(self, action: np.ndarray) -> np.ndarray:
@@ -265,9 +267,9 @@ class SDEHead(GaussianHead):
     def sample(
         self, params: torch.Tensor, rng: np.random.Generator, features: torch.Tensor | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        mean = params[:, : self.dim].numpy().astype(np.float64)
-        log_sigma = params[:, self.dim :].numpy().astype(np.float64)
-        x = features.numpy().astype(np.float64)
+        mean = np.asarray(params[:, : self.dim], np.float64)
+        log_sigma = np.asarray(params[:, self.dim :], np.float64)
+        x = np.asarray(features, np.float64)
         if self._noise is None or self._age >= self.sample_freq or len(self._noise) != len(x):
             std = np.exp(self.log_std.detach().numpy().astype(np.float64))
             self._noise = rng.standard_normal((len(x),) + std.shape) * std  # [envs, features, dim]
