@@ -108,8 +108,9 @@ def hard_update(target: nn.Module, online: nn.Module) -> None:
 @torch.no_grad()
 def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """target <- tau * online + (1 - tau) * target (Polyak averaging)."""
-    for t, o in zip(target.parameters(), online.parameters()):
-        t.lerp_(o, tau)
+    # One fused call over all parameters: a learner does this every step, and per-tensor calls
+    # cost more than the arithmetic on small models.
+    torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
     for t, o in zip(target.buffers(), online.buffers()):
         t.copy_(o)
 
