@@ -38,6 +38,10 @@ def check_cluster_and_env(cfg: Config) -> None:
         f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})",
     )
     _check(c.learner_credits >= 1, f"cluster.learner_credits: must be at least 1, got {c.learner_credits}")
+    _check(
+        1 <= c.actor_credits <= 1024,
+        f"cluster.actor_credits: expected 1..1024 batches, got {c.actor_credits}",
+    )
     for name in ("max_handshakes", "max_handshakes_per_host"):
         _check(getattr(c, name) >= 1, f"cluster.{name}: must be at least 1, got {getattr(c, name)}")
     _check(

@@ -89,6 +89,11 @@ class ClusterConfig:
     restart_backoff_s: float = doc("Wait before a restart, doubled after each quick failure.", default=1.0)
     restart_backoff_max_s: float = doc("Longest wait before a restart.", default=30.0)
     learner_credits: int = doc("Batches a learner may have requested and not yet consumed, per memory.", default=2)
+    actor_credits: int = doc(
+        "Batches an actor may send ahead of the memory host's replies, per memory (agent.samples_per_insert "
+        "and IMPALA's queue): deep enough to hide a credit's round trip (see aiorl/runtime/ratelimit.py).",
+        default=16,
+    )
     actor_flush_delay_s: float = doc(
         "Seconds an actor's batch may wait to share one write with its next batches "
         "(fewer syscalls and memory-host wake-ups with cheap envs; 0 sends each at once).",
@@ -181,7 +186,7 @@ class AgentConfig:
     )
     samples_per_insert_tolerance: float = doc(
         "Width of the limiter's band, as a fraction of samples_per_insert x learning_starts (Acme's "
-        "samples_per_insert_tolerance_rate); never narrower than one learner and one actor batch.",
+        "samples_per_insert_tolerance_rate); never narrower than the learners' and actors' credits together.",
         default=0.1,
     )
     max_samples_per_insert: float | None = doc(

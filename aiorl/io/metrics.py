@@ -24,8 +24,14 @@ replay_fill                 replay_size / total capacity
 insert_per_s, sample_per_s  transitions inserted into / sampled from replay per second
 samples_per_insert          sampled / inserted transitions since the start
 learner_wait_fraction       share of learner time spent waiting for batches
-actor_blocked_s             seconds actors spent waiting for the rate limiter's credits (all actors)
-sample_blocked_s            seconds learners' requests waited on the rate limiter (all memories)
+actor_blocked_s             seconds actors spent waiting for the rate limiter's credits (all actors): the
+                            ratio's upper bound, or credits' round trips (then limiter/held_ratio_upper_s
+                            stays near 0)
+sample_blocked_s            seconds learners' requests waited on the rate limiter's ratio (all memories)
+limiter/<bound>             only with agent.samples_per_insert, summed over memories: seconds a side was
+                            held back by each bound: held_min_size_s (a learner asked, the shard was under
+                            its share of learning_starts), held_ratio_lower_s (learners ahead of the ratio;
+                            = sample_blocked_s), held_ratio_upper_s (an actor out of credits, actors ahead)
 restarts                    role restarts so far (cluster.max_restarts)
 learner/<name>              an algorithm metric (e.g. learner/losses/td_loss), mean over learners
 actor_idle_fraction         mean over actors of the share of their loop's wall time spent waiting

@@ -95,6 +95,7 @@ class ActorRole(Role):
         self.credits: list[int] | None = None  # per memory, with a rate limit
         self.memories_changed = asyncio.Event()
         self.blocked_s = 0.0
+        self.credit_waits = 0  # times the next batch found no credit and waited (blocked_s counts how long)
         self._links: set[asyncio.Task] = set()
         self.batches = 0
         self.episode_returns: list[float] = []
@@ -226,7 +227,9 @@ class ActorRole(Role):
                     return None
                 need_credit = False  # stopping: the last batches go without credit
                 continue
-            t0 = t0 or time.perf_counter()
+            if t0 is None:
+                t0 = time.perf_counter()
+                self.credit_waits += need_credit and self.credits is not None
             self.memories_changed.clear()
             await self.memories_changed.wait()
 
@@ -289,6 +292,7 @@ class ActorRole(Role):
             "batches": self.batches,
             "earlier_connections": self.earlier_sent,
             "blocked_s": round(self.blocked_s, 3),
+            "credit_waits": self.credit_waits,
             "payload_bytes": self.payload_bytes,
             "frames_sent": self.frames.frames_sent if self.frames is not None else None,
             "weights_version": self.policy.weights_version,

@@ -9,7 +9,7 @@
   credits, the mechanism the samples-per-insert limiter drives
   (`aiorl.runtime.ratelimit`, `aiorl.runtime.memory.flow`): an actor
   sends a fragment message only against a credit, each actor holds up to
-  ``ACTOR_CREDITS``, and a credit goes out only when the room says so. Under
+  ``cluster.actor_credits``, and a credit goes out only when the room says so. Under
   ``throttle`` that is while the queue has room for what every outstanding
   credit may bring, so the queue never overflows and actors wait (Reverb's
   rate limiter blocks the writer the same way); under ``drop_oldest`` always,
@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from aiorl.replay.trajectory_queue import FrameTrajectoryQueue, QueueFull, QueueSpec, TrajectoryQueue
+from aiorl.runtime.ratelimit import ACTOR_CREDITS
 
 # --------------------------------------------------------------------------
 # Memory side
@@ -41,8 +42,9 @@ class QueueRoom:
     The interface of `aiorl.runtime.ratelimit.SampleToInsertRatio` as the memory host uses it:
     `can_grant`, `grant`, `release`, `inserted_rows`, `sampled_rows`."""
 
-    def __init__(self, queue: TrajectoryQueue, per_message: int, throttle: bool):
+    def __init__(self, queue: TrajectoryQueue, per_message: int, throttle: bool, actor_credits: int = ACTOR_CREDITS):
         self.queue, self.per_message, self.throttle = queue, per_message, throttle
+        self.actor_credits = actor_credits  # per actor; the queue's room bounds them all together
         self.reserved = 0  # credits granted and not yet used
         self.throttled = 0  # grants that waited for room
         self._blocked = False
@@ -81,7 +83,16 @@ class FragmentHub:
     frame once per actor connection (`join` gives the connection its frame stream).
     """
 
-    def __init__(self, spec: dict, steps: int, num_envs: int, qspec: QueueSpec, layout=None, actors: int = 1):
+    def __init__(
+        self,
+        spec: dict,
+        steps: int,
+        num_envs: int,
+        qspec: QueueSpec,
+        layout=None,
+        actors: int = 1,
+        actor_credits: int = ACTOR_CREDITS,
+    ):
         self.qspec = qspec
         self.num_envs = num_envs
         if layout is None:
@@ -89,7 +100,7 @@ class FragmentHub:
         else:
             # Each actor connection's frame stream; room for restarted actors' lingering ones.
             self.queue = FrameTrajectoryQueue(qspec.capacity, spec, steps, layout, qspec.full, max_streams=2 * actors)
-        self.room = QueueRoom(self.queue, num_envs, qspec.full == "throttle")
+        self.room = QueueRoom(self.queue, num_envs, qspec.full == "throttle", actor_credits)
         self.known_version = -1  # newest weights version heard of
         self.messages = 0
         self.handoff_lag_max = 0  # worst policy lag a batch was handed out with (known version - fragment's)

@@ -134,7 +134,7 @@ class Report:
         }
         idle = [m["idle_fraction"] for m in actors if isinstance(m.get("idle_fraction"), (int, float))]
         row["actor_idle_fraction"] = mean_or_none(idle)
-        for key in sorted({k for m in memories for k in m if k.startswith("queue/")}):
+        for key in sorted({k for m in memories for k in m if k.startswith(("queue/", "limiter/"))}):
             row[key] = sum(m.get(key, 0) for m in memories)
         algo_keys = sorted({k for m in learners for k in m} - LEARNER_RUNTIME_KEYS)
         for key in algo_keys:

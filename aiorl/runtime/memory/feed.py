@@ -23,6 +23,7 @@ import numpy as np
 from aiorl.runtime.memory.links import LearnerLink
 from aiorl.runtime.messages import PRIORITY_UPDATE, BadMessage
 from aiorl.runtime.phase import Phase
+from aiorl.runtime.ratelimit import RATIO_LOWER
 from aiorl.wire import Connection, ConnectionClosed
 
 
@@ -98,11 +99,15 @@ class LearnerFeed:
         draining = lambda: self.phase >= Phase.DRAINING  # noqa: E731
         while True:
             ready = lambda: link.credits > 0 and len(self.replay) >= self.threshold  # noqa: E731
-            limited = ready() and not self._within_rate()
+            # The learner asked and the limiter holds it: by the shard's size or by the ratio.
+            bound = self.flow.sample_bound(len(self.replay)) if link.credits > 0 else None
             t0 = time.perf_counter()
             await self.changed.wait_for(lambda: draining() or (ready() and self._within_rate()))
-            if limited:  # the learner asked and the data was there: the ratio held it back
-                self.sample_blocked_s += time.perf_counter() - t0
+            if bound is not None:
+                waited = time.perf_counter() - t0
+                self.flow.held(bound, waited, link.name)
+                if bound == RATIO_LOWER:  # the data was there: the ratio held it back
+                    self.sample_blocked_s += waited
             if draining():
                 break
             link.credits -= 1

@@ -66,8 +66,11 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
                 a.batch_size,
                 a.sample_batch_size * self.cfg.env.num_envs,
                 a.samples_per_insert_tolerance,
+                actors=c.actors,  # every actor spreads its batches over every memory
+                actor_credits=c.actor_credits,
+                learner_credits=c.learners * c.learner_credits,
             )
-        self.flow = FlowControl(limiter, c.learner_credits, self.actor_links, lambda: self.phase)
+        self.flow = FlowControl(limiter, c.learner_credits, self.actor_links, lambda: self.phase, self.log)
         self.sample_blocked_s = 0.0
         self.snapshots = ReplaySnapshots(snapshot_path(self.run_dir, self.name), self.log)
         self.changed = Pulse()
@@ -103,6 +106,7 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         return {
             **frames,
             **queue,
+            **self.flow.held_metrics(),
             "replay_size": len(self.replay) if self.replay is not None else 0,
             "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
             "inserted": self.inserted,
@@ -132,7 +136,9 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
                 spec, self.index, c.memories, c.actors, c.learners, algo.work_items(self.cfg), self.log
             )
         elif queue is not None:
-            self.fragments = FragmentHub(spec, a.sample_batch_size, self.cfg.env.num_envs, queue, layout, c.actors)
+            self.fragments = FragmentHub(
+                spec, a.sample_batch_size, self.cfg.env.num_envs, queue, layout, c.actors, c.actor_credits
+            )
             self.flow.limiter = self.fragments.room  # actor credits as the queue's room allows
         elif layout is not None:
             self.replay = FrameReplayBuffer(
@@ -329,6 +335,7 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
             "replay_size": len(self.replay) if self.replay is not None else 0,
             "replay_added": self.replay.added if self.replay is not None else 0,
             "sample_blocked_s": round(self.sample_blocked_s, 3),
+            "limiter": {**held, "holds": dict(self.flow.holds)} if (held := self.flow.held_metrics()) else None,
             **self.snapshots.stats(),
             "queue": None if self.fragments is None else self.fragments.stats(),
             "rounds": None
