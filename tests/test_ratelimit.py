@@ -346,6 +346,7 @@ def test_a_limited_run_keeps_the_ratio_and_the_slower_side_never_waits_on_round_
     holds = memory["limiter"]["holds"]
     assert holds["ratio_upper"] <= 0.02 * actor["batches"], holds  # the actor was never the side ahead
     assert holds["ratio_lower"] >= 10, holds  # the learner was, and the ratio held it
+    assert memory["sample_blocked_s"] == memory["limiter"]["limiter/held_ratio_lower_s"] > 0  # one account
     limiter = SampleToInsertRatio(1.0, 500, 128, 128, 0.1, actors=1, actor_credits=16, learner_credits=2)
     diff = memory["inserted"] - memory["sampled"]
     slack = 2 * 128  # the last batches, sent without credit while stopping

@@ -37,8 +37,8 @@ learner/<name>              an algorithm metric (e.g. learner/losses/td_loss), m
 actor_idle_fraction         mean over actors of the share of their loop's wall time spent waiting
                             (credits, writes, barriers, weights), as each actor measures it
 queue/<name>                trajectory queues of the memories (IMPALA), summed: fragments, capacity,
-                            pushed, taken, dropped_full, dropped_lag, throttled (credit grants that
-                            waited for room)
+                            pushed, taken, dropped_full, dropped_lag, throttled (credit grants to an
+                            actor that had run out of credits and waited for room)
 eval/<name>                 only in rows written after an evaluation during training (run.eval_every),
                             one row per evaluation (two heard of between two rows: two rows, the same
                             but for their eval/* keys): return_mean, return_std, episodes,

@@ -53,10 +53,12 @@ class QueueRoom:
         return f"<QueueRoom queued={len(self.queue)} reserved={self.reserved} throttled={self.throttled}>"
 
     def can_grant(self) -> bool:
-        if self.throttle and len(self.queue) + (self.reserved + 1) * self.per_message > self.queue.capacity:
-            self._blocked = True
-            return False
-        return True
+        return not self.throttle or len(self.queue) + (self.reserved + 1) * self.per_message <= self.queue.capacity
+
+    def hold(self) -> None:
+        """An actor out of credits was refused one for want of room: its next grant counts as throttled
+        (credits run deeper than the room, so a refusal alone says nothing: the actor may hold several)."""
+        self._blocked = True
 
     def grant(self) -> None:
         self.reserved += 1

@@ -62,8 +62,8 @@ MUTANTS = [
     dict(
         name="limiter-samples-past-the-band",
         path="aiorl/runtime/ratelimit.py",
-        old="        return size >= self.min_size and self.diff - self.learner_batch >= self.min_diff",
-        new="        return size >= self.min_size",
+        old="        if self.diff - self.learner_batch < self.min_diff:\n            return RATIO_LOWER",
+        new="        if False:\n            return RATIO_LOWER",
         tests=["tests/test_ratelimit.py::test_the_band_holds_and_someone_can_always_move"],
     ),
     dict(

@@ -91,8 +91,8 @@ MUTANTS = [
     dict(
         name="throttle_grants_without_room",
         path="aiorl/runtime/fragments.py",
-        old="        if self.throttle and len(self.queue) + (self.reserved + 1) * self.per_message > self.queue.capacity:",
-        new="        if False:",
+        old="return not self.throttle or len(self.queue) + (self.reserved + 1) * self.per_message <= self.queue.capacity",
+        new="return True",
         tests=[
             "tests/test_trajectory_queue.py::test_queue_room_grants_credits_while_the_queue_has_room_for_them",
             f"{MEMORY}::test_throttle_grants_credits_as_the_queue_has_room_and_refuses_a_message_without_one",

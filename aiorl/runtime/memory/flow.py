@@ -142,7 +142,10 @@ class FlowControl:
                 # An actor out of credits here is held by the ratio (one still holding some is not
                 # waiting); the queue's room (IMPALA) is counted by the queue, not named a bound.
                 starved = any(link.credits == 0 for link in open_links)
-                self._hold_actors(starved and hasattr(self.limiter, "sample_bound"))
+                if hasattr(self.limiter, "sample_bound"):
+                    self._hold_actors(starved)
+                elif starved:
+                    self.limiter.hold()
                 return
             self._hold_actors(False)
             link = min(open_links, key=lambda l: (l.credits, l.granted))
