@@ -7,9 +7,13 @@ coordinator's control-message rate with 64 simulated actor connections.
 Prints a table and writes JSON. Ratios compare figures measured in this run:
 each pipeline run sits between two no-transport runs and is compared with
 their mean; the median over --repeats runs is reported, beside each role's
-share of a core. The target (0.8) is checked at the Ape-X learner batch (512);
-a second set of rows at a small learner batch (--stress-batch) shows the
-per-message costs.
+share of a core. At the Ape-X learner batch (512) the rows run with the rate
+limiter (``agent.samples_per_insert: 1.0``) and without it, interleaved in one
+run (--no-unlimited: with it only), each row with the actors' and learners'
+blocked seconds and the limiter's time held by each bound; the targets are
+0.9x the no-transport reference with 1 actor, 0.85x with 2, and the limited row
+at least 0.9x the unlimited one. A second set of rows at a small learner batch
+(--stress-batch) shows the per-message costs.
 
 IMPALA rows (`--impala-only` for just these): the IMPALA CartPole example end to end, 1 and 2
 actors, its learner training on what it gets, beside the same actors (envs, acting policy,

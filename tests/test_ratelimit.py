@@ -249,6 +249,21 @@ def test_credits_go_out_deep_and_evenly_and_come_back_when_an_actor_goes_away():
     assert (a.credits, c.credits) == (4, 4) and flow.holds["ratio_upper"] == 2
 
 
+def test_a_fast_actor_does_not_take_every_credit_from_a_slow_one():
+    """The band full, room for one batch at a time: a fast actor spends each credit at once, a slow
+    one holds what it gets. Ties go to the actor granted the fewest, so the slow one gets its turn."""
+    limiter = SampleToInsertRatio(1.0, 1000, 512, 64, 0.1, actors=2, actor_credits=4, learner_credits=2)
+    flow, (fast, slow) = _flow(limiter, ["actor-0", "actor-1"])
+    limiter.inserted = int(limiter.max_diff) - 63  # one more batch would cross the top
+    flow.grant_actor_credits()
+    assert fast.credits == slow.credits == 0
+    for _ in range(10):
+        flow.sampled(64)  # room for one batch
+        if fast.credits:
+            flow.inserted(fast, 64)
+    assert slow.credits >= 1 and fast.granted + slow.granted == 10
+
+
 def test_a_learner_held_back_is_counted_by_its_bound():
     limiter = SampleToInsertRatio(1.0, 100, 32, 16, 0.1)
     flow, _ = _flow(limiter, [])

@@ -26,17 +26,19 @@ and grants the next. With one credit in flight per batch being filled, an
 actor whose batch takes ``t_b`` to step waits ``RTT - t_b`` for every batch
 as soon as the round trip is longer than a batch. Measured on the 2-core
 machine (bench/pipeline.py: CartPole, 64-step batches, one env) an actor
-steps a batch in about 1.2 ms and the round trip is 5-7 ms, flush delay
-included: two credits kept the actor stepping 0.29 of the time it could. To
-hide a round trip an actor must hold
+steps a batch in about 1.2 ms (50k env steps/s); with two credits it
+delivered 0.29 of that, two batches per round trip of about 9 ms (5 ms of
+flush delay, the rest the hops and the memory host's turn). To hide a round
+trip an actor must hold
 
-    D >= 1 + RTT / t_b   batches per memory host   (7 here; its batches are
-                                                     spread over the hosts, so
-                                                     more hosts need no more)
+    D >= 1 + RTT / t_b   batches per memory host   (about 8.5 here; its
+                                                     batches are spread over
+                                                     the hosts, so more hosts
+                                                     need no more)
 
-so ``cluster.actor_credits`` defaults to 16: twice that, for a loaded machine's
-longer round trips, and still small (16 batches of 64 rows) against any
-replay. Slow envs (Atari: tens of ms a batch) need far less; holding more
+so ``cluster.actor_credits`` defaults to 16: about twice that, for a loaded
+machine's longer round trips, and still small (16 batches of 64 rows) against
+any replay. Slow envs (Atari: tens of ms a batch) need far less; holding more
 credits than needed costs nothing but band width, as below. On the other side a
 learner holds ``cluster.learner_credits`` requests per memory: the memory
 samples ahead of it as far as the ratio allows, so one batch waits while the

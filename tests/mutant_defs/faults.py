@@ -71,7 +71,10 @@ MUTANTS = [
         path="aiorl/runtime/memory/flow.py",
         old="            link = min(open_links, key=lambda l: (l.credits, l.granted))",
         new="            link = min(open_links, key=lambda l: l.credits)",
-        tests=["tests/test_ratelimit.py::test_a_slow_learner_holds_the_actors_back_by_credits_and_nothing_is_dropped"],
+        tests=[
+            "tests/test_ratelimit.py::test_a_fast_actor_does_not_take_every_credit_from_a_slow_one",
+            "tests/test_ratelimit.py::test_a_slow_learner_holds_the_actors_back_by_credits_and_nothing_is_dropped",
+        ],
     ),
     dict(
         name="restart-forgets-counters",
