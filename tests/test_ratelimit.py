@@ -281,6 +281,24 @@ BASE = {
 }
 
 
+def test_a_memory_host_sizes_its_band_for_every_actor_and_learner_credit(tmp_path):
+    from aiorl.runtime.memory import MemoryRole
+
+    cfg = load_config(
+        data={
+            **BASE,
+            "env": {"id": "CartPole-v1", "num_envs": 2},
+            "agent": {**BASE["agent"], "samples_per_insert": 2.0, "sample_batch_size": 8},
+            "cluster": {"actors": 3, "memories": 2, "learners": 2, "learner_credits": 3, "actor_credits": 5},
+        }
+    )
+    limiter = MemoryRole(cfg, 0, tmp_path, b"t" * 32).flow.limiter
+    assert limiter.min_size == 50 and limiter.actor_credits == 5
+    assert limiter.error_buffer == 2 * 3 * 16 + 2.0 * 3 * 5 * (8 * 2)
+    with pytest.raises(ConfigError, match=r"cluster.actor_credits: expected 1..1024 batches, got 0"):
+        load_config(data={**BASE, "cluster": {"actor_credits": 0}})
+
+
 def test_config_errors_name_the_new_key_and_the_synchronous_case():
     with pytest.raises(ConfigError, match="max_samples_per_insert was replaced by agent.samples_per_insert"):
         load_config(data={**BASE, "agent": {**BASE["agent"], "max_samples_per_insert": 2.0}})

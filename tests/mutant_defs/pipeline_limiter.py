@@ -90,7 +90,7 @@ MUTANTS = [
         path="aiorl/runtime/memory/role.py",
         old="                learner_credits=c.learners * c.learner_credits,",
         new="                learner_credits=1,",
-        tests=[RUN, SLOW_RUN],
+        tests=[f"{LIMIT}::test_a_memory_host_sizes_its_band_for_every_actor_and_learner_credit"],
     ),
     dict(
         name="closed_actor_keeps_its_credits",
