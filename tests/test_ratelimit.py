@@ -323,7 +323,7 @@ def test_a_slow_learner_holds_the_actors_back_by_credits_and_nothing_is_dropped(
             "buffer_size": 20_000,
             "learning_starts": 200,
             "samples_per_insert": spi,
-            "scheduled_global_steps": 150,
+            "scheduled_global_steps": 400,  # long enough for a late-starting actor to spend its credits
         },
         "model": {"learner_step_sleep_s": 0.01},
     }

@@ -99,8 +99,10 @@ class LearnerFeed:
         draining = lambda: self.phase >= Phase.DRAINING  # noqa: E731
         while True:
             ready = lambda: link.credits > 0 and len(self.replay) >= self.threshold  # noqa: E731
-            # The learner asked and the limiter holds it: by the shard's size or by the ratio.
-            bound = self.flow.sample_bound(len(self.replay)) if link.credits > 0 else None
+            # First the learner's request, then what the limiter holds it by (the shard's size or
+            # the ratio): a wait that began for want of a request is the learner's, not the limiter's.
+            await self.changed.wait_for(lambda: draining() or link.credits > 0)
+            bound = None if draining() else self.flow.sample_bound(len(self.replay))
             t0 = time.perf_counter()
             await self.changed.wait_for(lambda: draining() or (ready() and self._within_rate()))
             if bound is not None:
