@@ -5,6 +5,11 @@ from __future__ import annotations
 from aiorl.config.schema import ConfigError
 from aiorl.config.sections import Config
 
+#: cluster.transport's values; the ring sizes aiorl.wire.shm accepts (config imports nothing above it).
+TRANSPORTS = ("auto", "tcp", "shm")
+MIN_RING_BYTES = 64 * 1024
+MAX_RING_BYTES = 1 << 30
+
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
@@ -38,6 +43,19 @@ def check_cluster_and_env(cfg: Config) -> None:
         f"cluster.heartbeat_interval_s ({c.heartbeat_interval_s})",
     )
     _check(c.learner_credits >= 1, f"cluster.learner_credits: must be at least 1, got {c.learner_credits}")
+    _check(
+        c.transport in TRANSPORTS,
+        f"cluster.transport: expected one of {', '.join(map(repr, TRANSPORTS))}, got {c.transport!r}",
+    )
+    _check(
+        c.transport != "shm" or c.unix_sockets,
+        "cluster.transport: 'shm' hands rings over on the run's Unix sockets, but cluster.unix_sockets is false "
+        "(set transport to 'auto' or 'tcp', or turn unix_sockets on)",
+    )
+    _check(
+        MIN_RING_BYTES <= c.shm_ring_bytes <= MAX_RING_BYTES,
+        f"cluster.shm_ring_bytes: expected {MIN_RING_BYTES}..{MAX_RING_BYTES}, got {c.shm_ring_bytes}",
+    )
     for name in ("max_handshakes", "max_handshakes_per_host"):
         _check(getattr(c, name) >= 1, f"cluster.{name}: must be at least 1, got {getattr(c, name)}")
     _check(
