@@ -475,13 +475,22 @@ def test_unix_sockets_not_a_bool_is_a_one_line_config_error(value):
     assert str(info.value) == f"cluster.unix_sockets: expected bool, got {type(value).__name__} {value!r}"
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
 @pytest.mark.parametrize("on", [True, False])
-def test_only_the_local_launcher_turns_unix_sockets_on_and_cluster_unix_sockets_turns_them_off(on):
-    cfg = load_config(data={"algo": "random_agent", "cluster": {"unix_sockets": on}})
+def test_only_the_local_launcher_turns_unix_sockets_on_and_cluster_unix_sockets_turns_them_off(on, transport):
+    cfg = load_config(data={"algo": "random_agent", "cluster": {"unix_sockets": on, "transport": transport}})
     launcher = types.SimpleNamespace(cfg=cfg, coordinator_unix="/run/sock/coordinator")
-    inherited = {local_sockets.ENV_ON: "1", local_sockets.ENV_COORDINATOR: "/elsewhere", "PATH": "/bin"}
+    inherited = {
+        local_sockets.ENV_ON: "1",
+        local_sockets.ENV_COORDINATOR: "/elsewhere",
+        local_sockets.ENV_RINGS: "99",
+        "PATH": "/bin",
+    }
     env = LocalLauncher._unix_env(launcher, inherited)
     expected = {local_sockets.ENV_ON: "1", local_sockets.ENV_COORDINATOR: "/run/sock/coordinator"} if on else {}
+    if on and transport == "auto":  # shared memory on one host; 'tcp' keeps the sockets alone
+        expected[local_sockets.ENV_RINGS] = str(cfg.cluster.shm_ring_bytes)
+    assert (local_sockets.ring_bytes(env) is not None) == (on and transport == "auto")
     assert env == {"PATH": "/bin", **expected}
     # A role started by hand (or by Ray) has neither: it serves and connects over TCP only.
     assert local_sockets.socket_path("/run", "memory-1", environ={}) is None

@@ -225,7 +225,7 @@ class Server:
         if listener is None:
             return
         loop = asyncio.get_running_loop()
-        for sock in shm.accept_ready(listener):
+        for sock in shm.accept_ready(listener, self._pause_rings):
             refusal = check_peer(sock, self.expected_uid)
             if refusal is not None or self._closing:
                 if refusal is not None:
@@ -238,6 +238,21 @@ class Server:
             except OSError as exc:
                 sock.close()
                 self._log_refusal("%r: could not hand over a ring on %s: %s", self, self.ring_path, exc)
+
+    def _pause_rings(self) -> None:
+        """Out of descriptors: stop accepting on the ring listener for a while (else its
+        readiness would spin the loop), as asyncio does for the other listeners."""
+        listener = self._ring_listener
+        if listener is None:
+            return
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(listener.fileno())
+
+        def resume() -> None:
+            if self._ring_listener is listener:
+                loop.add_reader(listener.fileno(), self._accept_rings)
+
+        loop.call_later(shm.ACCEPT_PAUSE_S, resume)
 
     def _screen(self, proto: WireProtocol) -> str | None:
         """A Unix peer must run as this server's uid; TCP peers are screened by the token alone."""

@@ -50,7 +50,7 @@ import struct
 from collections.abc import Callable
 
 from .errors import ProtocolError
-from .unix import check_peer
+from .unix import check_peer, remove_stale
 
 __all__ = [
     "DEFAULT_RING_BYTES",
@@ -605,8 +605,6 @@ async def connect_ring(
 
 def listen(path: str, backlog: int = 128) -> socket.socket:
     """A non-blocking Unix listener at `path` (0600), replacing a stale socket left there."""
-    from .unix import remove_stale
-
     remove_stale(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -620,17 +618,24 @@ def listen(path: str, backlog: int = 128) -> socket.socket:
     return sock
 
 
-def accept_ready(listener: socket.socket) -> list[socket.socket]:
-    """Every connection waiting on `listener` (non-blocking)."""
+#: Seconds a ring listener stops accepting after running out of descriptors (as asyncio's own).
+ACCEPT_PAUSE_S = 1.0
+
+
+def accept_ready(listener: socket.socket, out_of_descriptors: Callable[[], None] | None = None) -> list[socket.socket]:
+    """Every connection waiting on `listener` (non-blocking); `out_of_descriptors()` when the
+    process (or the system) has none left for the next one."""
     accepted = []
     while True:
         try:
             conn, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return accepted
         except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED):
-                logger.warning("ring listener: accept failed: %s", exc)
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                logger.warning("ring listener: accept failed: %s; pausing for %gs", exc, ACCEPT_PAUSE_S)
+                if out_of_descriptors is not None:
+                    out_of_descriptors()
                 return accepted
             raise
         conn.setblocking(False)

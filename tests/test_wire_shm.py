@@ -1,0 +1,391 @@
+"""Shared-memory rings (aiorl.wire.shm) against the TCP path: the same frames, checks and
+endings, a ring that fills, a peer that dies mid-frame, and a hand-over or ring state a peer
+forged."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import mmap
+import os
+import socket
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from test_wire_bad_input import frame, valid_frame
+
+from aiorl.wire import ConnectionClosed, ProtocolError, connect, serve, shm
+
+TOKEN = b"shm-test-token-0123456789abcdef0"
+HANG_S = 30.0
+TRANSPORTS = ["tcp", "shm"]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.messages: list = []
+        self.ended: list[BaseException | None] = []
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def handler(self, conn) -> None:
+        try:
+            async for message in conn:
+                await self.release.wait()
+                self.messages.append(message)
+                if message.request_id is not None:
+                    await conn.reply(message, "ok", {"n": len(self.messages)})
+            self.ended.append(None)
+        except ConnectionClosed as exc:
+            self.ended.append(exc.cause)
+
+
+async def server_and_client(tmp_path, transport: str, ring_bytes: int = shm.MIN_RING_BYTES, **client):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    recorder = Recorder()
+    server = await serve(
+        recorder.handler,
+        token=TOKEN,
+        name="server",
+        unix_path=str(tmp_path / "s"),
+        rings=True,
+        ring_bytes=ring_bytes,
+        handshake_timeout_s=HANG_S,
+    )
+    where = {"ring_path": server.ring_path} if transport == "shm" else {}
+    conn = await connect("127.0.0.1", server.port, token=TOKEN, name="client", handshake_timeout_s=HANG_S, **where)
+    return server, recorder, conn
+
+
+async def until(predicate, what: str = "") -> None:
+    async with asyncio.timeout(HANG_S):
+        while not predicate():
+            await asyncio.sleep(0.002)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_frames_of_every_size_arrive_whole_in_order_and_replies_come_back(tmp_path, transport):
+    server, recorder, conn = await server_and_client(tmp_path, transport)
+    try:
+        if transport == "shm":
+            assert conn.peer == f"unix:{tmp_path / 's.ring'}" and conn._proto.unix
+            assert type(conn._proto.transport) is shm.RingTransport and not conn._proto._chunked
+        rng = np.random.default_rng(0)
+        sent = []
+        for i, size in enumerate([0, 1, 100, 4095, 65536, 65537, 3 * shm.MIN_RING_BYTES + 17, 1 << 20]):
+            array = rng.integers(0, 255, size, dtype=np.uint8)
+            sent.append(array)
+            await conn.send("x", {"i": i}, {"a": array})
+        reply = await conn.request("q", {}, timeout_s=HANG_S)
+        assert reply.meta == {"n": len(sent) + 1}
+        for message, array in zip(recorder.messages, sent):
+            assert np.array_equal(message.arrays["a"], array)
+        assert [m.meta.get("i") for m in recorder.messages[:-1]] == list(range(len(sent)))
+    finally:
+        await conn.close()
+        await server.close()
+    assert not (tmp_path / "s.ring").exists()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_ring_that_fills_holds_the_writer_back_and_loses_nothing(tmp_path, transport):
+    server, recorder, conn = await server_and_client(tmp_path, transport)
+    recorder.release.clear()  # the server takes nothing for now
+    try:
+        payload = np.arange(16 * 1024, dtype=np.uint8)
+        count = 0
+
+        async def writer():
+            nonlocal count
+            while True:
+                await conn.send("x", {"i": count}, {"a": payload})
+                count += 1
+
+        task = asyncio.create_task(writer())
+        # The writer stops on its own: ring, staging and queue are full and send() waits in drain.
+        async with asyncio.timeout(HANG_S):
+            while True:
+                before = count
+                await asyncio.sleep(0.2)
+                if count == before and count > 0:
+                    break
+        assert not task.done() and conn._proto._writing_paused
+        blocked_at = count
+        recorder.release.set()
+        await until(lambda: count > blocked_at + 200, "the writer to go on")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await conn.request("q", {}, timeout_s=HANG_S)
+        got = [m.meta["i"] for m in recorder.messages if m.kind == "x"]
+        assert got == list(range(len(got))) and len(got) >= count - 1
+        assert all(np.array_equal(m.arrays["a"], payload) for m in recorder.messages[:50])
+    finally:
+        conn.abort()
+        await server.close()
+
+
+BAD_FRAMES = {
+    "bad magic": frame(magic=b"XX"),
+    "bad version": frame(version=99),
+    "bad type": frame(ftype=200),
+    "huge header": frame(schema_len=1 << 30),
+    "huge payload": frame(payload_len=1 << 40),
+    "schema garbage": frame(schema=b"\xc1\xc1", payload=b""),
+    "payload too short for the arrays": valid_frame(arrays={"a": np.zeros(10, np.float32)})[:-8] + frame()[:0],
+}
+
+
+async def closing_reason(tmp_path, transport: str, data: bytes) -> str:
+    server, recorder, conn = await server_and_client(tmp_path, transport)
+    try:
+        conn._proto.transport.write(data)
+        await until(lambda: recorder.ended)
+        return str(recorder.ended[0])
+    finally:
+        conn.abort()
+        await server.close()
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FRAMES))
+async def test_bad_frames_close_the_connection_for_the_same_reason_as_over_tcp(tmp_path, case):
+    data = BAD_FRAMES[case] + valid_frame(kind="after")  # nothing behind a bad frame is taken
+    over_tcp = await closing_reason(tmp_path / "t", transport="tcp", data=data)
+    over_ring = await closing_reason(tmp_path / "r", transport="shm", data=data)
+    assert over_ring == over_tcp and over_tcp != "None", (over_tcp, over_ring)
+
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from aiorl.wire import connect
+    from test_wire_bad_input import valid_frame
+    import numpy as np
+
+    async def main():
+        where = {"ring_path": sys.argv[2]} if sys.argv[1] == "shm" else {}
+        conn = await connect("127.0.0.1", int(sys.argv[3]), token=sys.argv[4].encode(), name="dying", **where)
+        await conn.send("whole", {"i": 1})
+        conn._proto._flush()  # ahead of the raw write below
+        data = valid_frame(kind="cut", arrays={"a": np.zeros(100_000, np.uint8)})
+        conn._proto.transport.write(data[: len(data) // 2])
+        await asyncio.sleep(0.3)
+        os._exit(0)  # dies mid-frame, nothing closed on its way out
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_peer_process_that_dies_mid_frame_ends_the_connection_as_over_tcp(tmp_path, transport):
+    recorder = Recorder()
+    server = await serve(
+        recorder.handler,
+        token=TOKEN,
+        name="server",
+        unix_path=str(tmp_path / "s"),
+        rings=True,
+        handshake_timeout_s=HANG_S,
+    )
+    try:
+        tests = os.path.dirname(__file__)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, *sys.path])}
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CHILD, transport, server.ring_path, str(server.port), TOKEN.decode(), env=env
+        )
+        assert await asyncio.wait_for(child.wait(), HANG_S) == 0
+        await until(lambda: recorder.ended)
+        assert [m.kind for m in recorder.messages] == ["whole"], recorder.ended
+        assert isinstance(recorder.ended[0], ProtocolError)
+        assert "peer closed the connection mid-frame" in str(recorder.ended[0])
+        await until(lambda: not server.connections)
+    finally:
+        await server.close()
+
+
+# ---------------------------------------------------------------------- a forged ring state
+
+
+@pytest.mark.parametrize("who", ["server", "client"])
+@pytest.mark.parametrize("forgery", ["tail past the ring", "tail backwards", "head past the tail"])
+async def test_a_forged_ring_counter_closes_that_connection_with_a_reason(tmp_path, caplog, who, forgery):
+    """The peer owns one counter per direction; whatever it writes there is checked before use."""
+    caplog.set_level(logging.WARNING, logger="aiorl.wire")
+    server, recorder, conn = await server_and_client(tmp_path, "shm")
+    try:
+        await conn.request("q", {}, timeout_s=HANG_S)  # both directions have moved
+        client_transport = conn._proto.transport
+        server_transport = next(iter(server.connections))._proto.transport
+        victim, forger = (
+            (server_transport, client_transport) if who == "server" else (client_transport, server_transport)
+        )
+        seg = forger._seg
+        if forgery == "tail past the ring":
+            shm._U64.pack_into(seg.view, seg.out_tail, forger._tail + forger._cap + 1)
+        elif forgery == "tail backwards":
+            shm._U64.pack_into(seg.view, seg.out_tail, max(0, forger._tail - 5))
+            victim._peer_tail = forger._tail  # (the victim saw the old mark)
+        else:
+            shm._U64.pack_into(seg.view, seg.in_head, forger._head + 1 + forger._cap)
+            victim._pending.append(memoryview(b"x"))  # make the victim look at the peer's head
+        forger._signal_peer()
+        victim._on_wake()
+        await until(lambda: victim._finished)
+        assert any("bad ring state from the peer" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        conn.abort()
+        await server.close()
+
+
+# ---------------------------------------------------------------------- a forged hand-over
+
+
+async def fake_listener(tmp_path, offer_fds):
+    """A ring listener that hands over whatever `offer_fds()` returns: (bytes, fds)."""
+    path = str(tmp_path / "fake.ring")
+    listener = shm.listen(path)
+    loop = asyncio.get_running_loop()
+
+    def accept():
+        for sock in shm.accept_ready(listener):
+            data, fds = offer_fds()
+            if fds:
+                socket.send_fds(sock, [data], fds)
+            else:
+                sock.send(data)
+            for fd in fds:
+                os.close(fd)
+            sock.close()  # what it sent stays readable
+
+    loop.add_reader(listener.fileno(), accept)
+    return path, listener
+
+
+def sealed(size: int, seals: bool = True) -> int:
+    fd = os.memfd_create("x", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+def pipe_end() -> int:
+    read, write = os.pipe()
+    os.close(write)
+    return read
+
+
+def efd() -> int:
+    return os.eventfd(0, os.EFD_NONBLOCK)
+
+
+RING = shm.MIN_RING_BYTES
+GOOD_OFFER = shm.OFFER.pack(shm.MAGIC, shm.LAYOUT_VERSION, 0, 0, RING)
+HANDOVERS = {
+    "no descriptors": (lambda: (GOOD_OFFER, []), "passed 0 descriptors"),
+    "four descriptors": (
+        lambda: (GOOD_OFFER, [sealed(shm.segment_bytes(RING)), efd(), efd(), efd()]),
+        "passed 3 descriptors (or more)",
+    ),
+    "bad magic": (
+        lambda: (shm.OFFER.pack(b"NOTARING", 1, 0, 0, RING), [sealed(shm.segment_bytes(RING)), efd(), efd()]),
+        "expected b'AIORLRNG'",
+    ),
+    "other layout": (
+        lambda: (shm.OFFER.pack(shm.MAGIC, 9, 0, 0, RING), [sealed(shm.segment_bytes(RING)), efd(), efd()]),
+        "ring layout version 9",
+    ),
+    "ring too large": (
+        lambda: (shm.OFFER.pack(shm.MAGIC, 1, 0, 0, 1 << 40), [sealed(4096), efd(), efd()]),
+        "expected 65536..1073741824",
+    ),
+    "ring too small": (
+        lambda: (shm.OFFER.pack(shm.MAGIC, 1, 0, 0, 16), [sealed(4096), efd(), efd()]),
+        "expected 65536..1073741824",
+    ),
+    "memfd smaller than said": (
+        lambda: (GOOD_OFFER, [sealed(shm.segment_bytes(RING) - 4096), efd(), efd()]),
+        "expected 135168",
+    ),
+    "memfd not sealed": (
+        lambda: (GOOD_OFFER, [sealed(shm.segment_bytes(RING), seals=False), efd(), efd()]),
+        "not sealed against shrinking",
+    ),
+    "a pipe for an eventfd": (
+        lambda: (GOOD_OFFER, [sealed(shm.segment_bytes(RING)), efd(), pipe_end()]),
+        "not eventfds",
+    ),
+    "an eventfd for the memfd": (lambda: (GOOD_OFFER, [efd(), efd(), efd()]), "not a memory file"),
+    "short description": (lambda: (GOOD_OFFER[:-3], [sealed(shm.segment_bytes(RING)), efd(), efd()]), "of 21 bytes"),
+}
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("case", sorted(HANDOVERS))
+async def test_a_forged_hand_over_is_refused_before_anything_is_mapped(tmp_path, case):
+    offer, reason = HANDOVERS[case]
+    path, listener = await fake_listener(tmp_path, offer)
+    try:
+        before = open_fds()
+        made = []
+        with pytest.raises(ProtocolError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+            await asyncio.wait_for(shm.connect_ring(path, lambda: made.append(1)), HANG_S)
+        assert not made  # no protocol ever saw it
+        await asyncio.sleep(0)
+        assert open_fds() <= before  # every descriptor it passed is closed again
+    finally:
+        asyncio.get_running_loop().remove_reader(listener.fileno())
+        listener.close()
+
+
+def test_a_sealed_segment_cannot_be_shrunk_under_a_mapping():
+    fd = shm.create_segment(RING)
+    try:
+        shm.check_segment(fd, RING)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 4096)
+        with pytest.raises(PermissionError):
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, 0)  # and the seals cannot be taken off or added to
+        mm = mmap.mmap(fd, shm.segment_bytes(RING))
+        mm.close()
+    finally:
+        os.close(fd)
+
+
+async def test_a_flood_of_silent_ring_connections_holds_bounded_descriptors_and_a_good_peer_gets_in(tmp_path):
+    recorder = Recorder()
+    server = await serve(
+        recorder.handler,
+        token=TOKEN,
+        name="server",
+        unix_path=str(tmp_path / "s"),
+        rings=True,
+        ring_bytes=RING,
+        max_handshakes=4,
+        max_handshakes_per_host=4,
+        first_bytes_timeout_s=0.2,
+    )
+    socks = []
+    try:
+        base = open_fds()
+        for _ in range(40):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(server.ring_path)
+            socks.append(sock)
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.3)
+        # Our 40 sockets, plus the server's side of at most the handshake caps (socket + 2 eventfds).
+        assert open_fds() - base <= 40 + 4 * 3 + 8
+        conn = await connect("", 0, token=TOKEN, name="good", ring_path=server.ring_path, handshake_timeout_s=HANG_S)
+        assert (await conn.request("q", {}, timeout_s=HANG_S)).meta == {"n": 1}
+        await conn.close()
+    finally:
+        for sock in socks:
+            sock.close()
+        await server.close()
