@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from aiorl.experiment.loading import load_config
-from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime import local_sockets
+from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.memory import MemoryRole
 from aiorl.wire import connect, generate_token
 

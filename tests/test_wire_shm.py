@@ -389,3 +389,39 @@ async def test_a_flood_of_silent_ring_connections_holds_bounded_descriptors_and_
         for sock in socks:
             sock.close()
         await server.close()
+
+
+# ---------------------------------------------------------------------- cluster.transport
+
+
+@pytest.mark.parametrize(
+    "cluster, message",
+    [
+        ({"transport": "udp"}, "cluster.transport: expected one of 'auto', 'tcp', 'shm', got 'udp'"),
+        (
+            {"transport": "shm", "unix_sockets": False},
+            "cluster.transport: 'shm' hands rings over on the run's Unix sockets, but cluster.unix_sockets is false "
+            "(set transport to 'auto' or 'tcp', or turn unix_sockets on)",
+        ),
+        ({"shm_ring_bytes": 1024}, "cluster.shm_ring_bytes: expected 65536..1073741824, got 1024"),
+        ({"transport": 3}, "cluster.transport: expected str, got int 3"),
+    ],
+)
+def test_a_bad_transport_is_a_one_line_config_error(cluster, message):
+    from aiorl.config.schema import ConfigError
+    from aiorl.experiment.loading import load_config
+
+    with pytest.raises(ConfigError) as info:
+        load_config(data={"algo": "random_agent", "cluster": cluster})
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("transport", ["auto", "shm", "tcp"])
+def test_every_transport_loads_and_auto_and_tcp_keep_working_without_unix_sockets(transport):
+    from aiorl.experiment.loading import load_config
+
+    assert (
+        load_config(data={"algo": "random_agent", "cluster": {"transport": transport}}).cluster.transport == transport
+    )
+    if transport != "shm":  # no Unix sockets: no rings either, TCP as before
+        load_config(data={"algo": "random_agent", "cluster": {"transport": transport, "unix_sockets": False}})
