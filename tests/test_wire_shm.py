@@ -9,8 +9,10 @@ import fcntl
 import logging
 import mmap
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -91,7 +93,9 @@ async def test_frames_of_every_size_arrive_whole_in_order_and_replies_come_back(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_a_ring_that_fills_holds_the_writer_back_and_loses_nothing(tmp_path, transport):
+async def test_a_ring_that_fills_holds_the_writer_back_and_loses_nothing(tmp_path, transport, monkeypatch):
+    # No safety net: a blocked writer must be woken by the reader's "space freed", not by re-checking.
+    monkeypatch.setattr(shm, "BLOCKED_RECHECK_S", 3600.0)
     server, recorder, conn = await server_and_client(tmp_path, transport)
     recorder.release.clear()  # the server takes nothing for now
     try:
@@ -425,3 +429,39 @@ def test_every_transport_loads_and_auto_and_tcp_keep_working_without_unix_socket
     )
     if transport != "shm":  # no Unix sockets: no rings either, TCP as before
         load_config(data={"algo": "random_agent", "cluster": {"transport": transport, "unix_sockets": False}})
+
+
+async def test_a_byte_on_a_ring_connections_socket_ends_that_connection(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="aiorl.wire")
+    server, recorder, conn = await server_and_client(tmp_path, "shm")
+    try:
+        await conn.request("q", {}, timeout_s=HANG_S)
+        conn._proto.transport.get_extra_info("socket").send(b"x")  # the socket is for liveness only
+        await until(lambda: recorder.ended)
+        assert "unexpected bytes on a ring connection's socket" in str(recorder.ended[0])
+    finally:
+        conn.abort()
+        await server.close()
+
+
+async def test_a_ring_peer_of_another_uid_gets_no_ring(tmp_path):
+    from test_sockets import connect_as
+
+    directory = tempfile.mkdtemp(prefix="aiorl-uid-", dir="/tmp")  # tmp_path's parents are 0700
+    try:
+        server = await serve(
+            Recorder().handler, token=TOKEN, name="s", unix_path=os.path.join(directory, "s"), rings=True
+        )
+        try:
+            os.chmod(directory, 0o755)
+            os.chmod(server.ring_path, 0o666)
+            # 0: hung up without a byte (no hand-over, no descriptors); 2 would be an offer.
+            assert await asyncio.to_thread(connect_as, 65534, server.ring_path) == 0
+            assert server.stats["refused_uid"] == 1
+            conn = await connect("", 0, token=TOKEN, name="same-uid", ring_path=server.ring_path)
+            assert (await conn.request("q", {}, timeout_s=HANG_S)).meta == {"n": 1}
+            await conn.close()
+        finally:
+            await server.close()
+    finally:
+        shutil.rmtree(directory)
