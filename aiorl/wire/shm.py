@@ -30,9 +30,10 @@ Wake-ups. A producer writes its eventfd's peer ("data written") after every batc
 a consumer writes it ("space freed") after reading when the producer has raised its
 ``blocked`` flag. A producer whose ring is full keeps its frames (zero-copy views, as uvloop's
 transport does) and reports its write buffer to the protocol, whose ``drain()`` then waits, as
-over TCP; nothing is dropped. Stores to the shared page are plain aligned 8-byte stores, in
-order on x86-64 (TSO); a lost "space freed" wake-up (store-load reordering of the flag) is
-covered by re-checking every ``BLOCKED_RECHECK_S`` while blocked.
+over TCP; nothing is dropped. Counters are read and stored whole, as aligned 8-byte words (a
+native ``memoryview`` of ``Q``, never byte by byte: a torn read would look like a forged
+counter), in order on x86-64 (TSO); a lost "space freed" wake-up (store-load reordering of the
+flag) is covered by re-checking every ``BLOCKED_RECHECK_S`` while blocked.
 """
 
 from __future__ import annotations
@@ -80,9 +81,9 @@ LAYOUT_VERSION = 1
 #: Shared page: per direction (0: client->server, 1: server->client) tail, head, blocked,
 #: each on its own cache line.
 CONTROL_BYTES = 4096
-_U64 = struct.Struct("<Q")
-_TAIL, _HEAD, _BLOCKED = 0, 64, 128
-_DIRECTION_STRIDE = 256
+# Indices of 8-byte words in the control page (each counter on a cache line of its own).
+_TAIL, _HEAD, _BLOCKED = 0, 8, 16
+_DIRECTION_STRIDE = 32
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_GROW", 4)
 _SEAL_SEAL = getattr(fcntl, "F_SEAL_SEAL", 1)
 
@@ -117,6 +118,9 @@ class _Segment:
         self.mm = mmap.mmap(fd, segment_bytes(ring_bytes), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         view = memoryview(self.mm)
         self.view = view
+        # Counters are read and written through a native 'Q' view: one aligned 8-byte load or
+        # store each (struct's '<Q' goes byte by byte, and a reader could see half an update).
+        self.ctl = view[:CONTROL_BYTES].cast("Q")
         out_dir, in_dir = side, 1 - side
         self.out_data = view[CONTROL_BYTES + out_dir * ring_bytes : CONTROL_BYTES + (out_dir + 1) * ring_bytes]
         self.in_data = view[CONTROL_BYTES + in_dir * ring_bytes : CONTROL_BYTES + (in_dir + 1) * ring_bytes]
@@ -128,7 +132,7 @@ class _Segment:
         self.in_blocked = in_dir * _DIRECTION_STRIDE + _BLOCKED  # the peer's
 
     def close(self) -> None:
-        for view in (self.out_data, self.in_data, self.view):
+        for view in (self.out_data, self.in_data, self.ctl, self.view):
             view.release()
         try:
             self.mm.close()
@@ -308,8 +312,8 @@ class RingTransport(asyncio.Transport):
 
     # ------------------------------------------------------------------ the rings
 
-    def _read_peer(self, offset: int) -> int:
-        return _U64.unpack_from(self._seg.view, offset)[0]
+    def _read_peer(self, index: int) -> int:
+        return self._seg.ctl[index]
 
     def _on_wake(self) -> None:
         if self._finished:
@@ -355,7 +359,7 @@ class RingTransport(asyncio.Transport):
             buf[:n] = seg.in_data[pos : pos + n]  # the protocol checks this copy, never the ring
             self._head += n
             budget -= n
-            _U64.pack_into(seg.view, seg.in_head, self._head)
+            seg.ctl[seg.in_head] = self._head
             freed = True
             self._protocol.buffer_updated(n)
         if freed and self._read_peer(seg.in_blocked):
@@ -390,7 +394,7 @@ class RingTransport(asyncio.Transport):
                 pending[0] = view[n:]
             self._pending_bytes -= n
             self._tail += n
-            _U64.pack_into(seg.view, seg.out_tail, self._tail)
+            seg.ctl[seg.out_tail] = self._tail
             wrote = True
         if not pending and self._blocked:
             self._set_blocked(False)
@@ -406,7 +410,7 @@ class RingTransport(asyncio.Transport):
         """Raise or lower our `blocked` flag; True when raising it found room after all."""
         seg = self._seg
         self._blocked = blocked
-        _U64.pack_into(seg.view, seg.out_blocked, 1 if blocked else 0)
+        seg.ctl[seg.out_blocked] = 1 if blocked else 0
         if not blocked:
             if self._recheck is not None:
                 self._recheck.cancel()
