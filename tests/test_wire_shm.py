@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_wire_bad_input import frame, valid_frame
 
-from aiorl.wire import ConnectionClosed, ProtocolError, connect, serve, shm
+from aiorl.wire import ConnectionClosed, ProtocolError, connect, ring, serve, shm
 
 TOKEN = b"shm-test-token-0123456789abcdef0"
 HANG_S = 30.0
@@ -96,7 +96,7 @@ async def test_frames_of_every_size_arrive_whole_in_order_and_replies_come_back(
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_ring_that_fills_holds_the_writer_back_and_loses_nothing(tmp_path, transport, monkeypatch):
     # No safety net: a blocked writer must be woken by the reader's "space freed", not by re-checking.
-    monkeypatch.setattr(shm, "BLOCKED_RECHECK_S", 3600.0)
+    monkeypatch.setattr(ring, "BLOCKED_RECHECK_S", 3600.0)
     server, recorder, conn = await server_and_client(tmp_path, transport)
     recorder.release.clear()  # the server takes nothing for now
     try:
