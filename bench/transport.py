@@ -13,7 +13,9 @@ of each message's bytes and ``recv_into`` until that message is complete
 
 Transports: ``uvloop`` (the default), ``asyncio`` (stock loop), ``uvloop+tls``
 and ``asyncio+tls`` (self-signed cert made with the openssl command), and
-``raw+tls`` (blocking ``ssl`` sockets) as the TLS floor. Ratios are bytes/s
+``raw+tls`` (blocking ``ssl`` sockets) as the TLS floor; ``uvloop+shm``: the same
+connection over shared-memory rings (``aiorl.wire.shm``, what roles on one host use),
+whose ratio to raw TCP is how much one host gains over the socket floor. Ratios are bytes/s
 over the raw TCP baseline's bytes/s, each run against the baseline run just
 before it (load on a shared machine drifts), medians over ``--repeat`` runs.
 ``cpu x raw`` is the same comparison for CPU time per message (user + system,
@@ -52,8 +54,13 @@ CASES = {
     "1MiB": {"max_messages": 200_000},
     "16MiB": {"max_messages": 20_000},
 }
-TRANSPORTS = ("raw", "uvloop", "asyncio", "raw+tls", "uvloop+tls", "asyncio+tls")
-TARGETS = {("1MiB", "uvloop"): 0.70, ("cartpole64", "uvloop"): 0.50}
+TRANSPORTS = ("raw", "uvloop", "asyncio", "raw+tls", "uvloop+tls", "asyncio+tls", "uvloop+shm")
+TARGETS = {
+    ("1MiB", "uvloop"): 0.70,
+    ("cartpole64", "uvloop"): 0.50,
+    ("cartpole64", "uvloop+shm"): 2.0,
+    ("1MiB", "uvloop+shm"): 3.0,
+}
 TOKEN = b"bench-token-0123456789abcdef0123"
 PROCESS_TIMEOUT_S = 120.0
 
@@ -150,7 +157,7 @@ def run_loop(loop_name: str, coro) -> None:
         runner.run(coro)
 
 
-def wire_receiver(case: str, loop_name: str, tls_dir: str | None, conn) -> None:
+def wire_receiver(case: str, loop_name: str, tls_dir: str | None, conn, rings: bool = False) -> None:
     from aiorl.wire import serve
 
     async def main() -> None:
@@ -174,9 +181,16 @@ def wire_receiver(case: str, loop_name: str, tls_dir: str | None, conn) -> None:
             done.set_result(None)
 
         ssl_ctx = tls_contexts(tls_dir)[0] if tls_dir else None
-        async with await serve(handler, token=TOKEN, name="bench-receiver", ssl=ssl_ctx) as server:
-            conn.send(server.port)
-            await asyncio.wait_for(done, PROCESS_TIMEOUT_S)
+        with tempfile.TemporaryDirectory(prefix="aiorl-bench-shm-") as sock_dir:
+            where = {}
+            if rings:
+                ring_bytes = int(os.environ.get("AIORL_BENCH_RING_BYTES", 0)) or None
+                where = {"unix_path": os.path.join(sock_dir, "s"), "rings": True}
+                if ring_bytes:
+                    where["ring_bytes"] = ring_bytes
+            async with await serve(handler, token=TOKEN, name="bench-receiver", ssl=ssl_ctx, **where) as server:
+                conn.send(server.ring_path if rings else server.port)
+                await asyncio.wait_for(done, PROCESS_TIMEOUT_S)
         conn.send(stats)
 
     run_loop(loop_name, main())
@@ -190,7 +204,10 @@ def wire_sender(
     async def main() -> None:
         arrays = make_arrays(case)
         ssl_ctx = tls_contexts(tls_dir)[1] if tls_dir else None
-        wire = await connect("127.0.0.1", port, token=TOKEN, name="bench-sender", ssl=ssl_ctx)
+        if isinstance(port, str):  # a ring listener's path
+            wire = await connect("", 0, token=TOKEN, name="bench-sender", ring_path=port)
+        else:
+            wire = await connect("127.0.0.1", port, token=TOKEN, name="bench-sender", ssl=ssl_ctx)
         deadline = time.perf_counter() + seconds
         cpu_start = os.times()
         try:
@@ -228,12 +245,13 @@ def measure(case: str, transport: str, seconds: float, tls_dir: str) -> dict:
     parent_end, child_end = ctx.Pipe()
     sender_parent, sender_child = ctx.Pipe()
     tls = tls_dir if transport.endswith("+tls") else None
-    base = transport.removesuffix("+tls")
+    rings = transport.endswith("+shm")
+    base = transport.removesuffix("+tls").removesuffix("+shm")
     max_messages = CASES[case]["max_messages"]
     if base == "raw":
         receiver = ctx.Process(target=raw_receiver, args=(case, tls, child_end))
     else:
-        receiver = ctx.Process(target=wire_receiver, args=(case, base, tls, child_end))
+        receiver = ctx.Process(target=wire_receiver, args=(case, base, tls, child_end, rings))
     receiver.start()
     sender = None
     try:
@@ -278,9 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma list of {list(CASES)}")
     parser.add_argument("--transports", default=",".join(TRANSPORTS), help=f"comma list of {list(TRANSPORTS)}")
     parser.add_argument("--json", default="bench-transport.json", help="where to write the results")
+    parser.add_argument(
+        "--ring-bytes", type=int, default=0, help="bytes of each shared-memory ring (uvloop+shm; 0: the default)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.repeat = 1.0, 1
+    if args.ring_bytes:
+        os.environ["AIORL_BENCH_RING_BYTES"] = str(args.ring_bytes)  # the spawned receivers read it
     cases = [c for c in args.cases.split(",") if c]
     transports = [t for t in args.transports.split(",") if t]
     for name in cases:

@@ -1,4 +1,5 @@
-"""Memory host 0 (coordinator + replay) in the test's own loop, over real TCP on loopback.
+"""Memory host 0 (coordinator + replay) in the test's own loop, over real TCP on loopback, or
+(``transport="shm"``) over shared-memory rings handed over on Unix sockets in the run directory.
 
 The test plays the other roles (or an attacker) with real wire connections,
 so it can send what a real actor or learner never would and look at the
@@ -8,11 +9,13 @@ memory host's and coordinator's state while it does.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
 
 from aiorl.experiment.loading import load_config
+from aiorl.runtime import local_sockets
 from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.memory import MemoryRole
 from aiorl.wire import connect, generate_token
@@ -46,7 +49,10 @@ CONFIG = {
 class Memory0:
     """Coordinator and memory host 0 running in this loop; `register`/`attach` play roles."""
 
-    def __init__(self, tmp_path: Path, overrides: list[str] = ()):
+    def __init__(self, tmp_path: Path, overrides: list[str] = (), transport: str = "tcp"):
+        assert transport in ("tcp", "shm"), transport
+        self.transport = transport
+        self._environ: dict[str, str | None] = {}
         self.run_dir = tmp_path / "run"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cfg = load_config(data=CONFIG, overrides=[f"run.dir={self.run_dir}", *overrides])
@@ -55,8 +61,14 @@ class Memory0:
         self.tasks = []
 
     async def __aenter__(self) -> Memory0:
+        unix_path = None
+        if self.transport == "shm":  # as the local launcher starts a role: rings beside the Unix sockets
+            for key, value in ((local_sockets.ENV_ON, "1"), (local_sockets.ENV_RINGS, str(256 * 1024))):
+                self._environ[key] = os.environ.get(key)
+                os.environ[key] = value
+            unix_path = local_sockets.socket_path(self.run_dir, "coordinator")
         self.coordinator = Coordinator(self.cfg, self.run_dir, self.token)
-        self.cfg.cluster.port = await self.coordinator.start("127.0.0.1", 0)
+        self.cfg.cluster.port = await self.coordinator.start("127.0.0.1", 0, unix_path)
         self.memory = MemoryRole(self.cfg, 0, self.run_dir, self.token, coordinator=self.coordinator)
         self.tasks = [asyncio.create_task(self.coordinator.run()), asyncio.create_task(self.memory.run())]
         async with asyncio.timeout(HANG_S):
@@ -74,13 +86,26 @@ class Memory0:
             await self.memory.server.close()
         await self.coordinator.server.close()
         self.coordinator._metrics.close()
+        for key, value in self._environ.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
     @property
     def memory_address(self) -> tuple[str, int]:
         return self.coordinator.roles["memory-0"].address
 
     async def connect(self, address, name: str):
-        conn = await connect(*address, token=self.token, name=name)
+        where = {}
+        if self.transport == "shm":  # the same server's rings
+            servers = (self.coordinator.server, self.memory.server)
+            server = next(s for s in servers if s is not None and s.port == address[1])
+            assert server.ring_path is not None
+            where = {"ring_path": server.ring_path}
+        conn = await connect(address[0], address[1], token=self.token, name=name, **where)
+        if self.transport == "shm":
+            assert conn.peer.endswith(".ring")
         self.conns.append(conn)
         return conn
 

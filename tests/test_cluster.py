@@ -26,10 +26,18 @@ pytestmark = pytest.mark.cluster
 DONE_PHASE = {"actor": "STOPPING", "learner": "DRAINING", "memory": "CLOSING"}
 
 
-def test_2x2x2_run_reaches_schedule_loses_nothing_and_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_2x2x2_run_reaches_schedule_loses_nothing_and_leaves_no_process(tmp_path, transport):
     # Random actors step ~15k env steps/s: the run must outlast the learners' start-up.
-    code, out, run_dir = run(tmp_path, cluster(2, 2, 2, scheduled_timesteps=20_000))
+    config = cluster(2, 2, 2, scheduled_timesteps=20_000)
+    config["cluster"]["transport"] = transport
+    code, out, run_dir = run(tmp_path, config)
     assert code == 0, out
+    # Every data connection took the path asked for: rings on one host, sockets with tcp.
+    for name in ("actor-0", "actor-1", "learner-0", "learner-1"):
+        log = (run_dir / "logs" / f"{name}.log").read_text()
+        assert log.count("over shared memory (ring:") == (2 if transport == "shm" else 0), name
+        assert ("connected to the coordinator over shared memory" in log) == (transport == "shm"), name
     summary = read_json(run_dir / "summary.json")
     assert summary["ok"] and summary["env_steps"] >= 20_000
     assert [p["phase"] for p in summary["phases"]] == ["RUNNING", "STOPPING", "DRAINING", "CLOSING", "EXITED"]

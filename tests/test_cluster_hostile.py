@@ -44,8 +44,8 @@ CONFIG = {
 FORGED = "actor-0\n2026-01-01 00:00:00 memory-0 INFO aiorl.coordinator: all good\x1b[2J"
 
 
-def start_run(tmp_path, nofile: int | None = None):
-    path, run_dir = write_config(tmp_path, CONFIG)
+def start_run(tmp_path, nofile: int | None = None, transport: str = "auto"):
+    path, run_dir = write_config(tmp_path, {**CONFIG, "cluster": {**CONFIG["cluster"], "transport": transport}})
 
     def limit():
         if nofile is not None:
@@ -80,8 +80,9 @@ def stop(proc, run_dir) -> tuple[int, str, dict]:
     return code, out, read_json(run_dir / "summary.json")
 
 
-def test_phantom_duplicate_and_forged_names_never_join_a_running_cluster(tmp_path):
-    proc, run_dir = start_run(tmp_path)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_phantom_duplicate_and_forged_names_never_join_a_running_cluster(tmp_path, transport):
+    proc, run_dir = start_run(tmp_path, transport=transport)
     try:
         wait_for(lambda: learner_steps(run_dir) > 5, 120, "learner steps")
         token, coordinator, memory = addresses(run_dir)
@@ -128,6 +129,7 @@ def test_phantom_duplicate_and_forged_names_never_join_a_running_cluster(tmp_pat
     logs = out + "".join(p.read_text() for p in (run_dir / "logs").iterdir())
     assert "bad peer name" in logs
     assert "all good" not in logs and "\x1b" not in logs
+    assert ("over shared memory" in logs) == (transport == "shm")  # the run's own data path
 
 
 def test_connection_flood_under_a_low_open_file_limit(tmp_path):

@@ -190,12 +190,15 @@ def frozen(run_dir: Path, key: str, count: int, since: int = 0):
     return len(last) == count and len({r[key] for r in last}) == 1
 
 
-@pytest.mark.parametrize("full", ["throttle", "drop_oldest"])
-def test_a_full_queue_throttles_actors_or_drops_the_oldest(tmp_path, full):
+@pytest.mark.parametrize(
+    "full, transport", [("throttle", "tcp"), ("throttle", "shm"), ("drop_oldest", "tcp"), ("drop_oldest", "shm")]
+)
+def test_a_full_queue_throttles_actors_or_drops_the_oldest(tmp_path, full, transport):
     """The learner is stopped (SIGSTOP) mid-run. throttle: the queue fills, every actor waits for a
     credit, env steps stop; nothing is dropped. drop_oldest: actors go on, the queue drops its
     oldest fragments. The learner resumes and the run ends cleanly either way."""
     config = impala_config(queue_full=full)
+    config["cluster"]["transport"] = transport  # fragments and credits through rings, or sockets
     # The stopped learner is neither declared lost nor, once resumed, gives up on the coordinator.
     config["cluster"].update(heartbeat_timeout_s=30.0, coordinator_timeout_s=30.0)
     config["agent"]["scheduled_global_steps"] = 400

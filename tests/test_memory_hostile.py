@@ -21,10 +21,10 @@ from aiorl.wire import ConnectionClosed, RemoteError
 MEMORY_LOG = "aiorl.memory-0"
 
 
-@pytest.fixture
-async def memory0(tmp_path, caplog):
+@pytest.fixture(params=["tcp", "shm"])
+async def memory0(tmp_path, caplog, request):
     caplog.set_level(logging.INFO)
-    async with Memory0(tmp_path) as m:
+    async with Memory0(tmp_path, transport=request.param) as m:
         m.actor, m.actor_session = await m.register("actor-0")
         m.learner, m.learner_session = await m.register("learner-0")
         await m.running()

@@ -320,9 +320,10 @@ def log_of(run_dir, name: str) -> str:
 
 
 @pytest.mark.cluster
-def test_a_local_runs_roles_and_restarts_connect_over_unix_sockets_and_status_answers_there(tmp_path):
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_local_runs_roles_and_restarts_connect_over_unix_sockets_and_status_answers_there(tmp_path, transport):
     config = cluster(1, 2, 1, scheduled_timesteps=10**9)
-    config["cluster"].update(max_restarts=1, restart_backoff_s=0.2)
+    config["cluster"].update(max_restarts=1, restart_backoff_s=0.2, transport=transport)
     config["run"] = {"max_seconds": 20.0}
     proc, run_dir = start(tmp_path, config)
     try:
@@ -342,14 +343,22 @@ def test_a_local_runs_roles_and_restarts_connect_over_unix_sockets_and_status_an
     assert status.returncode == 0 and json.loads(status.stdout)["live"] is True, status.stdout + status.stderr
     address = read_json(run_dir / "coordinator.json")
     assert address["unix"] == str(run_dir / "sock" / "coordinator")
-    coordinator = f"connected to the coordinator over unix:{run_dir / 'sock' / 'coordinator'}"
+    sock = run_dir / "sock"
+    if transport == "tcp":  # the Unix sockets carry everything
+        coordinator = f"connected to the coordinator over unix:{sock / 'coordinator'}"
+    else:  # the data moves through rings handed over beside them
+        coordinator = f"connected to the coordinator over shared memory (unix:{sock / 'coordinator.ring'})"
     for name in ("memory-0", "memory-1", "learner-0"):
         assert log_of(run_dir, name).count(coordinator) == 1, name
     assert log_of(run_dir, "actor-0").count(coordinator) == 2  # the restart too
     for name, incarnations in (("learner-0", 1), ("actor-0", 2)):
         for m in range(2):
-            line = f"over unix:{run_dir / 'sock' / f'memory-{m}'}"
+            if transport == "tcp":
+                line = f"over unix:{sock / f'memory-{m}'}"
+            else:
+                line = f"over shared memory (ring:{sock / f'memory-{m}.ring'})"
             assert log_of(run_dir, name).count(line) == incarnations, (name, m)
+            assert ("shared memory" in log_of(run_dir, name)) == (transport == "shm"), name
     summary = read_json(run_dir / "summary.json")
     assert summary["ok"] and summary["roles"]["actor-0"]["restarts"] == 1
     # Four roles, the restart and `aiorl status` (a rejoin would add one), none refused.
@@ -466,13 +475,22 @@ def test_unix_sockets_not_a_bool_is_a_one_line_config_error(value):
     assert str(info.value) == f"cluster.unix_sockets: expected bool, got {type(value).__name__} {value!r}"
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
 @pytest.mark.parametrize("on", [True, False])
-def test_only_the_local_launcher_turns_unix_sockets_on_and_cluster_unix_sockets_turns_them_off(on):
-    cfg = load_config(data={"algo": "random_agent", "cluster": {"unix_sockets": on}})
+def test_only_the_local_launcher_turns_unix_sockets_on_and_cluster_unix_sockets_turns_them_off(on, transport):
+    cfg = load_config(data={"algo": "random_agent", "cluster": {"unix_sockets": on, "transport": transport}})
     launcher = types.SimpleNamespace(cfg=cfg, coordinator_unix="/run/sock/coordinator")
-    inherited = {local_sockets.ENV_ON: "1", local_sockets.ENV_COORDINATOR: "/elsewhere", "PATH": "/bin"}
+    inherited = {
+        local_sockets.ENV_ON: "1",
+        local_sockets.ENV_COORDINATOR: "/elsewhere",
+        local_sockets.ENV_RINGS: "99",
+        "PATH": "/bin",
+    }
     env = LocalLauncher._unix_env(launcher, inherited)
     expected = {local_sockets.ENV_ON: "1", local_sockets.ENV_COORDINATOR: "/run/sock/coordinator"} if on else {}
+    if on and transport == "auto":  # shared memory on one host; 'tcp' keeps the sockets alone
+        expected[local_sockets.ENV_RINGS] = str(cfg.cluster.shm_ring_bytes)
+    assert (local_sockets.ring_bytes(env) is not None) == (on and transport == "auto")
     assert env == {"PATH": "/bin", **expected}
     # A role started by hand (or by Ray) has neither: it serves and connects over TCP only.
     assert local_sockets.socket_path("/run", "memory-1", environ={}) is None

@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+import platform
+
 from aiorl.config.schema import ConfigError
 from aiorl.config.sections import Config
+
+#: cluster.transport's values; the ring sizes aiorl.wire.shm accepts (config imports nothing above it).
+TRANSPORTS = ("auto", "tcp", "shm")
+MIN_RING_BYTES = 64 * 1024
+MAX_RING_BYTES = 1 << 30
+#: Machines whose store order the rings rely on (aiorl/wire/ring.py publishes a counter after the
+#: bytes it covers with plain stores, and Python has no memory fence): x86-64 never lets another
+#: core see the counter before the bytes; ARM and others may. Elsewhere 'auto' keeps to sockets.
+RING_MACHINES = ("x86_64", "amd64")
+
+
+def rings_supported(machine: str | None = None) -> bool:
+    return (platform.machine() if machine is None else machine).lower() in RING_MACHINES
 
 
 def _check(ok: bool, message: str) -> None:
@@ -41,6 +56,24 @@ def check_cluster_and_env(cfg: Config) -> None:
     _check(
         1 <= c.actor_credits <= 1024,
         f"cluster.actor_credits: expected 1..1024 batches, got {c.actor_credits}",
+    )
+    _check(
+        c.transport in TRANSPORTS,
+        f"cluster.transport: expected one of {', '.join(map(repr, TRANSPORTS))}, got {c.transport!r}",
+    )
+    _check(
+        c.transport != "shm" or c.unix_sockets,
+        "cluster.transport: 'shm' hands rings over on the run's Unix sockets, but cluster.unix_sockets is false "
+        "(set transport to 'auto' or 'tcp', or turn unix_sockets on)",
+    )
+    _check(
+        c.transport != "shm" or rings_supported(),
+        f"cluster.transport: 'shm' needs an x86-64 machine (its rings rely on that store order), this one "
+        f"is {platform.machine()!r} (set transport to 'auto' or 'tcp')",
+    )
+    _check(
+        MIN_RING_BYTES <= c.shm_ring_bytes <= MAX_RING_BYTES,
+        f"cluster.shm_ring_bytes: expected {MIN_RING_BYTES}..{MAX_RING_BYTES}, got {c.shm_ring_bytes}",
     )
     for name in ("max_handshakes", "max_handshakes_per_host"):
         _check(getattr(c, name) >= 1, f"cluster.{name}: must be at least 1, got {getattr(c, name)}")

@@ -125,6 +125,21 @@ class ClusterConfig:
         "use TCP. A run directory too deep for a socket's path (107 bytes) falls back to TCP.",
         default=True,
     )
+    transport: str = doc(
+        "How roles on one host move data: 'auto' (shared memory when they are on one host, i.e. a "
+        "local run with unix_sockets; TCP between hosts), 'shm' (the same, and an error where no "
+        "shared memory is possible: unix_sockets off), 'tcp' (sockets only: Unix sockets in a local run, "
+        "as before shared memory). Over shared memory each connection to a memory host or the coordinator "
+        "gets a ring per direction in a sealed memfd handed over on a Unix socket in the run directory; "
+        "the handshake, frames and checks are those of TCP. See aiorl/wire/shm.py.",
+        default="auto",
+    )
+    shm_ring_bytes: int = doc(
+        "Bytes of each direction's shared-memory ring, per connection (both directions are mapped "
+        "by both roles; a ring's pages are touched as it cycles, so budget about 2x this per "
+        "connection). A frame larger than the ring passes in pieces.",
+        default=4 << 20,
+    )
     warm_spawner: bool = doc(
         "In a local run, fork every role, the evaluation worker and each restart from one process "
         "that imported numpy, torch, gymnasium and the runtime once (a run starts in little more "

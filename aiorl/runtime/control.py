@@ -17,7 +17,8 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from aiorl.wire import Connection, ConnectionClosed, Limits, Message, RemoteError, connect
+from aiorl.runtime import local_sockets
+from aiorl.wire import Connection, ConnectionClosed, Limits, Message, RemoteError, connect, shm
 from aiorl.wire.names import safe_text
 
 
@@ -84,6 +85,7 @@ class ControlChannel:
                     limits=self.limits,
                     handshake_timeout_s=max(0.1, min(self.timeout_s, remaining)),
                     unix_path=self.unix_path,
+                    ring_path=local_sockets.ring_usable(self.unix_path),
                 )
             except (OSError, TimeoutError) as exc:  # refused, unreachable, or busy (ServerBusy)
                 if loop.time() + delay > deadline:
@@ -114,7 +116,9 @@ class ControlChannel:
         """Connect (retrying for ``start_timeout_s``) and register; the coordinator's reply meta."""
         deadline = asyncio.get_running_loop().time() + self.start_timeout_s
         conn = await self._connect(deadline)
-        if self.unix_path is not None:
+        if conn.peer.endswith(shm.RING_SUFFIX):
+            self.log.info("connected to the coordinator over shared memory (%s)", conn.peer)
+        elif self.unix_path is not None:
             self.log.info("connected to the coordinator over unix:%s", self.unix_path)
         meta = await self._register(conn, rejoin=False)
         self.conn = conn

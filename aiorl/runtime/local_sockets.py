@@ -14,10 +14,14 @@ import logging
 import os
 from pathlib import Path
 
+from aiorl.wire.shm import ring_path
 from aiorl.wire.unix import fits
 
 ENV_ON = "AIORL_UNIX_SOCKETS"
 ENV_COORDINATOR = "AIORL_COORDINATOR_UNIX"
+#: Set (to the bytes of each ring) when servers also hand out shared-memory rings beside their
+#: Unix sockets and roles connect through them (``cluster.transport`` auto or shm).
+ENV_RINGS = "AIORL_SHM_RING_BYTES"
 #: Inside the run directory (0700), kept short: sun_path holds 107 bytes.
 SOCKET_DIR = "sock"
 
@@ -56,6 +60,23 @@ def usable(path: object, environ=os.environ) -> str | None:
     socket is there on this host; else None (TCP)."""
     if not enabled(environ) or not isinstance(path, str) or not path:
         return None
+    return path if os.path.exists(path) else None
+
+
+def ring_bytes(environ=os.environ) -> int | None:
+    """Bytes per ring when the local launcher turned shared memory on for this process, else None."""
+    if not enabled(environ):
+        return None
+    value = environ.get(ENV_RINGS, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def ring_usable(unix_path: str | None, environ=os.environ) -> str | None:
+    """The ring listener beside server socket `unix_path` when this role should move its data
+    through shared memory (rings on, and the listener is there on this host); else None."""
+    if unix_path is None or ring_bytes(environ) is None:
+        return None
+    path = ring_path(unix_path)
     return path if os.path.exists(path) else None
 
 

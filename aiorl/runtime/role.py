@@ -222,7 +222,12 @@ class Role:
         }
 
     async def connect_to(
-        self, host: str, port: int, limits: Limits | None = None, unix_path: str | None = None
+        self,
+        host: str,
+        port: int,
+        limits: Limits | None = None,
+        unix_path: str | None = None,
+        ring_path: str | None = None,
     ) -> Connection:
         """Connect to a server of the run, retrying (with backoff) while it is busy, for up to
         ``cluster.start_timeout_s``. A server that refuses or cannot be reached fails at once:
@@ -244,6 +249,7 @@ class Role:
                     limits=limits,
                     handshake_timeout_s=self.cfg.cluster.coordinator_timeout_s,
                     unix_path=unix_path,
+                    ring_path=ring_path,
                 )
             except (ServerBusy, TimeoutError):  # its handshake slots are taken (a flood, or many peers at once)
                 if asyncio.get_running_loop().time() + delay > deadline:
@@ -267,8 +273,11 @@ class Role:
             if self.kind == "learner"
             else frame_limits.UNKNOWN_PEER
         )
-        conn = await self.connect_to(host, port, limits, unix_path)
-        if unix_path is not None:
+        ring = local_sockets.ring_usable(unix_path)
+        conn = await self.connect_to(host, port, limits, unix_path, ring)
+        if ring is not None:
+            self.log.info("connected to the memory host at %s:%s over shared memory (ring:%s)", host, port, ring)
+        elif unix_path is not None:
             self.log.info("connected to the memory host at %s:%s over unix:%s", host, port, unix_path)
         try:
             await conn.request("attach", {"session": self.session}, timeout_s=self.cfg.cluster.coordinator_timeout_s)

@@ -34,12 +34,14 @@ import collections
 import ipaddress
 import logging
 import os
+import socket
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiorl.core.ratelog import RateLimitedLog
 
+from . import shm
 from .codec import Limits
 from .errors import ConnectionClosed
 from .names import MAX_PEER_NAME, PEER_NAME_CHARS, is_peer_name, safe_text
@@ -85,11 +87,15 @@ async def connect(
     recv_queue_size: int = 64,
     server_hostname: str | None = None,
     unix_path: str | None = None,
+    ring_path: str | None = None,
 ) -> Connection:
     """Connect to an aiorl server and authenticate, all within ``handshake_timeout_s``.
 
     With ``unix_path``, over that Unix socket instead of ``host:port`` (a server of a local
-    run, see :func:`serve`); the handshake is the same, TLS is not used there.
+    run, see :func:`serve`); the handshake is the same, TLS is not used there. With
+    ``ring_path`` (a server's ring listener, :func:`aiorl.wire.shm.ring_path`), over
+    shared-memory rings handed over there (:mod:`aiorl.wire.shm`): the same handshake, frames
+    and checks, only the bytes move through memory.
 
     Raises :class:`AuthError` (wrong token on either side), :class:`ProtocolError`
     (e.g. "peer speaks protocol 2, this is 1"), ``TimeoutError``, or ``OSError``.
@@ -108,18 +114,20 @@ async def connect(
         handshake_timeout_s=handshake_timeout_s,
     )
     extra: dict[str, Any] = {}
-    if ssl is not None and unix_path is None:
+    if ssl is not None and unix_path is None and ring_path is None:
         extra = {"ssl": ssl, "server_hostname": server_hostname or host, "ssl_handshake_timeout": handshake_timeout_s}
     try:
         async with asyncio.timeout(handshake_timeout_s):
-            if unix_path is not None:
+            if ring_path is not None:
+                await shm.connect_ring(ring_path, lambda: proto)
+            elif unix_path is not None:
                 await loop.create_unix_connection(lambda: proto, unix_path)
             else:
                 await loop.create_connection(lambda: proto, host, port, **extra)
             await proto.handshake_done
     except TimeoutError:
         proto.abort()
-        where = f"unix:{unix_path}" if unix_path is not None else f"{host}:{port}"
+        where = f"unix:{ring_path or unix_path}" if (ring_path or unix_path) is not None else f"{host}:{port}"
         raise TimeoutError(f"connecting to {where}: no completed handshake within {handshake_timeout_s:g}s") from None
     except BaseException:
         proto.abort()
@@ -176,6 +184,9 @@ class Server:
         self._protocol_options = protocol_options
         self._server: asyncio.base_events.Server | None = None
         self._unix_server: asyncio.base_events.Server | None = None
+        self.ring_path: str | None = None  # also handing out shared-memory rings there
+        self.ring_bytes = shm.DEFAULT_RING_BYTES
+        self._ring_listener: socket.socket | None = None
         self._protocols: set[WireProtocol] = set()  # every live one, handshaking too
         # In the order they connected (a dict as an ordered set): the oldest is found first.
         self._handshaking: dict[WireProtocol, None] = {}
@@ -206,6 +217,42 @@ class Server:
         )
         self._protocols.add(proto)
         return proto
+
+    def _accept_rings(self) -> None:
+        """Connections on the ring listener: the peer's uid first, then the rings, then the
+        same protocol (handshake, caps, checks) as any other connection."""
+        listener = self._ring_listener
+        if listener is None:
+            return
+        loop = asyncio.get_running_loop()
+        for sock in shm.accept_ready(listener, self._pause_rings):
+            refusal = check_peer(sock, self.expected_uid)
+            if refusal is not None or self._closing:
+                if refusal is not None:
+                    self.stats["refused_uid"] += 1
+                    self._log_refusal("%r: refusing a connection on %s: %s", self, self.ring_path, refusal)
+                sock.close()
+                continue
+            try:
+                shm.accept_ring(loop, sock, self._make_protocol(), self.ring_bytes)
+            except OSError as exc:
+                sock.close()
+                self._log_refusal("%r: could not hand over a ring on %s: %s", self, self.ring_path, exc)
+
+    def _pause_rings(self) -> None:
+        """Out of descriptors: stop accepting on the ring listener for a while (else its
+        readiness would spin the loop), as asyncio does for the other listeners."""
+        listener = self._ring_listener
+        if listener is None:
+            return
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(listener.fileno())
+
+        def resume() -> None:
+            if self._ring_listener is listener:
+                loop.add_reader(listener.fileno(), self._accept_rings)
+
+        loop.call_later(shm.ACCEPT_PAUSE_S, resume)
 
     def _screen(self, proto: WireProtocol) -> str | None:
         """A Unix peer must run as this server's uid; TCP peers are screened by the token alone."""
@@ -312,6 +359,11 @@ class Server:
         for listening in (self._server, self._unix_server):
             if listening is not None:
                 listening.close()
+        if self._ring_listener is not None:
+            asyncio.get_running_loop().remove_reader(self._ring_listener.fileno())
+            self._ring_listener.close()
+            self._ring_listener = None
+            remove_stale(self.ring_path)
         for proto in list(self._protocols):
             if not proto._authenticated:
                 proto.abort()
@@ -353,10 +405,14 @@ async def serve(
     max_connections: int | None = None,
     first_bytes_timeout_s: float = FIRST_BYTES_TIMEOUT_S,
     unix_path: str | None = None,
+    rings: bool = False,
+    ring_bytes: int = shm.DEFAULT_RING_BYTES,
 ) -> Server:
     """Listen on ``host:port`` (default 127.0.0.1, an ephemeral port), and on the Unix socket
     ``unix_path`` too when given (a socket left there is replaced; put it in a directory only
-    this user can enter: the socket itself is 0600). The caps count both together.
+    this user can enter: the socket itself is 0600). The caps count both together. With
+    ``rings`` as well, a third listener beside it (``shm.ring_path(unix_path)``) hands each
+    peer of this uid shared-memory rings of ``ring_bytes`` per direction (:mod:`aiorl.wire.shm`).
 
     ``on_connection(conn)`` runs as its own task for each authenticated
     connection; when it returns or raises (the exception is logged with the
@@ -415,6 +471,15 @@ async def serve(
         server._unix_server = await loop.create_unix_server(server._make_protocol, unix_path, backlog=backlog)
         os.chmod(unix_path, 0o600)
         server.unix_path = unix_path
+        if rings:
+            shm._check_ring_bytes(ring_bytes)
+            path = shm.ring_path(unix_path)
+            if not fits(path):
+                raise ValueError(f"ring path {path!r} is longer than a Unix socket's path may be")
+            server.ring_bytes = ring_bytes
+            server._ring_listener = shm.listen(path, backlog)
+            server.ring_path = path
+            loop.add_reader(server._ring_listener.fileno(), server._accept_rings)
     logger.debug("%r listening", server)
     return server
 

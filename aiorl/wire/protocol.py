@@ -320,7 +320,8 @@ class WireProtocol(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except (OSError, AttributeError):
                 pass
-        is_uvloop = type(transport).__module__.startswith("uvloop")
+        # uvloop's transports and the ring transport keep the views writelines hands them.
+        is_uvloop = type(transport).__module__.startswith("uvloop") or getattr(transport, "zero_copy_writelines", False)
         tls = transport.get_extra_info("sslcontext") is not None
         self._chunked = not is_uvloop and not tls
         if self._chunked:

@@ -189,8 +189,8 @@ MUTANTS = [
     dict(
         name="unix-sockets-inherited-from-the-launchers-environment",
         path="aiorl/launch/local.py",
-        old="if k not in (local_sockets.ENV_ON, local_sockets.ENV_COORDINATOR)}",
-        new="if True}",
+        old="env = {k: v for k, v in environ.items() if k not in ours}",
+        new="env = {k: v for k, v in environ.items() if True}",
         tests=[LAUNCHER_ENV],
     ),
 ]

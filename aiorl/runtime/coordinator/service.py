@@ -28,7 +28,7 @@ from aiorl.config import Config
 from aiorl.core.ratelog import RateLimitedLog
 from aiorl.io.metrics import MetricsWriter
 from aiorl.io.rundir import Identity, launcher_pid
-from aiorl.runtime import frame_limits
+from aiorl.runtime import frame_limits, local_sockets
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.coordinator.counters import RunCounters, Stop, owned_counters, stop_criterion
 from aiorl.runtime.coordinator.liveness import Liveness
@@ -44,7 +44,7 @@ from aiorl.runtime.phase import FAILED, PHASE_OWNER, Phase
 from aiorl.runtime.resources import listen_backlog
 from aiorl.runtime.restart import LAUNCHER_PEER
 from aiorl.runtime.work import WorkQueue
-from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
+from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve, shm
 from aiorl.wire.names import safe_text
 
 log = logging.getLogger("aiorl.coordinator")
@@ -232,6 +232,8 @@ class Coordinator(Registration, LauncherNotices):
             max_handshakes_per_host=c.max_handshakes_per_host,
             first_bytes_timeout_s=c.first_bytes_timeout_s,
             unix_path=unix_path,
+            rings=unix_path is not None and local_sockets.ring_bytes() is not None,
+            ring_bytes=local_sockets.ring_bytes() or shm.DEFAULT_RING_BYTES,
         )
         return self.server.port
 

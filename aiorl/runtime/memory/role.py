@@ -41,7 +41,7 @@ from aiorl.runtime.resources import listen_backlog
 from aiorl.runtime.role import Role
 from aiorl.runtime.rounds import Rounds
 from aiorl.runtime.snapshot import ReplaySnapshots, snapshot_path
-from aiorl.wire import Connection, ConnectionClosed, Server, serve
+from aiorl.wire import Connection, ConnectionClosed, Server, serve, shm
 
 
 class MemoryRole(ActorIngest, LearnerFeed, Role):
@@ -180,9 +180,13 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
             max_handshakes_per_host=c.max_handshakes_per_host,
             first_bytes_timeout_s=c.first_bytes_timeout_s,
             unix_path=local_sockets.socket_path(self.run_dir, self.name),
+            rings=local_sockets.ring_bytes() is not None,
+            ring_bytes=local_sockets.ring_bytes() or shm.DEFAULT_RING_BYTES,
         )
         if self.server.unix_path is not None:
             self.log.info("serving on unix:%s too", self.server.unix_path)
+        if self.server.ring_path is not None:
+            self.log.info("handing out shared-memory rings on %s", self.server.ring_path)
         if self.fragments is not None:
             self.log.info(
                 "serving a trajectory queue on %s:%s (%d fragments of %d steps, when full: %s)",
