@@ -168,8 +168,8 @@ MUTANTS = [
     dict(
         name="tcp-transport-still-gets-rings",
         path="aiorl/launch/local.py",
-        old='            if self.cfg.cluster.transport != "tcp":',
-        new="            if True:",
+        old='            if self.cfg.cluster.transport != "tcp" and rings_supported():',
+        new="            if rings_supported():",
         tests=[LAUNCHER_ENV],
     ),
     dict(
