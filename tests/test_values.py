@@ -191,7 +191,8 @@ async def test_fragments_with_bad_values_or_an_unpublished_version_are_dropped(c
     T = m.cfg.agent.sample_batch_size
     assert await m.publish(m.learner) == 0
     actor = await m.attach("actor-0", m.actor_session)
-    await m.until(lambda: m.memory.actor_links and m.memory.actor_links[0].credits == 2, "the actor's credits")
+    depth = m.cfg.cluster.actor_credits  # the memory tops an actor up to it (the queue has room for more)
+    await m.until(lambda: m.memory.actor_links and m.memory.actor_links[0].credits == depth, "the actor's credits")
     link = m.memory.actor_links[0]
     sent = [
         (0, fragments_of(m, behaviour_logits=np.nan)),  # env 0 dropped, env 1 kept
