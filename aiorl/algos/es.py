@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiorl.algos.es_config import NUMPY_ACTIVATIONS, ESSettings, layers_of
+from aiorl.algos.es_config import ESSettings, layers_of
 from aiorl.algos.lib.actor_critic import (
     ActorCritic,
     DeterministicPolicy,
@@ -48,7 +48,7 @@ from aiorl.algos.lib.actor_critic import (
     policy_meta,
 )
 from aiorl.algos.lib.common import setup_torch, shapes_only
-from aiorl.algos.lib.layers import parse_network
+from aiorl.algos.lib.layers import NUMPY_ACTIVATIONS, parse_network
 from aiorl.algos.lib.networks import OneHot, check_observation_space
 from aiorl.config import ConfigError
 from aiorl.envs import make_env

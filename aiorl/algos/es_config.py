@@ -5,21 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from aiorl.algos.lib.layers import parse_network
+from aiorl.algos.lib.layers import NUMPY_ACTIVATIONS, parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.runtime.algorithm import AlgorithmSettings
 
 DEFAULT_NETWORK = ["linear:64", "tanh", "linear:64", "tanh"]
-# The activations es actors run in numpy (`aiorl.algos.es.NumpyPolicy`): a network with another
-# layer than these and linear ones is refused when the config loads.
-NUMPY_ACTIVATIONS = {
-    "relu": lambda x: np.maximum(x, 0.0),
-    "tanh": np.tanh,
-    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
-    "silu": lambda x: x / (1.0 + np.exp(-x)),
-}
+# es actors run their network in numpy (`aiorl.algos.es.NumpyPolicy`): a network with another
+# layer than NUMPY_ACTIVATIONS and linear ones is refused when the config loads.
 
 
 @dataclass

@@ -5,6 +5,7 @@ tests/test_numpy_forward.py and tests/test_apex_dqn.py catch each."""
 
 T = "tests/test_numpy_forward.py::"
 FWD = "aiorl/algos/lib/numpy_forward.py"
+LAYERS = "aiorl/algos/lib/layers.py"
 Q = T + "test_q_network_in_numpy_equals_torch"
 ENCODERS = T + "test_observation_encoders_in_numpy_equal_torch"
 AC = T + "test_actor_critic_act_in_numpy_equals_torch_with_normalized_observations"
@@ -20,9 +21,9 @@ MUTANTS = [
     ),
     dict(
         name="numpy-elu-is-relu",
-        path=FWD,
-        old="    nn.ELU: _elu,\n",
-        new="    nn.ELU: lambda x: np.maximum(x, 0),\n",
+        path=LAYERS,
+        old='    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),\n',
+        new='    "elu": lambda x: np.maximum(x, 0.0),\n',
         tests=[Q],
     ),
     dict(
@@ -56,8 +57,8 @@ MUTANTS = [
     dict(
         name="numpy-shared-torso-value-from-the-raw-observation",
         path=FWD,
-        old="            value = self.value(features if self.net.v_torso is None else obs)[:, 0]\n",
-        new="            value = self.value(obs if self.net.v_torso is None else obs)[:, 0]\n",
+        old="            value = self.value(features if self.net.v_torso is None else x)[:, 0]\n",
+        new="            value = self.value(x if self.net.v_torso is None else x)[:, 0]\n",
         tests=[AC + "[categorical-shared torso]"],
     ),
     dict(
@@ -79,9 +80,9 @@ MUTANTS = [
     ),
     dict(
         name="numpy-gelu-claimed",
-        path=FWD,
-        old="    nn.SiLU: lambda x: x / (1 + np.exp(-x)),\n",
-        new="    nn.SiLU: lambda x: x / (1 + np.exp(-x)),\n    nn.GELU: np.tanh,\n",
+        path=LAYERS,
+        old='    "silu": lambda x: x / (1.0 + np.exp(-x)),\n',
+        new='    "silu": lambda x: x / (1.0 + np.exp(-x)),\n    "gelu": np.tanh,\n',
         tests=[T + "test_layers_numpy_does_not_run_leave_the_module_to_torch"],
     ),
     dict(

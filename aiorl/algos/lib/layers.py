@@ -18,11 +18,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from aiorl.config import ConfigError
 from aiorl.core.suggest import did_you_mean
 
 # Activation layer name -> its class in torch.nn.
 ACTIVATIONS = {"relu": "ReLU", "tanh": "Tanh", "elu": "ELU", "gelu": "GELU", "silu": "SiLU"}
+# The activations aiorl also runs in numpy (ES actors, and acting through a numpy forward,
+# `aiorl.algos.lib.numpy_forward`): GELU's exact form needs erf, which numpy lacks.
+NUMPY_ACTIVATIONS = {
+    "relu": lambda x: np.maximum(x, 0.0),
+    "tanh": np.tanh,
+    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+}
 LAYER_KINDS = ("linear", "dense", "conv", "layernorm", "flatten", "nature_cnn", *ACTIVATIONS)
 PRESETS = {
     "nature_cnn": [

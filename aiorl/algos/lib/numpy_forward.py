@@ -22,21 +22,17 @@ import torch
 from torch import nn
 
 from aiorl.algos.lib.actor_critic import ActorCritic, CategoricalHead, GaussianHead, ObsNormalizer
+from aiorl.algos.lib.layers import ACTIVATIONS as LAYER_ACTIVATIONS
+from aiorl.algos.lib.layers import NUMPY_ACTIVATIONS
 from aiorl.algos.lib.networks import DuelingHead, OneHot, QNetwork, ToFloat, Torso
 
 # Inputs a numpy result may differ from torch's by (float32 matmuls summed in another order).
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def _elu(x: np.ndarray) -> np.ndarray:
-    return np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
-
-
+# torch.nn activation class -> the numpy function of the same name.
 ACTIVATIONS: dict[type, Callable[[np.ndarray], np.ndarray]] = {
-    nn.ReLU: lambda x: np.maximum(x, 0),
-    nn.Tanh: np.tanh,
-    nn.ELU: _elu,
-    nn.SiLU: lambda x: x / (1 + np.exp(-x)),
+    getattr(nn, LAYER_ACTIVATIONS[name]): fn for name, fn in NUMPY_ACTIVATIONS.items()
 }
 
 
@@ -177,31 +173,33 @@ class NumpyActorCritic:
 
     def __init__(self, net: ActorCritic):
         self.net = net
-        self.features = NumpyForward(nn.Sequential(net.normalizer, net.pi_torso))
+        self.normalize = NumpyForward(net.normalizer)  # once per call, for both torsos
+        self.features = NumpyForward(net.pi_torso)
         self.head = NumpyForward(net.head)
         self.value = None
         if net.value_head is not None:
             # A shared torso: V(s) comes from the policy's features.
-            value_input = [] if net.v_torso is None else [net.normalizer, net.v_torso]
-            self.value = NumpyForward(nn.Sequential(*value_input, net.value_head))
+            value = net.value_head if net.v_torso is None else nn.Sequential(net.v_torso, net.value_head)
+            self.value = NumpyForward(value)
 
     def __repr__(self) -> str:
         return f"<NumpyActorCritic head={type(self.net.head).__name__} critic={self.value is not None}>"
 
     def refresh(self) -> None:
-        for part in (self.features, self.head, self.value):
+        for part in (self.normalize, self.features, self.head, self.value):
             if part is not None:
                 part.refresh()
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-        features = self.features(obs)
+        x = self.normalize(obs)
+        features = self.features(x)
         value = None
         if self.value is not None:
-            value = self.value(features if self.net.v_torso is None else obs)[:, 0]
+            value = self.value(features if self.net.v_torso is None else x)[:, 0]
         return self.head(features), value, features
 
     def policy_params(self, obs: np.ndarray) -> np.ndarray:
-        return self.head(self.features(obs))
+        return self.head(self.features(self.normalize(obs)))
 
     def check(self, obs: np.ndarray) -> None:
         with torch.inference_mode():
