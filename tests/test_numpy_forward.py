@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -61,6 +61,7 @@ def _perturb(module: nn.Module, seed: int) -> None:
     rows=st.integers(1, 9),
     seed=st.integers(0, 2**16),
 )
+@example(kinds=["linear", "layernorm", "elu"], dueling=True, rows=4, seed=1)  # every run holds a layernorm
 def test_q_network_in_numpy_equals_torch(kinds, dueling, rows, seed):
     torch.manual_seed(seed)
     q = QNetwork(BOX, 5, _network(kinds), dueling).eval()
