@@ -419,20 +419,22 @@ class ActorCritic(nn.Module):
         value = self.value_head(v_features).squeeze(1)
         return params, value, pi_features, torch.cat([pi_state, v_state], dim=1)
 
-    def unroll(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor):
+    def unroll(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor, stored: torch.Tensor | None = None):
         """Fragments ``obs [B, T, ...]`` from their first step's state ``[B, state_size]``;
         ``first [B, T]`` (bool) marks the steps that start an episode, before which the state
         is zeroed (step 0's state is the actor's, already reset if its episode starts there).
+        With ``stored [B, T, state_size]`` (the states the actor acted from), a marked step takes
+        its stored state instead: zeros at an episode start, the actor's at a sequence's start.
 
         Returns (parameters [B*T, ...], V [B*T], the state after each step [B, T, state_size]):
         the last is what a bootstrap value of the observation after step t needs.
         """
         B, T = obs.shape[:2]
-        keep = (~first).to(state.dtype).unsqueeze(2)  # [B, T, 1]
+        mark = first.unsqueeze(2)  # [B, T, 1]
         params, values, after = [], [], []
         for t in range(T):
             if t > 0:
-                state = state * keep[:, t]
+                state = torch.where(mark[:, t], torch.zeros_like(state) if stored is None else stored[:, t], state)
             p, v, _, state = self.step(obs[:, t], state)
             params.append(p)
             values.append(v)
