@@ -114,7 +114,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("algo_name", ["impala"])
+@pytest.mark.parametrize("algo_name", ["impala", "dppo"])
 def test_a_recurrent_export_takes_and_returns_the_state_in_plain_torch(tmp_path, algo_name):
     """The exported program, run with plain torch (no aiorl) and the state carried step to step,
     acts as the learner's network stepped in the run, and as `aiorl eval`'s loader."""
@@ -125,6 +125,7 @@ def test_a_recurrent_export_takes_and_returns_the_state_in_plain_torch(tmp_path,
         data={
             "algo": algo_name,
             "env": {"id": "CartPole-v1", "wrappers": ["mask_velocity"]},
+            "agent": {"sample_batch_size": 16, "batch_size": 32},
             "model": {"network": ["linear:16", "tanh"], "recurrent": {"type": "lstm", "hidden": 8}},
         }
     )

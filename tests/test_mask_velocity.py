@@ -10,7 +10,7 @@ import pytest
 from aiorl.cli.main import main
 from aiorl.config import ConfigError, EnvConfig
 from aiorl.envs import make_env
-from aiorl.envs.mask_velocity import KEPT, MaskVelocity
+from aiorl.envs.mask_velocity import KEPT, MaskVelocity, kept_entries
 from aiorl.experiment.loading import load_config
 
 
@@ -38,6 +38,12 @@ def test_the_velocity_entries_are_removed(env_id, kept):
     np.testing.assert_array_equal(masked.step(action)[0], raw.step(action)[0][kept])
     raw.close()
     masked.close()
+
+
+def test_lunarlander_keeps_position_angle_and_legs_without_box2d():
+    # x, y, vx, vy, angle, angular velocity, leg 1, leg 2 (the env needs Box2D; the table does not)
+    assert kept_entries("LunarLander-v3") == kept_entries("LunarLanderContinuous-v3") == (0, 1, 4, 6, 7)
+    assert kept_entries("MountainCarContinuous-v0") == (0,) and kept_entries("Pendulum-v1") == (0, 1)
 
 
 def test_every_known_env_keeps_fewer_entries_than_it_has():

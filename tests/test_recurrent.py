@@ -143,3 +143,124 @@ def test_bad_recurrent_values_are_one_line_naming_them(recurrent, match):
 def test_recurrent_with_an_algorithm_without_it_is_one_line(algo):
     with pytest.raises(ConfigError, match=rf"model.recurrent: {algo} has no recurrent policies, got .*lstm.*impala"):
         load_config(data={"algo": algo, "model": {"recurrent": {"type": "lstm", "hidden": 8}}})
+
+
+# --------------------------------------------------------------------------- DPPO
+
+
+def test_dppo_rows_are_env_by_env_with_the_state_and_restarts():
+    algo, actor, _, out = acted(config("dppo"), rollouts=2)
+    spec = algo.transition_spec()
+    assert spec["state"] == ((32,), "<f4") and spec["restart"] == ((), "|b1")
+    rollouts = [r for r, _ in out]
+    rows = [b for _, b in out]
+    for e in range(E):
+        mine = slice(e * T, (e + 1) * T)  # env e's T steps, consecutive
+        obs = np.concatenate([r["obs"][:, e] for r in rollouts])
+        done = np.concatenate([r["terminated"][:, e] | r["truncated"][:, e] for r in rollouts])
+        np.testing.assert_array_equal(np.concatenate([b["obs"][mine] for b in rows]), obs)
+        state = np.concatenate([b["state"][mine] for b in rows])
+        np.testing.assert_allclose(state, step_by_step(actor.net, obs, done), rtol=1e-5, atol=1e-6)
+        restart = np.concatenate([b["restart"][mine] for b in rows])
+        expect = np.zeros(2 * T, np.bool_)
+        expect[[0, T]] = True  # each rollout's first step
+        expect[1:] |= done[:-1]  # and every episode start
+        np.testing.assert_array_equal(restart, expect)
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_dppo_learner_unrolls_each_row_from_its_state_even_from_a_cut_share(offset):
+    """A learner's share may start inside an env's rollout (rows split evenly between learners):
+    each sequence of rows still unrolls to exactly the network stepped row by row."""
+    _, _, learner, out = acted(config("dppo"), rollouts=2)
+    b = {k: v[offset:] for k, v in out[1][1].items()}
+    n = len(b["obs"])
+    L = learner.sequence
+    seqs = np.arange(-(-n // L) * L).reshape(-1, L)
+    seqs[seqs >= n] = -1
+    obs, state, restart = (torch.as_tensor(b[k]) for k in ("obs", "state", "restart"))
+    with torch.no_grad():
+        params, values = learner.unroll(obs, state, restart, seqs, seqs >= 0)
+        expect = learner.net.step(obs, state)
+    np.testing.assert_allclose(params.numpy(), expect[0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(values.numpy(), expect[1].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(values.numpy(), b["value"], rtol=1e-5, atol=1e-6)  # the actor's values
+
+
+def test_dppo_learner_step_on_recurrent_rows():
+    _, _, learner, out = acted(config("dppo"), rollouts=1)
+    result = learner.step(out[0][1])
+    assert np.isfinite(result.metrics["losses/policy_loss"])
+    assert result.metrics["losses/approx_kl"] == pytest.approx(0.0, abs=1e-3)  # first minibatch: ratio 1
+
+
+def test_dppo_recurrent_minibatches_hold_whole_rollouts():
+    with pytest.raises(ConfigError, match=r"agent.batch_size \(4 rows per minibatch\) must be at least"):
+        load_config(
+            data={
+                "algo": "dppo",
+                "agent": {"sample_batch_size": 8, "batch_size": 4},
+                "model": {"recurrent": {"type": "gru", "hidden": 4}},
+            }
+        )
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def reference_returns(policy, env_cfg, episodes, seed):
+    """Greedy episodes with the state carried by hand, zeros at each start."""
+    from aiorl.envs import make_env
+
+    env = make_env(env_cfg, evaluation=True)
+    returns = []
+    for k in range(episodes):
+        obs, _ = env.reset(seed=seed + k)
+        state, total, done = torch.zeros(1, policy.state_size), 0.0, False
+        while not done:
+            with torch.no_grad():
+                action, state = policy(torch.as_tensor(obs[None]), state)
+            obs, reward, terminated, truncated, _ = env.step(int(action[0]))
+            total += reward
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def test_evaluation_carries_the_state_through_each_episode():
+    from aiorl.algos.lib.actor_critic import RecurrentPolicy
+    from aiorl.evaluation.episodes import run_episodes, run_episodes_together
+
+    cfg = config(max_steps=60)
+    _, _, learner, _ = acted(cfg, rollouts=1)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in learner.net.parameters():
+            p.add_(torch.randn_like(p))
+    policy = RecurrentPolicy(learner.net).eval()
+    expect = reference_returns(policy, cfg.env, 4, 7)
+    assert run_episodes(policy, cfg.env, 4, 7)["returns"] == expect
+    assert run_episodes_together(policy, cfg.env, 4, 7)["returns"] == expect
+    assert len(set(expect)) > 1  # episodes that differ: the test can tell them apart
+
+
+def test_a_fragment_message_with_a_bad_state_is_refused_or_its_fragment_dropped():
+    """At the memory host: a wrong-shaped state refuses the whole message (the connection's
+    protocol error), a non-finite one drops that env's fragment, counted, the others queued."""
+    from aiorl.replay.trajectory_queue import QueueSpec
+    from aiorl.runtime.fragments import FragmentHub
+    from aiorl.runtime.messages import RowSpec
+
+    algo, _, _, out = acted(config(), rollouts=1)
+    spec = algo.transition_spec()
+    hub = FragmentHub(spec, T, E, QueueSpec(capacity=16, full="throttle", max_policy_lag=None, fragments_per_batch=2))
+    rows = RowSpec(spec, bounds=algo.value_bounds())
+    f = out[0][1]
+    with pytest.raises(ValueError, match=r"fragment field 'state': expected shape"):
+        hub.ingest(0, 0, {**f, "state": np.zeros((E, T, 3), np.float32)}, values=rows)
+    assert len(hub.queue) == 0
+    bad = f["state"].copy()
+    bad[1, 2, 0] = np.nan
+    dropped, fields = hub.ingest(0, 0, {**f, "state": bad}, values=rows)
+    assert (dropped, fields, len(hub.queue)) == (1, ["state"], E - 1)

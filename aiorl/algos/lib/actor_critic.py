@@ -431,16 +431,30 @@ class ActorCritic(nn.Module):
         """
         B, T = obs.shape[:2]
         mark = first.unsqueeze(2)  # [B, T, 1]
-        params, values, after = [], [], []
+        # The torsos and heads see every step at once; only the cells step through time.
+        x = self.normalizer(obs.reshape((B * T,) + obs.shape[2:]))
+        pi_in = self.pi_torso(x).reshape(B, T, -1)
+        v_in = self.v_torso(x).reshape(B, T, -1) if self.v_core is not None else None
+        split = self.pi_core.state_size
+        pi_out, v_out, after = [], [], []
         for t in range(T):
             if t > 0:
                 state = torch.where(mark[:, t], torch.zeros_like(state) if stored is None else stored[:, t], state)
-            p, v, _, state = self.step(obs[:, t], state)
-            params.append(p)
-            values.append(v)
+            h, pi_state = self.pi_core(pi_in[:, t], state[:, :split])
+            pi_out.append(h)
+            if v_in is not None:
+                hv, v_state = self.v_core(v_in[:, t], state[:, split:])
+                v_out.append(hv)
+                state = torch.cat([pi_state, v_state], dim=1)
+            else:
+                state = pi_state
             after.append(state)
-        params = torch.stack(params, dim=1).reshape((B * T,) + params[0].shape[1:])
-        values = torch.stack(values, dim=1).reshape(B * T) if values[0] is not None else None
+        pi_features = torch.stack(pi_out, dim=1).reshape(B * T, -1)
+        params = self.head(pi_features)
+        values = None
+        if self.value_head is not None:
+            v_features = pi_features if v_in is None else torch.stack(v_out, dim=1).reshape(B * T, -1)
+            values = self.value_head(v_features).squeeze(1)
         return params, values, torch.stack(after, dim=1)
 
     def value_step(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
