@@ -104,10 +104,13 @@ def test_without_the_reset_mask_the_unroll_differs():
 
 
 def test_a_learner_step_on_recurrent_fragments_learns_with_rho_one():
-    _, _, learner, out = acted(config(), rollouts=1)
-    batch = {**out[0][1], "weights_version": np.zeros(E, np.int64)}
+    """The loss unrolls from each fragment's own first state: a fragment that does not start
+    from zeros gets the actor's logits back exactly (every rho is 1)."""
+    _, _, learner, out = acted(config(max_steps=500), rollouts=2)
+    batch = {**out[1][1], "weights_version": np.zeros(E, np.int64)}
+    assert (np.abs(batch["state"][:, 0]).sum(axis=1) > 0).all()
     loss, metrics = impala_loss(learner.net, learner.m, batch, learner.device)
-    assert torch.isfinite(loss) and metrics["vtrace/rho_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert torch.isfinite(loss) and metrics["vtrace/rho_mean"] == pytest.approx(1.0, abs=1e-6)
     result = learner.step(batch)
     assert np.isfinite(result.metrics["losses/policy_loss"])
 
@@ -264,3 +267,39 @@ def test_a_fragment_message_with_a_bad_state_is_refused_or_its_fragment_dropped(
     bad[1, 2, 0] = np.nan
     dropped, fields = hub.ingest(0, 0, {**f, "state": bad}, values=rows)
     assert (dropped, fields, len(hub.queue)) == (1, ["state"], E - 1)
+
+
+def test_the_lstm_state_is_h_then_c_as_torchs_cell_steps_it():
+    from aiorl.algos.lib.actor_critic import RecurrentCore
+
+    torch.manual_seed(0)
+    core = RecurrentCore("lstm", 3, 4)
+    x = torch.randn(5, 2, 3)
+    h, c = torch.randn(2, 4), torch.randn(2, 4)
+    state = torch.cat([h, c], dim=1)
+    with torch.no_grad():
+        for t in range(5):
+            out, state = core(x[t], state)
+            h, c = core.cell(x[t], (h, c))
+            np.testing.assert_allclose(out.numpy(), h.numpy(), rtol=1e-6)
+            np.testing.assert_allclose(state.numpy(), torch.cat([h, c], dim=1).numpy(), rtol=1e-6)
+
+
+def test_dppo_bootstraps_from_the_state_after_the_last_step():
+    """value_target at a rollout's last step (no episode end there) is r + gamma V(next obs), V
+    read with the state the env carries into the next rollout."""
+    algo, actor, _, out = acted(config("dppo", max_steps=500), rollouts=2)
+    (r1, b1), (_, b2) = out
+    m = algo.cfg.model
+    checked = 0
+    for e in range(E):
+        if r1["terminated"][-1, e] or r1["truncated"][-1, e]:
+            continue
+        with torch.no_grad():
+            v = actor.net.value_step(
+                torch.as_tensor(r1["next_obs"][T - 1, e][None]), torch.as_tensor(b2["state"][e * T][None])
+            )
+        expect = r1["reward"][T - 1, e] * m.reward_scale + m.gamma * float(v[0])
+        assert b1["value_target"][e * T + T - 1] == pytest.approx(expect, rel=1e-5, abs=1e-6)
+        checked += 1
+    assert checked > 0
