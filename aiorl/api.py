@@ -135,6 +135,8 @@ class Policy:
     """A trained policy as a function: one observation -> one action, or a batch -> a batch.
 
     ``meta`` is the run's ``policy.json`` (observation shape, action space, learner steps).
+    A recurrent policy (``model.recurrent``) is called ``policy(obs, state)`` and returns
+    ``(action, state)``; ``state=None`` is an episode's start (zeros).
     """
 
     def __init__(self, module, meta: dict | None, path: Path):
@@ -145,17 +147,30 @@ class Policy:
     def __repr__(self) -> str:
         return f"<aiorl.Policy {self.meta.get('algo', '?')} on {self.meta.get('env_id', '?')} from {self.path}>"
 
-    def __call__(self, obs):
+    def __call__(self, obs, state=None):
         import numpy as np
         import torch
 
         obs = np.asarray(obs)
         shape = self.meta.get("observation_shape")
         single = shape is not None and tuple(obs.shape) == tuple(shape)
+        batch = torch.as_tensor(obs[None] if single else obs)
+        state_size = getattr(self.module, "state_size", 0)
         with torch.no_grad():
-            actions = self.module(torch.as_tensor(obs[None] if single else obs)).numpy()
+            if state_size:
+                state = torch.zeros(len(batch), state_size) if state is None else torch.as_tensor(state)
+                actions, state = self.module(batch, state.reshape(len(batch), state_size))
+                state = state.numpy()
+            else:
+                actions = self.module(batch)
+            actions = actions.numpy()
+        if state_size:
+            return (actions if not single else self._one(actions)), (state if not single else state[0])
         if not single:
             return actions
+        return self._one(actions)
+
+    def _one(self, actions):
         action = self.meta.get("action", {})
         if action.get("kind") == "discrete":
             return int(actions[0])

@@ -96,3 +96,68 @@ def test_a_garbage_pt2_is_named_not_a_traceback(tmp_path):
     (tmp_path / "policy.pt2").write_bytes(b"not a zip archive")
     with pytest.raises(EvalError, match=r"policy.pt2 is not a torch.export policy"):
         load_policy(tmp_path / "policy.pt2")
+
+
+PLAIN_TORCH_RECURRENT = """
+import json, sys
+sys.modules["aiorl"] = None
+import torch
+path, steps = json.loads(sys.stdin.read())
+meta = json.load(open(path.replace("policy.pt2", "policy.json")))
+policy = torch.export.load(path).module()
+state = torch.zeros(len(steps[0]), meta["recurrent"]["state_size"])
+out = []
+for obs in steps:
+    action, state = policy(torch.tensor(obs, dtype=torch.float32), state)
+    out.append(action.tolist())
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("algo_name", ["impala", "dppo"])
+def test_a_recurrent_export_takes_and_returns_the_state_in_plain_torch(tmp_path, algo_name):
+    """The exported program, run with plain torch (no aiorl) and the state carried step to step,
+    acts as the learner's network stepped in the run, and as `aiorl eval`'s loader."""
+    from aiorl.experiment.loading import load_config
+    from aiorl.runtime.algorithm import build_algorithm
+
+    cfg = load_config(
+        data={
+            "algo": algo_name,
+            "env": {"id": "CartPole-v1", "wrappers": ["mask_velocity"]},
+            "agent": {"sample_batch_size": 16, "batch_size": 32},
+            "model": {"network": ["linear:16", "tanh"], "recurrent": {"type": "lstm", "hidden": 8}},
+        }
+    )
+    learner = build_algorithm(cfg).make_learner(0, 1, seed=1)
+    torch.manual_seed(0)
+    with torch.no_grad():  # away from the near-uniform first policy: actions that vary with the inputs
+        for p in learner.net.parameters():
+            p.add_(torch.randn_like(p))
+    path = learner.export_policy(str(tmp_path))
+    meta = json.loads((tmp_path / "policy.json").read_text())
+    assert meta["recurrent"] == {"type": "lstm", "hidden": 8, "state_size": 16}
+    assert "state[B, 16]" in meta["signature"] and meta["observation_shape"] == [2]
+    rng = np.random.default_rng(0)
+    steps = [rng.normal(size=(3, 2)).astype(np.float32) * 2 for _ in range(6)]
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", PLAIN_TORCH_RECURRENT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        input=json.dumps([path, [o.tolist() for o in steps]]),
+    )
+    assert out.returncode == 0, out.stderr
+    plain = np.asarray(json.loads(out.stdout))
+    net, loaded = learner.net, load_policy(path)
+    assert loaded.state_size == 16
+    state, loaded_state = torch.zeros(3, net.state_size), torch.zeros(3, 16)
+    with torch.no_grad():
+        for t, obs in enumerate(steps):
+            params, _, _, state = net.step(torch.from_numpy(obs), state)
+            in_run = net.head.mode(params).numpy()
+            action, loaded_state = loaded(torch.from_numpy(obs), loaded_state)
+            np.testing.assert_array_equal(plain[t], in_run)
+            np.testing.assert_array_equal(action.numpy(), in_run)
+    assert len({tuple(a) for a in plain}) > 1  # the actions depend on the inputs (a live test)

@@ -31,7 +31,15 @@ Loss on a minibatch (advantages normalized per minibatch when
     loss    = L_clip + value_coef * L_value - entropy_coef * entropy
 
 ``epochs`` passes of shuffled minibatches of about ``agent.batch_size``
-rows, each step clipped to a global gradient norm. Gaussian policies (Box
+rows, each step clipped to a global gradient norm.
+
+Recurrent policies (``model.recurrent``): each actor keeps a state per env, zeroed at every
+episode start, and sends its rows env by env (each env's ``sample_batch_size`` steps in a
+row) with the state each step was acted from (``state``) and ``restart``: the step starts
+an episode or the rollout. The learner cuts its rows into sequences of ``sample_batch_size``,
+shuffles whole sequences into minibatches, and unrolls each from its first row's state,
+taking the stored state again at every restart (zeros at an episode start, the actor's at
+another env's rollout): truncated backpropagation through the rollout. Gaussian policies (Box
 actions) step the env with the sample clipped to the bounds and learn from
 the log-probability of the unclipped sample.
 """
@@ -51,6 +59,7 @@ from aiorl.algos.lib.actor_critic import (
     check_action_space,
     obs_norm_size,
 )
+from aiorl.algos.lib.checks import check_recurrent
 from aiorl.algos.lib.common import (
     ActorCriticLearner,
     as_tensor,
@@ -73,9 +82,10 @@ DEFAULT_NETWORK = ["linear:64", "tanh", "linear:64", "tanh"]
 # Logic: the loss
 
 
-def ppo_loss(net: ActorCritic, m: DPPOConfig, obs, action, old_logp, old_value, advantage, value_target):
-    """(loss, metrics tensors) of one minibatch; see the module docstring."""
-    params, value = net(obs)
+def ppo_loss(net: ActorCritic, m: DPPOConfig, obs, action, old_logp, old_value, advantage, value_target, outputs=None):
+    """(loss, metrics tensors) of one minibatch; see the module docstring. `outputs`: the
+    network's (parameters, values) of the rows, already computed (a recurrent unroll)."""
+    params, value = net(obs) if outputs is None else outputs
     logp = net.head.log_prob(params, action)
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
@@ -118,19 +128,37 @@ class PPOActor(ActorPolicy):
         self.gaussian = isinstance(self.net.head, GaussianHead)
         self.action_shape = algo.env_spec.action_space.shape
         self.rng = np.random.default_rng(seed)
-        self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.steps: list[tuple[np.ndarray, ...]] = []  # (action, log-prob, value[, state before, after])
+        self.recurrent = self.net.recurrent is not None
+        self.state: np.ndarray | None = None  # recurrent: per env, float32 [num_envs, state_size]
 
     def __repr__(self) -> str:
         return f"<PPOActor weights_version={self.weights_version} steps_held={len(self.steps)}>"
 
+    def begin_episodes(self, started: np.ndarray) -> None:
+        if self.state is not None:
+            self.state[started] = 0.0
+
     def act(self, obs: np.ndarray) -> np.ndarray:
-        if self.fast is not None:
+        if self.recurrent:
+            if self.state is None:
+                self.state = self.net.initial_state(len(obs))
+            before = self.state
+            with torch.inference_mode():
+                out = self.net.step(torch.as_tensor(obs), torch.as_tensor(before))
+            params, value, features = (t.numpy() for t in out[:3])
+            self.state = out[3].numpy().copy()
+            action, logp = self.net.head.sample(params, self.rng, features)
+            # The state after the step too (before an episode end zeroes it): V(final obs) reads it.
+            self.steps.append((action, logp, value, before, self.state.copy()))
+        elif self.fast is not None:
             params, value, features = self.fast.act(obs)
         else:
             with torch.inference_mode():
                 params, value, features = (t.numpy() for t in self.net.act(torch.as_tensor(obs)))
-        action, logp = self.net.head.sample(params, self.rng, features)
-        self.steps.append((action, logp, value))
+        if not self.recurrent:
+            action, logp = self.net.head.sample(params, self.rng, features)
+            self.steps.append((action, logp, value))
         if self.gaussian:
             return self.net.head.clip_to_bounds(action).reshape((len(obs),) + self.action_shape)
         return action
@@ -144,12 +172,17 @@ class PPOActor(ActorPolicy):
         action = np.stack([s[0] for s in self.steps])
         logp = np.stack([s[1] for s in self.steps])
         value = np.stack([s[2] for s in self.steps])
-        self.steps = []
         terminated, truncated, next_obs = rollout["terminated"], rollout["truncated"], rollout["next_obs"]
         # V of the observation after the rollout, and of every final observation a time limit cut.
         cut = np.argwhere(truncated & ~terminated)
         needed = np.concatenate([next_obs[T - 1], next_obs[cut[:, 0], cut[:, 1]]])
-        v_next = self.net.value(torch.as_tensor(needed)).numpy()
+        if self.recurrent:
+            before, after = np.stack([s[3] for s in self.steps]), np.stack([s[4] for s in self.steps])
+            states = np.concatenate([after[T - 1], after[cut[:, 0], cut[:, 1]]])
+            v_next = self.net.value_step(torch.as_tensor(needed), torch.as_tensor(states)).numpy()
+        else:
+            v_next = self.net.value(torch.as_tensor(needed)).numpy()
+        self.steps = []
         truncated_values = np.zeros((T, E), np.float32)
         truncated_values[cut[:, 0], cut[:, 1]] = v_next[E:]
         scaled = reward * np.float32(self.m.reward_scale) if self.m.reward_scale != 1.0 else reward
@@ -157,14 +190,23 @@ class PPOActor(ActorPolicy):
             scaled, value, v_next[:E], terminated, truncated, self.m.gamma, self.m.gae_lambda, truncated_values
         )
         n = T * E
-        return {
-            "obs": rollout["obs"].reshape((n,) + rollout["obs"].shape[2:]),
-            "action": action.reshape((n,) + action.shape[2:]),
-            "logp": logp.reshape(n),
-            "value": value.reshape(n),
-            "advantage": advantage.reshape(n),
-            "value_target": value_target.reshape(n),
-        }, None
+        rows = {
+            "obs": rollout["obs"],
+            "action": action,
+            "logp": logp,
+            "value": value,
+            "advantage": advantage,
+            "value_target": value_target,
+        }
+        if self.recurrent:
+            restart = np.ones((T, E), np.bool_)  # the rollout's first step, and every episode start
+            restart[1:] = terminated[:-1] | truncated[:-1]
+            rows.update(state=before, restart=restart)
+            # Env by env: each env's T steps are consecutive rows, a sequence the learner unrolls.
+            return {
+                k: np.ascontiguousarray(np.swapaxes(v, 0, 1)).reshape((n,) + v.shape[2:]) for k, v in rows.items()
+            }, None
+        return {k: v.reshape((n,) + v.shape[2:]) for k, v in rows.items()}, None
 
     def set_weights(self, weights, version):
         load_numpy_state(self.net, weights, "net")
@@ -192,6 +234,7 @@ class PPOLearner(ActorCriticLearner):
         self.join(self.params, [self.net], learner_index, num_learners, rendezvous)
         self.rng = np.random.default_rng(seed)
         self.minibatch = algo.cfg.agent.batch_size
+        self.sequence = algo.cfg.agent.sample_batch_size  # recurrent: rows unrolled together
         self.schedule = algo.cfg.agent.scheduled_timesteps if m.lr_annealing else None
 
     def step(self, batch):
@@ -212,11 +255,34 @@ class PPOLearner(ActorCriticLearner):
         advantage, value_target = as_tensor(batch["advantage"], dev), as_tensor(batch["value_target"], dev)
         sums: dict[str, float] = {}
         steps = 0
+        recurrent = self.net.recurrent is not None
+        if recurrent:
+            # Sequences of `sequence` consecutive rows ([k, L], -1: padding after the last row).
+            L = self.sequence
+            seqs = np.arange(-(-rows // L) * L).reshape(-1, L)
+            seqs[seqs >= rows] = -1
+            state = as_tensor(batch["state"], dev)
+            restart = as_tensor(batch["restart"], dev)
+        units = len(seqs) if recurrent else rows
         for _ in range(m.epochs):
-            for mb in np.array_split(self.rng.permutation(rows), num_minibatches):
+            for mb in np.array_split(self.rng.permutation(units), num_minibatches):
+                outputs = None
+                if recurrent:
+                    rows_mb = seqs[mb]
+                    valid = rows_mb >= 0
+                    mb = rows_mb[valid]  # the minibatch's rows, in the unroll's order
+                    outputs = self.unroll(obs, state, restart, rows_mb, valid)
                 idx = torch.as_tensor(mb, device=dev)
                 loss, metrics = ppo_loss(
-                    self.net, m, obs[idx], action[idx], old_logp[idx], old_value[idx], advantage[idx], value_target[idx]
+                    self.net,
+                    m,
+                    obs[idx],
+                    action[idx],
+                    old_logp[idx],
+                    old_value[idx],
+                    advantage[idx],
+                    value_target[idx],
+                    outputs,
                 )
                 norms = self.apply([("loss", loss, self.params, self.optimizer)])
                 if norms is None:
@@ -244,6 +310,15 @@ class PPOLearner(ActorCriticLearner):
             out["policy/log_std_mean"] = float(self.net.head.log_std.detach().mean())
         return LearnerResult(out)
 
+    def unroll(self, obs, state, restart, rows_mb: np.ndarray, valid: np.ndarray):
+        """(parameters, values) of the valid rows of sequences `rows_mb` [k, L], unrolled from each
+        sequence's first row's state, the stored state taken again at every restart."""
+        idx = torch.as_tensor(np.where(valid, rows_mb, 0), device=self.device)
+        stored = state[idx]  # [k, L, state_size]
+        params, values, _ = self.net.unroll(obs[idx], stored[:, 0], restart[idx], stored)
+        keep = torch.as_tensor(valid.reshape(-1), device=self.device)
+        return params[keep], values[keep]
+
     def state_dict(self):
         return {**super().state_dict(), "minibatch_rng": self.rng.bit_generator.state}
 
@@ -265,7 +340,7 @@ class DPPO(DPPOSettings, Algorithm):
         self.obs_norm = obs_norm_size(env_spec.observation_space, "model.obs_norm") if m.obs_norm else 0
         default = ["nature_cnn"] if is_image(env_spec.observation_space) else DEFAULT_NETWORK
         self.layers = parse_network(m.network or default, "model.network")
-        shapes_only(self.network)  # shape errors surface now
+        self.state_size = shapes_only(self.network).state_size  # shape errors surface now
 
     def network(self) -> ActorCritic:
         m = self.cfg.model
@@ -278,6 +353,7 @@ class DPPO(DPPOSettings, Algorithm):
             obs_norm_clip=m.obs_norm_clip,
             log_std_init=m.log_std_init,
             sde_sample_freq=m.sde_sample_freq if m.sde else None,
+            recurrent=check_recurrent(m.recurrent),
         )
 
     def weights_spec(self):
@@ -296,7 +372,14 @@ class DPPO(DPPOSettings, Algorithm):
             "value": ((), "<f4"),
             "advantage": ((), "<f4"),
             "value_target": ((), "<f4"),
+            **self.state_spec(),
         }
+
+    def state_spec(self):
+        """Recurrent: the state each row was acted from, and whether it restarts the unroll."""
+        if self.cfg.model.recurrent is None:
+            return {}
+        return {"state": ((self.state_size,), "<f4"), "restart": ((), "|b1")}
 
     def make_actor(self, actor_index, num_actors, seed):
         return PPOActor(self, seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiorl.algos.lib.checks import check_positive
+from aiorl.algos.lib.checks import check_positive, check_recurrent
 from aiorl.algos.lib.layers import parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.runtime.algorithm import AlgorithmSettings
@@ -19,6 +19,13 @@ class DPPOConfig:
         default_factory=list,
     )
     shared_torso: bool = doc("One torso for policy and value (else two of the same shape).", default=False)
+    recurrent: dict | None = doc(
+        "A recurrent policy: {type: lstm | gru, hidden: N} puts an LSTM or GRU cell of N units after "
+        "the torso (each torso); actors carry its state per env, reset at every episode start, and "
+        "learners unroll each env's rollout from its first step's state, in minibatches of whole "
+        "rollouts (null: feed-forward).",
+        default=None,
+    )
     gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
     gae_lambda: float = doc("GAE lambda, in [0, 1].", default=0.95)
     clip_ratio: float = doc("PPO clip epsilon: the ratio is clipped to [1 - eps, 1 + eps].", default=0.2)
@@ -105,6 +112,15 @@ class DPPOSettings(AlgorithmSettings):
                 "each rollout"
             )
         parse_network(m.network, "model.network")
+        if check_recurrent(m.recurrent) is not None:
+            if m.sde:
+                raise ConfigError("model.sde: not with model.recurrent (gSDE's noise reads feed-forward features)")
+            if a.batch_size < a.sample_batch_size:
+                raise ConfigError(
+                    f"agent.batch_size ({a.batch_size} rows per minibatch) must be at least "
+                    f"agent.sample_batch_size ({a.sample_batch_size}) with model.recurrent: a minibatch "
+                    "holds whole rollouts of one env"
+                )
 
 
 SETTINGS = DPPOSettings

@@ -30,6 +30,13 @@ bootstrapped from V(obs after the fragment). Loss on a batch of B fragments:
 
 RMSProp (or Adam), the global gradient norm clipped. Several learners
 average gradients through ``torch.distributed`` each step, as Ape-X does.
+
+Recurrent policies (``model.recurrent``): each actor keeps a state per env, zeroed when
+the env starts an episode, and sends with each step the state it acted from (field
+``state``, ``[T, state_size]`` per fragment). The learner unrolls the network over each
+fragment from its first step's state, zeroing it before every step that follows an
+episode end (terminated or truncated): truncated backpropagation through the fragment.
+V(obs after step t) reads the state after step t.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import torch
 
 from aiorl.algos.impala_config import ImpalaConfig, ImpalaSettings
 from aiorl.algos.lib.actor_critic import ActorCritic, GaussianHead, check_action_space
+from aiorl.algos.lib.checks import check_recurrent
 from aiorl.algos.lib.common import (
     ActorCriticLearner,
     as_tensor,
@@ -70,16 +78,31 @@ def behaviour_log_prob(net: ActorCritic, batch, action: torch.Tensor, device) ->
     return as_tensor(batch["behaviour_logp"], device).reshape(-1)
 
 
+def episode_starts(terminated: np.ndarray, truncated: np.ndarray) -> np.ndarray:
+    """[B, T] bool: step t > 0 starts an episode (step t - 1 ended one); step 0 is False (the
+    actor's state for it is already reset)."""
+    first = np.zeros(terminated.shape, np.bool_)
+    first[:, 1:] = terminated[:, :-1] | truncated[:, :-1]
+    return first
+
+
 def impala_loss(net: ActorCritic, m: ImpalaConfig, batch, device):
     """(loss, metrics) of one batch of fragments; see the module docstring."""
     obs = as_tensor(batch["obs"], device)
     B, T = obs.shape[:2]
-    params, values = net(obs.reshape((B * T,) + obs.shape[2:]))
+    terminated, truncated = np.asarray(batch["terminated"]), np.asarray(batch["truncated"])
+    after = None  # recurrent: the state after each step [B*T, state_size]
+    if net.recurrent is not None:
+        state0 = as_tensor(np.asarray(batch["state"])[:, 0], device)
+        first = torch.as_tensor(episode_starts(terminated, truncated), device=device)
+        params, values, after = net.unroll(obs, state0, first)
+        after = after.detach().reshape(B * T, -1)
+    else:
+        params, values = net(obs.reshape((B * T,) + obs.shape[2:]))
     action = as_tensor(batch["action"], device)
     action = action.reshape((B * T,) + action.shape[2:])
     logp = net.head.log_prob(params, action)
     entropy = net.head.entropy(params).mean()
-    terminated, truncated = np.asarray(batch["terminated"]), np.asarray(batch["truncated"])
     with torch.no_grad():
         log_rhos = (logp - behaviour_log_prob(net, batch, action, device)).reshape(B, T)
         # V of the observation after each fragment, and of every final observation a time limit cut.
@@ -89,7 +112,10 @@ def impala_loss(net: ActorCritic, m: ImpalaConfig, batch, device):
         next_obs = np.asarray(batch["next_obs"])
         next_obs = next_obs.reshape((B * T,) + next_obs.shape[2:])[flat]
         v_next = np.zeros(B * T, np.float32)
-        v_next[flat] = net.value(as_tensor(next_obs, device)).cpu().numpy()
+        if after is None:
+            v_next[flat] = net.value(as_tensor(next_obs, device)).cpu().numpy()
+        else:
+            v_next[flat] = net.value_step(as_tensor(next_obs, device), after[flat]).cpu().numpy()
         v_next = v_next.reshape(B, T)
         values_np = values.detach().reshape(B, T).cpu().numpy()
     reward = np.asarray(batch["reward"])
@@ -146,19 +172,33 @@ class ImpalaActor(ActorPolicy):
         self.gaussian = isinstance(self.net.head, GaussianHead)
         self.action_shape = algo.env_spec.action_space.shape
         self.rng = np.random.default_rng(seed)
-        self.steps: list[tuple[np.ndarray, np.ndarray]] = []  # (action, logits or log-prob) per step
+        self.steps: list[tuple[np.ndarray, ...]] = []  # (action, logits or log-prob[, state]) per step
+        self.recurrent = self.net.recurrent is not None
+        self.state: np.ndarray | None = None  # recurrent: per env, float32 [num_envs, state_size]
 
     def __repr__(self) -> str:
         return f"<ImpalaActor weights_version={self.weights_version} steps_held={len(self.steps)}>"
 
+    def begin_episodes(self, started: np.ndarray) -> None:
+        if self.state is not None:
+            self.state[started] = 0.0
+
     def act(self, obs: np.ndarray) -> np.ndarray:
-        if self.fast is not None:
+        if self.recurrent:
+            if self.state is None:
+                self.state = self.net.initial_state(len(obs))
+            before = self.state
+            with torch.inference_mode():
+                params, _, _, state = self.net.step(torch.as_tensor(obs), torch.as_tensor(before))
+            params, self.state = params.numpy(), state.numpy().copy()
+        elif self.fast is not None:
             params = self.fast.policy_params(obs)
         else:
             with torch.inference_mode():
                 params = self.net.policy_params(torch.as_tensor(obs)).numpy()
         action, logp = self.net.head.sample(params, self.rng)
-        self.steps.append((action, logp if self.gaussian else params))
+        step = (action, logp if self.gaussian else params)
+        self.steps.append(step + (before,) if self.recurrent else step)
         if self.gaussian:
             return self.net.head.clip_to_bounds(action).reshape((len(obs),) + self.action_shape)
         return action
@@ -177,6 +217,8 @@ class ImpalaActor(ActorPolicy):
             "truncated": rollout["truncated"],
             ("behaviour_logp" if self.gaussian else "behaviour_logits"): np.stack([s[1] for s in self.steps]),
         }
+        if self.recurrent:  # the state each step was acted from; the learner unrolls from step 0's
+            time_major["state"] = np.stack([s[2] for s in self.steps])
         self.steps = []
         # [T, E, ...] -> [E, T, ...]: row e is env e's fragment, contiguous.
         return {name: np.ascontiguousarray(np.swapaxes(x, 0, 1)) for name, x in time_major.items()}, None
@@ -240,7 +282,7 @@ class Impala(ImpalaSettings, Algorithm):
         check_action_space(env_spec.action_space, self.name)
         default = ["nature_cnn"] if is_image(env_spec.observation_space) else DEFAULT_NETWORK
         self.layers = parse_network(cfg.model.network or default, "model.network")
-        shapes_only(self.network)  # shape errors surface now
+        self.state_size = shapes_only(self.network).state_size  # shape errors surface now
 
     def network(self) -> ActorCritic:
         m = self.cfg.model
@@ -250,6 +292,7 @@ class Impala(ImpalaSettings, Algorithm):
             self.layers,
             shared=m.shared_torso,
             log_std_init=m.log_std_init,
+            recurrent=check_recurrent(m.recurrent),
         )
 
     def weights_spec(self):
@@ -271,7 +314,14 @@ class Impala(ImpalaSettings, Algorithm):
             "terminated": ((), "|b1"),
             "truncated": ((), "|b1"),
             **behaviour,
+            **self.state_spec(),
         }
+
+    def state_spec(self):
+        """Recurrent: ``state`` (float32 [state_size]), the state each step was acted from."""
+        if self.cfg.model.recurrent is None:
+            return {}
+        return {"state": ((self.state_size,), "<f4")}
 
     def make_actor(self, actor_index, num_actors, seed):
         return ImpalaActor(self, seed)

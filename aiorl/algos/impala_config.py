@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiorl.algos.lib.checks import check_positive
+from aiorl.algos.lib.checks import check_positive, check_recurrent
 from aiorl.algos.lib.layers import parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.replay.trajectory_queue import FULL_POLICIES, QueueSpec
@@ -23,6 +23,12 @@ class ImpalaConfig:
         default_factory=list,
     )
     shared_torso: bool = doc("One torso for policy and value (else two of the same shape).", default=False)
+    recurrent: dict | None = doc(
+        "A recurrent policy: {type: lstm | gru, hidden: N} puts an LSTM or GRU cell of N units after "
+        "the torso (each torso); actors carry its state per env, reset at every episode start, and "
+        "learners unroll each fragment from its first step's state (null: feed-forward).",
+        default=None,
+    )
     gamma: float = doc("Discount per env step, in (0, 1].", default=0.99)
     rho_bar: float = doc("V-trace: importance weights in the value targets clipped to this (.inf: off).", default=1.0)
     c_bar: float = doc("V-trace: trace-cutting weights clipped to this (.inf: off).", default=1.0)
@@ -148,6 +154,7 @@ class ImpalaSettings(AlgorithmSettings):
                 "queue is governed by model.queue_full and model.max_policy_lag"
             )
         parse_network(m.network, "model.network")
+        check_recurrent(m.recurrent)
 
 
 SETTINGS = ImpalaSettings

@@ -18,9 +18,11 @@ BACKENDS = ("gymnasium", "ale_vector")
 def check_env_config(env_cfg: EnvConfig) -> None:
     """Config-time checks of env.wrappers, env.preset, env.preset_options and env.backend."""
     if env_cfg.wrappers:
-        from aiorl.envs.wrappers import parse_wrappers  # gymnasium
+        from aiorl.envs.mask_velocity import check_mask_velocity  # gymnasium
+        from aiorl.envs.wrappers import parse_wrappers, wrapper_names
 
         parse_wrappers(env_cfg.wrappers)
+        check_mask_velocity(env_cfg.id, wrapper_names(env_cfg.wrappers))
     if env_cfg.preset is not None and env_cfg.preset not in PRESETS:
         raise ConfigError(f"env.preset: expected one of {', '.join(PRESETS)} (or null), got {env_cfg.preset!r}")
     if env_cfg.backend not in BACKENDS:

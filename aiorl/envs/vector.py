@@ -105,7 +105,14 @@ class EnvRunner:
         self.finished_lengths: list[int] = []
         self.env_steps = 0
 
-    def rollout(self, act: Callable[[np.ndarray], np.ndarray], steps: int) -> dict[str, np.ndarray]:
+    def rollout(
+        self,
+        act: Callable[[np.ndarray], np.ndarray],
+        steps: int,
+        begin: Callable[[np.ndarray], None] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """`steps` steps of every env; `begin` (optional) hears which envs were reset after a step
+        (bool [num_envs]) before the next `act`: a recurrent policy resets their state."""
         n = len(self.obs)
         frames = self.frames
         if frames is None:
@@ -139,6 +146,10 @@ class EnvRunner:
                         self.refs[i] = next_buf[t, i]
             if frames is not None:
                 frames.note_current(self.refs)
+            if begin is not None and reset_obs:
+                started = np.zeros(n, np.bool_)
+                started[list(reset_obs)] = True
+                begin(started)
             for ret, length in games:
                 self.finished_returns.append(ret)
                 self.finished_lengths.append(length)

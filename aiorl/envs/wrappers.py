@@ -11,8 +11,9 @@ from a name to its keyword arguments::
       - RecordEpisodeStatistics
 
 Names are the Gymnasium wrappers (`gymnasium.wrappers`) plus aiorl's own
-(`EpisodicLife`). Everything is checked when the config loads: an unknown
-name or a keyword the wrapper does not take is one error naming the item
+(`EpisodicLife`; `mask_velocity`, which removes the velocity entries of CartPole, Pendulum,
+MountainCar and LunarLander observations: `aiorl.envs.mask_velocity`). Everything is checked when the config
+loads: an unknown name or a keyword the wrapper does not take is one error naming the item
 (``env.wrappers[1].FrameStackObservation``). The wrappers apply in training
 and in `aiorl eval` alike; the preset's training-only parts (reward
 clipping, life loss) are the preset's business.
@@ -27,10 +28,12 @@ import gymnasium as gym
 from aiorl.config import ConfigError
 from aiorl.core.suggest import did_you_mean
 from aiorl.envs import atari
+from aiorl.envs.mask_velocity import NAME as MASK_VELOCITY
+from aiorl.envs.mask_velocity import MaskVelocity
 
 
 def _aiorl_wrappers() -> dict[str, type]:
-    return {"EpisodicLife": atari.EpisodicLife}
+    return {"EpisodicLife": atari.EpisodicLife, MASK_VELOCITY: MaskVelocity}
 
 
 def wrapper_class(name: str, where: str) -> type:
@@ -48,7 +51,9 @@ def wrapper_class(name: str, where: str) -> type:
         if isinstance(cls, type) and issubclass(cls, gym.Wrapper):
             return cls
     hint = did_you_mean(name, names + list(own))
-    raise ConfigError(f"{where}: unknown wrapper {name!r}{hint} (the names in gymnasium.wrappers, and EpisodicLife)")
+    raise ConfigError(
+        f"{where}: unknown wrapper {name!r}{hint} (the names in gymnasium.wrappers, EpisodicLife and mask_velocity)"
+    )
 
 
 def _split(item, where: str) -> tuple[str, dict]:

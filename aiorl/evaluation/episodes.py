@@ -1,4 +1,9 @@
-"""Greedy episodes of a policy: one after another (video, progress) or side by side."""
+"""Greedy episodes of a policy: one after another (video, progress) or side by side.
+
+A recurrent policy (one with a ``state_size``: an exported program `aiorl.io.export` loaded,
+or `aiorl.algos.lib.actor_critic.RecurrentPolicy`) is called ``(obs, state) -> (action, state)``;
+each episode's state starts at zeros and is carried step to step.
+"""
 
 from __future__ import annotations
 
@@ -27,12 +32,18 @@ def run_episodes(
     returns, lengths = [], []
     try:
         discrete = hasattr(env.action_space, "n")
+        state_size = getattr(policy, "state_size", 0)
         for k in range(episodes):
             obs, _ = env.reset(seed=seed + k)
             total, length, done = 0.0, 0, False
+            state = torch.zeros(1, state_size)
             while not done:
                 with torch.no_grad():
-                    action = policy(torch.as_tensor(np.asarray(obs)[None]))[0].numpy()
+                    if state_size:
+                        action, state = policy(torch.as_tensor(np.asarray(obs)[None]), state)
+                    else:
+                        action = policy(torch.as_tensor(np.asarray(obs)[None]))
+                    action = action[0].numpy()
                 action = int(action) if discrete else action.reshape(env.action_space.shape)
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
@@ -64,11 +75,18 @@ def run_episodes_together(policy, env_cfg: EnvConfig, episodes: int, seed: int, 
         obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]
         returns, lengths = [0.0] * episodes, [0] * episodes
         running = list(range(episodes))
+        state_size = getattr(policy, "state_size", 0)
+        states = torch.zeros(episodes, state_size)  # a recurrent policy's, per episode
         while running:
             if stop is not None and stop.is_set():
                 return None
             with torch.no_grad():
-                actions = policy(torch.as_tensor(np.stack([obs[k] for k in running]))).numpy()
+                batch = torch.as_tensor(np.stack([obs[k] for k in running]))
+                if state_size:
+                    actions, states[running] = policy(batch, states[running])
+                else:
+                    actions = policy(batch)
+                actions = actions.numpy()
             still = []
             for k, action in zip(running, actions):
                 action = int(action) if discrete else action.reshape(envs[k].action_space.shape)

@@ -33,7 +33,7 @@ from aiorl.config import Config
 from aiorl.evaluation.episodes import run_episodes_together
 from aiorl.evaluation.options import cpu_learner
 from aiorl.experiment.loading import load_config
-from aiorl.io.export import example_observations, save_policy
+from aiorl.io.export import example_inputs, save_policy
 from aiorl.runtime.evaluator import BEST_DIR, eval_seed
 
 
@@ -141,9 +141,9 @@ def _warm_export(policy, meta: dict) -> None:
     the later ones (0.3 s of CPU where torch._dynamo is imported, 2 s where it is not)."""
     import torch
 
-    batch = torch.export.Dim("batch", min=1)
+    inputs, dynamic = example_inputs(meta)
     with torch.no_grad():
-        torch.export.export(policy, (example_observations(meta),), dynamic_shapes=({0: batch},))
+        torch.export.export(policy, inputs, dynamic_shapes=dynamic)
 
 
 def main(argv=None) -> int:

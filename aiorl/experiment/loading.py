@@ -8,6 +8,7 @@ the runtime takes from there.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             "(e.g. `algo: apex_dqn`; `aiorl config ALGO` prints a full config)"
         )
     settings = algos.get_settings(cfg.algo)  # the algorithm owns the model section
+    _check_recurrent_supported(cfg.algo, settings, model_raw)
     cfg.model = coerce(model_raw, settings.model_config, "model")
     cfg.bind_algorithm(functools.partial(algos.get_algorithm, cfg.algo))
     check_config(cfg)
@@ -53,6 +55,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         check_synchronous(cfg)
     check_deterministic(cfg, synchronous)
     return cfg
+
+
+def _check_recurrent_supported(name: str, settings, model_raw) -> None:
+    """``model.recurrent`` for an algorithm without recurrent policies: one line saying which have them."""
+    if not isinstance(model_raw, dict) or model_raw.get("recurrent") is None:
+        return
+    if _has_recurrent(settings):
+        return
+    supported = [n for n in algos.available_algorithms() if _has_recurrent(algos.get_settings(n))]
+    raise ConfigError(
+        f"model.recurrent: {name} has no recurrent policies, got {model_raw['recurrent']!r} "
+        f"(expected null, or an algorithm that has them: {', '.join(supported)})"
+    )
+
+
+def _has_recurrent(settings) -> bool:
+    model = settings.model_config
+    return dataclasses.is_dataclass(model) and "recurrent" in {f.name for f in dataclasses.fields(model)}
 
 
 def check_config(cfg: Config) -> None:

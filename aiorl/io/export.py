@@ -11,6 +11,16 @@ plain torch, without aiorl or the network's Python classes::
 ``policy.json`` beside it records the algorithm, env, observation shape and
 dtype, the action space and the batch signature.
 
+A recurrent policy (``model.recurrent``; ``policy.json`` has ``recurrent: {type, hidden,
+state_size}``) takes and returns its state, float32 ``[B, state_size]``, zeros at each
+episode's start::
+
+    state = torch.zeros(1, meta["recurrent"]["state_size"])
+    action, state = policy(torch.as_tensor(obs[None]), state)
+
+`load_policy_file` gives such a program a ``state_size`` attribute; `aiorl eval`, evaluation
+during training and ``--video`` carry the state per episode.
+
 Runs written before aiorl moved to `torch.export` (TorchScript is deprecated
 in torch 2.13) hold ``policy.pt`` instead; `aiorl eval` still loads those
 (`load_policy_file`), with one line saying so.
@@ -54,6 +64,19 @@ def example_observations(meta: dict):
     return torch.from_numpy(np.zeros((2, *meta["observation_shape"]), dtype))
 
 
+def example_inputs(meta: dict) -> tuple[tuple, tuple]:
+    """(example inputs, dynamic shapes) torch.export traces a policy of `meta` with: observations,
+    and for a recurrent policy its state, every batch dimension dynamic."""
+    import torch
+
+    batch = torch.export.Dim("batch", min=1)
+    obs = example_observations(meta)
+    recurrent = meta.get("recurrent")
+    if not recurrent:
+        return (obs,), ({0: batch},)
+    return (obs, torch.zeros(len(obs), int(recurrent["state_size"]))), ({0: batch}, {0: batch})
+
+
 def save_policy(module, directory: str | Path, meta: dict) -> str:
     """Export `module` (obs batch -> action batch, on the CPU) to DIRECTORY/policy.pt2 with policy.json.
 
@@ -71,9 +94,9 @@ def save_policy(module, directory: str | Path, meta: dict) -> str:
     # A frozen copy: the loaded program's outputs need no .detach(), and the caller's module
     # (maybe the learner's live network) keeps its mode and gradients.
     module = copy.deepcopy(module).eval().requires_grad_(False)
-    batch = torch.export.Dim("batch", min=1)
+    inputs, dynamic = example_inputs(meta)
     with torch.no_grad():
-        program = torch.export.export(module, (example_observations(meta),), dynamic_shapes=({0: batch},))
+        program = torch.export.export(module, inputs, dynamic_shapes=dynamic)
     path = root / POLICY_FILE
     tmp = root / f".policy-{os.getpid()}.tmp.pt2"  # torch.export.save wants the .pt2 suffix
     torch.export.save(program, str(tmp))
@@ -125,12 +148,16 @@ def load_policy_file(path: str | Path):
                 raise PolicyFileError(f"{path} is not a torch.export policy ({exc})") from None
             raise PolicyFileError(f"{path} is refused, nothing of it was run: {exc}") from None
         try:
-            return torch.export.load(str(path)).module()
+            program = torch.export.load(str(path)).module()
         except Exception as exc:  # a torn, foreign or garbage file: torch raises many types
             raise PolicyFileError(
                 f"{path} is not a torch.export policy ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'})"
             ) from None
+        recurrent = (read_meta(path) or {}).get("recurrent")
+        if isinstance(recurrent, dict) and isinstance(recurrent.get("state_size"), int):
+            program.state_size = recurrent["state_size"]  # (obs, state) -> (action, state)
+        return program
     log.info("%s is a TorchScript policy from an older aiorl run; loading it with torch.jit.load", path)
     try:
         with warnings.catch_warnings():

@@ -303,7 +303,9 @@ class ActorRole(Role):
         }
 
     async def _rollout(self):
-        rollout = await self.offload(self.runner.rollout, self.policy.act, self.cfg.agent.sample_batch_size)
+        rollout = await self.offload(
+            self.runner.rollout, self.policy.act, self.cfg.agent.sample_batch_size, self.policy.begin_episodes
+        )
         returns, lengths = self.runner.pop_episodes()
         self.episode_returns.extend(returns)
         self.episode_lengths.extend(lengths)

@@ -92,6 +92,10 @@ class ActorPolicy:
     def act(self, obs: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def begin_episodes(self, started: np.ndarray) -> None:
+        """Envs ``started`` (bool [num_envs]) were just reset: their next `act` is an episode's
+        first step (a recurrent policy zeroes their state). Called after a step where any env ended."""
+
     def postprocess(self, rollout: Batch) -> tuple[Batch, np.ndarray | None]:
         """Turn a ``[T, num_envs, ...]`` rollout into replay rows and optional priorities."""
         raise NotImplementedError

@@ -8,8 +8,8 @@ MUTANTS = [
     dict(
         name="dppo-checks-shapes-on-a-real-network",
         path="aiorl/algos/dppo.py",
-        old="        shapes_only(self.network)  # shape errors surface now\n",
-        new="        self.network()  # shape errors surface now\n",
+        old="        self.state_size = shapes_only(self.network).state_size  # shape errors surface now\n",
+        new="        self.state_size = self.network().state_size  # shape errors surface now\n",
         tests=[T + "[dppo_cartpole.yaml]"],
     ),
     dict(

@@ -5,8 +5,8 @@ MUTANTS = [
     dict(
         name="export-static-batch",
         path="aiorl/io/export.py",
-        old="dynamic_shapes=({0: batch},)",
-        new="dynamic_shapes=None",
+        old="        return (obs,), ({0: batch},)",
+        new="        return (obs,), None",
         tests=["tests/test_export.py::test_every_algorithms_exported_policy_loads_with_plain_torch_and_no_aiorl"],
     ),
     dict(

@@ -16,9 +16,15 @@ lists as Ape-X (see `aiorl/algos/lib/networks.py`).
   torso (separate by default, one shared torso with ``shared=True``), the
   policy head and a scalar value head. ``critic=False`` drops the value side
   (ES).
+- `RecurrentCore` (``model.recurrent``): an LSTM or GRU cell after a torso. With it the
+  network is recurrent: `ActorCritic.step` takes and returns the recurrent state of each
+  row (one flat float32 vector, see `RecurrentCore`), `ActorCritic.unroll` runs a batch of
+  fragments ``[B, T]`` from their first step's state, zeroing the state before every step
+  that starts an episode (truncated backpropagation through the fragment).
 - `DeterministicPolicy`: the exported acting policy, greedy (argmax) for
   Categorical, the mean clipped to the bounds for Gaussian. Exported with
-  `torch.export`, so it loads with plain `torch.export.load`.
+  `torch.export`, so it loads with plain `torch.export.load`. `RecurrentPolicy`: the
+  same for a recurrent network, ``(obs, state) -> (action, next state)``.
 
 Initialization follows the PPO implementations that work out of the box
 (CleanRL, SB3): orthogonal weights, gain sqrt(2) in the torsos, 0.01 for the
@@ -298,6 +304,30 @@ def make_head(
 
 
 # --------------------------------------------------------------------------
+# Recurrent core
+
+
+class RecurrentCore(nn.Module):
+    """An LSTM or GRU cell over a torso's features. Its state travels as one flat float32 vector
+    per row, ``state_size`` wide: ``[h | c]`` for an LSTM (2 x hidden), ``h`` for a GRU."""
+
+    def __init__(self, kind: str, features: int, hidden: int):
+        super().__init__()
+        self.kind, self.hidden = kind, hidden
+        self.cell = nn.LSTMCell(features, hidden) if kind == "lstm" else nn.GRUCell(features, hidden)
+        self.state_size = 2 * hidden if kind == "lstm" else hidden
+        self.features = hidden
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output [B, hidden], next state [B, state_size]) of one step."""
+        if self.kind == "lstm":
+            h, c = self.cell(x, (state[:, : self.hidden], state[:, self.hidden :]))
+            return h, torch.cat([h, c], dim=1)
+        h = self.cell(x, state)
+        return h, h
+
+
+# --------------------------------------------------------------------------
 # Actor-critic
 
 
@@ -305,6 +335,8 @@ class ActorCritic(nn.Module):
     """normalizer -> policy torso -> head, and normalizer -> value torso -> V(s).
 
     ``shared=True`` uses one torso for both; ``critic=False`` has no value side.
+    ``recurrent=(type, hidden)`` puts a `RecurrentCore` after each torso (the value side has
+    its own unless shared); the row's state is the policy core's then the value core's.
     """
 
     def __init__(
@@ -320,15 +352,27 @@ class ActorCritic(nn.Module):
         log_std_init: float = 0.0,
         learn_std: bool = True,
         sde_sample_freq: int | None = None,
+        recurrent: tuple[str, int] | None = None,
     ):
         super().__init__()
         self.normalizer = ObsNormalizer(obs_norm, obs_norm_clip, std_floor=obs_norm_std_floor)
         self.pi_torso = Torso(obs_space, layers)
         self.v_torso = Torso(obs_space, layers) if critic and not shared else None
-        self.head = make_head(self.pi_torso.features, action_space, log_std_init, learn_std, sde_sample_freq)
+        self.recurrent = recurrent
+        self.pi_core = self.v_core = None
+        pi_features = self.pi_torso.features
+        v_features = pi_features if self.v_torso is None else self.v_torso.features
+        if recurrent is not None:
+            kind, hidden = recurrent
+            self.pi_core = RecurrentCore(kind, pi_features, hidden)
+            pi_features = hidden
+            if self.v_torso is not None:
+                self.v_core = RecurrentCore(kind, v_features, hidden)
+            v_features = hidden
+        self.state_size = sum(c.state_size for c in (self.pi_core, self.v_core) if c is not None)
+        self.head = make_head(pi_features, action_space, log_std_init, learn_std, sde_sample_freq)
         self.value_head = None
         if critic:
-            v_features = self.pi_torso.features if self.v_torso is None else self.v_torso.features
             self.value_head = nn.Linear(v_features, 1)
             orthogonal_init(self.value_head, 1.0)
         orthogonal_init(self.pi_torso, math.sqrt(2))
@@ -355,6 +399,68 @@ class ActorCritic(nn.Module):
         features = self.pi_torso(x) if self.v_torso is None else self.v_torso(x)
         return self.value_head(features).squeeze(1)
 
+    # Recurrent networks: the same, with a state per row.
+
+    def initial_state(self, rows: int) -> np.ndarray:
+        """The state at an episode's start: zeros, float32 [rows, state_size]."""
+        return np.zeros((rows, self.state_size), np.float32)
+
+    def step(self, obs: torch.Tensor, state: torch.Tensor):
+        """(distribution parameters, V(s) or None, the policy's features, next state) of one step."""
+        x = self.normalizer(obs)
+        split = self.pi_core.state_size
+        pi_features, pi_state = self.pi_core(self.pi_torso(x), state[:, :split])
+        params = self.head(pi_features)
+        if self.value_head is None:
+            return params, None, pi_features, pi_state
+        if self.v_core is None:
+            return params, self.value_head(pi_features).squeeze(1), pi_features, pi_state
+        v_features, v_state = self.v_core(self.v_torso(x), state[:, split:])
+        value = self.value_head(v_features).squeeze(1)
+        return params, value, pi_features, torch.cat([pi_state, v_state], dim=1)
+
+    def unroll(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor, stored: torch.Tensor | None = None):
+        """Fragments ``obs [B, T, ...]`` from their first step's state ``[B, state_size]``;
+        ``first [B, T]`` (bool) marks the steps that start an episode, before which the state
+        is zeroed (step 0's state is the actor's, already reset if its episode starts there).
+        With ``stored [B, T, state_size]`` (the states the actor acted from), a marked step takes
+        its stored state instead: zeros at an episode start, the actor's at a sequence's start.
+
+        Returns (parameters [B*T, ...], V [B*T], the state after each step [B, T, state_size]):
+        the last is what a bootstrap value of the observation after step t needs.
+        """
+        B, T = obs.shape[:2]
+        mark = first.unsqueeze(2)  # [B, T, 1]
+        # The torsos and heads see every step at once; only the cells step through time.
+        x = self.normalizer(obs.reshape((B * T,) + obs.shape[2:]))
+        pi_in = self.pi_torso(x).reshape(B, T, -1)
+        v_in = self.v_torso(x).reshape(B, T, -1) if self.v_core is not None else None
+        split = self.pi_core.state_size
+        pi_out, v_out, after = [], [], []
+        for t in range(T):
+            if t > 0:
+                state = torch.where(mark[:, t], torch.zeros_like(state) if stored is None else stored[:, t], state)
+            h, pi_state = self.pi_core(pi_in[:, t], state[:, :split])
+            pi_out.append(h)
+            if v_in is not None:
+                hv, v_state = self.v_core(v_in[:, t], state[:, split:])
+                v_out.append(hv)
+                state = torch.cat([pi_state, v_state], dim=1)
+            else:
+                state = pi_state
+            after.append(state)
+        pi_features = torch.stack(pi_out, dim=1).reshape(B * T, -1)
+        params = self.head(pi_features)
+        values = None
+        if self.value_head is not None:
+            v_features = pi_features if v_in is None else torch.stack(v_out, dim=1).reshape(B * T, -1)
+            values = self.value_head(v_features).squeeze(1)
+        return params, values, torch.stack(after, dim=1)
+
+    def value_step(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """V of `obs` seen with `state` (the state after the step before it)."""
+        return self.step(obs, state)[1]
+
 
 class DeterministicPolicy(nn.Module):
     """Exported policy: observations -> argmax action (int64 [B]) or clipped mean (float32 [B, dim])."""
@@ -369,8 +475,31 @@ class DeterministicPolicy(nn.Module):
         return self.head.mode(self.head(self.torso(self.normalizer(obs))))
 
 
-def policy_meta(algo_name: str, env_spec, learner_steps: int, **extra) -> dict:
-    """The JSON description exported beside ``policy.pt2``."""
+class RecurrentPolicy(nn.Module):
+    """Exported recurrent policy: ``(obs [B, ...], state float32 [B, state_size]) -> (action,
+    next state)``, the action as `DeterministicPolicy`'s; the state is zeros at an episode's start."""
+
+    def __init__(self, net: ActorCritic):
+        super().__init__()
+        self.normalizer = net.normalizer
+        self.torso = net.pi_torso
+        self.core = net.pi_core
+        self.head = net.head
+        self.state_size = net.pi_core.state_size
+
+    def forward(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features, state = self.core(self.torso(self.normalizer(obs)), state)
+        return self.head.mode(self.head(features)), state
+
+
+def acting_module(net: ActorCritic) -> nn.Module:
+    """The exported policy of `net`: `RecurrentPolicy` or `DeterministicPolicy`."""
+    return RecurrentPolicy(net) if net.recurrent is not None else DeterministicPolicy(net)
+
+
+def policy_meta(algo_name: str, env_spec, learner_steps: int, recurrent: dict | None = None, **extra) -> dict:
+    """The JSON description exported beside ``policy.pt2``; `recurrent`: ``{"type", "hidden",
+    "state_size"}`` of a recurrent policy (its signature takes and returns the state)."""
     obs_space, action_space = env_spec.observation_space, env_spec.action_space
     if isinstance(action_space, gym.spaces.Discrete):
         action = {"kind": "discrete", "n": int(action_space.n)}
@@ -383,6 +512,13 @@ def policy_meta(algo_name: str, env_spec, learner_steps: int, **extra) -> dict:
             "high": action_space.high.reshape(-1).tolist(),
         }
         signature = "obs[B, *observation_shape] -> float32 actions[B, prod(action_shape)] (mean, clipped)"
+    if recurrent is not None:
+        extra["recurrent"] = recurrent
+        inputs, outputs = signature.split(" -> ")
+        signature = (
+            f"({inputs}, float32 state[B, {recurrent['state_size']}]) -> ({outputs}, float32 state[B, "
+            f"{recurrent['state_size']}]); state zeros at each episode start"
+        )
     return {
         "algo": algo_name,
         "env_id": env_spec.id,

@@ -30,3 +30,21 @@ def check_common(model, key: str = "model") -> None:
 def check_positive(value: float, key: str) -> None:
     if not value > 0:
         raise ConfigError(f"{key}: must be > 0, got {value}")
+
+
+RECURRENT_TYPES = ("lstm", "gru")
+
+
+def check_recurrent(recurrent) -> tuple[str, int] | None:
+    """``model.recurrent`` ({type: lstm | gru, hidden: N} or null) as (type, hidden); ConfigError
+    naming the value and what was expected."""
+    if recurrent is None:
+        return None
+    if not isinstance(recurrent, dict) or set(recurrent) - {"type", "hidden"} or "type" not in recurrent:
+        raise ConfigError(f"model.recurrent: expected {{type: lstm | gru, hidden: N}} (or null), got {recurrent!r}")
+    kind, hidden = recurrent["type"], recurrent.get("hidden", 64)
+    if kind not in RECURRENT_TYPES:
+        raise ConfigError(f"model.recurrent.type: expected 'lstm' or 'gru', got {kind!r}")
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
+        raise ConfigError(f"model.recurrent.hidden: expected an integer > 0 (the state's width), got {hidden!r}")
+    return kind, hidden

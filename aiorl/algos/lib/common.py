@@ -439,11 +439,20 @@ class ActorCriticLearner(ApexLearner):
         self.env_steps_trained = int(state["env_steps_trained"])
 
     def acting_policy(self):
-        from aiorl.algos.lib.actor_critic import DeterministicPolicy, policy_meta
+        from aiorl.algos.lib.actor_critic import acting_module, policy_meta
 
-        policy = DeterministicPolicy(copy.deepcopy(self.net).cpu())
+        net = copy.deepcopy(self.net).cpu()
+        policy = acting_module(net)
+        recurrent = None
+        if net.recurrent is not None:
+            kind, hidden = net.recurrent
+            recurrent = {"type": kind, "hidden": hidden, "state_size": policy.state_size}
         return policy, policy_meta(
-            self.algo.name, self.algo.env_spec, self.iterations, env_steps_trained=self.env_steps_trained
+            self.algo.name,
+            self.algo.env_spec,
+            self.iterations,
+            recurrent=recurrent,
+            env_steps_trained=self.env_steps_trained,
         )
 
 

@@ -229,7 +229,10 @@ def probe_observations(space, rows: int = 8, seed: int = 0) -> np.ndarray:
 
 def compile_numpy(module: nn.Module, probe: np.ndarray | None = None) -> NumpyForward | NumpyActorCritic | None:
     """A numpy forward of `module` (an `ActorCritic`: of its `act`), checked on `probe`
-    observations; None where a layer has no numpy step (the caller acts through torch)."""
+    observations; None where a layer has no numpy step (the caller acts through torch), and
+    for a recurrent network (its LSTM or GRU cell runs through torch)."""
+    if getattr(module, "recurrent", None) is not None:
+        return None
     try:
         forward = NumpyActorCritic(module) if isinstance(module, ActorCritic) else NumpyForward(module)
     except NotCompilable:

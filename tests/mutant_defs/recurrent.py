@@ -1,0 +1,127 @@
+"""Mutants of issue #26, first half (recurrent policies for IMPALA and DPPO; mask_velocity).
+
+Each is a plausible bug in the code written for it; the tests named here must fail on it.
+Run them with `.venv/bin/python tests/mutants.py --only recurrent`.
+"""
+
+REC = "tests/test_recurrent.py"
+MASK = "tests/test_mask_velocity.py"
+EXPORT = "tests/test_export.py::test_a_recurrent_export_takes_and_returns_the_state_in_plain_torch"
+
+MUTANTS = [
+    # ------------------------------------------------------------------ the reset mask
+    dict(
+        name="actor_does_not_reset_the_state_at_an_episode_start",
+        path="aiorl/algos/impala.py",
+        old="            self.state[started] = 0.0",
+        new="            pass",
+        tests=[REC],
+    ),
+    dict(
+        name="runner_never_says_which_envs_started",
+        path="aiorl/envs/vector.py",
+        old="                begin(started)",
+        new="                pass",
+        tests=[REC],
+    ),
+    dict(
+        name="learner_mask_off_by_one_step",
+        path="aiorl/algos/impala.py",
+        old="    first[:, 1:] = terminated[:, :-1] | truncated[:, :-1]",
+        new="    first[:, 1:] = terminated[:, 1:] | truncated[:, 1:]",
+        tests=[REC],
+    ),
+    dict(
+        name="learner_mask_ignores_truncation",
+        path="aiorl/algos/impala.py",
+        old="    first[:, 1:] = terminated[:, :-1] | truncated[:, :-1]",
+        new="    first[:, 1:] = terminated[:, :-1]",
+        tests=[REC],
+    ),
+    dict(
+        name="unroll_never_resets",
+        path="aiorl/algos/lib/actor_critic.py",
+        old="            if t > 0:\n                state = torch.where(",
+        new="            if t < 0:\n                state = torch.where(",
+        tests=[REC],
+    ),
+    dict(
+        name="dppo_restart_misses_the_rollout_start",
+        path="aiorl/algos/dppo.py",
+        old="            restart = np.ones((T, E), np.bool_)",
+        new="            restart = np.zeros((T, E), np.bool_)",
+        tests=[REC],
+    ),
+    dict(
+        name="dppo_restart_zeroes_instead_of_taking_the_stored_state",
+        path="aiorl/algos/dppo.py",
+        old="        params, values, _ = self.net.unroll(obs[idx], stored[:, 0], restart[idx], stored)",
+        new="        params, values, _ = self.net.unroll(obs[idx], stored[:, 0], restart[idx])",
+        tests=[REC],
+    ),
+    # ------------------------------------------------------------------ the state carried
+    dict(
+        name="fragment_carries_the_state_after_the_step",
+        path="aiorl/algos/impala.py",
+        old="        self.steps.append(step + (before,) if self.recurrent else step)",
+        new="        self.steps.append(step + (self.state,) if self.recurrent else step)",
+        tests=[REC],
+    ),
+    dict(
+        name="learner_unrolls_from_zeros_not_the_fragments_state",
+        path="aiorl/algos/impala.py",
+        old='        state0 = as_tensor(np.asarray(batch["state"])[:, 0], device)',
+        new='        state0 = as_tensor(np.zeros_like(np.asarray(batch["state"])[:, 0]), device)',
+        tests=[REC],
+    ),
+    dict(
+        name="lstm_state_halves_swapped",
+        path="aiorl/algos/lib/actor_critic.py",
+        old="            return h, torch.cat([h, c], dim=1)",
+        new="            return h, torch.cat([c, h], dim=1)",
+        tests=[REC, EXPORT],
+    ),
+    dict(
+        name="dppo_value_bootstrap_reads_the_state_before_the_last_step",
+        path="aiorl/algos/dppo.py",
+        old="            states = np.concatenate([after[T - 1], after[cut[:, 0], cut[:, 1]]])",
+        new="            states = np.concatenate([before[T - 1], after[cut[:, 0], cut[:, 1]]])",
+        tests=[REC],
+    ),
+    dict(
+        name="export_loader_forgets_the_state",
+        path="aiorl/io/export.py",
+        old='            program.state_size = recurrent["state_size"]  # (obs, state) -> (action, state)',
+        new="            pass",
+        tests=[EXPORT],
+    ),
+    # ------------------------------------------------------------------ the wrapper's entries
+    dict(
+        name="cartpole_keeps_a_velocity",
+        path="aiorl/envs/mask_velocity.py",
+        old='    "CartPole": (0, 2),',
+        new='    "CartPole": (0, 1),',
+        tests=[MASK],
+    ),
+    dict(
+        name="lunarlander_keeps_the_angular_velocity",
+        path="aiorl/envs/mask_velocity.py",
+        old='    "LunarLander": (0, 1, 4, 6, 7),',
+        new='    "LunarLander": (0, 1, 4, 5, 6, 7),',
+        tests=[MASK],
+    ),
+    dict(
+        name="pendulum_keeps_its_velocity",
+        path="aiorl/envs/mask_velocity.py",
+        old='    "Pendulum": (0, 1),',
+        new='    "Pendulum": (0, 2),',
+        tests=[MASK],
+    ),
+    dict(
+        name="unknown_env_not_checked_at_load",
+        path="aiorl/envs/checks.py",
+        old="        check_mask_velocity(env_cfg.id, wrapper_names(env_cfg.wrappers))",
+        new="        pass",
+        tests=[MASK],
+    ),
+]
