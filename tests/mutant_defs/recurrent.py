@@ -7,6 +7,7 @@ Run them with `.venv/bin/python tests/mutants.py --only recurrent`.
 REC = "tests/test_recurrent.py"
 MASK = "tests/test_mask_velocity.py"
 EXPORT = "tests/test_export.py::test_a_recurrent_export_takes_and_returns_the_state_in_plain_torch"
+CLUSTER = "tests/test_recurrent_cluster.py"
 
 MUTANTS = [
     # ------------------------------------------------------------------ the reset mask
@@ -123,5 +124,20 @@ MUTANTS = [
         old="        check_mask_velocity(env_cfg.id, wrapper_names(env_cfg.wrappers))",
         new="        pass",
         tests=[MASK],
+    ),
+    # ------------------------------------------------------------------ through the runtime
+    dict(
+        name="dppo_rollout_spec_leaves_out_the_state",
+        path="aiorl/algos/dppo.py",
+        old='        return {"state": ((self.state_size,), "<f4"), "restart": ((), "|b1")}',
+        new='        return {"restart": ((), "|b1")}',
+        tests=[CLUSTER + "::test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state[dppo]"],
+    ),
+    dict(
+        name="exported_policy_returns_the_state_it_was_given",
+        path="aiorl/algos/lib/actor_critic.py",
+        old="        features, state = self.core(self.torso(self.normalizer(obs)), state)\n",
+        new="        features, _ = self.core(self.torso(self.normalizer(obs)), state)\n",
+        tests=[CLUSTER + "::test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state[impala]"],
     ),
 ]
