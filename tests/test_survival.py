@@ -289,6 +289,15 @@ def test_a_lost_learner_0_or_memory_0_restarts_the_whole_run_from_its_checkpoint
     assert not any(alive(pid) for pid in [*first.values(), *read_json(run_dir / "pids.json").values()])
 
 
+def learner_stepping(run_dir: Path) -> int | None:
+    """learner-0's pid, once the coordinator of the current attempt has it running and stepping."""
+    pid = pids(run_dir).get("learner-0")
+    phase, roles = role_status(run_dir)
+    role = roles.get("learner-0") or {}
+    steps = (role.get("counters") or {}).get("learner_steps", 0)
+    return pid if phase == "RUNNING" and role.get("pid") == pid and role.get("status") == "running" and steps else None
+
+
 def test_a_run_whose_restart_budget_is_spent_fails_naming_every_cause(tmp_path):
     config = cluster(1, 1, 1, scheduled_timesteps=10**9)
     config["cluster"]["max_run_restarts"] = 1
@@ -297,8 +306,11 @@ def test_a_run_whose_restart_budget_is_spent_fails_naming_every_cause(tmp_path):
     try:
         for attempt in (1, 2):
             wait_for(lambda: (last_metrics(run_dir) or {}).get("attempt") == attempt, 120, f"attempt {attempt}")
-            wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 60, "learning")
-            kill(pids(run_dir)["learner-0"])
+            # This attempt's own learner, registered and stepping: the run's counters go on from the
+            # checkpoint (attempt 2's rows have learner steps at once), and a learner killed before it
+            # registers is another loss, found only after cluster.start_timeout_s.
+            learner = wait_for(lambda: learner_stepping(run_dir), 60, f"attempt {attempt}'s learner stepping")
+            kill(learner)
             if attempt == 1:
                 wait_for(lambda: read_json(run_dir / "run.json")["attempts"][-1]["attempt"] == 2, 120, "attempt 2")
         code, out = finish(proc, timeout_s=240)
@@ -310,4 +322,5 @@ def test_a_run_whose_restart_budget_is_spent_fails_naming_every_cause(tmp_path):
     summary = read_json(run_dir / "summary.json")
     assert summary["outcome"] == "failed" and summary["run_restart_budget_spent"] is True
     causes = [f for f in summary["failures"] if f.startswith("attempt ")]
-    assert len(causes) == 2 and all("learner-0" in c for c in causes), summary["failures"]
+    # Both the learners killed while stepping (neither lost for never registering).
+    assert len(causes) == 2 and all("learner-0 exited: killed by SIGKILL" in c for c in causes), summary["failures"]
