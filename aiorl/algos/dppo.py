@@ -53,6 +53,7 @@ import torch
 from aiorl.algos.dppo_config import DPPOConfig, DPPOSettings
 from aiorl.algos.lib.actor_critic import (
     ActorCritic,
+    EnvStates,
     GaussianHead,
     SDEHead,
     batch_moments,
@@ -130,34 +131,27 @@ class PPOActor(ActorPolicy):
         self.rng = np.random.default_rng(seed)
         self.steps: list[tuple[np.ndarray, ...]] = []  # (action, log-prob, value[, state before, after])
         self.recurrent = self.net.recurrent is not None
-        self.state: np.ndarray | None = None  # recurrent: per env, float32 [num_envs, state_size]
+        self.states = EnvStates(self.net)
 
     def __repr__(self) -> str:
         return f"<PPOActor weights_version={self.weights_version} steps_held={len(self.steps)}>"
 
     def begin_episodes(self, started: np.ndarray) -> None:
-        if self.state is not None:
-            self.state[started] = 0.0
+        self.states.reset(started)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         if self.recurrent:
-            if self.state is None:
-                self.state = self.net.initial_state(len(obs))
-            before = self.state
-            with torch.inference_mode():
-                out = self.net.step(torch.as_tensor(obs), torch.as_tensor(before))
-            params, value, features = (t.numpy() for t in out[:3])
-            self.state = out[3].numpy().copy()
-            action, logp = self.net.head.sample(params, self.rng, features)
-            # The state after the step too (before an episode end zeroes it): V(final obs) reads it.
-            self.steps.append((action, logp, value, before, self.state.copy()))
+            params, value, features, before = self.states.step(obs)
         elif self.fast is not None:
             params, value, features = self.fast.act(obs)
         else:
             with torch.inference_mode():
                 params, value, features = (t.numpy() for t in self.net.act(torch.as_tensor(obs)))
-        if not self.recurrent:
-            action, logp = self.net.head.sample(params, self.rng, features)
+        action, logp = self.net.head.sample(params, self.rng, features)
+        if self.recurrent:
+            # The state after the step too (before an episode end zeroes it): V(final obs) reads it.
+            self.steps.append((action, logp, value, before, self.states.state.copy()))
+        else:
             self.steps.append((action, logp, value))
         if self.gaussian:
             return self.net.head.clip_to_bounds(action).reshape((len(obs),) + self.action_shape)

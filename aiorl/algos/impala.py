@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from aiorl.algos.impala_config import ImpalaConfig, ImpalaSettings
-from aiorl.algos.lib.actor_critic import ActorCritic, GaussianHead, check_action_space
+from aiorl.algos.lib.actor_critic import ActorCritic, EnvStates, GaussianHead, check_action_space
 from aiorl.algos.lib.checks import check_recurrent
 from aiorl.algos.lib.common import (
     ActorCriticLearner,
@@ -174,23 +174,17 @@ class ImpalaActor(ActorPolicy):
         self.rng = np.random.default_rng(seed)
         self.steps: list[tuple[np.ndarray, ...]] = []  # (action, logits or log-prob[, state]) per step
         self.recurrent = self.net.recurrent is not None
-        self.state: np.ndarray | None = None  # recurrent: per env, float32 [num_envs, state_size]
+        self.states = EnvStates(self.net)
 
     def __repr__(self) -> str:
         return f"<ImpalaActor weights_version={self.weights_version} steps_held={len(self.steps)}>"
 
     def begin_episodes(self, started: np.ndarray) -> None:
-        if self.state is not None:
-            self.state[started] = 0.0
+        self.states.reset(started)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         if self.recurrent:
-            if self.state is None:
-                self.state = self.net.initial_state(len(obs))
-            before = self.state
-            with torch.inference_mode():
-                params, _, _, state = self.net.step(torch.as_tensor(obs), torch.as_tensor(before))
-            params, self.state = params.numpy(), state.numpy().copy()
+            params, _, _, before = self.states.step(obs)
         elif self.fast is not None:
             params = self.fast.policy_params(obs)
         else:

@@ -13,7 +13,7 @@ MUTANTS = [
     # ------------------------------------------------------------------ the reset mask
     dict(
         name="actor_does_not_reset_the_state_at_an_episode_start",
-        path="aiorl/algos/impala.py",
+        path="aiorl/algos/lib/actor_critic.py",
         old="            self.state[started] = 0.0",
         new="            pass",
         tests=[REC],
@@ -65,7 +65,7 @@ MUTANTS = [
         name="fragment_carries_the_state_after_the_step",
         path="aiorl/algos/impala.py",
         old="        self.steps.append(step + (before,) if self.recurrent else step)",
-        new="        self.steps.append(step + (self.state,) if self.recurrent else step)",
+        new="        self.steps.append(step + (self.states.state,) if self.recurrent else step)",
         tests=[REC],
     ),
     dict(

@@ -492,6 +492,29 @@ class RecurrentPolicy(nn.Module):
         return self.head.mode(self.head(features)), state
 
 
+class EnvStates:
+    """An actor's recurrent state per env (IMPALA's and PPO's actors): zeros at the first step and
+    at every episode start (`reset`, through `ActorPolicy.begin_episodes`), stepped by `step`."""
+
+    def __init__(self, net: ActorCritic):
+        self.net = net
+        self.state: np.ndarray | None = None  # float32 [num_envs, state_size] once stepped
+
+    def reset(self, started: np.ndarray) -> None:
+        if self.state is not None:
+            self.state[started] = 0.0
+
+    def step(self, obs: np.ndarray):
+        """(parameters, V or None, the policy's features, the state this step was acted from)."""
+        if self.state is None:
+            self.state = self.net.initial_state(len(obs))
+        before = self.state
+        with torch.inference_mode():
+            params, value, features, state = self.net.step(torch.as_tensor(obs), torch.as_tensor(before))
+        self.state = state.numpy().copy()
+        return params.numpy(), None if value is None else value.numpy(), features.numpy(), before
+
+
 def acting_module(net: ActorCritic) -> nn.Module:
     """The exported policy of `net`: `RecurrentPolicy` or `DeterministicPolicy`."""
     return RecurrentPolicy(net) if net.recurrent is not None else DeterministicPolicy(net)
