@@ -42,11 +42,17 @@ def start_cluster(tmp_path, *extra: str) -> tuple[list[subprocess.Popen], list[s
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
+            bufsize=0,
         )
 
     memory = role("memory", 0)
-    first = memory.stdout.readline()  # "aiorl memory-0: coordinator listening on 127.0.0.1:PORT"
+    # "aiorl memory-0: coordinator listening on 127.0.0.1:PORT", read a byte at a time from the
+    # unbuffered pipe: a buffered readline may read the lines after it too, and `communicate`
+    # (which reads the pipe itself) would never see those.
+    line = bytearray()
+    while not line.endswith(b"\n") and (byte := memory.stdout.read(1)):
+        line += byte
+    first = line.decode()
     assert "coordinator listening on" in first, first
     port = first.rsplit(":", 1)[1].strip()
     procs = [memory] + [role(kind, index, "--set", f"cluster.port={port}") for kind, index in ROLES[1:]]
@@ -57,7 +63,7 @@ def finish_all(procs: list[subprocess.Popen], first: list[str]) -> list[str]:
     outs = []
     try:
         for proc in procs:
-            outs.append(proc.communicate(timeout=180)[0])
+            outs.append(proc.communicate(timeout=180)[0].decode())
     finally:
         for proc in procs:
             proc.kill()
