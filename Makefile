@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/apex_dqn_cartpole.yaml
 
-.PHONY: setup build lint format test run bench clean docs docs-serve
+.PHONY: setup thirdparty build lint format test run bench clean docs docs-serve
 
 # torch is installed first, so that the project's `torch>=2.2` requirement is already
 # satisfied and the editable install never picks a torch of its own. Which build
@@ -23,13 +23,32 @@ CONFIG ?= examples/apex_dqn_cartpole.yaml
 # extension up to date instead of compiling it a second time.
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
-$(BIN)/.deps: pyproject.toml
+# The extras `make setup` installs (`pip install -e '.[$(EXTRAS)]'`): every integration, so that the
+# suite tests them all.
+EXTRAS := test,tb,atari,video,wandb,mlflow,ray,docs
+
+# Everything but aiorl itself: the venv, the build requirements, torch, and the third-party
+# requirements of aiorl and of its extras (read from pyproject.toml). A target of its own so that
+# CI can install a second Python's while the first one's set-up runs (.ci/run).
+$(BIN)/.thirdparty: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77" wheel "Cython>=3.0" "numpy>=2.0"
 	@echo "installing $(TORCH_SPEC) from $(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configured index (pip config list))"
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	@$(BIN)/python -c "import torch; print('installed torch', torch.__version__, '| CUDA build:', torch.version.cuda or 'none (CPU)')"
-	$(BIN)/python -m pip install --quiet --no-build-isolation -e '.[test,tb,atari,video,wandb,mlflow,ray,docs]'
+	$(BIN)/python -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+		extras = p['optional-dependencies']; \
+		print('\n'.join(p['dependencies'] + [r for e in sys.argv[1].split(',') for r in extras[e]]))" $(EXTRAS) \
+		> $(VENV)/requirements-thirdparty.txt
+	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements-thirdparty.txt
+	touch $@
+
+thirdparty: $(BIN)/.thirdparty
+
+# aiorl itself, editable, built against the venv's own numpy (--no-build-isolation), so that
+# `build` below finds the extension up to date instead of compiling it a second time.
+$(BIN)/.deps: $(BIN)/.thirdparty
+	$(BIN)/python -m pip install --quiet --no-build-isolation -e '.[$(EXTRAS)]'
 	touch $@
 
 # Bench-only comparison libraries (cpprb has no wheel for every Python we support):
