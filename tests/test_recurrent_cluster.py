@@ -1,6 +1,6 @@
-"""Recurrent IMPALA and DPPO through the real runtime (`aiorl run` on the examples, real role
+"""Recurrent IMPALA, DPPO and R2D2 through the real runtime (`aiorl run` on the examples, real role
 processes over loopback): the state each step was acted from crosses the wire with the
-fragments or rollouts, the learners unroll them, and the exported policy takes and returns
+fragments, rollouts or sequences, the learners unroll them, and the exported policy takes and returns
 its state in `aiorl eval` and in plain torch. Short budgets: the learning itself is measured
 by the examples (`bench/learning.py table`), which take minutes on 2 cores."""
 
@@ -31,8 +31,9 @@ def example(name: str, **agent) -> dict:
     [
         ("impala_lstm_cartpole_novel.yaml", {"scheduled_timesteps": 3072}),
         ("dppo_lstm_cartpole_novel.yaml", {"scheduled_timesteps": 2048}),
+        ("r2d2_cartpole_novel.yaml", {"scheduled_global_steps": 40, "learning_starts": 20}),
     ],
-    ids=["impala", "dppo"],
+    ids=["impala", "dppo", "r2d2"],
 )
 def test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state(tmp_path, name, agent):
     code, out, run_dir = run(tmp_path, example(name, **agent), timeout_s=300)
