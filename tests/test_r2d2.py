@@ -95,6 +95,25 @@ def test_truncation_bootstraps_and_termination_does_not(terminal):
     assert valid[0].tolist() == [True, True, True, False]
 
 
+def test_a_terminal_sequence_still_bootstraps_where_the_window_ends_before_its_end():
+    y, _ = td_case(T=4, n=2, terminal=(True,))
+    g = 0.5
+    want = [1 + g * 2 + g**2 * 11, 2 + g * 3 + g**2 * 11, 3 + g * 4, 4]
+    assert torch.allclose(y[0], torch.tensor(want))
+
+
+def test_double_q_the_online_net_picks_the_action_the_target_net_values():
+    T = 2
+    q_online = torch.zeros(1, T + 1, 3)
+    q_online[..., 2] = 1.0  # online prefers action 2
+    q_target = torch.zeros(1, T + 1, 3)
+    q_target[..., 0], q_target[..., 2] = 100.0, 7.0  # target prefers action 0
+    reward, mask = torch.zeros(1, T), torch.ones(1, T, dtype=torch.bool)
+    action = torch.zeros(1, T, dtype=torch.int64)
+    delta, _ = sequence_td(q_online, q_target, action, reward, mask, torch.tensor([False]), 1, 0.5, None)
+    assert torch.allclose(delta, torch.tensor([[3.5, 3.5]]))  # 0.5 * Q_target(., 2) - Q_online(., 0)
+
+
 def test_steps_past_the_episode_end_are_masked_out_of_delta_and_loss():
     delta, valid = td_case(T=5, n=2, lengths=(2,), q_value=0.0)
     assert valid[0].tolist() == [True, True, False, False, False]
@@ -107,6 +126,13 @@ def test_rescaled_target_is_h_of_the_return_plus_discounted_h_inverse():
     y, _ = td_case(T=2, n=1, lengths=(2,), q_value=3.0, rescale=EPS)
     r0 = torch.tensor(1.0)
     assert torch.isclose(y[0, 0], h(r0 + 0.5 * h_inverse(torch.tensor(4.0), EPS), EPS))
+
+
+def test_loss_weights_each_sequence_by_its_importance_weight():
+    delta = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    valid = torch.tensor([[True, True], [True, False]])
+    loss = masked_loss(delta, valid, torch.tensor([2.0, 0.5]), "mse", 1.0)
+    assert torch.isclose(loss, torch.tensor((2.0 * 0.5 * (1 + 9) / 2 + 0.5 * 0.5 * 4) / 2))
 
 
 def test_priority_mixes_max_and_mean_over_valid_steps():

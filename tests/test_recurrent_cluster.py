@@ -15,6 +15,8 @@ import torch
 import yaml
 from cluster_helpers import run
 
+from aiorl.io import checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.cluster
 
@@ -62,3 +64,24 @@ def test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state(tmp_
     )
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["returns"]) == 3, result.stdout
+
+
+def test_an_r2d2_run_resumes_from_its_checkpoint(tmp_path):
+    config = example("r2d2_cartpole_novel.yaml", scheduled_global_steps=30, learning_starts=20)
+    code, out, run_dir = run(tmp_path, config, timeout_s=300)
+    assert code == 0, out
+    run_dir = run_dir.resolve()
+    first, _, _ = checkpoint.newest_good(run_dir / "checkpoints")
+    assert first is not None and checkpoint.read_meta(first)["learner_steps"] >= 30
+    resumed = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"]
+        + ["--set", "agent.scheduled_global_steps=60"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resuming from {first}" in resumed.stdout + resumed.stderr
+    newest, _, _ = checkpoint.newest_good(run_dir / "checkpoints")
+    assert checkpoint.read_meta(newest)["learner_steps"] >= 60
