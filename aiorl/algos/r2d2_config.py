@@ -76,10 +76,6 @@ class R2D2Settings(AlgorithmSettings):
     starter = {
         "env.wrappers": ["mask_velocity"],
         "agent.scheduled_global_steps": 5000,
-        "model.sequence_length": 20,
-        "model.burn_in": 5,
-        "model.recurrent": {"type": "lstm", "hidden": 64},
-        "model.network": ["linear:64", "relu"],
         "run.eval_every": 250,
         "run.eval_episodes": 10,
     }
