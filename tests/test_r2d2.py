@@ -260,6 +260,18 @@ def test_actor_sequences_carry_the_state_at_their_first_step_zero_at_episode_sta
     np.testing.assert_array_equal(flushed["obs"][late[0], 0], data["obs"][5, 1])
 
 
+def test_an_actor_batch_never_holds_more_sequences_than_max_batch_rows():
+    # Each (step, env) closes at most one sequence: one-step episodes everywhere reach the bound.
+    algo = algo_with(sequence_length=4)
+    T, E = algo.cfg.agent.sample_batch_size, algo.cfg.env.num_envs
+    assert algo.max_batch_rows() == T * E
+    actor = algo.make_actor(0, 1, seed=0)
+    data = rollout(T, E, obs_dim=4)
+    data["terminated"][:] = True
+    rows, _ = act_through(actor, data)
+    assert len(rows["epsilon"]) == T * E
+
+
 def test_feed_forward_baseline_has_no_state_field():
     algo = algo_with(recurrent=None)
     assert "state" not in algo.transition_spec() and algo.state_size == 0
