@@ -6,10 +6,14 @@ import numpy as np
 import pytest
 import torch
 from apex_helpers import IMAGE_ENV, make_algo, replay_batch
+from test_frame_limits import fits
 
 from aiorl.algos.r2d2 import h, h_inverse, masked_loss, sequence_priority, sequence_td
 from aiorl.config import ConfigError
+from aiorl.envs import EnvRunner
 from aiorl.io import checkpoint
+from aiorl.replay import PrioritizedReplayBuffer
+from aiorl.runtime import frame_limits
 
 EPS = 1e-3
 SMALL = {
@@ -270,6 +274,36 @@ def test_an_actor_batch_never_holds_more_sequences_than_max_batch_rows():
     data["terminated"][:] = True
     rows, _ = act_through(actor, data)
     assert len(rows["epsilon"]) == T * E
+
+
+def test_sequences_of_a_real_rollout_fit_the_wire_limits_and_the_replay():
+    algo = make_algo(
+        "r2d2",
+        "CartPole-v1",
+        {**SMALL, "sequence_length": 8, "burn_in": 2},
+        env={"num_envs": 3, "wrappers": ["mask_velocity"]},
+        agent={"sample_batch_size": 16, "batch_size": 4},
+    )
+    cfg = algo.cfg
+    actor = algo.make_actor(0, 1, seed=0)
+    runner = EnvRunner(cfg.env, 3, seed=0)
+    to_memory = frame_limits.actor_to_memory(cfg, algo)
+    try:
+        batches = [actor.postprocess(runner.rollout(actor.act, 16, actor.begin_episodes))[0] for _ in range(4)]
+    finally:
+        runner.close()
+    rows = {k: np.concatenate([b[k] for b in batches if b]) for k in algo.transition_spec()}
+    assert rows["mask"].any(axis=1).all() and not rows["mask"].all()  # episode ends cut some
+    full = {k: np.repeat(v[:1], algo.max_batch_rows(), axis=0) for k, v in rows.items()}
+    assert fits(full, to_memory)
+    weights = algo.make_learner(0, 1, seed=0).get_weights()
+    assert fits(weights, frame_limits.to_coordinator("learner-0", algo))
+    replay = PrioritizedReplayBuffer(100, algo.transition_spec(), alpha=0.6, seed=0)
+    replay.add(rows, None)
+    sample = replay.sample(cfg.agent.batch_size, 0.4)
+    assert fits(sample, frame_limits.memory_to_learner(cfg, algo))
+    learner = algo.make_learner(0, 1, seed=0)
+    assert learner.step(sample).priorities.shape == (cfg.agent.batch_size,)
 
 
 def test_feed_forward_baseline_has_no_state_field():
