@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 from apex_helpers import IMAGE_ENV, make_algo, replay_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_frame_limits import fits
 
 from aiorl.algos.r2d2 import h, h_inverse, masked_loss, sequence_priority, sequence_td
@@ -137,6 +139,59 @@ def test_loss_weights_each_sequence_by_its_importance_weight():
     valid = torch.tensor([[True, True], [True, False]])
     loss = masked_loss(delta, valid, torch.tensor([2.0, 0.5]), "mse", 1.0)
     assert torch.isclose(loss, torch.tensor((2.0 * 0.5 * (1 + 9) / 2 + 0.5 * 0.5 * 4) / 2))
+
+
+def naive_targets(q_online, q_target, reward, length, terminal, n, gamma, eps):
+    """y_t of one sequence step by step, straight from the definition (None past its end)."""
+    ys = []
+    for t in range(len(reward)):
+        if t >= length:
+            ys.append(None)
+            continue
+        k = min(n, length - t)
+        ret = sum(gamma**j * reward[t + j] for j in range(k))
+        if terminal and t + k == length:
+            bootstrap = 0.0
+        else:
+            best = max(range(q_online.shape[1]), key=lambda a: q_online[t + k, a])
+            value = q_target[t + k, best]
+            bootstrap = gamma**k * (value if eps is None else float(h_inverse(torch.tensor(value), eps)))
+        y = ret + bootstrap
+        ys.append(y if eps is None else float(h(torch.tensor(y, dtype=torch.float64), eps)))
+    return ys
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    T=st.integers(1, 9),
+    n=st.integers(1, 5),
+    lengths=st.lists(st.integers(0, 9), min_size=1, max_size=3),
+    terminal=st.lists(st.booleans(), min_size=3, max_size=3),
+    rescale=st.booleans(),
+    seed=st.integers(0, 999),
+)
+def test_sequence_targets_match_the_step_by_step_definition(T, n, lengths, terminal, rescale, seed):
+    rng = np.random.default_rng(seed)
+    B, A, eps = len(lengths), 3, (EPS if rescale else None)
+    lengths = [min(L, T) for L in lengths]
+    q_online = torch.as_tensor(rng.normal(size=(B, T + 1, A)) * 5, dtype=torch.float64)
+    q_target = torch.as_tensor(rng.normal(size=(B, T + 1, A)) * 5, dtype=torch.float64)
+    mask = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+    reward = torch.where(mask, torch.as_tensor(rng.normal(size=(B, T))), torch.zeros(B, T, dtype=torch.float64))
+    action = torch.as_tensor(rng.integers(0, A, (B, T)))
+    term = torch.tensor(terminal[:B])
+    delta, valid = sequence_td(q_online, q_target, action, reward, mask, term, n, 0.9, eps)
+    assert torch.equal(valid, mask)
+    for b in range(B):
+        ys = naive_targets(
+            q_online[b].numpy(), q_target[b].numpy(), reward[b].tolist(), lengths[b], terminal[b], n, 0.9, eps
+        )
+        for t, y in enumerate(ys):
+            if y is None:
+                assert delta[b, t] == 0
+            else:
+                q_taken = float(q_online[b, t, action[b, t]])
+                assert float(delta[b, t]) == pytest.approx(y - q_taken, rel=1e-9, abs=1e-9)
 
 
 def test_priority_mixes_max_and_mean_over_valid_steps():
