@@ -22,6 +22,7 @@ NETWORKS = {
     "apex_ddpg": [("actor_network", "actor"), ("critic_network", "critic")],
     "dppo": [("network", "net")],
     "impala": [("network", "net")],
+    "r2d2": [("q_network", "q")],
 }
 
 

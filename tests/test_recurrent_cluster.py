@@ -1,6 +1,6 @@
-"""Recurrent IMPALA and DPPO through the real runtime (`aiorl run` on the examples, real role
+"""Recurrent IMPALA, DPPO and R2D2 through the real runtime (`aiorl run` on the examples, real role
 processes over loopback): the state each step was acted from crosses the wire with the
-fragments or rollouts, the learners unroll them, and the exported policy takes and returns
+fragments, rollouts or sequences, the learners unroll them, and the exported policy takes and returns
 its state in `aiorl eval` and in plain torch. Short budgets: the learning itself is measured
 by the examples (`bench/learning.py table`), which take minutes on 2 cores."""
 
@@ -14,6 +14,8 @@ import pytest
 import torch
 import yaml
 from cluster_helpers import run
+
+from aiorl.io import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.cluster
@@ -31,8 +33,9 @@ def example(name: str, **agent) -> dict:
     [
         ("impala_lstm_cartpole_novel.yaml", {"scheduled_timesteps": 3072}),
         ("dppo_lstm_cartpole_novel.yaml", {"scheduled_timesteps": 2048}),
+        ("r2d2_cartpole_novel.yaml", {"scheduled_global_steps": 40, "learning_starts": 20}),
     ],
-    ids=["impala", "dppo"],
+    ids=["impala", "dppo", "r2d2"],
 )
 def test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state(tmp_path, name, agent):
     code, out, run_dir = run(tmp_path, example(name, **agent), timeout_s=300)
@@ -61,3 +64,24 @@ def test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state(tmp_
     )
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["returns"]) == 3, result.stdout
+
+
+def test_an_r2d2_run_resumes_from_its_checkpoint(tmp_path):
+    config = example("r2d2_cartpole_novel.yaml", scheduled_global_steps=30, learning_starts=20)
+    code, out, run_dir = run(tmp_path, config, timeout_s=300)
+    assert code == 0, out
+    run_dir = run_dir.resolve()
+    first, _, _ = checkpoint.newest_good(run_dir / "checkpoints")
+    assert first is not None and checkpoint.read_meta(first)["learner_steps"] >= 30
+    resumed = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"]
+        + ["--set", "agent.scheduled_global_steps=60"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resuming from {first}" in resumed.stdout + resumed.stderr
+    newest, _, _ = checkpoint.newest_good(run_dir / "checkpoints")
+    assert checkpoint.read_meta(newest)["learner_steps"] >= 60

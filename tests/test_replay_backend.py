@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import aiorl.replay as replay
-from aiorl._ext import buffers, gae, nstep, sumtree
+from aiorl._ext import buffers, gae, nstep, sequence, sumtree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_public_api_is_backed_by_the_compiled_modules():
     assert replay.BACKEND == "cython"
     compiled = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    for module in (buffers, gae, nstep, sumtree):
+    for module in (buffers, gae, nstep, sequence, sumtree):
         assert module.__file__.endswith(compiled), module.__file__
     for name in (
         "SumTree",
@@ -27,6 +27,7 @@ def test_public_api_is_backed_by_the_compiled_modules():
         "NStep",
         "n_step_adjustment",
         "n_step_flush",
+        "SequenceAdder",
         "gae",
     ):
         assert getattr(replay, name).__module__.startswith("aiorl._ext."), name

@@ -1,7 +1,8 @@
 """Replay for aiorl: sum-tree, replay buffers, n-step, GAE and V-trace, backed by the compiled `aiorl._ext`.
 
     from aiorl.replay import (SumTree, ReplayBuffer, PrioritizedReplayBuffer, AggregateBuffer,
-                              FramePool, FrameStream, n_step_adjustment, n_step_flush, NStep, gae, vtrace, BACKEND)
+                              FramePool, FrameStream, n_step_adjustment, n_step_flush, NStep, SequenceAdder,
+                              gae, vtrace, BACKEND)
     from aiorl.replay.frames import FrameReplayBuffer    # frames stored once (see that module)
 
 The compiled extension is required: if it is missing this import fails with
@@ -38,6 +39,7 @@ try:
     from aiorl._ext.framestore import FramePool, FrameStream
     from aiorl._ext.gae import gae
     from aiorl._ext.nstep import NStep, NStepCarry, n_step_adjustment, n_step_flush
+    from aiorl._ext.sequence import SequenceAdder
     from aiorl._ext.sumtree import SumTree
     from aiorl._ext.vtrace import vtrace
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
@@ -60,6 +62,7 @@ __all__ = [
     "NStepCarry",
     "PrioritizedReplayBuffer",
     "ReplayBuffer",
+    "SequenceAdder",
     "SumTree",
     "gae",
     "n_step_adjustment",

@@ -602,3 +602,82 @@ class FrameStream:
         # The compiled stream releases in ring-position order (id mod window).
         for i in sorted(self.held_ids, key=lambda i: i % self.window):
             self.pool.decref([self.held_ids.pop(i)])
+
+
+class SequenceAdder:
+    """Same contract as `aiorl.replay.SequenceAdder`, written from the definition: per env the
+    steps of the current episode, sequences starting at its steps 0, p, 2p, ..., the earliest
+    one not yet emitted closing when it holds `length` steps or at the episode's end."""
+
+    def __init__(self, length, overlap):
+        if length < 1 or not 0 <= overlap < length:
+            raise ValueError(f"bad length {length} / overlap {overlap}")
+        self.length, self.period = length, length - overlap
+        self.episodes = None  # per env: list of (obs, next_obs, action, reward, state) of the episode
+        self.next_start = None  # per env: episode step of the earliest sequence not yet emitted
+        self.like = None
+
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, states):
+        obs, actions, next_obs, states = map(np.asarray, (obs, actions, next_obs, states))
+        T, E = obs.shape[:2]
+        if self.episodes is None:
+            self.episodes, self.next_start = [[] for _ in range(E)], [0] * E
+            self.like = (obs[0, 0], actions[0, 0], states[0, 0])
+        rows = []
+        for t in range(T):
+            for e in range(E):
+                episode = self.episodes[e]
+                episode.append((obs[t, e], next_obs[t, e], actions[t, e], float(rewards[t, e]), states[t, e]))
+                end = bool(terminated[t, e] or truncated[t, e])
+                start = self.next_start[e]
+                if end or len(episode) - start == self.length:
+                    rows.append(self._row(episode[start:], e, end and bool(terminated[t, e])))
+                    self.next_start[e] = start + self.period
+                if end:
+                    self.episodes[e], self.next_start[e] = [], 0
+        return self._stack(rows)
+
+    def flush(self):
+        if self.episodes is None:
+            return {}
+        rows = [
+            self._row(episode[self.next_start[e] :], e, False)
+            for e, episode in enumerate(self.episodes)
+            if len(episode) > self.next_start[e]
+        ]
+        self.episodes = None
+        return self._stack(rows)
+
+    def _row(self, steps, env, terminal):
+        m, L = self.length, len(steps)
+        obs0, act0, _ = self.like
+        obs = np.zeros((m + 1,) + obs0.shape, obs0.dtype)
+        action = np.zeros((m,) + act0.shape, act0.dtype)
+        reward = np.zeros(m, np.float32)
+        for k, (o, _, a, r, _) in enumerate(steps):
+            obs[k], action[k], reward[k] = o, a, r
+        obs[L] = steps[-1][1]  # the observation after the last step
+        return {
+            "obs": obs,
+            "action": action,
+            "reward": reward,
+            "mask": np.arange(m) < L,
+            "terminal": np.bool_(terminal),
+            "state": np.asarray(steps[0][4], np.float32),
+            "env": np.int64(env),
+        }
+
+    def _stack(self, rows):
+        m = self.length
+        obs0, act0, state0 = self.like
+        if not rows:
+            return {
+                "obs": np.zeros((0, m + 1) + obs0.shape, obs0.dtype),
+                "action": np.zeros((0, m) + act0.shape, act0.dtype),
+                "reward": np.zeros((0, m), np.float32),
+                "mask": np.zeros((0, m), bool),
+                "terminal": np.zeros(0, bool),
+                "state": np.zeros((0,) + state0.shape, np.float32),
+                "env": np.zeros(0, np.int64),
+            }
+        return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
