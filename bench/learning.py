@@ -592,6 +592,8 @@ def recurrent_ppo(cfg_path: str, overrides: list[str], seed: int, args) -> dict 
                 state["reached"] = row
 
         def _on_step(self) -> bool:
+            if time.perf_counter() - t0 - state["eval_s"] > args.budget_s:
+                return False  # as `run` interrupts a run past --budget-s
             return not (args.stop_at_threshold and state["reached"] is not None)
 
     running = time.perf_counter() - t0
