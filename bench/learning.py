@@ -81,6 +81,7 @@ e.g. what the rate limiter does:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import signal
 import subprocess
@@ -461,17 +462,15 @@ def compare(args) -> dict:
             report(result)
             runs.append({"seed": seed, **result})
     configs = list(args.configs)
-    if args.recurrent_ppo:
+    if args.recurrent_ppo and importlib.util.find_spec("sb3_contrib") is None:
+        log("skipped the RecurrentPPO comparison: sb3-contrib is not installed (pip install 'aiorl[bench]')")
+    elif args.recurrent_ppo:
         for seed in args.seeds:
             log(f"\n=== sb3-contrib RecurrentPPO on {args.configs[0]}'s env, seed {seed}")
             result = recurrent_ppo(args.configs[0], [*args.set, f"run.seed={seed}"], seed, args)
-            if result is None:
-                log("skipped the RecurrentPPO comparison: sb3-contrib is not installed (pip install 'aiorl[bench]')")
-                break
             report(result)
             runs.append({"seed": seed, **result})
-        else:
-            configs.append("sb3-contrib RecurrentPPO")
+        configs.append("sb3-contrib RecurrentPPO")
     log(
         f"\n{'config':<34} {'seed':>4} {'env steps':>10} {'s (launch)':>10} {'s (running)':>11} "
         f"{'final eval':>10} {'actor idle':>10}"
@@ -518,20 +517,16 @@ def compare(args) -> dict:
 # The reference for recurrent examples: sb3-contrib's RecurrentPPO on the same env
 
 
-def recurrent_ppo(cfg_path: str, overrides: list[str], seed: int, args) -> dict | None:
+def recurrent_ppo(cfg_path: str, overrides: list[str], seed: int, args) -> dict:
     """Train sb3-contrib's RecurrentPPO on `cfg_path`'s env (its wrappers too, so CartPole loses its
     velocities as in aiorl) with RL Zoo's CartPoleNoVel-v1 hyper-parameters, evaluating the policy
-    trained on each `--eval-every-env-steps` multiple, deterministically, carrying the LSTM state.
-    None when sb3-contrib is not installed."""
-    try:
-        from sb3_contrib import RecurrentPPO
-        from stable_baselines3.common.callbacks import BaseCallback
-        from stable_baselines3.common.env_util import make_vec_env
-        from stable_baselines3.common.evaluation import evaluate_policy
-        from stable_baselines3.common.vec_env import VecNormalize
-    except ImportError:
-        return None
+    trained on each `--eval-every-env-steps` multiple, deterministically, carrying the LSTM state."""
     import torch
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import VecNormalize
 
     from aiorl.envs import make_env
 
