@@ -21,6 +21,12 @@ Two ways to run a config:
 - ``compare`` (several configs, several seeds): ``run`` on each, then a
   table of the time to the threshold and the actors' idle fraction per
   config, the median over seeds beside each.
+  ``--recurrent-ppo``: beside them, sb3-contrib's RecurrentPPO (RL Zoo's
+  CartPoleNoVel-v1 settings, the published agent's VecNormalize) on the first
+  config's env with its wrappers, same seeds, same grid, same evaluation
+  episodes, in this process; its time to threshold leaves out its earlier
+  evaluations (aiorl's run beside the run). Without sb3-contrib
+  (``pip install 'aiorl[bench]'``) that comparison is skipped in one line.
 - ``harness``: actors, one prioritized replay and one learner in a single
   process and loop (round-robin rollouts, ``--updates-per-step`` learner
   steps per env step). Deterministic for a seed; the tool for tuning
@@ -75,6 +81,7 @@ e.g. what the rate limiter does:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import signal
 import subprocess
@@ -454,12 +461,22 @@ def compare(args) -> dict:
             result = through_runtime(cfg_path, [*args.set, f"run.seed={seed}"], args)
             report(result)
             runs.append({"seed": seed, **result})
+    configs = list(args.configs)
+    if args.recurrent_ppo and importlib.util.find_spec("sb3_contrib") is None:
+        log("skipped the RecurrentPPO comparison: sb3-contrib is not installed (pip install 'aiorl[bench]')")
+    elif args.recurrent_ppo:
+        for seed in args.seeds:
+            log(f"\n=== sb3-contrib RecurrentPPO on {args.configs[0]}'s env, seed {seed}")
+            result = recurrent_ppo(args.configs[0], [*args.set, f"run.seed={seed}"], seed, args)
+            report(result)
+            runs.append({"seed": seed, **result})
+        configs.append("sb3-contrib RecurrentPPO")
     log(
         f"\n{'config':<34} {'seed':>4} {'env steps':>10} {'s (launch)':>10} {'s (running)':>11} "
         f"{'final eval':>10} {'actor idle':>10}"
     )
     summary = []
-    for cfg_path in args.configs:
+    for cfg_path in configs:
         mine = [r for r in runs if r["config"] == cfg_path]
         for r in mine:
             done, since = time_to_threshold(r)
@@ -494,6 +511,102 @@ def compare(args) -> dict:
             f"({row['median_s_launch']} s from launch); median actor idle fraction {row['median_actor_idle_fraction']}"
         )
     return {"mode": "compare", "threshold": args.threshold, "runs": runs, "summary": summary}
+
+
+# --------------------------------------------------------------------------
+# The reference for recurrent examples: sb3-contrib's RecurrentPPO on the same env
+
+
+def recurrent_ppo(cfg_path: str, overrides: list[str], seed: int, args) -> dict:
+    """Train sb3-contrib's RecurrentPPO on `cfg_path`'s env (its wrappers too, so CartPole loses its
+    velocities as in aiorl) with RL Zoo's CartPoleNoVel-v1 hyper-parameters, evaluating the policy
+    trained on each `--eval-every-env-steps` multiple, deterministically, carrying the LSTM state."""
+    import torch
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from aiorl.envs import make_env
+
+    torch.set_num_threads(1)  # as each aiorl role (model.torch_threads)
+    cfg = load_config(cfg_path, overrides)
+    grid, budget = args.eval_every_env_steps, cfg.agent.scheduled_timesteps or 100_000
+    t0 = time.perf_counter()
+    envs = VecNormalize(make_vec_env(lambda: make_env(cfg.env), n_envs=8, seed=seed), gamma=0.98)
+    evals = VecNormalize(
+        make_vec_env(lambda: make_env(cfg.env, evaluation=True), n_envs=args.eval_episodes, seed=EVAL_SEED),
+        training=False,
+        norm_reward=False,
+    )
+
+    def linear(start: float):
+        return lambda progress_remaining: progress_remaining * start
+
+    model = RecurrentPPO(
+        "MlpLstmPolicy",
+        envs,
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+        seed=seed,
+        device="cpu",
+    )
+    rows: list[dict] = []
+    state = {"reached": None, "eval_s": 0.0, "next": grid}
+    log(f"{'env_steps':>10} {'seconds':>8} {'eval_mean':>10} {'eval_std':>9}  (sb3-contrib RecurrentPPO, seed {seed})")
+
+    class GridEvaluation(BaseCallback):
+        # At a rollout's start the policy has trained on exactly num_timesteps env steps.
+        def _on_rollout_start(self) -> None:
+            if self.num_timesteps < state["next"]:
+                return
+            e0 = time.perf_counter()
+            evals.obs_rms = envs.obs_rms
+            mean, std = evaluate_policy(model, evals, n_eval_episodes=args.eval_episodes, deterministic=True)
+            done = time.perf_counter()
+            row = {
+                "env_steps": int(self.num_timesteps),
+                "learner_steps": None,
+                "seconds": round(e0 - t0 - state["eval_s"], 2),
+                "eval_done_s": round(done - t0 - state["eval_s"], 2),
+                "eval_mean": float(mean),
+                "eval_std": float(std),
+            }
+            state["eval_s"] += done - e0
+            state["next"] = (self.num_timesteps // grid + 1) * grid
+            rows.append(row)
+            log(f"{row['env_steps']:>10} {row['eval_done_s']:>8.1f} {mean:>10.1f} {std:>9.1f}")
+            if args.threshold is not None and mean >= args.threshold and state["reached"] is None:
+                state["reached"] = row
+
+        def _on_step(self) -> bool:
+            if time.perf_counter() - t0 - state["eval_s"] > args.budget_s:
+                return False  # as `run` interrupts a run past --budget-s
+            return not (args.stop_at_threshold and state["reached"] is not None)
+
+    running = time.perf_counter() - t0
+    model.learn(total_timesteps=budget, callback=GridEvaluation())
+    return {
+        "mode": "recurrent_ppo",
+        "config": "sb3-contrib RecurrentPPO",
+        "algo": "RecurrentPPO",
+        "env": cfg.env.id,
+        "threshold": args.threshold,
+        "reached": state["reached"],
+        "rows": rows,
+        "seconds": round(time.perf_counter() - t0 - state["eval_s"], 2),
+        "running_at_s": round(running, 2),
+        "actor_idle_fraction": None,
+        "final_env_steps": int(model.num_timesteps),
+        "final_eval": None,
+    }
 
 
 # --------------------------------------------------------------------------
@@ -899,6 +1012,11 @@ def main(argv=None) -> int:
         if mode == "compare":
             p.add_argument("configs", nargs="+")
             p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+            p.add_argument(
+                "--recurrent-ppo",
+                action="store_true",
+                help="also sb3-contrib's RecurrentPPO on the first config's env (RL Zoo's CartPoleNoVel settings)",
+            )
         else:
             p.add_argument("config")
         p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")

@@ -174,3 +174,27 @@ async def test_a_stop_during_start_up_ends_the_run_without_waiting_for_the_start
     finally:
         await conn.close()
         await coordinator.close(timeout_s=1.0)
+
+
+@pytest.mark.parametrize("fatal", [False, True])
+async def test_a_failure_a_restart_would_repeat_stops_the_run_at_once(tmp_path, fatal):
+    """An actor's failure leaves room for its restart, unless the actor says a restart would fail
+    the same way (aiorl disagreeing with itself): then nothing waits for one and the run stops."""
+    cfg = load_config(data={"algo": "random_agent", "cluster": {"actors": 2, "start_timeout_s": HANG_S}})
+    coordinator = Coordinator(cfg, tmp_path, TOKEN)
+    port = await coordinator.start("127.0.0.1", 0)
+    run = asyncio.create_task(coordinator.run())
+    conn = None
+    try:
+        conn = await register(port, cfg, "actor-0")
+        meta = {"reason": "OwnInconsistency: rollout fields do not match", **({"fatal": True} if fatal else {})}
+        await conn.request("fail", meta, timeout_s=HANG_S)
+        assert coordinator.roles["actor-0"].status == "failed"
+        assert coordinator.stop_event.is_set() is fatal
+        if fatal:
+            assert "actor-0 failed: OwnInconsistency: rollout fields do not match" in coordinator.stop_reason
+    finally:
+        run.cancel()
+        if conn is not None:
+            conn.abort()
+        await coordinator.close(timeout_s=1.0)

@@ -11,7 +11,10 @@ from aiorl.config import ConfigError
 from aiorl.envs import EnvRunner
 from aiorl.experiment.loading import load_config
 from aiorl.replay.trajectory_queue import TrajectoryQueue
+from aiorl.runtime.actor import ActorRole
 from aiorl.runtime.algorithm import build_algorithm
+from aiorl.runtime.messages import RowSpec
+from aiorl.runtime.role import OwnInconsistency
 
 T, E = 8, 3
 
@@ -303,3 +306,19 @@ def test_dppo_bootstraps_from_the_state_after_the_last_step():
         assert b1["value_target"][e * T + T - 1] == pytest.approx(expect, rel=1e-5, abs=1e-6)
         checked += 1
     assert checked > 0
+
+
+def test_an_actor_refuses_to_send_a_rollout_its_own_algorithm_spec_refuses(tmp_path):
+    """A memory host closes the connection of a rollout that misses the spec, as it would a
+    hostile peer's; the actor then waits on its round for ever. The actor checks its first
+    rollout against the same spec and fails with the fields named (a restart would repeat it)."""
+    cfg = config("dppo")
+    algo, _, _, out = acted(cfg)
+    role = ActorRole(load_config(data=cfg.to_dict(), overrides=[f"run.dir={tmp_path}"]), 0, tmp_path, b"t" * 64)
+    rows = out[0][1]
+    role.own_rows = RowSpec(algo.transition_spec())
+    role._check_own_rows("rollout", rows)
+    role.rows_checked.clear()
+    role.own_rows = RowSpec({k: v for k, v in algo.transition_spec().items() if k != "state"})
+    with pytest.raises(OwnInconsistency, match=r"rollout.*unexpected \['state'\]"):
+        role._check_own_rows("rollout", rows)

@@ -41,7 +41,7 @@ from aiorl.replay.frame_sender import FrameSender
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime import messages
 from aiorl.runtime.phase import Phase
-from aiorl.runtime.role import Offload, Role
+from aiorl.runtime.role import Offload, OwnInconsistency, Role
 from aiorl.wire import Connection, ConnectionClosed
 
 # Waits whose liveness comes from heartbeats and connection loss, not a timer.
@@ -109,6 +109,8 @@ class ActorRole(Role):
         self.payload_bytes = 0  # array bytes of the batches sent (frame layout: frames once)
         self.idle = IdleClock()
         self.fragment_flow = False  # IMPALA: fragment messages, each against a credit
+        self.own_rows: messages.RowSpec | None = None  # the spec memories check rollouts against
+        self.rows_checked: set[str] = set()  # message kinds whose first rows matched it
 
     def heartbeat_extra(self) -> dict:
         returns, self.episode_returns = self.episode_returns, []
@@ -239,6 +241,8 @@ class ActorRole(Role):
         seed = self.seed()
         self.policy = algo.make_actor(self.index, cfg.cluster.actors, seed)
         layout = frame_layout(cfg, algo)
+        if layout is None and algo.is_synchronous(cfg):  # rollouts, checked by memories as here
+            self.own_rows = messages.RowSpec(algo.transition_spec())
         if layout is not None:
             # Observations travel as frame ids; the policy still sees stacks where it needs them.
             self.frames = FrameSender(
@@ -436,6 +440,21 @@ class ActorRole(Role):
             self._count_sent(m, fragments, steps)
             return True
 
+    def _check_own_rows(self, kind: str, arrays: dict) -> None:
+        """The first rows of each kind against the algorithm's own spec, before they leave: a
+        memory host refuses rows that miss it by closing the connection (as it would a hostile
+        peer's), and the actor, its rows never counted, would wait on the round for ever."""
+        if self.own_rows is None or kind in self.rows_checked:
+            return
+        try:
+            self.own_rows.rows(kind, arrays)
+        except messages.BadMessage as exc:
+            raise OwnInconsistency(
+                f"{self.cfg.algo}'s actor built a {kind} its own transition_spec() refuses ({exc}): "
+                "a bug in the algorithm, not in this run"
+            ) from None
+        self.rows_checked.add(kind)
+
     async def _sync_loop(self) -> None:
         """One rollout per iteration; no iteration starts before its weights are published."""
         m = self.index % len(self.memories)
@@ -454,6 +473,7 @@ class ActorRole(Role):
             started = time.monotonic()
             rollout = await self._rollout()
             batch, _ = self.policy.postprocess(rollout)
+            self._check_own_rows("rollout", batch)
             with self.idle:
                 await memory.send(
                     "rollout",
@@ -511,6 +531,7 @@ class ActorRole(Role):
             self.episode_returns.extend(result.episode_returns)
             self.episode_lengths.extend(result.episode_lengths)
             m = item % len(self.memories)
+            self._check_own_rows("rollout", result.batch)
             with self.idle:
                 await self.memories[m].send(
                     "rollout",

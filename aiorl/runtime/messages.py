@@ -186,7 +186,7 @@ SCHEMAS: dict[str, dict[str, tuple[Checker, bool]]] = {
     "publish": {"learner_steps": (_count, False)},
     "get_weights": {"have": (integer(-1), False), "min_version": (nullable(integer(0)), False)},
     "barrier": {"name": (text(64), False), "generation": (_count, True)},
-    "fail": {"reason": (text(), False)},
+    "fail": {"reason": (text(), False), "fatal": (boolean, False)},
     "stop": {"reason": (text(), False)},
     "status": {},
     "run_state": {"counters": (mapping(text(64), _count), False)},

@@ -85,6 +85,11 @@ class RoleFailed(Exception):
     """The role cannot go on (config refused, its work raised, ...)."""
 
 
+class OwnInconsistency(RuntimeError):
+    """aiorl disagrees with itself (an algorithm's actor builds rows its own spec refuses): a
+    restart would fail the same way, so the run stops at once instead of restarting the role."""
+
+
 class Role:
     kind = ""
 
@@ -414,7 +419,7 @@ class Role:
                 raise lost[0] from None
             self.log.exception("failed")
             cause = (_leaves(exc, Exception) or [exc])[0]  # the real error, not its TaskGroup wrapper
-            await self._report_failure(f"{type(cause).__name__}: {cause}")
+            await self._report_failure(f"{type(cause).__name__}: {cause}", fatal=isinstance(cause, OwnInconsistency))
             raise RoleFailed(f"{type(cause).__name__}: {cause}") from exc
         # The stats go packed: a memory host's per-actor accounts outgrow a frame header.
         await self._request_or_lost("done", self._heartbeat_meta(), arrays={"stats": messages.pack_table(stats)})
@@ -435,9 +440,10 @@ class Role:
         self._work_done = True
         return main.result()
 
-    async def _report_failure(self, reason: str) -> None:
+    async def _report_failure(self, reason: str, fatal: bool = False) -> None:
+        meta = {"reason": reason, "fatal": True} if fatal else {"reason": reason}
         try:
-            await self.coordinator.request("fail", {"reason": reason}, timeout_s=self.cfg.cluster.coordinator_timeout_s)
+            await self.coordinator.request("fail", meta, timeout_s=self.cfg.cluster.coordinator_timeout_s)
         except (ConnectionClosed, TimeoutError, RemoteError, CoordinatorLost):
             pass
 

@@ -8,6 +8,7 @@ REC = "tests/test_recurrent.py"
 MASK = "tests/test_mask_velocity.py"
 EXPORT = "tests/test_export.py::test_a_recurrent_export_takes_and_returns_the_state_in_plain_torch"
 CLUSTER = "tests/test_recurrent_cluster.py"
+LEARNS = "tests/test_recurrent_learning.py::test_a_ci_sized_recurrent_run_learns_past_what_no_memory_can[lstm]"
 
 MUTANTS = [
     # ------------------------------------------------------------------ the reset mask
@@ -139,5 +140,13 @@ MUTANTS = [
         old="        features, state = self.core(self.torso(self.normalizer(obs)), state)\n",
         new="        features, _ = self.core(self.torso(self.normalizer(obs)), state)\n",
         tests=[CLUSTER + "::test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state[impala]"],
+    ),
+    # ------------------------------------------------------------------ learning
+    dict(
+        name="actors_act_without_memory",
+        path="aiorl/algos/lib/actor_critic.py",
+        old="        self.state = state.numpy().copy()\n",
+        new="        self.state = np.zeros_like(before)\n",
+        tests=[LEARNS],
     ),
 ]

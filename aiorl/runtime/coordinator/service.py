@@ -421,6 +421,8 @@ class Coordinator(Registration, LauncherNotices):
         elif kind == "fail":
             reason = safe_text(fields.get("reason", "no reason given"), 1000)
             self._mark(record, "failed", reason)
+            if fields.get("fatal"):  # a restart would fail the same way: no role waits for one
+                self.begin_stop(f"{record.name} failed: {reason}", failed=True, role=record)
             await conn.reply(msg)
         elif kind == "child_exit":
             await self._refuse_notice(conn, msg, record.name, self.notices.refusal(conn))

@@ -1,0 +1,118 @@
+"""What recurrence costs: wire bytes per IMPALA fragment and learner steps/s, each recurrent
+example beside its feed-forward twin (the same config with ``model.recurrent: null``), in one run.
+
+    python bench/recurrent_cost.py [--steps 20] [--repeats 3] [--json out.json] [EXAMPLE ...]
+
+For each example (default: the recurrent IMPALA and DPPO examples) both models are built as the
+roles build them (`make_actor`, `make_learner`, their torch threads and seed); each actor acts
+with its learner's weights on the example's envs, and its rollouts become the learner's batch as
+in a run: for IMPALA ``agent.batch_size`` rows of fragments, for DPPO one rollout from each of
+``cluster.actors`` actors (one iteration's rows). The fragment message is encoded with the
+wire's `Encoder` exactly as an actor sends it (``"fragment"``, its meta), and its bytes divided
+by its fragments. Then each learner steps on its own batch ``--steps`` times (after one
+unmeasured step); the two models alternate ``--repeats`` times and the table gives the median
+steps/s of each and their ratio. A DPPO learner step is a whole iteration (every epoch over
+every minibatch); an IMPALA step is one batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from aiorl.envs import EnvRunner  # noqa: E402
+from aiorl.experiment.loading import load_config  # noqa: E402
+from aiorl.runtime.algorithm import build_algorithm  # noqa: E402
+from aiorl.wire.codec import Encoder, FrameType, Limits  # noqa: E402
+
+DEFAULT = ["examples/impala_lstm_cartpole_novel.yaml", "examples/dppo_lstm_cartpole_novel.yaml"]
+SEED = 0
+
+
+def setup(example: str, recurrent: bool):
+    """(learner, batch, fragment bytes or None) of `example`, recurrent or its twin."""
+    import torch
+
+    cfg = load_config(example, [] if recurrent else ["model.recurrent=null"])
+    torch.set_num_threads(cfg.model.torch_threads)
+    algo = build_algorithm(cfg)
+    learner = algo.make_learner(0, 1, SEED)
+    weights = learner.get_weights()
+    E, T = cfg.env.num_envs, cfg.agent.sample_batch_size
+    impala = algo.fragment_queue(cfg) is not None
+    # IMPALA: fragments enough for one learner batch; DPPO: one rollout per actor.
+    actors = -(-cfg.agent.batch_size // (E * T)) if impala else cfg.cluster.actors
+    parts, per_fragment = [], None
+    for a in range(actors):
+        actor = algo.make_actor(a, cfg.cluster.actors, SEED + a)
+        actor.set_weights(weights, 0)
+        runner = EnvRunner(cfg.env, E, SEED + a)
+        rows = actor.postprocess(runner.rollout(actor.act, T, actor.begin_episodes))[0]
+        runner.close()
+        if impala and per_fragment is None:
+            meta = {"seq": 0, "weights_version": 0}
+            _, total = Encoder(Limits()).encode(FrameType.DATA, "fragment", meta, rows)
+            per_fragment = total / len(next(iter(rows.values())))
+        parts.append(rows)
+    batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if impala:
+        batch = {k: v[: cfg.agent.batch_size // T] for k, v in batch.items()}
+        batch["weights_version"] = np.zeros(len(batch["obs"]), np.int64)
+    return learner, batch, per_fragment
+
+
+def steps_per_s(learner, batch, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        learner.step(batch)
+    return steps / (time.perf_counter() - t0)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("examples", nargs="*", default=DEFAULT)
+    parser.add_argument("--steps", type=int, default=20, help="learner steps per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating (recurrent, feed-forward) measurements")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    results = []
+    print(
+        f"{'example':<40} {'bytes/fragment rec':>18} {'ff':>8} {'ratio':>6} {'steps/s rec':>11} {'ff':>8} {'ratio':>6}",
+        flush=True,
+    )
+    for example in args.examples:
+        both = {name: setup(str(ROOT / example), name == "recurrent") for name in ("recurrent", "feed_forward")}
+        rates: dict[str, list[float]] = {name: [] for name in both}
+        for learner, batch, _ in both.values():
+            learner.step(batch)  # first step: allocations, lazy inits
+        for _ in range(args.repeats):
+            for name, (learner, batch, _) in both.items():
+                rates[name].append(steps_per_s(learner, batch, args.steps))
+        rec, ff = (statistics.median(rates[n]) for n in ("recurrent", "feed_forward"))
+        b_rec, b_ff = both["recurrent"][2], both["feed_forward"][2]
+        row = {
+            "example": example,
+            "bytes_per_fragment": {"recurrent": b_rec, "feed_forward": b_ff},
+            "learner_steps_per_s": {"recurrent": rec, "feed_forward": ff},
+            "all_steps_per_s": rates,
+            "steps_per_s_ratio": rec / ff,
+        }
+        results.append(row)
+        wire = f"{b_rec:>18.0f} {b_ff:>8.0f} {b_rec / b_ff:>6.2f}" if b_rec else f"{'-':>18} {'-':>8} {'-':>6}"
+        print(f"{example:<40} {wire} {rec:>11.2f} {ff:>8.2f} {rec / ff:>6.3f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""Recurrent policies learn through the real runtime: the DPPO-LSTM example (and its GRU twin)
+on CartPole-v1 without its velocities, with a CI-sized budget and a fixed seed, then `aiorl eval`
+of the policy kept. Without memory this task tops out near 50 (the examples' feed-forward twins
+end at 42-44 after 100k env steps); a return far above that needs the state carried from step to
+step by the actors, stored with each rollout and unrolled by the learner."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster_helpers import run
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def example(name: str, model: dict, **agent) -> dict:
+    config = yaml.safe_load((ROOT / "examples" / name).read_text())
+    config["agent"].update(agent)
+    config["model"].update(model)
+    config.setdefault("run", {})["seed"] = 1
+    return config
+
+
+# 20 iterations of 512 env steps, the step size annealed over them, an evaluation every 5.
+# Measured (seed 1, 2 cores, load 5-7): the LSTM's `aiorl eval` 500.0 in 3 of 3 runs (27-49 s
+# each), the GRU's 224.4 (its best evaluation 190.9, 34 s); without memory the task ends near 45.
+BUDGET, THRESHOLD = 10240, 150
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_ci_sized_recurrent_run_learns_past_what_no_memory_can(tmp_path, kind):
+    config = example(
+        "dppo_lstm_cartpole_novel.yaml", {"recurrent": {"type": kind, "hidden": 64}}, scheduled_timesteps=BUDGET
+    )
+    config["run"]["eval_every"] = 5
+    code, out, run_dir = run(tmp_path, config, timeout_s=300)
+    assert code == 0, out
+    result = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "20", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["mean"] >= THRESHOLD, result.stdout
