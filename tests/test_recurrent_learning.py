@@ -1,5 +1,5 @@
 """Recurrent policies learn through the real runtime: the DPPO-LSTM example (and its GRU twin)
-on CartPole-v1 without its velocities, with a CI-sized budget and a fixed seed, then `aiorl eval`
+and the R2D2 example on CartPole-v1 without its velocities, with a CI-sized budget and a fixed seed, then `aiorl eval`
 of the policy kept. Without memory this task tops out near 50 (the examples' feed-forward twins
 end at 42-44 after 100k env steps); a return far above that needs the state carried from step to
 step by the actors, stored with each rollout and unrolled by the learner."""
@@ -25,6 +25,18 @@ def example(name: str, model: dict, **agent) -> dict:
     return config
 
 
+def evaluated_mean(run_dir: Path) -> float:
+    """`aiorl eval`'s mean return over 20 episodes of the run's best policy."""
+    result = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "20", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["mean"]
+
+
 # 20 iterations of 512 env steps, the step size annealed over them, an evaluation every 5.
 # Measured (seed 1, 2 cores, load 5-7): the LSTM's `aiorl eval` 500.0 in 3 of 3 runs (27-49 s
 # each), the GRU's 224.4 (its best evaluation 190.9, 34 s); without memory the task ends near 45.
@@ -39,11 +51,19 @@ def test_a_ci_sized_recurrent_run_learns_past_what_no_memory_can(tmp_path, kind)
     config["run"]["eval_every"] = 5
     code, out, run_dir = run(tmp_path, config, timeout_s=300)
     assert code == 0, out
-    result = subprocess.run(
-        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "20", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["mean"] >= THRESHOLD, result.stdout
+    assert evaluated_mean(run_dir) >= THRESHOLD
+
+
+# R2D2 is asynchronous (the actor and the learner race), so the same seed does not repeat a run
+# exactly: the bar leaves room. 3,000 learner steps of the example measured (2 cores, load 9-10):
+# `aiorl eval` 462.5 (seed 1, 148 s) and 249.3 (seed 2, 76 s); without the LSTM the example ends
+# at 44-45 after its full 20,000 steps.
+R2D2_STEPS = 3000
+
+
+def test_a_ci_sized_r2d2_run_learns_past_what_no_memory_can(tmp_path):
+    config = example("r2d2_cartpole_novel.yaml", {}, scheduled_global_steps=R2D2_STEPS)
+    config["run"]["eval_every"] = 500
+    code, out, run_dir = run(tmp_path, config, timeout_s=400)
+    assert code == 0, out
+    assert evaluated_mean(run_dir) >= THRESHOLD
