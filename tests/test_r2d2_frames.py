@@ -65,7 +65,11 @@ class SequenceActor:
             for key in ("state", "env"):
                 rows.pop(key, None)
             if len(rows.get("mask", ())):
-                rows["obs"] = pad_with_last_observation(rows["obs"], rows["mask"])
+                padded = pad_with_last_observation(rows["obs"], rows["mask"])
+                # Padding never touches a real observation, the one after the last step included.
+                real = np.arange(padded.shape[1]) <= rows["mask"].sum(axis=1)[:, None]
+                assert np.array_equal(padded[real], rows["obs"][real])
+                rows["obs"] = padded
         return out
 
 
