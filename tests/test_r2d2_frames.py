@@ -143,6 +143,7 @@ def test_a_message_with_more_frames_than_its_rows_reference_is_refused():
     spec = sequence_spec(m, k)
     layout = FrameLayout.for_spec(spec, ("obs",), 1, 4, m - 1, (k, 1, 2))
     assert layout.max_frames(2) == 2 * (m + 1) * k
+    assert layout.max_frames(100) == layout.window == 32  # ids of one message span less than it
     buf = FrameReplayBuffer(8, spec, layout, alpha=0.6, seed=0)
     stream = buf.stream()
     rows = {

@@ -27,7 +27,7 @@ receiver checks the frame count against its bound first and decompresses to exac
 
 Bounds a receiver can check before it allocates (see `FrameLayout`): a
 message's frames are at most its rows' references, ``len(fields) * prod(lead) * k``
-per row, and the ids a stream references span less than ``window``.
+per row, and at most ``window``, which the ids a stream references span less than.
 """
 
 from __future__ import annotations
@@ -148,8 +148,10 @@ class FrameLayout:
         return self.frame_shape, self.dtype.str
 
     def max_frames(self, rows: int) -> int:
-        """Most frames one message of `rows` rows can need: one per reference."""
-        return rows * self.refs_per_row
+        """Most frames one message of `rows` rows can need: one per reference, and never more
+        than the window (a message's ids span less than it; this bounds sequences, whose rows
+        hold many references)."""
+        return min(rows * self.refs_per_row, self.window)
 
     def max_compressed_bytes(self, rows: int) -> int:
         """Most bytes of ``frames_lz4`` in a message of `rows` rows (lz4's worst-case bound)."""
