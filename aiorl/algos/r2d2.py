@@ -10,7 +10,9 @@ or GRU state per env that is zeroed at every episode start. The sequence adder
 starting every m - overlap steps of an episode, each with the state the actor acted from at
 its first step; a sequence never crosses an episode end (it is padded and masked), and is
 ``terminal`` only when its last step terminated. One sequence is one replay row; new rows
-take the replay's running max priority (actors send none).
+take the replay's running max priority (actors send none). In the frame layout
+(`aiorl.replay.frames`, stacked pixel frames) a row's observations travel and are stored as
+``(m + 1, k)`` frame ids, each frame once, the padding pointing at the last real observation.
 
 The learner unrolls both networks over each sequence from its start state (the stored one,
 or zeros with ``model.start_state: zero``). The first l steps (burn-in) only compute the
@@ -55,6 +57,7 @@ from aiorl.algos.lib.networks import DuelingHead, Torso, check_observation_space
 from aiorl.algos.r2d2_config import R2D2Settings, sequence_overlap
 from aiorl.config import ConfigError
 from aiorl.replay import SequenceAdder
+from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerResult
 
 # --------------------------------------------------------------------------
@@ -212,6 +215,19 @@ def masked_loss(delta: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,
 # Acting
 
 
+def pad_with_last_observation(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``obs [n, m + 1, ...]`` with every step after each row's last real observation (index
+    L = its mask's count) replaced by that observation.
+
+    In the frame layout the adder's zero padding would be frame id 0, which the memory has long
+    released (it refuses the row); the padded steps are masked and, the core being causal, never
+    reach a trained step's Q, so any real observation serves.
+    """
+    last = mask.sum(axis=1)
+    steps = np.minimum(np.arange(obs.shape[1]), last[:, None])
+    return np.take_along_axis(obs, steps.reshape(steps.shape + (1,) * (obs.ndim - 2)), axis=1)
+
+
 class R2D2Actor(ActorPolicy):
     def __init__(self, algo: R2D2, actor_index: int, num_actors: int, seed: int):
         m = algo.cfg.model
@@ -225,6 +241,7 @@ class R2D2Actor(ActorPolicy):
         )
         self.rng = np.random.default_rng(seed)
         self.adder = SequenceAdder(m.sequence_length, sequence_overlap(m))
+        self.frame_refs = frame_layout(algo.cfg, algo) is not None  # obs arrive as frame ids
         self.acted_from: list[np.ndarray] = []  # per step of the rollout, each env's state before it
 
     def __repr__(self) -> str:
@@ -265,6 +282,8 @@ class R2D2Actor(ActorPolicy):
         if not batch or len(batch["env"]) == 0:
             return {}
         batch["epsilon"] = self.epsilons[batch.pop("env")].astype(np.float32)
+        if self.frame_refs:
+            batch["obs"] = pad_with_last_observation(batch["obs"], batch["mask"])
         if not self.recurrent:
             del batch["state"]
         return batch
@@ -364,17 +383,13 @@ class R2D2(R2D2Settings, Algorithm):
         super().__init__(cfg, env_spec)
         obs_space, action_space = env_spec.observation_space, env_spec.action_space
         check_observation_space(obs_space, "env.id")
-        if is_image(obs_space):
-            raise ConfigError(
-                f"env.id: r2d2 takes vector observations; {env_spec.id} has images {obs_space} "
-                "(sequences of frames need the frame layout, not built for r2d2 yet)"
-            )
         if not isinstance(action_space, gym.spaces.Discrete) or int(action_space.start) != 0:
             raise ConfigError(
                 f"env.id: r2d2 needs a Discrete action space numbered from 0; {env_spec.id} has {action_space}"
             )
         self.num_actions = int(action_space.n)
-        self.layers = parse_network(cfg.model.network, "model.network")
+        network = cfg.model.network or (["nature_cnn"] if is_image(obs_space) else ["linear:256", "relu"])
+        self.layers = parse_network(network, "model.network")
         self.recurrent = check_recurrent(cfg.model.recurrent)
         self.state_size = shapes_only(self.q_network).state_size
 

@@ -16,8 +16,9 @@ START_STATES = ("stored", "zero")
 @dataclass
 class R2D2Config:
     network: list = doc(
-        "Torso layers before the recurrent core, e.g. ['linear:64', 'relu'] (see aiorl/algos/lib/networks.py).",
-        default_factory=lambda: ["linear:256", "relu"],
+        "Torso layers before the recurrent core, e.g. ['linear:64', 'relu'] (see aiorl/algos/lib/networks.py); "
+        "empty: nature_cnn for images, ['linear:256', 'relu'] otherwise.",
+        default_factory=list,
     )
     recurrent: dict | None = doc(
         "The recurrent core after the torso: {type: lstm | gru, hidden: N}; null: a feed-forward Q network "
@@ -116,11 +117,6 @@ class R2D2Settings(AlgorithmSettings):
             raise ConfigError(f"model.exploration_eps: expected a value in [0, 1], got {m.exploration_eps}")
         if m.exploration_alpha < 0:
             raise ConfigError(f"model.exploration_alpha: must be >= 0, got {m.exploration_alpha}")
-        if cfg.agent.replay_layout == "frames":
-            raise ConfigError(
-                "agent.replay_layout: r2d2 stores observations in its sequences; the frame layout "
-                "(frames stored once) is not built for it yet: use 'auto' or 'transitions'"
-            )
 
 
 SETTINGS = R2D2Settings

@@ -1,8 +1,11 @@
 """Replay that stores each frame once: frame-stacked observations kept as references.
 
 A transition spec names its observation fields (``obs``, ``next_obs``) with
-stacked shapes ``(k, *frame)``. In the frame layout each such field is
-stored, and travels from actor to memory, as ``k`` int64 frame references;
+stacked shapes ``(*lead, k, *frame)``: ``(k, *frame)`` for a transition,
+``(m + 1, k, *frame)`` for an R2D2 sequence (lead ``(m + 1,)``). In the frame
+layout each such field is stored, and travels from actor to memory, as
+``(*lead, k)`` int64 frame references (consecutive steps share k - 1 of
+them, overlapping sequences share theirs too);
 the frames themselves live once in a reference-counted `FramePool` (compiled,
 `aiorl._ext.framestore`) and are gathered back into stacks at sample time.
 Everything else (the ring of rows, the sum-tree, the rng) is the ordinary
@@ -13,8 +16,8 @@ exactly what the naive buffer (obs and next_obs stored per row) returns.
 The actor side (`aiorl.replay.frame_sender.FrameSender`) numbers each new
 frame with a per-actor id and sends, with each batch of rows, only the frames
 its rows reference that the receiving memory does not hold yet. A batch
-message in this layout carries the rows (frame fields as ``[n, k]`` int64
-ids), ``frames [f, *frame]`` with ``frame_ids [f]`` (strictly increasing), and
+message in this layout carries the rows (frame fields as ``[n, *lead, k]``
+int64 ids), ``frames [f, *frame]`` with ``frame_ids [f]`` (strictly increasing), and
 ``keep_from`` (meta): no id below it is referenced by this or any later
 message of that actor, so the memory releases the frames it held for them
 (rows still referencing a frame keep it alive). With ``cluster.frame_compression:
@@ -23,8 +26,8 @@ receiver checks the frame count against its bound first and decompresses to exac
 ``len(frame_ids)`` frames, or refuses the message.
 
 Bounds a receiver can check before it allocates (see `FrameLayout`): a
-message's frames are at most ``len(fields) * k`` per row, and the ids a
-stream references span less than ``window``.
+message's frames are at most its rows' references, ``len(fields) * prod(lead) * k``
+per row, and at most ``window``, which the ids a stream references span less than.
 """
 
 from __future__ import annotations
@@ -73,9 +76,10 @@ class FrameLayout:
     """How observation fields are sent and stored as frames.
 
     fields: transition fields holding stacked observations; stack: frames per
-    observation (axis 0); frame_shape, dtype: one frame; window: the frame-id
-    window of one actor stream (a power of two, both ends derive it from the
-    config: see `for_spec`).
+    observation; frame_shape, dtype: one frame; window: the frame-id window of
+    one actor stream (a power of two, both ends derive it from the config: see
+    `for_spec`); lead: the dims of a field before its observations (``()`` for a
+    transition, ``(m + 1,)`` for a sequence of m steps).
     """
 
     fields: tuple[str, ...]
@@ -83,11 +87,22 @@ class FrameLayout:
     frame_shape: tuple[int, ...]
     dtype: np.dtype
     window: int
+    lead: tuple[int, ...] = ()
 
     @classmethod
-    def for_spec(cls, spec: dict, fields, num_envs: int, steps_per_batch: int, lookback_steps: int) -> FrameLayout:
+    def for_spec(
+        cls,
+        spec: dict,
+        fields,
+        num_envs: int,
+        steps_per_batch: int,
+        lookback_steps: int,
+        obs_shape: tuple[int, ...] | None = None,
+    ) -> FrameLayout:
         """The layout of `spec`'s observation `fields` for actors stepping `num_envs` envs,
         `steps_per_batch` steps per batch, whose rows start up to `lookback_steps` before it.
+        `obs_shape`: one observation's shape ``(k, *frame)``, the fields' trailing dims (None:
+        the fields are single observations).
 
         Ids live in the stacks of at most k consecutive steps (each step makes at
         least one new id per env, a fresh stack at most k), so the ids a stream still
@@ -100,28 +115,43 @@ class FrameLayout:
         if len(shapes) != 1 or len(dtypes) != 1:
             raise ValueError(f"frame fields {fields} must share one shape and dtype, got {shapes} {dtypes}")
         shape = shapes.pop()
-        if len(shape) < 2:
-            raise ValueError(f"frame fields {fields} have shape {shape}; expected (stack, *frame)")
-        stack = shape[0]
+        obs_shape = shape if obs_shape is None else tuple(obs_shape)
+        lead = shape[: len(shape) - len(obs_shape)]
+        if len(obs_shape) < 2 or lead + obs_shape != shape:
+            raise ValueError(f"frame fields {fields} have shape {shape}; expected (stack, *frame) after any lead dims")
+        stack = obs_shape[0]
         span = num_envs * stack * (steps_per_batch + lookback_steps + stack)
-        return cls(fields, stack, shape[1:], dtypes.pop().newbyteorder("="), _next_pow2(2 * span))
+        return cls(fields, stack, obs_shape[1:], dtypes.pop().newbyteorder("="), _next_pow2(2 * span), lead)
 
     @property
     def frame_bytes(self) -> int:
         return int(np.prod(self.frame_shape)) * self.dtype.itemsize
 
+    @property
+    def stacks_per_field(self) -> int:
+        """Stacks one row holds in each frame field (the product of `lead`)."""
+        return int(np.prod(self.lead, dtype=np.int64))
+
+    @property
+    def refs_per_row(self) -> int:
+        """Frame references one row holds, all its frame fields together."""
+        return len(self.fields) * self.stacks_per_field * self.stack
+
     def wire_spec(self, spec: dict) -> dict:
-        """Per-row spec of a batch message: frame fields become ``(k,)`` int64 ids. A message
-        also carries ``frames`` (rows of `frame_spec`) and ``frame_ids`` (int64), at most
-        `max_frames(rows)` of each."""
-        return {name: (((self.stack,), "<i8") if name in self.fields else entry) for name, entry in spec.items()}
+        """Per-row spec of a batch message: frame fields become ``(*lead, k)`` int64 ids. A
+        message also carries ``frames`` (rows of `frame_spec`) and ``frame_ids`` (int64), at
+        most `max_frames(rows)` of each."""
+        ids = (self.lead + (self.stack,), "<i8")
+        return {name: (ids if name in self.fields else entry) for name, entry in spec.items()}
 
     def frame_spec(self) -> tuple[tuple[int, ...], str]:
         return self.frame_shape, self.dtype.str
 
     def max_frames(self, rows: int) -> int:
-        """Most frames one message of `rows` rows can need."""
-        return rows * len(self.fields) * self.stack
+        """Most frames one message of `rows` rows can need: one per reference, and never more
+        than the window (a message's ids span less than it; this bounds sequences, whose rows
+        hold many references)."""
+        return min(rows * self.refs_per_row, self.window)
 
     def max_compressed_bytes(self, rows: int) -> int:
         """Most bytes of ``frames_lz4`` in a message of `rows` rows (lz4's worst-case bound)."""
@@ -154,7 +184,8 @@ def frame_layout(cfg, algo) -> FrameLayout | None:
         return None
     spec = algo.transition_spec()
     fields = [f for f in algo.observation_fields if f in spec]
-    if choice == "auto" and not (fields and stacked_env(cfg.env) and len(spec[fields[0]][0]) >= 3):
+    obs_shape = tuple(getattr(algo.env_spec.observation_space, "shape", None) or ())
+    if choice == "auto" and not (fields and stacked_env(cfg.env) and len(obs_shape) >= 3):
         return None
     if not fields:
         raise ConfigError(
@@ -163,7 +194,7 @@ def frame_layout(cfg, algo) -> FrameLayout | None:
         )
     try:
         layout = FrameLayout.for_spec(
-            spec, fields, cfg.env.num_envs, cfg.agent.sample_batch_size, algo.lookback_steps()
+            spec, fields, cfg.env.num_envs, cfg.agent.sample_batch_size, algo.lookback_steps(), obs_shape
         )
     except ValueError as exc:
         raise ConfigError(f"agent.replay_layout: 'frames' does not fit this env: {exc}") from None
@@ -228,11 +259,14 @@ class FrameReplayBuffer:
             self._rows = PrioritizedReplayBuffer(capacity, rows_spec, alpha=alpha, eps=eps, seed=seed)
         self.prioritized = alpha is not None
         self.capacity = capacity
-        # Frames alive at once: those rows reference (at most k per field per row) and those
+        # Frames alive at once: those rows reference (at most one per reference) and those
         # the streams hold (at most a window each). Blocks open only as they fill.
-        max_frames = capacity * len(layout.fields) * layout.stack + max(1, max_streams) * layout.window
+        max_frames = capacity * layout.refs_per_row + max(1, max_streams) * layout.window
         self.pool = FramePool(layout.frame_shape, layout.dtype, max_frames)
-        self._tables = {f: np.full((capacity, layout.stack), -1, np.int64) for f in layout.fields}
+        # One table row of stacks per replay row: viewed as [capacity * stacks, k], each
+        # stack is one row of the pool's gather.
+        self._stacks = layout.stacks_per_field
+        self._tables = {f: np.full((capacity, self._stacks, layout.stack), -1, np.int64) for f in layout.fields}
         self._out = BufferPool()
 
     def __repr__(self) -> str:
@@ -277,12 +311,13 @@ class FrameReplayBuffer:
         n = len(next(iter(rows.values()))) if rows else 0
         if packed is not None:
             frames = unpack_frames(self.layout, packed, frame_ids, n, what)
+        elif frame_ids.ndim != 1 or len(frame_ids) > self.layout.max_frames(n):
+            # Each frame sent must be one the rows reference: more is a malformed message.
+            raise ValueError(f"{what}: {frame_ids.shape} frame ids for {n} rows (at most {self.layout.max_frames(n)})")
+        want = (n, *self.layout.lead, self.layout.stack)
         for f, ref in zip(self.layout.fields, refs):
-            if ref.shape != (n, self.layout.stack) or ref.dtype.kind not in "iu":
-                raise ValueError(
-                    f"{what}: field {f!r}: expected ({n}, {self.layout.stack}) int64 frame ids, "
-                    f"got {ref.shape} {ref.dtype}"
-                )
+            if ref.shape != want or ref.dtype.kind not in "iu":
+                raise ValueError(f"{what}: field {f!r}: expected {want} int64 frame ids, got {ref.shape} {ref.dtype}")
         flat = np.concatenate([ref.reshape(-1) for ref in refs]).astype(np.int64, copy=False)
         if not isinstance(keep_from, (int, np.integer)):
             raise ValueError(f"{what}: keep_from must be an integer, got {keep_from!r}")
@@ -294,9 +329,9 @@ class FrameReplayBuffer:
         evicted = slots[max(0, self.capacity - before) :]
         old = [table[evicted] for table in self._tables.values()] if len(evicted) else []
         resolved = stream.admit(frames, frame_ids, flat, int(keep_from))
-        size = n * self.layout.stack
+        size = n * self._stacks * self.layout.stack
         for i, table in enumerate(self._tables.values()):
-            table[slots] = resolved[i * size : (i + 1) * size].reshape(n, self.layout.stack)
+            table[slots] = resolved[i * size : (i + 1) * size].reshape(n, self._stacks, self.layout.stack)
         self.pool.incref(resolved)
         for table_rows in old:
             self.pool.decref(table_rows)
@@ -304,17 +339,23 @@ class FrameReplayBuffer:
 
     def sample(self, batch_size: int, beta: float | None = None) -> dict:
         """The ring's sample (indices, weights, generations as usual) with each frame field
-        rebuilt as ``(batch_size, k, *frame)`` stacks; keys in spec order."""
+        rebuilt as ``(batch_size, *lead, k, *frame)`` stacks; keys in spec order."""
         sampled = self._rows.sample(batch_size, beta) if self.prioritized else self._rows.sample(batch_size)
-        shape = (batch_size, self.layout.stack) + self.layout.frame_shape
+        k, per = self.layout.stack, self._stacks
+        shape = (batch_size * per, k) + self.layout.frame_shape
         nbytes = int(np.prod(shape)) * self.layout.dtype.itemsize
         dests = (
             [self._out.take(nbytes).view(self.layout.dtype).reshape(shape) for _ in self._tables]
             if nbytes >= _POOLED_BYTES
             else None
         )
+        indices = np.asarray(sampled["indices"], np.int64)
+        stack_rows = (indices[:, None] * per + np.arange(per)).reshape(-1) if per > 1 else indices
+        tables = [table.reshape(-1, k) for table in self._tables.values()]
         # One pass over the rows for every frame field: more frames in flight per row.
-        stacks = dict(zip(self._tables, self.pool.gather(list(self._tables.values()), sampled["indices"], dests)))
+        gathered = self.pool.gather(tables, stack_rows, dests)
+        full = (batch_size, *self.layout.lead, k) + self.layout.frame_shape
+        stacks = {name: g.reshape(full) for name, g in zip(self._tables, gathered)}
         out = {name: stacks[name] if name in stacks else sampled[name] for name in self.spec}
         for key in ("indices", "weights", "generations"):
             if key in sampled:

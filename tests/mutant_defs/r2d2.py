@@ -6,6 +6,8 @@ Run them with `.venv/bin/python tests/mutants.py --only r2d2`.
 
 R2D2 = "tests/test_r2d2.py"
 SEQ = "tests/test_sequence.py"
+FRAMES = "tests/test_r2d2_frames.py"
+SAME_SAMPLES = FRAMES + "::test_frame_layout_samples_exactly_the_sequences_the_naive_layout_samples"
 
 MUTANTS = [
     # ------------------------------------------------------------------ the sequence adder
@@ -130,5 +132,41 @@ MUTANTS = [
         old="        q, _, _, state = self.q.step(obs, state)\n        return q.argmax(dim=1), state",
         new="        q, _, _, _ = self.q.step(obs, state)\n        return q.argmax(dim=1), state",
         tests=[R2D2],
+    ),
+    # ------------------------------------------------------------------ pixel sequences (frame layout)
+    dict(
+        name="frame_sample_reverses_the_steps_of_a_sequence",
+        path="aiorl/replay/frames.py",
+        old="        stack_rows = (indices[:, None] * per + np.arange(per)).reshape(-1) if per > 1 else indices",
+        new="        stack_rows = (indices[:, None] * per + np.arange(per)[::-1]).reshape(-1) if per > 1 else indices",
+        tests=[SAME_SAMPLES],
+    ),
+    dict(
+        name="max_frames_ignores_the_lead_dims",
+        path="aiorl/replay/frames.py",
+        old="        return len(self.fields) * self.stacks_per_field * self.stack",
+        new="        return len(self.fields) * self.stack",
+        tests=[FRAMES + "::test_a_message_with_more_frames_than_its_rows_reference_is_refused"],
+    ),
+    dict(
+        name="frame_count_bound_dropped",
+        path="aiorl/replay/frames.py",
+        old="        elif frame_ids.ndim != 1 or len(frame_ids) > self.layout.max_frames(n):",
+        new="        elif frame_ids.ndim != 1:",
+        tests=[FRAMES + "::test_a_message_with_more_frames_than_its_rows_reference_is_refused"],
+    ),
+    dict(
+        name="actor_keeps_the_zero_padding_of_frame_ids",
+        path="aiorl/algos/r2d2.py",
+        old='            batch["obs"] = pad_with_last_observation(batch["obs"], batch["mask"])',
+        new="            pass",
+        tests=[FRAMES],
+    ),
+    dict(
+        name="padding_overwrites_the_bootstrap_observation",
+        path="aiorl/algos/r2d2.py",
+        old="    steps = np.minimum(np.arange(obs.shape[1]), last[:, None])",
+        new="    steps = np.minimum(np.arange(obs.shape[1]), np.maximum(last[:, None] - 1, 0))",
+        tests=[SAME_SAMPLES],
     ),
 ]

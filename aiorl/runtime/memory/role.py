@@ -338,6 +338,8 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
             "sampled": self.sampled,
             "replay_size": len(self.replay) if self.replay is not None else 0,
             "replay_added": self.replay.added if self.replay is not None else 0,
+            # Frame layout: frames stored at the end, each once however many rows reference it.
+            "replay_frames": len(self.replay.pool) if isinstance(self.replay, FrameReplayBuffer) else None,
             "sample_blocked_s": round(self.sample_blocked_s, 3),
             "limiter": {**held, "holds": dict(self.flow.holds)} if (held := self.flow.held_metrics()) else None,
             **self.snapshots.stats(),
