@@ -29,19 +29,27 @@ def example(name: str, **agent) -> dict:
 
 
 @pytest.mark.parametrize(
-    "name, agent",
+    "name, agent, learners",
     [
-        ("impala_lstm_cartpole_novel.yaml", {"scheduled_timesteps": 3072}),
-        ("dppo_lstm_cartpole_novel.yaml", {"scheduled_timesteps": 2048}),
-        ("r2d2_cartpole_novel.yaml", {"scheduled_global_steps": 40, "learning_starts": 20}),
+        ("impala_lstm_cartpole_novel.yaml", {"scheduled_timesteps": 3072}, 1),
+        ("dppo_lstm_cartpole_novel.yaml", {"scheduled_timesteps": 2048}, 1),
+        # Two data-parallel learners: each unrolls its share of the rows, which may start mid-rollout.
+        ("dppo_lstm_cartpole_novel.yaml", {"scheduled_timesteps": 2048}, 2),
+        ("r2d2_cartpole_novel.yaml", {"scheduled_global_steps": 40, "learning_starts": 20}, 1),
     ],
-    ids=["impala", "dppo", "r2d2"],
+    ids=["impala", "dppo", "dppo-2-learners", "r2d2"],
 )
-def test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state(tmp_path, name, agent):
-    code, out, run_dir = run(tmp_path, example(name, **agent), timeout_s=300)
+def test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state(tmp_path, name, agent, learners):
+    config = example(name, **agent)
+    config["cluster"]["learners"] = learners
+    code, out, run_dir = run(tmp_path, config, timeout_s=300)
     assert code == 0, out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["learner_steps"] > 0, summary
+    if learners > 1:  # every learner stepped, and all ended on one model
+        roles = [summary["roles"][f"learner-{i}"] for i in range(learners)]
+        assert all(r["counters"]["learner_steps"] > 0 for r in roles), roles
+        assert len({r["stats"]["weights_digest"] for r in roles}) == 1, roles
 
     policy_dir = run_dir / "policy"
     meta = json.loads(next(policy_dir.rglob("policy.json")).read_text())
