@@ -87,13 +87,13 @@ docs: build
 docs-serve: build
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
 
-# The suite on two workers (pytest-xdist), one test file at a time per worker (module fixtures such
+# The suite on three workers (pytest-xdist), one test file at a time per worker (module fixtures such
 # as the Ray cluster are built once; a file's tests keep their order), the files in collection order
-# (tests/conftest.py puts the long ones first). On one worker the suite kept about 0.6 of a core
-# busy on the 2-core machine: much of its time is waiting (for role processes to start, a stop
-# criterion, a phase deadline), which a second worker fills. TEST_WORKERS=0 runs it in this
-# process, as a plain `pytest` does.
-TEST_WORKERS ?= 2
+# (tests/conftest.py puts the long ones first). Much of a cluster test's time is waiting (for role
+# processes to start, a stop criterion, a phase deadline): one worker kept about 0.6 of a core busy
+# on the 2-core machine, so three fill both cores. The whole suite passed on three workers beside
+# other runs at load 6-12. TEST_WORKERS=0 runs it in this process, as a plain `pytest` does.
+TEST_WORKERS ?= 3
 test: setup lint docs
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 

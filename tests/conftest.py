@@ -9,7 +9,7 @@ def pytest_asyncio_loop_factories(config, item):
 
 
 def pytest_collection_modifyitems(config, items):
-    # Under pytest-xdist (`make test` runs the suite on two workers, a file at a time: --dist
+    # Under pytest-xdist (`make test` runs the suite on three workers, a file at a time: --dist
     # loadfile, in collection order) the long files go out first, so that a worker is not left
     # alone with a learning check at the end while the other has finished: the files with slow
     # checks, then those with cluster tests, then the rest. The order inside a file is kept (the
