@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import time
 
 import pytest
 
 from aiorl.experiment.loading import load_config
+from aiorl.runtime import process
 from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.coordinator.liveness import Liveness
 from aiorl.runtime.coordinator.roster import RoleRecord
@@ -198,3 +202,41 @@ async def test_a_failure_a_restart_would_repeat_stops_the_run_at_once(tmp_path, 
         if conn is not None:
             conn.abort()
         await coordinator.close(timeout_s=1.0)
+
+
+class _Interrupted(Exception):
+    """Python's handling of the signal: it would have ended memory 0 before any summary."""
+
+
+def _raise_interrupted(signum, frame):
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+async def test_a_signal_while_memory_0_still_starts_stops_the_run_through_its_coordinator(tmp_path, monkeypatch):
+    # The launcher stops a run by signalling memory 0, which may still be building its role (its
+    # replay, under load for seconds): the run must stop through the coordinator, with a summary,
+    # not end the process as Python's handler would (the other roles then waited for a coordinator
+    # that was gone).
+    cfg = load_config(
+        data={
+            "algo": "random_agent",
+            "cluster": {"host": "127.0.0.1", "start_timeout_s": 600.0, "phase_timeout_s": 0.5},
+        }
+    )
+    built = process.MemoryRole
+
+    class SignalledWhileBuilt(built):
+        def __init__(self, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)  # as the launcher's, while memory 0 builds its role
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(process, "MemoryRole", SignalledWhileBuilt)
+    previous = signal.signal(signal.SIGINT, _raise_interrupted)
+    try:
+        code = await asyncio.wait_for(process._run_memory0(cfg, tmp_path, TOKEN, None, None), HANG_S)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted by SIGINT (memory-0)", summary
+    # Here no other role was on its way to register, so the run could not finish: failed, not a crash.
+    assert summary["outcome"] == "failed" and code != 0, summary

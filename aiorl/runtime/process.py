@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import ssl
 import sys
@@ -86,6 +87,13 @@ def cluster_token(cfg: Config, run_dir: Path) -> bytes:
 async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl_server) -> int:
     identity = Identity.from_env()
     coordinator = Coordinator(cfg, run_dir, token, ssl=ssl_server, identity=identity)
+    # A signal is how the launcher stops a run, and it may come while this process still starts
+    # (the coordinator's algorithm, memory 0's replay). Until memory 0's role takes the signals
+    # over, it stops the run through the coordinator: Python's default would end this process
+    # before any summary and leave every other role waiting for a coordinator that is gone.
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, coordinator.interrupt, signal.Signals(sig).name, "memory-0")
     unix_path = local_sockets.socket_path(run_dir, "coordinator")
     port = await coordinator.start(cfg.cluster.host, cfg.cluster.port, unix_path)
     cfg.cluster.port = port

@@ -92,4 +92,13 @@ MUTANTS = [
         new="            if cause is None or len(attempts) >= budget:\n",
         tests=[BUDGET],
     ),
+    dict(
+        name="memory-0-keeps-pythons-signal-handling-while-it-starts",
+        path="aiorl/runtime/process.py",
+        old='        loop.add_signal_handler(sig, coordinator.interrupt, signal.Signals(sig).name, "memory-0")\n',
+        new="        pass\n",
+        tests=[
+            "tests/test_coordinator.py::test_a_signal_while_memory_0_still_starts_stops_the_run_through_its_coordinator"
+        ],
+    ),
 ]
