@@ -119,6 +119,9 @@ def test_two_learners_train_one_model_and_learner_0_writes_the_outputs(tmp_path)
 def test_nan_loss_ends_the_run_nonzero_naming_step_and_memory(tmp_path):
     config = example("apex_dqn_cartpole.yaml", scheduled_global_steps=2000, learning_starts=200)
     config["model"]["learning_rate"] = 1.0e30  # weights overflow within a few steps
+    # The first failure ends the run: a run restart would resume from the last checkpoint, whose
+    # weights may already overflow in the actor (every row then dropped for a non-finite priority).
+    config["cluster"]["max_run_restarts"] = 0
     code, out, run_dir = run(tmp_path, config, timeout_s=300)
     assert code != 0, out
     log = (run_dir / "logs" / "learner-0.log").read_text()
