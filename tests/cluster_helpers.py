@@ -86,6 +86,18 @@ def run(tmp_path: Path, config: dict, timeout_s: float = 180.0) -> tuple[int, st
     return code, out, run_dir
 
 
+def evaluated_mean(run_dir: Path, episodes: int = 20) -> float:
+    """`aiorl eval`'s mean return over `episodes` episodes of the run's best policy."""
+    result = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(episodes), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["mean"]
+
+
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
     """Wait on a condition; the timeout only bounds a hang."""
     deadline = time.monotonic() + timeout_s

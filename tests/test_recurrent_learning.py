@@ -4,14 +4,11 @@ of the policy kept. Without memory this task tops out near 50 (the examples' fee
 end at 42-44 after 100k env steps); a return far above that needs the state carried from step to
 step by the actors, stored with each rollout and unrolled by the learner."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from cluster_helpers import run
+from cluster_helpers import evaluated_mean, run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -23,18 +20,6 @@ def example(name: str, model: dict, **agent) -> dict:
     config["model"].update(model)
     config.setdefault("run", {})["seed"] = 1
     return config
-
-
-def evaluated_mean(run_dir: Path) -> float:
-    """`aiorl eval`'s mean return over 20 episodes of the run's best policy."""
-    result = subprocess.run(
-        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", "20", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["mean"]
 
 
 # 20 iterations of 512 env steps, the step size annealed over them, an evaluation every 5.
