@@ -122,6 +122,9 @@ def test_nan_loss_ends_the_run_nonzero_naming_step_and_memory(tmp_path):
     # The first failure ends the run: a run restart would resume from the last checkpoint, whose
     # weights may already overflow in the actor (every row then dropped for a non-finite priority).
     config["cluster"]["max_run_restarts"] = 0
+    # The actors keep their first weights: the learner's NaN is what ends the run, not an actor's
+    # non-finite priorities (test_an_actor_whose_weights_overflow_ends_the_run).
+    config["agent"]["sync_interval"] = 10**9
     code, out, run_dir = run(tmp_path, config, timeout_s=300)
     assert code != 0, out
     log = (run_dir / "logs" / "learner-0.log").read_text()
@@ -132,6 +135,49 @@ def test_nan_loss_ends_the_run_nonzero_naming_step_and_memory(tmp_path):
     assert "loss is NaN" in out
     pids = json.loads((run_dir / "pids.json").read_text())
     assert not any(alive(pid) for pid in pids.values())
+
+
+def test_an_actor_whose_weights_overflow_ends_the_run(tmp_path):
+    """Resumed from a checkpoint whose weights are finite but overflow in the actors' forward pass
+    (what a diverged learner leaves): every initial priority is non-finite, so a memory host would
+    drop every row and the learner, short of learning_starts, would wait for ever. The actor fails
+    instead, naming the weights, and the run ends through its phases without restarting it."""
+    import torch
+
+    from aiorl.io import checkpoint
+
+    config = example("apex_dqn_cartpole.yaml", scheduled_global_steps=200, learning_starts=200)
+    config["run"] = {"checkpoint_every": 100}
+    code, out, run_dir = run(tmp_path, config, timeout_s=300)
+    assert code == 0, out
+    path = checkpoint.list_checkpoints(run_dir / "checkpoints")[-1]
+    meta, state = checkpoint.load(path)
+
+    def scaled(value):
+        if isinstance(value, dict):
+            return {k: scaled(v) for k, v in value.items()}
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 2:
+            return value * 1e15  # finite; three layers of it overflow float32
+        return value
+
+    checkpoint.save(path.parent, meta["learner_steps"], scaled(state), meta, keep=100)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", "--resume", str(run_dir), "--quiet"]
+        # The actors may act a few batches with their own first weights before the checkpoint's
+        # reach them: the learner must not step on those rows.
+        + ["--set", "agent.scheduled_global_steps=400", "--set", "agent.learning_starts=50000"],
+        capture_output=True,
+        text=True,
+        timeout=150,  # bounds the hang this test is about; the run fails in seconds
+    )
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [p["phase"] for p in summary["phases"]][-1] == "EXITED"
+    assert any(
+        f.startswith("actor-") and "DivergedWeights" in f and "initial priorities of finite rows are non-finite" in f
+        for f in summary["failures"]
+    ), summary["failures"]
+    assert summary["restarts"] == 0, summary  # a restarted actor would get the same weights
 
 
 HARNESS_SMOKE = (

@@ -41,7 +41,7 @@ from aiorl.replay.frame_sender import FrameSender
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime import messages
 from aiorl.runtime.phase import Phase
-from aiorl.runtime.role import Offload, OwnInconsistency, Role
+from aiorl.runtime.role import DivergedWeights, Offload, OwnInconsistency, Role
 from aiorl.wire import Connection, ConnectionClosed
 
 # Waits whose liveness comes from heartbeats and connection loss, not a timer.
@@ -329,7 +329,7 @@ class ActorRole(Role):
                 else:
                     arrays = dict(batch)
                 if priorities is not None:
-                    arrays["priorities"] = np.asarray(priorities, np.float64)
+                    arrays["priorities"] = self._finite(np.asarray(priorities, np.float64), batch)
                 try:
                     with self.idle:
                         await conn.send("batch", meta, arrays)
@@ -339,6 +339,23 @@ class ActorRole(Role):
                 except ConnectionClosed:
                     self._memory_away(m, conn)  # gone since: the batch goes elsewhere
             m, need_credit = None, False
+
+    def _finite(self, priorities: np.ndarray, batch: dict) -> np.ndarray:
+        """Rows the env made non-finite go on to be dropped and counted by the memory host; a
+        non-finite priority of a finite row can only come from the weights."""
+        bad = ~np.isfinite(priorities)
+        if bad.any():
+            for value in batch.values():
+                if value.dtype.kind == "f" and len(value) == len(bad):
+                    bad &= np.isfinite(value.reshape(len(value), -1)).all(axis=1)
+        if bad.any():
+            bad = np.count_nonzero(bad)
+            raise DivergedWeights(
+                f"{bad} of {len(priorities)} initial priorities of finite rows are non-finite with weights "
+                f"version {self.policy.weights_version}: the learner's weights diverged (a lower "
+                "model.learning_rate or a gradient clip may help)"
+            )
+        return priorities
 
     def _count_sent(self, m: int, batch: dict, transitions: int | None = None) -> None:
         """The actor's own account of what memory `m` got, checked against the memory's at the end."""

@@ -85,9 +85,19 @@ class RoleFailed(Exception):
     """The role cannot go on (config refused, its work raised, ...)."""
 
 
-class OwnInconsistency(RuntimeError):
-    """aiorl disagrees with itself (an algorithm's actor builds rows its own spec refuses): a
-    restart would fail the same way, so the run stops at once instead of restarting the role."""
+class FatalToRun(RuntimeError):
+    """A failure that a restart of the role would repeat: the run stops at once instead of
+    restarting the role (the coordinator is told so: ``fail`` with ``fatal``)."""
+
+
+class OwnInconsistency(FatalToRun):
+    """aiorl disagrees with itself (an algorithm's actor builds rows its own spec refuses)."""
+
+
+class DivergedWeights(FatalToRun):
+    """The learner's weights make an actor's values non-finite: a restarted actor would get the
+    same weights, and a memory host drops every row with a non-finite priority, so the run would
+    otherwise go on without a row reaching the learner."""
 
 
 class Role:
@@ -419,7 +429,7 @@ class Role:
                 raise lost[0] from None
             self.log.exception("failed")
             cause = (_leaves(exc, Exception) or [exc])[0]  # the real error, not its TaskGroup wrapper
-            await self._report_failure(f"{type(cause).__name__}: {cause}", fatal=isinstance(cause, OwnInconsistency))
+            await self._report_failure(f"{type(cause).__name__}: {cause}", fatal=isinstance(cause, FatalToRun))
             raise RoleFailed(f"{type(cause).__name__}: {cause}") from exc
         # The stats go packed: a memory host's per-actor accounts outgrow a frame header.
         await self._request_or_lost("done", self._heartbeat_meta(), arrays={"stats": messages.pack_table(stats)})

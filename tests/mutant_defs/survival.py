@@ -101,4 +101,18 @@ MUTANTS = [
             "tests/test_coordinator.py::test_a_signal_while_memory_0_still_starts_stops_the_run_through_its_coordinator"
         ],
     ),
+    dict(
+        name="actor-sends-non-finite-priorities-of-diverged-weights",
+        path="aiorl/runtime/actor.py",
+        old="        if bad.any():\n            bad = np.count_nonzero(bad)\n",
+        new="        if False:\n            bad = np.count_nonzero(bad)\n",
+        tests=["tests/test_apex_learning.py::test_an_actor_whose_weights_overflow_ends_the_run"],
+    ),
+    dict(
+        name="diverged-weights-restart-the-actor",
+        path="aiorl/runtime/role.py",
+        old="class DivergedWeights(FatalToRun):",
+        new="class DivergedWeights(RuntimeError):",
+        tests=["tests/test_apex_learning.py::test_an_actor_whose_weights_overflow_ends_the_run"],
+    ),
 ]
