@@ -416,3 +416,16 @@ def test_unsupported_spaces_and_shapes_are_config_errors(env, model, message):
     with pytest.raises(ConfigError) as info:
         make_algo("apex_dqn", env, model)
     assert message in str(info.value)
+
+
+def test_actions_not_numbered_from_0_are_a_config_error():
+    from types import SimpleNamespace
+
+    import gymnasium as gym
+
+    from aiorl.algos.lib.networks import discrete_actions
+
+    spec = SimpleNamespace(id="Shifted-v0", action_space=gym.spaces.Discrete(3, start=1))
+    with pytest.raises(ConfigError, match=r"env.id: apex_dqn needs actions numbered from 0; Shifted-v0 has Discrete"):
+        discrete_actions(spec, "apex_dqn")
+    assert discrete_actions(SimpleNamespace(id="A-v0", action_space=gym.spaces.Discrete(3)), "apex_dqn") == 3

@@ -419,3 +419,15 @@ def test_config_errors_name_the_value(model, match):
     with pytest.raises(ConfigError, match=match) as info:
         algo_with(**model)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ("Pendulum-v1", r"env.id: r2d2 needs a Discrete action space; Pendulum-v1 has Box"),
+        ("Blackjack-v1", r"unsupported observation space Tuple"),
+    ],
+)
+def test_unsupported_spaces_are_config_errors(env, match):
+    with pytest.raises(ConfigError, match=match):
+        make_algo("r2d2", env, SMALL, env={"num_envs": 2})

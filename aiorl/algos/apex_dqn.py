@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -47,9 +46,15 @@ from aiorl.algos.lib.common import (
     weights_spec_of_module,
 )
 from aiorl.algos.lib.layers import parse_network
-from aiorl.algos.lib.networks import DEFAULT_MLP, GreedyPolicy, QNetwork, check_observation_space, is_image
+from aiorl.algos.lib.networks import (
+    DEFAULT_MLP,
+    GreedyPolicy,
+    QNetwork,
+    check_observation_space,
+    discrete_actions,
+    is_image,
+)
 from aiorl.algos.lib.numpy_forward import compile_numpy, probe_observations
-from aiorl.config import ConfigError
 from aiorl.runtime.algorithm import Algorithm, LearnerResult
 
 # --------------------------------------------------------------------------
@@ -223,16 +228,9 @@ class DQNLearner(ApexLearner):
 class ApexDQN(ApexDQNSettings, Algorithm):
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)
-        obs_space, action_space = env_spec.observation_space, env_spec.action_space
+        obs_space = env_spec.observation_space
         check_observation_space(obs_space, "env.id")
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(
-                f"env.id: apex_dqn needs a Discrete action space; {env_spec.id} has {action_space} "
-                "(use apex_ddpg for Box actions)"
-            )
-        if int(action_space.start) != 0:
-            raise ConfigError(f"env.id: apex_dqn needs actions numbered from 0; {env_spec.id} has {action_space}")
-        self.num_actions = int(action_space.n)
+        self.num_actions = discrete_actions(env_spec, "apex_dqn", " (use apex_ddpg for Box actions)")
         spec = cfg.model.network or (["nature_cnn"] if is_image(obs_space) else DEFAULT_MLP)
         self.layers = parse_network(spec, "model.network")
         shapes_only(self.q_network)  # shape errors (a conv on vectors, a kernel too large) surface now

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -53,9 +52,8 @@ from aiorl.algos.lib.common import (
     weights_spec_of_module,
 )
 from aiorl.algos.lib.layers import parse_network
-from aiorl.algos.lib.networks import DuelingHead, Torso, check_observation_space, is_image
+from aiorl.algos.lib.networks import DuelingHead, Torso, check_observation_space, discrete_actions, is_image
 from aiorl.algos.r2d2_config import R2D2Settings, sequence_overlap
-from aiorl.config import ConfigError
 from aiorl.replay import SequenceAdder
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerResult
@@ -381,13 +379,9 @@ class R2D2Learner(ApexLearner):
 class R2D2(R2D2Settings, Algorithm):
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)
-        obs_space, action_space = env_spec.observation_space, env_spec.action_space
+        obs_space = env_spec.observation_space
         check_observation_space(obs_space, "env.id")
-        if not isinstance(action_space, gym.spaces.Discrete) or int(action_space.start) != 0:
-            raise ConfigError(
-                f"env.id: r2d2 needs a Discrete action space numbered from 0; {env_spec.id} has {action_space}"
-            )
-        self.num_actions = int(action_space.n)
+        self.num_actions = discrete_actions(env_spec, "r2d2")
         network = cfg.model.network or (["nature_cnn"] if is_image(obs_space) else ["linear:256", "relu"])
         self.layers = parse_network(network, "model.network")
         self.recurrent = check_recurrent(cfg.model.recurrent)

@@ -52,6 +52,17 @@ def check_observation_space(space: gym.Space, key: str) -> None:
     )
 
 
+def discrete_actions(env_spec, algo: str, instead: str = "") -> int:
+    """The number of actions of a Discrete action space numbered from 0 (a Q-network's outputs are
+    the actions); anything else is a ConfigError naming the space and `instead`, what to use."""
+    space = env_spec.action_space
+    if not isinstance(space, gym.spaces.Discrete):
+        raise ConfigError(f"env.id: {algo} needs a Discrete action space; {env_spec.id} has {space}{instead}")
+    if int(space.start) != 0:
+        raise ConfigError(f"env.id: {algo} needs actions numbered from 0; {env_spec.id} has {space}")
+    return int(space.n)
+
+
 def is_image(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and len(space.shape) in (2, 3)
 
