@@ -413,6 +413,9 @@ def test_checkpoint_round_trip_restores_online_target_and_steps(tmp_path):
         ({"priority_eta": 1.5}, r"model.priority_eta: expected a value in \[0, 1\], got 1.5"),
         ({"recurrent": {"type": "rnn"}}, r"model.recurrent.type"),
         ({"sequence_length": 1, "burn_in": 0}, r"model.sequence_length: must be at least 2"),
+        ({"sync_target_frequency": 0}, r"model.sync_target_frequency: must be at least 1, got 0"),
+        ({"exploration_alpha": -1.0}, r"model.exploration_alpha: must be >= 0, got -1.0"),
+        ({"learning_rate": 0.0}, r"model.learning_rate: must be > 0, got 0.0"),
     ],
 )
 def test_config_errors_name_the_value(model, match):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiorl.algos.lib.checks import check_common, check_positive
+from aiorl.algos.lib.checks import check_common, check_q_learning
 from aiorl.algos.lib.layers import parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.runtime.algorithm import AlgorithmSettings
@@ -54,16 +54,9 @@ class ApexDQNSettings(AlgorithmSettings):
     def validate(cls, cfg):
         m = cfg.model
         check_common(m)
-        check_positive(m.learning_rate, "model.learning_rate")
-        check_positive(m.adam_eps, "model.adam_eps")
-        if m.sync_target_frequency < 1:
-            raise ConfigError(f"model.sync_target_frequency: must be at least 1, got {m.sync_target_frequency}")
+        check_q_learning(m)
         if m.tau is not None and not 0 < m.tau <= 1:
             raise ConfigError(f"model.tau: expected a value in (0, 1] (or null), got {m.tau}")
-        if not 0 <= m.exploration_eps <= 1:
-            raise ConfigError(f"model.exploration_eps: expected a value in [0, 1], got {m.exploration_eps}")
-        if m.exploration_alpha < 0:
-            raise ConfigError(f"model.exploration_alpha: must be >= 0, got {m.exploration_alpha}")
         parse_network(m.network, "model.network")
 
 

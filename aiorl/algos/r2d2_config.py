@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiorl.algos.lib.checks import check_common, check_positive, check_recurrent
+from aiorl.algos.lib.checks import check_common, check_positive, check_q_learning, check_recurrent
 from aiorl.algos.lib.layers import parse_network
 from aiorl.config import ConfigError, doc
 from aiorl.runtime.algorithm import AlgorithmSettings
@@ -91,8 +91,7 @@ class R2D2Settings(AlgorithmSettings):
     def validate(cls, cfg):
         m = cfg.model
         check_common(m)
-        check_positive(m.learning_rate, "model.learning_rate")
-        check_positive(m.adam_eps, "model.adam_eps")
+        check_q_learning(m)
         check_positive(m.value_rescaling_eps, "model.value_rescaling_eps")
         check_recurrent(m.recurrent)
         parse_network(m.network, "model.network")
@@ -111,12 +110,6 @@ class R2D2Settings(AlgorithmSettings):
             raise ConfigError(f"model.start_state: expected 'stored' or 'zero', got {m.start_state!r}")
         if not 0 <= m.priority_eta <= 1:
             raise ConfigError(f"model.priority_eta: expected a value in [0, 1], got {m.priority_eta}")
-        if m.sync_target_frequency < 1:
-            raise ConfigError(f"model.sync_target_frequency: must be at least 1, got {m.sync_target_frequency}")
-        if not 0 <= m.exploration_eps <= 1:
-            raise ConfigError(f"model.exploration_eps: expected a value in [0, 1], got {m.exploration_eps}")
-        if m.exploration_alpha < 0:
-            raise ConfigError(f"model.exploration_alpha: must be >= 0, got {m.exploration_alpha}")
 
 
 SETTINGS = R2D2Settings

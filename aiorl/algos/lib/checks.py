@@ -27,6 +27,19 @@ def check_common(model, key: str = "model") -> None:
         raise ConfigError(f"{key}.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {model.device!r}")
 
 
+def check_q_learning(model, key: str = "model") -> None:
+    """Values every Q-learning model section (Ape-X DQN, R2D2) has: a target period and the
+    per-slot epsilon-greedy schedule; raise ConfigError naming the key."""
+    check_positive(model.learning_rate, f"{key}.learning_rate")
+    check_positive(model.adam_eps, f"{key}.adam_eps")
+    if model.sync_target_frequency < 1:
+        raise ConfigError(f"{key}.sync_target_frequency: must be at least 1, got {model.sync_target_frequency}")
+    if not 0 <= model.exploration_eps <= 1:
+        raise ConfigError(f"{key}.exploration_eps: expected a value in [0, 1], got {model.exploration_eps}")
+    if model.exploration_alpha < 0:
+        raise ConfigError(f"{key}.exploration_alpha: must be >= 0, got {model.exploration_alpha}")
+
+
 def check_positive(value: float, key: str) -> None:
     if not value > 0:
         raise ConfigError(f"{key}: must be > 0, got {value}")
