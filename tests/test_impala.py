@@ -202,10 +202,11 @@ def test_idle_clock_counts_finished_waits_and_the_one_in_progress(monkeypatch):
     assert clock.fraction() == pytest.approx(13 / 20) and clock.wall_s == 20.0
 
 
-@pytest.mark.parametrize("steps", [1, T])
-def test_a_fragment_message_a_batch_of_fragments_and_the_weights_fit_their_frame_limits(steps):
+@pytest.mark.parametrize("steps, recurrent", [(1, None), (T, None), (1, "gru"), (T, "lstm")])
+def test_a_fragment_message_a_batch_of_fragments_and_the_weights_fit_their_frame_limits(steps, recurrent):
     """What each IMPALA connection carries fits the limits the wire holds it to, also for
-    fragments of one step (as many fragments as rows, each with its origin)."""
+    fragments of one step (as many fragments as rows, each with its origin) and with a recurrent
+    state once per fragment; and a state at every step (what a fragment carried before) does not."""
     from test_frame_limits import fits
 
     from aiorl.replay.trajectory_queue import TrajectoryQueue
@@ -217,16 +218,27 @@ def test_a_fragment_message_a_batch_of_fragments_and_the_weights_fit_their_frame
             "algo": "impala",
             "env": {"id": "CartPole-v1", "num_envs": E},
             "agent": {"sample_batch_size": steps, "batch_size": per_batch * steps},
-            "model": {"network": ["linear:16", "tanh"], "queue_capacity": per_batch + E},
+            "model": {
+                "network": ["linear:16", "tanh"],
+                "queue_capacity": per_batch + E,
+                "recurrent": recurrent and {"type": recurrent, "hidden": 256},  # states over the 4 KiB floor
+            },
         }
     )
     algo, _, learner, _, message, _ = rollout_fragments(cfg, steps=steps)
-    assert fits(message, frame_limits.actor_to_memory(cfg, algo))
-    queue = TrajectoryQueue(per_batch + E, algo.transition_spec(), steps)
+    to_memory, to_learner = frame_limits.actor_to_memory(cfg, algo), frame_limits.memory_to_learner(cfg, algo)
+    assert fits(message, to_memory)
+    queue = TrajectoryQueue(per_batch + E, algo.transition_spec(), steps, per_fragment=algo.per_fragment_spec())
     while len(queue) < per_batch:
         queue.push(message, version=len(queue), actor=0)
     batch = queue.take(per_batch)
-    assert fits(batch, frame_limits.memory_to_learner(cfg, algo))
+    assert fits(batch, to_learner)
+    if recurrent is None:
+        assert algo.per_fragment_spec() == {} and set(message) == set(algo.transition_spec())
+    elif steps > 1:
+        per_step = np.repeat(message["state"][:, None], steps, axis=1)
+        assert not fits({**message, "state": per_step}, to_memory)
+        assert not fits({**batch, "state": np.repeat(batch["state"][:, None], steps, axis=1)}, to_learner)
     assert fits(learner.get_weights(), frame_limits.to_coordinator("learner-0", algo))
     assert fits(learner.get_weights(), frame_limits.from_coordinator(algo))
 

@@ -74,3 +74,41 @@ async def test_drop_oldest_grants_credits_and_drops_the_oldest_fragments(tmp_pat
         await m.until(lambda: hub.queue.pushed == CAPACITY + 3, "every fragment queued")
         assert len(hub.queue) == CAPACITY and hub.queue.dropped_full == 3 and m.memory.bad_messages == 0
         np.testing.assert_array_equal(hub.queue.take(1)["obs"], fragment(3)["obs"])  # the oldest left
+
+
+RECURRENT = [*IMPALA, "model.recurrent={type: gru, hidden: 4}"]
+BAD_STATES = {
+    "at every step": lambda s: np.repeat(s[:, None], T, axis=1),
+    "float64": lambda s: s.astype(np.float64),
+    "two for one fragment": lambda s: np.concatenate([s, s]),
+    "too narrow": lambda s: s[:, :-1],
+    "missing": None,
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_STATES))
+async def test_a_recurrent_fragments_state_is_once_per_fragment_or_the_connection_is_closed(tmp_path, caplog, bad):
+    """Recurrent IMPALA: a fragment carries its first step's state once, ``[1, state_size]``. A
+    non-finite state drops that fragment, counted, the connection kept; a state of the wrong
+    shape, dtype or count, or none, closes the connection (the protocol error of any malformed
+    message) and leaves what was queued as it was."""
+    async with Memory0(tmp_path, RECURRENT) as m:
+        ((size,), _) = m.memory.algorithm().per_fragment_spec()["state"]
+        state = np.arange(size, dtype=np.float32)[None] + 1
+        conn = await actor_attached(m)
+        hub = m.memory.fragments
+        await conn.send("fragment", {"seq": 0, "weights_version": 0}, {**fragment(0), "state": state})
+        nan = state.copy()
+        nan[0, 1] = np.nan
+        await conn.send("fragment", {"seq": 1, "weights_version": 0}, {**fragment(1), "state": nan})
+        await m.until(lambda: m.memory.rows_rejected == T, "the fragment with a NaN state dropped")
+        arrays = fragment(2) if BAD_STATES[bad] is None else {**fragment(2), "state": BAD_STATES[bad](state)}
+        await conn.send("fragment", {"seq": 2, "weights_version": 0}, arrays)
+        async with asyncio.timeout(HANG_S):
+            await conn.wait_closed()
+        assert m.memory.bad_messages == 1
+        assert "missing ['state']" in caplog.text if bad == "missing" else "fragment field 'state'" in caplog.text
+        assert len(hub.queue) == 1 and hub.queue.pushed == 1
+        batch = hub.queue.take(1)
+        np.testing.assert_array_equal(batch["state"], state)
+        np.testing.assert_array_equal(batch["obs"], fragment(0)["obs"])

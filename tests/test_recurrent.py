@@ -1,6 +1,7 @@
 """Recurrent policies (``model.recurrent``) without sockets: the actor's state per env, reset at
-every episode start; the state each fragment carries; the learner's unroll with the reset mask,
-against the cell stepped one step at a time; config errors; the fragment checks of a state."""
+every episode start; the state each fragment carries once, at its first step; the learner's
+unroll with the reset mask, against the cell stepped one step at a time; config errors; the
+fragment checks of a state."""
 
 import numpy as np
 import pytest
@@ -46,10 +47,10 @@ def acted(cfg, seed=0, rollouts=1):
     return algo, actor, learner, out
 
 
-def step_by_step(net, obs, done):
-    """The states an env's steps were acted from, the cell stepped one step at a time from zeros,
-    zeroed after every episode end: obs [T, ...], done [T] -> states [T, state_size]."""
-    state = torch.zeros(1, net.state_size)
+def step_by_step(net, obs, done, start=None):
+    """The states an env's steps were acted from, the cell stepped one step at a time from `start`
+    (default zeros), zeroed after every episode end: obs [T, ...], done [T] -> states [T, state_size]."""
+    state = torch.zeros(1, net.state_size) if start is None else torch.as_tensor(start).reshape(1, -1)
     states = []
     with torch.no_grad():
         for t in range(len(obs)):
@@ -63,19 +64,25 @@ def step_by_step(net, obs, done):
 @pytest.mark.parametrize("kind, size", [("lstm", 16), ("gru", 8)])
 def test_the_actor_resets_the_state_at_every_episode_start_and_sends_it(kind, size):
     algo, actor, _, out = acted(config(kind=kind), rollouts=2)
-    assert algo.transition_spec()["state"] == ((2 * size,), "<f4")  # policy and value cores
+    # Once per fragment (policy and value cores), not per step.
+    assert algo.per_fragment_spec() == {"state": ((2 * size,), "<f4")} and "state" not in algo.transition_spec()
+    assert all(f["state"].shape == (E, 2 * size) and f["state"].dtype == np.float32 for _, f in out)
     obs = np.concatenate([f["obs"] for _, f in out], axis=1)  # [E, 2T, ...]
     done = np.concatenate([f["terminated"] | f["truncated"] for _, f in out], axis=1)
-    state = np.concatenate([f["state"] for _, f in out], axis=1)
+    logits = np.concatenate([f["behaviour_logits"] for _, f in out], axis=1)
     assert done.any(axis=1).all()  # every env ended an episode inside the fragments
     for e in range(E):
-        np.testing.assert_allclose(state[e], step_by_step(actor.net, obs[e], done[e]), rtol=1e-5, atol=1e-6)
-        starts = np.flatnonzero(done[e][:-1]) + 1
-        assert (state[e, starts] == 0).all() and (state[e, 0] == 0).all()
-    # The second fragment carries the state the first one ended with (not zeros).
-    second = out[1][1]
+        state = step_by_step(actor.net, obs[e], done[e])
+        # Each fragment carries the state of its first step (the second: the one the first ended with).
+        np.testing.assert_allclose(out[0][1]["state"][e], state[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out[1][1]["state"][e], state[T], rtol=1e-5, atol=1e-6)
+        # Every step was acted from the state reset at each episode start: its logits say so.
+        with torch.no_grad():
+            expect = actor.net.step(torch.as_tensor(obs[e]), torch.as_tensor(state))[0].numpy()
+        np.testing.assert_allclose(logits[e], expect, rtol=1e-5, atol=1e-6)
+    assert (out[0][1]["state"] == 0).all()
     carried = ~(out[0][1]["terminated"][:, -1] | out[0][1]["truncated"][:, -1])
-    assert carried.any() and (np.abs(second["state"][carried, 0]).sum(axis=1) > 0).all()
+    assert carried.any() and (np.abs(out[1][1]["state"][carried]).sum(axis=1) > 0).all()
 
 
 def test_the_learners_unroll_resets_exactly_at_episode_starts():
@@ -84,12 +91,14 @@ def test_the_learners_unroll_resets_exactly_at_episode_starts():
     net = learner.net
     first = torch.as_tensor(episode_starts(f["terminated"], f["truncated"]))
     with torch.no_grad():
-        params, values, after = net.unroll(torch.as_tensor(f["obs"]), torch.as_tensor(f["state"][:, 0]), first)
-    # Every step's state as the actor had it; the state after step t is step t+1's unless t ended one.
+        params, values, after = net.unroll(torch.as_tensor(f["obs"]), torch.as_tensor(f["state"]), first)
+    # Every step's state as the actor had it, from the one state the fragment carries.
     done = f["terminated"] | f["truncated"]
-    np.testing.assert_allclose(after[:, :-1].numpy()[~done[:, :-1]], f["state"][:, 1:][~done[:, :-1]], atol=1e-6)
+    states = np.stack([step_by_step(net, f["obs"][e], done[e], f["state"][e]) for e in range(E)])
+    # The state after step t is step t+1's unless t ended an episode.
+    np.testing.assert_allclose(after[:, :-1].numpy()[~done[:, :-1]], states[:, 1:][~done[:, :-1]], atol=1e-6)
     with torch.no_grad():
-        expect = net.step(torch.as_tensor(f["obs"].reshape(E * T, -1)), torch.as_tensor(f["state"].reshape(E * T, -1)))
+        expect = net.step(torch.as_tensor(f["obs"].reshape(E * T, -1)), torch.as_tensor(states.reshape(E * T, -1)))
     np.testing.assert_allclose(params.numpy(), expect[0].numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(values.numpy(), expect[1].numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(f["behaviour_logits"].reshape(E * T, -1), params.numpy(), rtol=1e-5, atol=1e-6)
@@ -99,7 +108,7 @@ def test_without_the_reset_mask_the_unroll_differs():
     """The mask matters: a state carried over an episode end gives other outputs."""
     _, _, learner, out = acted(config(), rollouts=1)
     f = out[0][1]
-    obs, state0 = torch.as_tensor(f["obs"]), torch.as_tensor(f["state"][:, 0])
+    obs, state0 = torch.as_tensor(f["obs"]), torch.as_tensor(f["state"])
     with torch.no_grad():
         masked = learner.net.unroll(obs, state0, torch.as_tensor(episode_starts(f["terminated"], f["truncated"])))
         unmasked = learner.net.unroll(obs, state0, torch.zeros(E, T, dtype=torch.bool))
@@ -111,7 +120,7 @@ def test_a_learner_step_on_recurrent_fragments_learns_with_rho_one():
     from zeros gets the actor's logits back exactly (every rho is 1)."""
     _, _, learner, out = acted(config(max_steps=500), rollouts=2)
     batch = {**out[1][1], "weights_version": np.zeros(E, np.int64)}
-    assert (np.abs(batch["state"][:, 0]).sum(axis=1) > 0).all()
+    assert (np.abs(batch["state"]).sum(axis=1) > 0).all()
     loss, metrics = impala_loss(learner.net, learner.m, batch, learner.device)
     assert torch.isfinite(loss) and metrics["vtrace/rho_mean"] == pytest.approx(1.0, abs=1e-6)
     result = learner.step(batch)
@@ -120,14 +129,18 @@ def test_a_learner_step_on_recurrent_fragments_learns_with_rho_one():
 
 def test_a_fragment_with_a_wrong_shaped_state_is_refused_whole():
     algo, _, _, out = acted(config(), rollouts=1)
-    queue = TrajectoryQueue(8, algo.transition_spec(), T)
+    queue = TrajectoryQueue(8, algo.transition_spec(), T, per_fragment=algo.per_fragment_spec())
     f = out[0][1]
-    for bad in (f["state"][:, :, :-1], f["state"][:, :1], f["state"].astype(np.float64)):
+    per_step = np.repeat(f["state"][:, None], T, axis=1)  # [E, T, S]: the state at every step
+    for bad in (f["state"][:, :-1], f["state"][:1], f["state"].astype(np.float64), per_step, f["state"][0]):
         with pytest.raises(ValueError, match="fragment field 'state'"):
             queue.push({**f, "state": bad}, 0, 0)
         assert len(queue) == 0
+    with pytest.raises(ValueError, match=r"missing \['state'\]"):
+        queue.push({k: v for k, v in f.items() if k != "state"}, 0, 0)
     queue.push(f, 0, 0)
     assert len(queue) == E
+    np.testing.assert_array_equal(queue.take(E)["state"], f["state"])
 
 
 @pytest.mark.parametrize(
@@ -259,17 +272,19 @@ def test_a_fragment_message_with_a_bad_state_is_refused_or_its_fragment_dropped(
     from aiorl.runtime.messages import RowSpec
 
     algo, _, _, out = acted(config(), rollouts=1)
-    spec = algo.transition_spec()
-    hub = FragmentHub(spec, T, E, QueueSpec(capacity=16, full="throttle", max_policy_lag=None, fragments_per_batch=2))
-    rows = RowSpec(spec, bounds=algo.value_bounds())
+    spec, once = algo.transition_spec(), algo.per_fragment_spec()
+    qspec = QueueSpec(capacity=16, full="throttle", max_policy_lag=None, fragments_per_batch=2)
+    hub = FragmentHub(spec, T, E, qspec, per_fragment=once)
+    rows = RowSpec({**spec, **once}, bounds=algo.value_bounds())
     f = out[0][1]
     with pytest.raises(ValueError, match=r"fragment field 'state': expected shape"):
         hub.ingest(0, 0, {**f, "state": np.zeros((E, T, 3), np.float32)}, values=rows)
     assert len(hub.queue) == 0
     bad = f["state"].copy()
-    bad[1, 2, 0] = np.nan
+    bad[1, 0] = np.nan
     dropped, fields = hub.ingest(0, 0, {**f, "state": bad}, values=rows)
     assert (dropped, fields, len(hub.queue)) == (1, ["state"], E - 1)
+    np.testing.assert_array_equal(hub.queue.take(E - 1)["state"], f["state"][[0, 2]])
 
 
 def test_the_lstm_state_is_h_then_c_as_torchs_cell_steps_it():

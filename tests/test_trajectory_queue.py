@@ -3,6 +3,8 @@ memory's actor credits, and the memory's fragment hub, without sockets."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aiorl.replay.trajectory_queue import QueueFull, QueueSpec, TrajectoryQueue
 from aiorl.runtime.fragments import FragmentHub, LagMeter, QueueRoom
@@ -24,6 +26,29 @@ def fragments(n, start=0, spec=SPEC):
 
 def ids(batch):
     return [int(x) // 100 for x in batch["action"][:, 0]]
+
+
+# Fields a fragment holds once (a recurrent state at its first step): they encode the fragment too.
+ONCE = {"state": ((2,), "<f4"), "label": ((), "<i8")}
+
+
+def with_once(n, start=0):
+    """`fragments(n, start)` plus per-fragment fields: state[i] = (id, -id), label[i] = id."""
+    code = start + np.arange(n)
+    return {**fragments(n, start), "state": np.stack([code, -code], axis=1).astype(np.float32), "label": code}
+
+
+def assert_aligned(batch, expect_ids):
+    """Every field of each fragment of `batch` is that fragment's: per step and per fragment."""
+    assert ids(batch) == expect_ids
+    n = len(expect_ids)
+    code = 100 * np.asarray(expect_ids, np.int64)[:, None] + np.arange(T)[None, :]
+    np.testing.assert_array_equal(batch["action"], code.reshape(n, T))
+    np.testing.assert_array_equal(batch["obs"][..., 0], code.reshape(n, T))
+    np.testing.assert_array_equal(batch["label"], expect_ids)
+    np.testing.assert_array_equal(
+        batch["state"].reshape(n, 2), np.stack([expect_ids, np.negative(expect_ids)], 1).reshape(n, 2)
+    )
 
 
 def test_fifo_whole_fragments_with_their_origin():
@@ -99,6 +124,74 @@ def test_push_is_checked_whole_before_anything_changes():
         TrajectoryQueue(2, {**SPEC, "actor": ((), "<i8")}, T)
     with pytest.raises(ValueError, match=r"take\(3\) from a queue holding 0"):
         q.take(3)
+
+
+def test_per_fragment_fields_are_stored_once_and_checked_like_the_others():
+    q = TrajectoryQueue(8, SPEC, T, per_fragment=ONCE)
+    assert q._storage["state"].shape == (8, 2) and q._storage["label"].shape == (8,)
+    good = with_once(2)
+    for bad, match in [
+        ({**good, "state": np.repeat(good["state"][:, None], T, axis=1)}, r"'state': expected shape \(2, 2\)"),
+        ({**good, "state": good["state"][:1]}, r"'state': expected shape \(2, 2\)"),
+        ({**good, "state": good["state"][:, :1]}, r"'state': expected shape \(2, 2\)"),
+        ({**good, "state": good["state"].astype(np.float64)}, "'state': expected dtype float32"),
+        ({**good, "label": good["label"][:, None]}, r"'label': expected shape \(2,\)"),
+        ({**good, "label": np.int64(0)}, "'label': expected dtype int64"),
+        ({k: v for k, v in good.items() if k != "state"}, r"missing \['state'\]"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            q.push(bad, version=0, actor=0)
+    assert len(q) == 0 and q.pushed == 0
+    q.push(good, version=0, actor=0)
+    assert_aligned(q.take(2), [0, 1])
+    with pytest.raises(ValueError, match=r"both per step and per fragment"):
+        TrajectoryQueue(2, SPEC, T, per_fragment={"obs": ((3,), "<f4")})
+    with pytest.raises(ValueError, match="reserved"):
+        TrajectoryQueue(2, SPEC, T, per_fragment={"env": ((), "<i8")})
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.integers(1, 4), st.integers(0, 6)),
+        st.tuples(st.just("drop_older"), st.integers(0, 7)),
+        st.tuples(st.just("take"), st.integers(0, 5)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.sampled_from(["throttle", "drop_oldest"]), OPS)
+def test_per_fragment_fields_stay_with_their_fragment_under_drops_and_takes(capacity, full, ops):
+    """Against a plain FIFO of (id, version): pushes (refused or dropping the oldest when full),
+    drops by version from anywhere, takes; every batch holds the model's fragments, oldest first,
+    each with its own per-step rows and per-fragment fields."""
+    q = TrajectoryQueue(capacity, SPEC, T, full, per_fragment=ONCE)
+    model: list[tuple[int, int]] = []
+    next_id = 0
+    for op in ops:
+        if op[0] == "push":
+            _, n, version = op
+            free = capacity - len(model)
+            if n > capacity or (full == "throttle" and n > free):
+                with pytest.raises(QueueFull):
+                    q.push(with_once(n, next_id), version=version, actor=0)
+                continue
+            assert q.push(with_once(n, next_id), version=version, actor=0) == max(0, n - free)
+            model = model[max(0, n - free) :] + [(next_id + i, version) for i in range(n)]
+            next_id += n
+        elif op[0] == "drop_older":
+            kept = [(i, v) for i, v in model if v >= op[1]]
+            assert q.drop_older(op[1]) == len(model) - len(kept)
+            model = kept
+        else:
+            k = min(op[1], len(model))
+            batch = q.take(k)
+            assert_aligned(batch, [i for i, _ in model[:k]])
+            assert batch["weights_version"].tolist() == [v for _, v in model[:k]]
+            model = model[k:]
+        assert len(q) == len(model)
+    assert_aligned(q.take(len(model)), [i for i, _ in model])
 
 
 def test_queue_room_grants_credits_while_the_queue_has_room_for_them():
@@ -190,8 +283,9 @@ def test_frame_layout_queue_hands_out_exactly_the_naive_batches(full, compressio
     }
     layout = FrameLayout.for_spec(frame_spec, ("obs", "next_obs"), envs, steps, 0)
     capacity = 6 if full == "drop_oldest" else 64
-    naive_q = TrajectoryQueue(capacity, frame_spec, steps, full)
-    frame_q = FrameTrajectoryQueue(capacity, frame_spec, steps, layout, full, max_streams=2)
+    once = {"state": ((2,), "<f4")}  # a field each fragment holds once rides beside the frames
+    naive_q = TrajectoryQueue(capacity, frame_spec, steps, full, per_fragment=once)
+    frame_q = FrameTrajectoryQueue(capacity, frame_spec, steps, layout, full, max_streams=2, per_fragment=once)
     actors = []
     for a in range(2):
         sender = FrameSender(layout, envs, 1, 0, compression)
@@ -220,7 +314,10 @@ def test_frame_layout_queue_hands_out_exactly_the_naive_batches(full, compressio
         ids = fragments_of(framed.rollout(lambda obs: next(it), steps))
         if full == "throttle" and naive_q.free < envs:
             naive_q.take(envs), frame_q.take(envs)
+        state = np.stack([np.full(envs, round_), np.arange(envs)], axis=1).astype(np.float32)
+        plain["state"] = state
         arrays, keep_from = sender.message(0, ids)
+        arrays["state"] = state
         assert naive_q.push(plain, version, a) == frame_q.push(arrays, version, a, stream=stream, keep_from=keep_from)
         if round_ % 7 == 3:
             version += 2
@@ -231,6 +328,7 @@ def test_frame_layout_queue_hands_out_exactly_the_naive_batches(full, compressio
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
         assert got["obs"].shape == (n, steps, stack, 1, 2) and got["obs"].dtype == np.uint8
+        assert got["state"].shape == (n, 2)
     assert naive_q.dropped_lag > 0 and (full == "throttle" or naive_q.dropped_full > 0)
     frame_q.take(len(frame_q))
     for _sender, _runners, stream, _ in actors:

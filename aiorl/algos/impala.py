@@ -32,11 +32,12 @@ RMSProp (or Adam), the global gradient norm clipped. Several learners
 average gradients through ``torch.distributed`` each step, as Ape-X does.
 
 Recurrent policies (``model.recurrent``): each actor keeps a state per env, zeroed when
-the env starts an episode, and sends with each step the state it acted from (field
-``state``, ``[T, state_size]`` per fragment). The learner unrolls the network over each
-fragment from its first step's state, zeroing it before every step that follows an
-episode end (terminated or truncated): truncated backpropagation through the fragment.
-V(obs after step t) reads the state after step t.
+the env starts an episode, and sends with each fragment, once, the state its first step
+was acted from (field ``state``, ``[state_size]`` per fragment: `per_fragment_spec`; the
+rest of a fragment's states follow from it, so sending them would only cost bytes). The
+learner unrolls the network over each fragment from that state, zeroing it before every
+step that follows an episode end (terminated or truncated): truncated backpropagation
+through the fragment. V(obs after step t) reads the state after step t.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def impala_loss(net: ActorCritic, m: ImpalaConfig, batch, device):
     terminated, truncated = np.asarray(batch["terminated"]), np.asarray(batch["truncated"])
     after = None  # recurrent: the state after each step [B*T, state_size]
     if net.recurrent is not None:
-        state0 = as_tensor(np.asarray(batch["state"])[:, 0], device)
+        state0 = as_tensor(batch["state"], device)
         first = torch.as_tensor(episode_starts(terminated, truncated), device=device)
         params, values, after = net.unroll(obs, state0, first)
         after = after.detach().reshape(B * T, -1)
@@ -172,8 +173,9 @@ class ImpalaActor(ActorPolicy):
         self.gaussian = isinstance(self.net.head, GaussianHead)
         self.action_shape = algo.env_spec.action_space.shape
         self.rng = np.random.default_rng(seed)
-        self.steps: list[tuple[np.ndarray, ...]] = []  # (action, logits or log-prob[, state]) per step
+        self.steps: list[tuple[np.ndarray, ...]] = []  # (action, logits or log-prob) per step
         self.recurrent = self.net.recurrent is not None
+        self.state0: np.ndarray | None = None  # recurrent: the state the fragments' first step was acted from
         self.states = EnvStates(self.net)
 
     def __repr__(self) -> str:
@@ -191,8 +193,9 @@ class ImpalaActor(ActorPolicy):
             with torch.inference_mode():
                 params = self.net.policy_params(torch.as_tensor(obs)).numpy()
         action, logp = self.net.head.sample(params, self.rng)
-        step = (action, logp if self.gaussian else params)
-        self.steps.append(step + (before,) if self.recurrent else step)
+        if self.recurrent and not self.steps:
+            self.state0 = before
+        self.steps.append((action, logp if self.gaussian else params))
         if self.gaussian:
             return self.net.head.clip_to_bounds(action).reshape((len(obs),) + self.action_shape)
         return action
@@ -211,11 +214,12 @@ class ImpalaActor(ActorPolicy):
             "truncated": rollout["truncated"],
             ("behaviour_logp" if self.gaussian else "behaviour_logits"): np.stack([s[1] for s in self.steps]),
         }
-        if self.recurrent:  # the state each step was acted from; the learner unrolls from step 0's
-            time_major["state"] = np.stack([s[2] for s in self.steps])
         self.steps = []
         # [T, E, ...] -> [E, T, ...]: row e is env e's fragment, contiguous.
-        return {name: np.ascontiguousarray(np.swapaxes(x, 0, 1)) for name, x in time_major.items()}, None
+        fragments = {name: np.ascontiguousarray(np.swapaxes(x, 0, 1)) for name, x in time_major.items()}
+        if self.recurrent:  # once per fragment: the learner unrolls from it
+            fragments["state"] = np.array(self.state0, np.float32)
+        return fragments, None
 
     def set_weights(self, weights, version):
         load_numpy_state(self.net, weights, "net")
@@ -308,11 +312,11 @@ class Impala(ImpalaSettings, Algorithm):
             "terminated": ((), "|b1"),
             "truncated": ((), "|b1"),
             **behaviour,
-            **self.state_spec(),
         }
 
-    def state_spec(self):
-        """Recurrent: ``state`` (float32 [state_size]), the state each step was acted from."""
+    def per_fragment_spec(self):
+        """Recurrent: ``state`` (float32 [state_size]), the state a fragment's first step was acted
+        from; feed-forward: nothing."""
         if self.cfg.model.recurrent is None:
             return {}
         return {"state": ((self.state_size,), "<f4")}

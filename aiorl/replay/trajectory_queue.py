@@ -2,9 +2,12 @@
 
 A fragment is ``steps`` consecutive env steps of one env of one actor, acted
 with one weights version: a dict of fields ``[steps, *row_shape]`` (the
-transition spec's rows, one per step) plus its origin (actor, env) and that
-version. The queue keeps at most ``capacity`` fragments in preallocated
-storage, one slot per fragment, and hands them out oldest first.
+transition spec's rows, one per step), fields it holds once ``[*shape]`` (the
+per-fragment spec: a recurrent policy's state at its first step), plus its
+origin (actor, env) and that version. The queue keeps at most ``capacity``
+fragments in preallocated storage, one slot per fragment (both kinds of field
+sit in it, so whatever drops or takes a fragment moves them together), and
+hands them out oldest first.
 
 - `push` stores fragments whole or not at all: every field's shape and dtype
   is checked against the spec before anything changes. A full queue either
@@ -14,7 +17,7 @@ storage, one slot per fragment, and hands them out oldest first.
 - `drop_older(min_version)` drops every fragment acted with a version older
   than `min_version` (the policy-lag bound), wherever it sits, counted.
 - `take(n)` returns the n oldest fragments as fresh arrays ``[n, steps, ...]``
-  (plus ``weights_version``, ``actor`` and ``env``, ``[n]`` int64): copies,
+  and ``[n, ...]`` (plus ``weights_version``, ``actor`` and ``env``, ``[n]`` int64): copies,
   never views of storage, so a later push into the freed slots cannot change
   a batch already handed out (on the wire, a large array is sent from its
   own memory after `send` returns).
@@ -52,23 +55,40 @@ class QueueFull(ValueError):
 
 
 class TrajectoryQueue:
-    """`TrajectoryQueue(capacity, spec, steps, full="throttle")`: see the module docstring.
+    """`TrajectoryQueue(capacity, spec, steps, full="throttle", per_fragment=None)`: see the
+    module docstring.
 
     spec: {name: (row_shape, dtype)} of one step; storage of each field is
-    ``[capacity, steps, *row_shape]``.
+    ``[capacity, steps, *row_shape]``. per_fragment: {name: (shape, dtype)} of the fields a
+    fragment holds once; storage ``[capacity, *shape]``.
     """
 
-    def __init__(self, capacity: int, spec: dict, steps: int, full: str = "throttle"):
+    def __init__(self, capacity: int, spec: dict, steps: int, full: str = "throttle", per_fragment: dict | None = None):
         if capacity < 1 or steps < 1:
             raise ValueError(f"TrajectoryQueue: capacity and steps must be at least 1, got {capacity}, {steps}")
         if full not in FULL_POLICIES:
             raise ValueError(f"TrajectoryQueue: full must be one of {FULL_POLICIES}, got {full!r}")
-        clash = sorted(set(spec) & set(ORIGIN_FIELDS))
+        per_fragment = per_fragment or {}
+        clash = sorted((set(spec) | set(per_fragment)) & set(ORIGIN_FIELDS))
         if clash:
             raise ValueError(f"TrajectoryQueue: field names {clash} are reserved for a fragment's origin")
+        if set(spec) & set(per_fragment):
+            raise ValueError(
+                f"TrajectoryQueue: fields {sorted(set(spec) & set(per_fragment))} both per step and per fragment"
+            )
         self.capacity, self.steps, self.full = capacity, steps, full
         self.spec = {name: (tuple(shape), np.dtype(dtype).newbyteorder("=")) for name, (shape, dtype) in spec.items()}
-        self._storage = {name: np.zeros((capacity, steps) + shape, dtype) for name, (shape, dtype) in self.spec.items()}
+        self.per_fragment = {
+            name: (tuple(shape), np.dtype(dtype).newbyteorder("=")) for name, (shape, dtype) in per_fragment.items()
+        }
+        # One fragment's shape of every field: a per-step field is `steps` rows of it.
+        self._fragment_shapes = {
+            **{name: ((steps,) + shape, dtype) for name, (shape, dtype) in self.spec.items()},
+            **self.per_fragment,
+        }
+        self._storage = {
+            name: np.zeros((capacity,) + shape, dtype) for name, (shape, dtype) in self._fragment_shapes.items()
+        }
         self._origin = {name: np.full(capacity, -1, np.int64) for name in ORIGIN_FIELDS}
         self._order: deque[int] = deque()  # slots, oldest first
         self._free = list(range(capacity - 1, -1, -1))  # a stack: slot 0 is used first
@@ -98,24 +118,24 @@ class TrajectoryQueue:
     # ------------------------------------------------------------------ in
 
     def check(self, fragments: dict) -> int:
-        """The number of fragments in `fragments` ([n, steps, *row_shape] per field, every
-        spec field and no other); ValueError naming the first field that does not fit."""
-        missing = [name for name in self.spec if name not in fragments]
-        extra = [name for name in fragments if name not in self.spec]
+        """The number of fragments in `fragments` ([n, steps, *row_shape] per step field, [n, *shape]
+        per per-fragment field, every field and no other); ValueError naming the first field that
+        does not fit."""
+        expected = self._fragment_shapes
+        missing = [name for name in expected if name not in fragments]
+        extra = [name for name in fragments if name not in expected]
         if missing or extra:
-            raise ValueError(f"fragment fields: missing {missing}, unexpected {extra} (expected {list(self.spec)})")
+            raise ValueError(f"fragment fields: missing {missing}, unexpected {extra} (expected {list(expected)})")
         n = None
-        for name, (shape, dtype) in self.spec.items():
+        for name, (shape, dtype) in expected.items():
             array = fragments[name]
             if not isinstance(array, np.ndarray) or array.dtype.newbyteorder("=") != dtype or array.ndim < 1:
                 got = f"{array.dtype}" if isinstance(array, np.ndarray) else type(array).__name__
                 raise ValueError(f"fragment field {name!r}: expected dtype {dtype}, got {got}")
             if n is None:
                 n = array.shape[0]
-            if array.shape != (n, self.steps) + shape:
-                raise ValueError(
-                    f"fragment field {name!r}: expected shape {(n, self.steps) + shape}, got {array.shape}"
-                )
+            if array.shape != (n,) + shape:
+                raise ValueError(f"fragment field {name!r}: expected shape {(n,) + shape}, got {array.shape}")
         return int(n or 0)
 
     def push(self, fragments: dict, version: int, actor: int, envs=None) -> int:
@@ -196,7 +216,7 @@ class TrajectoryQueue:
 class FrameTrajectoryQueue(TrajectoryQueue):
     """A trajectory queue whose stacked-observation fields are stored as frames, each once.
 
-    `FrameTrajectoryQueue(capacity, spec, steps, layout, full="throttle", max_streams=1)`:
+    `FrameTrajectoryQueue(capacity, spec, steps, layout, full="throttle", max_streams=1, per_fragment=None)`:
     spec is the naive one (stacked ``(k, *frame)`` observation fields). Fragment messages
     come as the frame layout sends them (`aiorl.replay.frames`): frame fields as ``[n, steps,
     k]`` frame ids, plus ``frames`` (or ``frames_lz4``) and ``frame_ids``, against the
@@ -204,11 +224,20 @@ class FrameTrajectoryQueue(TrajectoryQueue):
     `FramePool`; `take` rebuilds the stacks, ``[n, steps, k, *frame]``, fresh arrays as ever.
     """
 
-    def __init__(self, capacity: int, spec: dict, steps: int, layout, full: str = "throttle", max_streams: int = 1):
+    def __init__(
+        self,
+        capacity: int,
+        spec: dict,
+        steps: int,
+        layout,
+        full: str = "throttle",
+        max_streams: int = 1,
+        per_fragment: dict | None = None,
+    ):
         self.layout = layout
         self.naive_spec = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()}
         # Checked and stored as the wire has them: a frame field is k ids a step (stored: pool slots).
-        super().__init__(capacity, layout.wire_spec(spec), steps, full)
+        super().__init__(capacity, layout.wire_spec(spec), steps, full, per_fragment)
         self._incoming = None  # the message `push` is storing: (stream, frames, frame_ids, refs, keep_from)
         max_frames = capacity * steps * len(layout.fields) * layout.stack + max(1, max_streams) * layout.window
         self.pool = FramePool(layout.frame_shape, layout.dtype, max_frames)

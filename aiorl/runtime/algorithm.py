@@ -15,7 +15,8 @@ objects the algorithm builds:
   ``flush()`` at shutdown for rows still held back, ``set_weights``.
 - `LearnerCore` (in every learner): ``step(batch) -> LearnerResult`` with
   metrics and new priorities, ``get_weights()``, checkpoint and export.
-- the replay ``transition_spec()`` memories preallocate.
+- the replay ``transition_spec()`` memories preallocate (for whole fragments, also the
+  ``per_fragment_spec()`` each fragment holds once).
 
 Asynchronous algorithms (Ape-X) stream batches through prioritized or
 uniform replay, or, when `Algorithm.fragment_queue` says so (IMPALA), whole
@@ -267,6 +268,12 @@ class Algorithm(AlgorithmSettings):
 
     def transition_spec(self) -> Spec:
         raise NotImplementedError
+
+    def per_fragment_spec(self) -> Spec:
+        """With a `fragment_queue`: the fields each fragment holds once rather than at every step
+        (``[n, *shape]`` in a fragment message, ``[B, *shape]`` in a learner's batch; a recurrent
+        policy's state at the fragment's first step). Their names are not the transition spec's."""
+        return {}
 
     def value_bounds(self) -> dict[str, tuple[int, int]]:
         """Inclusive bounds of the transition spec's integer fields that index something, which a

@@ -81,6 +81,9 @@ class QueueRoom:
 class FragmentHub:
     """One memory host's trajectory queue, actor credits and policy-lag filter.
 
+    `spec`: the fields of each step; `per_fragment`: those each fragment holds once
+    (`Algorithm.per_fragment_spec`).
+
     With a frame layout (`aiorl.replay.frames`), observations arrive as frame ids, each
     frame once per actor connection (`join` gives the connection its frame stream).
     """
@@ -94,14 +97,17 @@ class FragmentHub:
         layout=None,
         actors: int = 1,
         actor_credits: int = ACTOR_CREDITS,
+        per_fragment: dict | None = None,
     ):
         self.qspec = qspec
         self.num_envs = num_envs
         if layout is None:
-            self.queue = TrajectoryQueue(qspec.capacity, spec, steps, qspec.full)
+            self.queue = TrajectoryQueue(qspec.capacity, spec, steps, qspec.full, per_fragment)
         else:
             # Each actor connection's frame stream; room for restarted actors' lingering ones.
-            self.queue = FrameTrajectoryQueue(qspec.capacity, spec, steps, layout, qspec.full, max_streams=2 * actors)
+            self.queue = FrameTrajectoryQueue(
+                qspec.capacity, spec, steps, layout, qspec.full, max_streams=2 * actors, per_fragment=per_fragment
+            )
         self.room = QueueRoom(self.queue, num_envs, qspec.full == "throttle", actor_credits)
         self.known_version = -1  # newest weights version heard of
         self.messages = 0

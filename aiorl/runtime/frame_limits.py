@@ -6,7 +6,7 @@ generous cap (1 GiB) for every peer, each connection gets what its peer's
 role can send: an actor one batch of its rollouts' rows in the replay spec,
 a learner one priority update, a memory host one sampled batch (or, for
 synchronous algorithms, one aggregate of the rollouts of its actors; for
-IMPALA, one batch of whole fragments),
+IMPALA, one batch of whole fragments, with the fields each fragment holds once),
 learner 0 one set of weights. A peer whose role is not known yet (before
 `attach` or `register`) gets `UNKNOWN_PEER`.
 
@@ -62,13 +62,22 @@ def actor_to_memory(cfg, algo) -> Limits:
 
     spec = algo.transition_spec()
     rows = algo.max_batch_rows()
+    once = _per_fragment(cfg, algo, cfg.env.num_envs)  # a fragment message: one fragment per env
     layout = frame_layout(cfg, algo)
     if layout is None:
-        return _limits(_payload(rows, spec, 8, 1), len(spec) + 1)
+        return _limits(_payload(rows, spec, 8, 1) + once[0], len(spec) + 1 + once[1])
     wire = layout.wire_spec(spec)
     frames = max(layout.max_frames(rows) * layout.frame_bytes, layout.max_compressed_bytes(rows))
     extra = frames + 8 * layout.max_frames(rows) + 3 * _ALIGN  # frames, frame_ids
-    return _limits(_payload(rows, wire, 8, 1) + extra, len(wire) + 3)
+    return _limits(_payload(rows, wire, 8, 1) + extra + once[0], len(wire) + 3 + once[1])
+
+
+def _per_fragment(cfg, algo, fragments: int) -> tuple[int, int]:
+    """(payload bytes, arrays) of the fields `fragments` fragments hold once (`per_fragment_spec`)."""
+    if algo.fragment_queue(cfg) is None:
+        return 0, 0
+    spec = algo.per_fragment_spec()
+    return _payload(fragments, spec, 0, 0), len(spec)
 
 
 def learner_to_memory(cfg, algo) -> Limits:
@@ -86,11 +95,13 @@ def memory_to_learner(cfg, algo) -> Limits:
         return _limits(_payload(producers_per_memory * algo.max_batch_rows(), spec, 0, 0), len(spec))
     queue = algo.fragment_queue(cfg)
     if queue is not None:  # whole fragments, each with its origin (weights version, actor, env: int64)
+        once = _per_fragment(cfg, algo, queue.fragments_per_batch)
         payload = (
             _payload(cfg.agent.batch_size, spec, 0, len(ORIGIN_FIELDS))
             + 8 * len(ORIGIN_FIELDS) * queue.fragments_per_batch
+            + once[0]
         )
-        return _limits(payload, len(spec) + len(ORIGIN_FIELDS))
+        return _limits(payload, len(spec) + len(ORIGIN_FIELDS) + once[1])
     return _limits(_payload(cfg.agent.batch_size, spec, 8 + 4 + 8, 3), len(spec) + 3)
 
 

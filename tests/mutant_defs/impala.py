@@ -41,8 +41,13 @@ MUTANTS = [
     dict(
         name="fragments_reshaped_not_transposed",
         path="aiorl/algos/impala.py",
-        old="        return {name: np.ascontiguousarray(np.swapaxes(x, 0, 1)) for name, x in time_major.items()}, None\n",
-        new="        return {\n            name: np.ascontiguousarray(x).reshape((x.shape[1], x.shape[0]) + x.shape[2:])\n            for name, x in time_major.items()\n        }, None\n",
+        old="        fragments = {name: np.ascontiguousarray(np.swapaxes(x, 0, 1)) for name, x in time_major.items()}\n",
+        new=(
+            "        fragments = {\n"
+            "            name: np.ascontiguousarray(x).reshape((x.shape[1], x.shape[0]) + x.shape[2:])\n"
+            "            for name, x in time_major.items()\n"
+            "        }\n"
+        ),
         tests=[
             "tests/test_impala.py::test_fragments_are_one_env_each_with_the_behaviour_policy",
             f"{CLUSTER}::test_fragments_are_whole_across_the_wire_and_batches_stay_unchanged",

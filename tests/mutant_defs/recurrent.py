@@ -65,15 +65,15 @@ MUTANTS = [
     dict(
         name="fragment_carries_the_state_after_the_step",
         path="aiorl/algos/impala.py",
-        old="        self.steps.append(step + (before,) if self.recurrent else step)",
-        new="        self.steps.append(step + (self.states.state,) if self.recurrent else step)",
+        old="            self.state0 = before",
+        new="            self.state0 = self.states.state",
         tests=[REC],
     ),
     dict(
         name="learner_unrolls_from_zeros_not_the_fragments_state",
         path="aiorl/algos/impala.py",
-        old='        state0 = as_tensor(np.asarray(batch["state"])[:, 0], device)',
-        new='        state0 = as_tensor(np.zeros_like(np.asarray(batch["state"])[:, 0]), device)',
+        old='        state0 = as_tensor(batch["state"], device)',
+        new='        state0 = as_tensor(np.zeros_like(batch["state"]), device)',
         tests=[REC],
     ),
     dict(

@@ -127,8 +127,11 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         algo = self.algorithm()
         spec = algo.transition_spec()
         layout = frame_layout(self.cfg, algo)
-        # Frame layout: a batch's rows carry frame ids; its frames travel beside them.
-        self.rows = RowSpec(layout.wire_spec(spec) if layout is not None else spec, bounds=algo.value_bounds())
+        # Frame layout: a batch's rows carry frame ids; its frames travel beside them. A fragment's
+        # own fields are held to the same values (a NaN state is as bad as a NaN reward).
+        per_fragment = algo.per_fragment_spec()
+        wire = layout.wire_spec(spec) if layout is not None else spec
+        self.rows = RowSpec({**wire, **per_fragment}, bounds=algo.value_bounds())
         a, c = self.cfg.agent, self.cfg.cluster
         queue = algo.fragment_queue(self.cfg)
         if self.synchronous:
@@ -137,7 +140,14 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
             )
         elif queue is not None:
             self.fragments = FragmentHub(
-                spec, a.sample_batch_size, self.cfg.env.num_envs, queue, layout, c.actors, c.actor_credits
+                spec,
+                a.sample_batch_size,
+                self.cfg.env.num_envs,
+                queue,
+                layout,
+                c.actors,
+                c.actor_credits,
+                per_fragment=per_fragment,
             )
             self.flow.limiter = self.fragments.room  # actor credits as the queue's room allows
         elif layout is not None:
