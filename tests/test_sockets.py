@@ -287,6 +287,7 @@ def test_a_run_with_40_silent_sockets_held_at_its_coordinator_starts_restarts_fi
             actor = wait_for(lambda: stepping(run_dir, "actor-0"), 60, "actor-0 stepping")
             os.kill(actor, signal.SIGKILL)
             wait_for(lambda: stepping(run_dir, "actor-0") not in (None, actor), 60, "actor-0's restart stepping")
+            wait_for(lambda: flood.dropped > 40, 60, "the server dropping the silent sockets again and again")
             # It ends when the test is done (SIGINT: the same phases as a stop criterion), still flooded.
             proc.send_signal(signal.SIGINT)
             code, out = finish(proc, timeout_s=240)
