@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -57,13 +58,9 @@ def test_a_run_started_beside_planted_code_never_runs_it(tmp_path):
     plant = f"open({str(ran)!r}, 'a').write(__name__ + '\\n')\n"
     (shared / "aiorl" / "__init__.py").write_text(plant)
     (shared / "numpy.py").write_text(plant + "raise ImportError('the planted numpy')\n")
-    # It ends on a clock, not on a step count a fast first incarnation of the actor could reach
-    # before its restart: the restarted actor and the evaluation worker must start while it runs.
-    config = {
-        **APEX,
-        "agent": {**APEX["agent"], "scheduled_global_steps": 10**9},
-        "run": {**APEX["run"], "max_seconds": 30.0},
-    }
+    # It ends when the test says so (SIGINT, through the same phases as a stop criterion), once the
+    # restarted actor steps and the evaluation worker has evaluated: both started while it ran.
+    config = {**APEX, "agent": {**APEX["agent"], "scheduled_global_steps": 10**9}}
     path, run_dir = write_config(tmp_path, config)
     proc = subprocess.Popen(
         [str(AIORL), "run", str(path), "--quiet"],
@@ -77,14 +74,27 @@ def test_a_run_started_beside_planted_code_never_runs_it(tmp_path):
         actor = pids(run_dir)["actor-0"]
         subprocess.run(["kill", "-KILL", str(actor)], check=True)
         wait_for(lambda: (live_status(run_dir) or {}).get("restarts", 0) == 1, HANG_S, "the actor's restart")
+        wait_for(lambda: restarted_actor_steps(run_dir, actor), HANG_S, "the restarted actor stepping")
+        wait_for(lambda: evaluated(run_dir), HANG_S, "an evaluation")
+        proc.send_signal(signal.SIGINT)
         code, out = finish(proc, timeout_s=180)
     finally:
         proc.kill()
-    assert code == 0, out
+    assert code == 130, out  # interrupted, after a clean shutdown
     assert not ran.exists(), f"planted code ran in: {ran.read_text()}"
     summary = read_json(run_dir / "summary.json")
-    assert "run.max_seconds" in summary["stop_reason"], summary["stop_reason"]
+    assert summary["ok"] and summary["outcome"] == "interrupted" and not summary["failures"], summary
     assert summary["restarts"] == 1 and summary["evaluation"]["count"] >= 1
+
+
+def restarted_actor_steps(run_dir: Path, old_pid: int) -> bool:
+    role = ((live_status(run_dir) or {}).get("roles") or {}).get("actor-0") or {}
+    return role.get("pid") not in (None, old_pid) and (role.get("counters") or {}).get("env_steps", 0) > 0
+
+
+def evaluated(run_dir: Path) -> bool:
+    path = run_dir / "metrics.jsonl"
+    return path.exists() and '"eval/return_mean"' in path.read_text()
 
 
 TOKEN = generate_token()

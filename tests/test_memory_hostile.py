@@ -10,6 +10,7 @@ serving, or, for its own failures, that it fails loudly through the phases.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import numpy as np
@@ -21,13 +22,32 @@ from aiorl.wire import ConnectionClosed, RemoteError
 MEMORY_LOG = "aiorl.memory-0"
 
 
-@pytest.fixture(params=["tcp", "shm"])
-async def memory0(tmp_path, caplog, request):
+@contextlib.asynccontextmanager
+async def registered_memory0(tmp_path, caplog, transport: str, overrides=()):
+    """Coordinator and memory host 0 in this loop, actor-0 and learner-0 registered, RUNNING."""
     caplog.set_level(logging.INFO)
-    async with Memory0(tmp_path, transport=request.param) as m:
+    async with Memory0(tmp_path, overrides, transport=transport) as m:
         m.actor, m.actor_session = await m.register("actor-0")
         m.learner, m.learner_session = await m.register("learner-0")
         await m.running()
+        yield m
+
+
+@pytest.fixture(params=["tcp", "shm"])
+async def memory0(tmp_path, caplog, request):
+    async with registered_memory0(tmp_path, caplog, request.param) as m:
+        yield m
+
+
+# A role whose connection the coordinator cut is lost once its time to rejoin is out
+# (cluster.coordinator_timeout_s plus two heartbeats): 5.4 s of waiting in each test that waits
+# for that verdict with the helpers' settings, 1.4 s with these.
+SHORT_REJOIN_GRACE = ("cluster.coordinator_timeout_s=1.0",)
+
+
+@pytest.fixture(params=["tcp", "shm"])
+async def memory0_short_grace(tmp_path, caplog, request):
+    async with registered_memory0(tmp_path, caplog, request.param, SHORT_REJOIN_GRACE) as m:
         yield m
 
 
@@ -197,8 +217,10 @@ async def test_a_dead_sampler_fails_the_memory_host_and_the_run_through_the_phas
         ("nonsense", {}, "unexpected message 'nonsense'"),
     ],
 )
-async def test_a_registered_role_sending_a_bad_control_message_is_cut_off_loudly(memory0, caplog, kind, meta, match):
-    m = memory0
+async def test_a_registered_role_sending_a_bad_control_message_is_cut_off_loudly(
+    memory0_short_grace, caplog, kind, meta, match
+):
+    m = memory0_short_grace
     with pytest.raises((RemoteError, ConnectionClosed, TimeoutError)):
         await m.actor.request(kind, meta, timeout_s=HANG_S)
     await m.until(lambda: m.coordinator.roles["actor-0"].status == "lost", "actor-0 to be lost")
