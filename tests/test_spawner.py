@@ -18,6 +18,7 @@ import psutil
 import pytest
 import yaml
 from cluster_helpers import NO_RESTARTS, alive, cluster, finish, pids, start, wait_for
+from cluster_helpers import run as run_config
 
 from aiorl.launch.spawner import WarmSpawner, _env_diff, enabled
 from aiorl.runtime.warm_fork import SpawnerChannel, seqpacket_pair
@@ -317,3 +318,20 @@ def test_a_forked_role_takes_only_this_launchs_coordinator_address(tmp_path, mon
     assert wait_for_coordinator(str(tmp_path), 0.2) is None
     write_json_atomic(tmp_path / "coordinator.json", ours.stamp({"port": 2}))
     assert wait_for_coordinator(str(tmp_path), 5)["port"] == 2
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_es_roles_share_the_noise_table_the_spawner_drew_before_forking(tmp_path, warm):
+    """`Algorithm.prefork`: ES's noise table (32 MB, 80 ms to draw) is drawn once in the warm
+    spawner while the preflight runs; every role forked after finds it there. Without the spawner,
+    each role draws its own."""
+    config = yaml.safe_load((ROOT / "examples" / "es_cartpole.yaml").read_text())
+    config["agent"]["scheduled_global_steps"] = 2
+    config["run"] = {"eval_every": None}
+    config["cluster"]["warm_spawner"] = warm
+    code, out, run_dir = run_config(tmp_path, config)
+    assert code == 0, out
+    where = "shared with the warm spawner" if warm else "drawn in this process"
+    for role in ("actor-0", "actor-1", "learner-0"):
+        log = (run_dir / "logs" / f"{role}.log").read_text()
+        assert f"noise table of {1 << 23} entries: {where}" in log, log[-2000:]

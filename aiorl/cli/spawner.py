@@ -7,7 +7,8 @@ sits at the top floor because what it forks runs the top floor's code: a role is
 
 What it imports before it serves is what every role would import on its own: numpy, torch,
 gymnasium, uvloop, the runtime's roles and the command line; an algorithm's module and what its
-learner core imports when the launcher names it. Imports only: nothing here runs a torch op.
+learner core imports when the launcher names it; and what the algorithm's roles share, computed
+once (`Algorithm.prefork`: numpy only). Nothing here runs a torch op.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def warm_learner(algo: str, exports: bool = False) -> None:
         import torch._dynamo  # noqa: F401
 
 
+def prefork(config_path: str) -> None:
+    """The algorithm's `prefork` of the run's config; a config the preflight refuses is the
+    preflight's to report, and its roles are never forked."""
+    try:
+        cfg = load_config(config_path)
+    except ConfigError:
+        return
+    get_algorithm(cfg.algo).prefork(cfg)
+
+
 def check(config_path: str) -> dict:
     """The preflight's half with torch (`aiorl.experiment.preflight.check_algorithm`) on a resolved
     config; the launcher checked the rest."""
@@ -74,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     preload()
-    Spawner(sock, run_child, check, warm, warm_learner).serve()
+    Spawner(sock, run_child, check, warm, warm_learner, prefork).serve()
     return 0
 
 

@@ -190,7 +190,9 @@ def wait_for_coordinator(run_dir: str, timeout_s: float) -> dict | None:
 class Spawner:
     """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
     returns the reply to a preflight; `warm(algo)` imports an algorithm's module; `warm_learner(algo)`
-    what its learner core imports, before the first role's fork (`_import_for_learners`)."""
+    what its learner core imports, before the first role's fork (`_import_for_learners`);
+    `prefork(config_path)` computes what the roles of that config share (`Algorithm.prefork`), while
+    the preflight checks it."""
 
     def __init__(
         self,
@@ -199,9 +201,11 @@ class Spawner:
         check: Callable,
         warm: Callable,
         warm_learner: Callable | None = None,
+        prefork: Callable | None = None,
     ):
         self.launcher = sock
         self.run_child, self.check, self.warm, self.warm_learner = run_child, check, warm, warm_learner
+        self.prefork = prefork
         self.learner_imports: str | None = None  # the algorithm whose `warm_learner` is still to run
         self.export_imports = False  # `warm_learner` imports what the evaluation worker's exports need too
         self.sel = selectors.DefaultSelector()
@@ -310,6 +314,8 @@ class Spawner:
                 os._exit(code)
         os.close(w)
         self._import_for_learners()  # while the check runs in its child, on the other core
+        if self.prefork is not None:
+            self.prefork(config)
         chunks = []
         while chunk := os.read(r, 65536):
             chunks.append(chunk)

@@ -240,6 +240,12 @@ class Algorithm(AlgorithmSettings):
         import torch._dynamo  # noqa: F401
 
     @classmethod
+    def prefork(cls, cfg: Config) -> None:
+        """Compute, in the warm spawner before it forks the roles, read-only data every role of
+        this config would otherwise compute for itself (ES: its noise table); the forks share it.
+        numpy only: no torch op, no thread (the spawner's fork safety). Default: nothing."""
+
+    @classmethod
     def check_learner_host(cls, cfg: Config) -> None:
         """Refuse, before any process starts, a learner device this host does not have.
 

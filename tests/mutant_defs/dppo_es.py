@@ -117,8 +117,8 @@ MUTANTS = [
     dict(
         name="noise_table_unseeded",
         path="aiorl/algos/es.py",
-        old="self.noise = np.random.default_rng(seed).standard_normal(size, dtype=np.float32)",
-        new="self.noise = np.random.default_rng().standard_normal(size, dtype=np.float32)",
+        old="noise = np.random.default_rng(seed).standard_normal(size, dtype=np.float32)",
+        new="noise = np.random.default_rng().standard_normal(size, dtype=np.float32)",
         tests=["tests/test_es.py::test_noise_table_is_identical_in_every_process"],
     ),
     dict(

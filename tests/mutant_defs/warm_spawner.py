@@ -156,4 +156,21 @@ MUTANTS = [
         new="    return True\n",
         tests=[ENTRY],
     ),
+    dict(
+        name="spawner-never-computes-what-the-roles-share",
+        path="aiorl/launch/spawner.py",
+        old="        if self.prefork is not None:\n            self.prefork(config)\n",
+        new="",
+        tests=["tests/test_spawner.py::test_es_roles_share_the_noise_table_the_spawner_drew_before_forking"],
+    ),
+    dict(
+        name="es-roles-draw-their-own-noise-table-though-the-spawner-drew-it",
+        path="aiorl/algos/es.py",
+        old="        preforked = _PREFORKED.get((seed, size))\n",
+        new="        preforked = None\n",
+        tests=[
+            "tests/test_es.py::test_a_table_drawn_before_the_fork_is_the_one_each_role_reads",
+            "tests/test_spawner.py::test_es_roles_share_the_noise_table_the_spawner_drew_before_forking",
+        ],
+    ),
 ]
