@@ -86,8 +86,8 @@ def run(tmp_path: Path, config: dict, timeout_s: float = 180.0) -> tuple[int, st
     return code, out, run_dir
 
 
-def evaluated_mean(run_dir: Path, episodes: int = 20) -> float:
-    """`aiorl eval`'s mean return over `episodes` episodes of the run's best policy."""
+def evaluated(run_dir: Path, episodes: int = 20) -> dict:
+    """`aiorl eval --json` of the run's best policy over `episodes` episodes."""
     result = subprocess.run(
         [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(episodes), "--json"],
         capture_output=True,
@@ -95,7 +95,12 @@ def evaluated_mean(run_dir: Path, episodes: int = 20) -> float:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["mean"]
+    return json.loads(result.stdout)
+
+
+def evaluated_mean(run_dir: Path, episodes: int = 20) -> float:
+    """`aiorl eval`'s mean return over `episodes` episodes of the run's best policy."""
+    return evaluated(run_dir, episodes)["mean"]
 
 
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):

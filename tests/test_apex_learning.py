@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_helpers import alive, run
+from cluster_helpers import alive, evaluated, run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.cluster
@@ -19,17 +19,6 @@ def example(name: str, **agent) -> dict:
     config = yaml.safe_load((ROOT / "examples" / name).read_text())
     config["agent"].update(agent)
     return config
-
-
-def evaluate(run_dir: Path, episodes: int = 20) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(episodes), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 def harness(tmp_path, config: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -92,7 +81,7 @@ def test_dqn_reaches_cartpole_v1s_threshold_on_the_deterministic_harness(tmp_pat
 def test_ci_sized_run_learns(tmp_path, config, learner_steps, threshold):
     code, out, run_dir = run(tmp_path, example(config, scheduled_global_steps=learner_steps), timeout_s=600)
     assert code == 0, out
-    result = evaluate(run_dir)
+    result = evaluated(run_dir)
     assert result["mean"] >= threshold, result
 
 
@@ -113,7 +102,7 @@ def test_two_learners_train_one_model_and_learner_0_writes_the_outputs(tmp_path)
     assert abs(steps["learner-0"] - steps["learner-1"]) <= 1, steps
     checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*.pt"))
     assert checkpoints, "learner 0 checkpoints every 100 steps and at shutdown"
-    assert evaluate(run_dir, episodes=2)["episodes"] == 2
+    assert evaluated(run_dir, episodes=2)["episodes"] == 2
 
 
 def test_nan_loss_ends_the_run_nonzero_naming_step_and_memory(tmp_path):
