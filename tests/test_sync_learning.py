@@ -20,13 +20,18 @@ def example(name: str, **agent) -> dict:
     return config
 
 
+# Each run stops once an evaluation during training reaches `target_return`, a margin above the bar
+# that `aiorl eval` then holds the kept policy to, as a user's run stops on its target; the budget is
+# the bound for a run that never gets there. DPPO Pendulum, seed 0, measured at load 3-4: -755 after
+# 4 iterations, -154 after 8, so it stops at half its budget.
 @pytest.mark.parametrize(
     "name, agent, threshold",
     [
-        ("dppo_cartpole.yaml", {"scheduled_timesteps": 40_000}, 400),  # CartPole-v1: 500 is the maximum
+        # CartPole-v1: 500 is the maximum
+        ("dppo_cartpole.yaml", {"scheduled_timesteps": 40_000, "target_return": 475}, 400),
         # 16 iterations of 4096 steps, the step size still annealed over the example's 100k: random is about -1200.
-        ("dppo_pendulum.yaml", {"scheduled_global_steps": 16}, -400),
-        ("es_cartpole.yaml", {"scheduled_global_steps": 40}, 400),
+        ("dppo_pendulum.yaml", {"scheduled_global_steps": 16, "target_return": -200}, -400),
+        ("es_cartpole.yaml", {"scheduled_global_steps": 40, "target_return": 475}, 400),
     ],
 )
 def test_ci_sized_run_learns(tmp_path, name, agent, threshold):
