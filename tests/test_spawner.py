@@ -76,23 +76,20 @@ def test_the_spawner_forks_with_no_thread_beyond_numpys_own(tmp_path):
     assert spawner.proc.returncode is not None
 
 
-@pytest.mark.parametrize("algo", ["dppo", "apex_dqn", "es"])
-def test_the_spawner_forks_without_what_only_learners_and_exports_import(algo, tmp_path):
-    # torch._dynamo (torch.optim's first step, torch.export) is most of a second of CPU: imported
-    # here before the first fork, it held every role that long. The learners import it in a thread
-    # while they register, the evaluation worker as it warms. The preflight of a run that
-    # evaluates during training (the exports) does not bring it in either.
-    from aiorl.experiment.loading import load_config
-
-    config = tmp_path / "run.yaml"
-    load_config(data={"algo": algo, "run": {"eval_every": 5}}).dump(config)
+@pytest.mark.parametrize(
+    ("algo", "exports", "imported"),
+    [("dppo", False, ["torch._dynamo"]), ("es", False, []), ("es", True, ["torch._dynamo"])],
+)
+def test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks(algo, exports, imported, tmp_path):
+    # torch.optim's optimizers import torch._dynamo (most of a second): imported once here, not
+    # by each learner, evaluation worker and restart on the way to its first step. ES uses none,
+    # unless its run evaluates during training: the evaluation worker's exports import it.
     spawner = WarmSpawner.start()
     try:
-        spawner.ready(algo)
-        assert spawner.check(config)["mistake"] is None
+        spawner.ready(algo, exports=exports)
         child = spawner.spawn_role(["--help"], dict(os.environ), tmp_path / "role.log", None)
         assert child.wait(60) == 0
-        assert spawner.ready(modules=("torch", "torch._dynamo"))["imported"] == ["torch"]
+        assert spawner.ready(modules=("torch._dynamo",))["imported"] == imported
     finally:
         spawner.end()
 

@@ -45,6 +45,18 @@ def warm(algo: str) -> None:
     get_algorithm(algo)
 
 
+def warm_learner(algo: str, exports: bool = False) -> None:
+    """What the algorithm's learner core imports (torch.optim's first optimizer imports
+    torch._dynamo, most of a second): every learner, the evaluation worker and each restart find
+    it here, and none pays it after it starts, on the way to its first step. `exports` (a run that
+    evaluates during training): torch._dynamo too, which the evaluation worker's first export of a
+    new best policy imports (a second of CPU it would otherwise spend where the run's evaluations
+    wait for it; ES's learner does not import it)."""
+    get_algorithm(algo).warm_learner_imports()
+    if exports:
+        import torch._dynamo  # noqa: F401
+
+
 def prefork(config_path: str) -> None:
     """The algorithm's `prefork` of the run's config; a config the preflight refuses is the
     preflight's to report, and its roles are never forked."""
@@ -73,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     preload()
-    Spawner(sock, run_child, check, warm, prefork).serve()
+    Spawner(sock, run_child, check, warm, warm_learner, prefork).serve()
     return 0
 
 

@@ -138,7 +138,7 @@ def keep(policy, request: dict, reply: dict, policy_dir: Path) -> None:
 
 def _warm_export(policy, meta: dict) -> None:
     """Trace one export of `policy` (not saved): the first export in a process costs several times
-    the later ones (2 s of CPU, with torch._dynamo's import, against 0.3 s)."""
+    the later ones (0.3 s of CPU where torch._dynamo is imported, 2 s where it is not)."""
     import torch
 
     inputs, dynamic = example_inputs(meta)
@@ -176,16 +176,14 @@ def main(argv=None) -> int:
 
 
 def _warm(policy, meta: dict, nice: int, log) -> None:
-    """Take `nice` (run.eval_nice), then trace one export of the policy. At its nice: the trace
-    imports torch._dynamo (the warm spawner leaves it to the processes that use it), a second or
-    two of CPU at the run's start, where the actors and the learner need the cores."""
-    os.nice(nice)
+    """Trace one export of the policy, then take `nice` (run.eval_nice)."""
     t0 = time.perf_counter()
     try:
         _warm_export(policy, meta)
     except Exception as exc:  # the real export says what is wrong, where it matters
         log.warning("could not trace an export of the policy ahead: %s", exc)
-    log.info("evaluation worker warm (an export traced in %.2f s at nice %d)", time.perf_counter() - t0, nice)
+    os.nice(nice)
+    log.info("evaluation worker warm (an export traced in %.2f s); nice %d from now", time.perf_counter() - t0, nice)
 
 
 def serve(policy, cfg: Config, requests: _Requests, replies, policy_dir: Path, stop: _Stop, warm) -> None:

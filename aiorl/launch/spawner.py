@@ -106,10 +106,12 @@ class WarmSpawner:
         algo: str | None = None,
         timeout: float | None = None,
         modules: tuple[str, ...] = (),
+        exports: bool = False,
     ) -> dict:
-        """Wait until its imports are done (`algo`'s module too); returns what it reports of itself:
+        """Wait until its imports are done (`algo`'s too; `exports`: what the evaluation worker's
+        exports need, for a run that evaluates during training); returns what it reports of itself:
         its pid, its threads, and which of `modules` it has imported."""
-        message = {"op": "ready", "algo": algo, "modules": list(modules)}
+        message = {"op": "ready", "algo": algo, "modules": list(modules), "exports": exports}
         return self.channel.request(message, timeout=timeout)
 
     def check(self, config_path: str | Path, timeout: float | None = None) -> dict:
@@ -187,15 +189,10 @@ def wait_for_coordinator(run_dir: str, timeout_s: float) -> dict | None:
 
 class Spawner:
     """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
-    returns the reply to a preflight; `warm(algo)` imports an algorithm's module;
+    returns the reply to a preflight; `warm(algo)` imports an algorithm's module; `warm_learner(algo)`
+    what its learner core imports, before the first role's fork (`_import_for_learners`);
     `prefork(config_path)` computes what the roles of that config share (`Algorithm.prefork`), while
-    the preflight checks it.
-
-    What only a learner's optimizer and the evaluation worker's exports import (torch._dynamo,
-    0.5-0.7 s of CPU) is not imported here: before the first fork it held every role back that
-    long (launch to RUNNING 1.5x one import of torch instead of 1.1x), while the preflight's child
-    left the other core idle. A learner imports it in a thread of its own while it registers
-    (`Algorithm.warm_learner_imports`), the evaluation worker while it warms, at its nice."""
+    the preflight checks it."""
 
     def __init__(
         self,
@@ -203,10 +200,14 @@ class Spawner:
         run_child: Callable,
         check: Callable,
         warm: Callable,
+        warm_learner: Callable | None = None,
         prefork: Callable | None = None,
     ):
         self.launcher = sock
-        self.run_child, self.check, self.warm, self.prefork = run_child, check, warm, prefork
+        self.run_child, self.check, self.warm, self.warm_learner = run_child, check, warm, warm_learner
+        self.prefork = prefork
+        self.learner_imports: str | None = None  # the algorithm whose `warm_learner` is still to run
+        self.export_imports = False  # `warm_learner` imports what the evaluation worker's exports need too
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -270,6 +271,9 @@ class Spawner:
         if op == "ready" and sock is self.launcher:
             if message.get("algo"):
                 self.warm(message["algo"])
+                if self.warm_learner is not None:
+                    self.learner_imports = message["algo"]
+                    self.export_imports = bool(message.get("exports"))
             return {
                 "pid": os.getpid(),
                 "threads": len(os.listdir("/proc/self/task")),
@@ -309,7 +313,7 @@ class Spawner:
             finally:
                 os._exit(code)
         os.close(w)
-        # While the check runs in its child, on the other core.
+        self._import_for_learners()  # while the check runs in its child, on the other core
         if self.prefork is not None:
             self.prefork(config)
         chunks = []
@@ -327,6 +331,7 @@ class Spawner:
         if message.get("channel"):
             ours, channel = seqpacket_pair()
         spawner_pid = os.getpid()
+        self._import_for_learners()
         _before_fork()
         pid = os.fork()
         if pid == 0:  # the child: nothing below returns
@@ -355,6 +360,13 @@ class Spawner:
             self.client_socks[pid] = ours
             self.sel.register(ours, selectors.EVENT_READ)
         return pid
+
+    def _import_for_learners(self) -> None:
+        """`warm_learner`, once, before the first role's fork: after the algorithm's module, so
+        that it overlaps the preflight's check (a child) rather than delaying it."""
+        if self.learner_imports is not None:
+            algo, self.learner_imports = self.learner_imports, None
+            self.warm_learner(algo, self.export_imports)
 
     def _client_pid(self, client: socket.socket) -> int:
         return next(pid for pid, sock in self.client_socks.items() if sock is client)

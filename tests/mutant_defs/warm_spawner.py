@@ -15,7 +15,7 @@ FOREIGN_PID = T + "test_a_signal_for_a_pid_that_is_not_the_clients_child_is_igno
 ENV_UNSET = T + "test_a_role_started_without_the_unix_sockets_has_none_though_the_launcher_had_the_variable"
 OWN_ADDRESS = T + "test_a_forked_role_takes_only_this_launchs_coordinator_address"
 THREADS = T + "test_the_spawner_forks_with_no_thread_beyond_numpys_own"
-LEARNER_IMPORTS = T + "test_the_spawner_forks_without_what_only_learners_and_exports_import"
+LEARNER_IMPORTS = T + "test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks"
 ENTRY = T + "test_the_command_starts_a_spawner_first_only_for_a_local_run"
 CHILD_GC = T + "test_a_forked_child_collects_over_the_frozen_heap_the_spawner_shares"
 STOP_IN_START = (
@@ -122,18 +122,11 @@ MUTANTS = [
         tests=[STOP_IN_START],
     ),
     dict(
-        name="the-spawner-imports-the-learners-modules-before-it-forks",
+        name="the-learners-imports-left-to-each-learner",
         path="aiorl/cli/spawner.py",
-        old="def warm(algo: str) -> None:\n    get_algorithm(algo)\n",
-        new="def warm(algo: str) -> None:\n    get_algorithm(algo).warm_learner_imports()\n",
-        tests=[LEARNER_IMPORTS + "[dppo]"],
-    ),
-    dict(
-        name="the-spawner-imports-the-exports-modules-before-it-forks",
-        path="aiorl/cli/spawner.py",
-        old="    get_algorithm(cfg.algo).prefork(cfg)\n",
-        new="    get_algorithm(cfg.algo).prefork(cfg)\n    import torch._dynamo  # noqa: F401\n",
-        tests=[LEARNER_IMPORTS + "[es]"],
+        old="    get_algorithm(algo).warm_learner_imports()\n",
+        new="    get_algorithm(algo)\n",
+        tests=[LEARNER_IMPORTS + "[dppo-imported0]"],
     ),
     dict(
         name="a-forked-role-keeps-the-collector-off",
