@@ -173,11 +173,4 @@ MUTANTS = [
             "tests/test_spawner.py::test_es_roles_share_the_noise_table_the_spawner_drew_before_forking",
         ],
     ),
-    dict(
-        name="the-learners-core-races-its-warm-imports",
-        path="aiorl/runtime/learner.py",
-        old="        await asyncio.to_thread(self.warm_imports.join)\n",
-        new="",
-        tests=["tests/test_reproducibility.py::test_a_synchronous_run_repeats_exactly_for_its_seed[dppo]"],
-    ),
 ]
