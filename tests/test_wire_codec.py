@@ -139,14 +139,32 @@ def test_layout_cache_follows_shape_dtype_and_contiguity_changes():
     encoder = Encoder(Limits())
     decoder = Decoder(Limits())
     base = np.arange(12, dtype=np.float32)
-    for array in (base, base.reshape(3, 4), base.reshape(4, 3).T, base.astype(np.float64), base[:5], base):
-        buffers, _ = encoder.encode(FrameType.DATA, "x", None, {"a": array})
+    # (A repeated layout of small arrays is checked and joined in C: each change below, the
+    # same shape in another dtype of the same size, and another name, must be seen there.)
+    cases = [base, base.reshape(3, 4), base.reshape(4, 3).T, base.astype(np.float64), base[:5], base]
+    cases += [base.view(np.int32), base.view(np.int32)[::-1], base]
+    for name, array in [("a", array) for array in cases] + [("b", base)]:
+        buffers, _ = encoder.encode(FrameType.DATA, "x", None, {name: array})
         frame = b"".join(bytes(b) for b in buffers)
         schema_len, meta_len = FIXED.unpack_from(frame)[4:6]
         kind, layout = decoder.schema(frame[FIXED_SIZE : FIXED_SIZE + schema_len])
-        got = decoder.arrays(layout, bytearray(frame[FIXED_SIZE + schema_len + meta_len :]))["a"]
-        np.testing.assert_array_equal(got, array)
-        assert got.shape == array.shape
+        got = decoder.arrays(layout, bytearray(frame[FIXED_SIZE + schema_len + meta_len :]))
+        assert list(got) == [name]
+        np.testing.assert_array_equal(got[name], array)
+        assert got[name].shape == array.shape and got[name].dtype == array.dtype
+
+
+def test_received_arrays_are_views_of_the_payload_and_never_reach_past_it():
+    frame = encode_frame(arrays={"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.arange(3)})
+    kind, layout = Decoder(Limits()).schema(frame[FIXED_SIZE : FIXED_SIZE + FIXED.unpack_from(frame)[4]])
+    payload = bytearray(layout[1])
+    got = Decoder.arrays(layout, payload)
+    assert got["a"].base is payload and got["b"].base is payload and got["a"].flags.writeable
+    got["b"][:] = 7
+    assert np.frombuffer(payload, np.int64, 3, layout[0][1][3]).tolist() == [7, 7, 7]
+    for short in (bytearray(layout[1] - 1), bytearray()):
+        with pytest.raises(ValueError, match="does not fit in a payload"):
+            Decoder.arrays(layout, short)
 
 
 def test_large_arrays_are_not_copied_small_ones_are():

@@ -20,6 +20,7 @@ import pytest
 from test_wire_bad_input import frame, valid_frame
 
 from aiorl.wire import ConnectionClosed, ProtocolError, connect, ring, serve, shm
+from aiorl.wire.codec import FrameType
 
 TOKEN = b"shm-test-token-0123456789abcdef0"
 HANG_S = 30.0
@@ -127,6 +128,131 @@ async def test_a_ring_that_fills_holds_the_writer_back_and_loses_nothing(tmp_pat
         got = [m.meta["i"] for m in recorder.messages if m.kind == "x"]
         assert got == list(range(len(got))) and len(got) >= count - 1
         assert all(np.array_equal(m.arrays["a"], payload) for m in recorder.messages[:50])
+    finally:
+        conn.abort()
+        await server.close()
+
+
+# ---------------------------------------------------------------------- wake-ups
+
+
+def ends(server, conn):
+    """(client transport, server transport) of the one connection."""
+    return conn._proto.transport, next(iter(server.connections))._proto.transport
+
+
+def count_signals(transport) -> list:
+    """Replace `transport`'s eventfd write with a counting one; the list grows per wake-up sent."""
+    sent: list = []
+    signal = transport._signal_peer
+
+    def counted() -> None:
+        sent.append(1)
+        signal()
+
+    transport._signal_peer = counted
+    return sent
+
+
+async def test_a_writer_wakes_its_reader_only_while_the_reader_is_idle(tmp_path):
+    """The reader raises `waiting` when it has read everything; a write wakes it only then."""
+    server, recorder, conn = await server_and_client(tmp_path, "shm")
+    try:
+        await conn.request("q", {}, timeout_s=HANG_S)  # both sides idle now, their flags up
+        client, served = ends(server, conn)
+        assert served._waiting and served._seg.ctl[served._seg.in_waiting] == 1
+        sent = count_signals(client)
+        await conn.send("x", {"i": 0})
+        await until(lambda: len(recorder.messages) == 2, "the first message")
+        assert sent == [1]  # the server was idle: one wake-up
+        # The server is busy reading (its flag down, as while it drains the ring): no wake-up.
+        served._waiting = False
+        served._seg.ctl[served._seg.in_waiting] = 0
+        await conn.send("x", {"i": 1})
+        await asyncio.sleep(0.05)
+        assert sent == [1] and len(recorder.messages) == 2  # written, not signalled, not read yet
+        served._on_wake()  # ...until the busy reader looks at the ring again
+        await until(lambda: len(recorder.messages) == 3, "the second message")
+        assert recorder.messages[-1].meta == {"i": 1} and sent == [1]
+    finally:
+        conn.abort()
+        await server.close()
+
+
+class Racing:
+    """The server's fenced control words, with `race` run just before it raises `waiting`:
+    a write that lands after the reader found the ring empty, before its flag is up."""
+
+    def __init__(self, seg, race) -> None:
+        self.real, self.seg, self.race = seg.fenced, seg, race
+
+    def store_then_load(self, store_at: int, value: int, load_at: int) -> int:
+        if store_at == self.seg.in_waiting and value == 1 and self.race is not None:
+            race, self.race = self.race, None
+            race()
+        return self.real.store_then_load(store_at, value, load_at)
+
+    def release(self) -> None:
+        self.real.release()
+
+
+async def test_a_write_racing_the_readers_waiting_flag_is_read_without_a_wake_up(tmp_path):
+    """The writer looked at the flag before the reader raised it, so it sent no wake-up: the
+    reader's second look at the tail, after raising the flag, must find the write."""
+    server, recorder, conn = await server_and_client(tmp_path, "shm")
+    try:
+        await conn.request("q", {}, timeout_s=HANG_S)
+        client, served = ends(server, conn)
+        assert served._waiting  # idle, its flag up
+        sent = count_signals(client)
+        buffers, _ = conn._proto._encoder.encode(FrameType.DATA, "raced", {}, {"a": np.arange(5.0)})
+        served._seg.fenced = Racing(served._seg, lambda: client.writelines(buffers))
+        # Woken (for anything): its flag goes down while it reads, so the racing write, which
+        # comes after it found the ring empty and before its flag is up again, sends nothing.
+        served._on_wake()
+        await until(lambda: recorder.messages and recorder.messages[-1].kind == "raced", "the raced write")
+        assert sent == [] and np.array_equal(recorder.messages[-1].arrays["a"], np.arange(5.0))
+        assert served._waiting  # and, with nothing more to read, it waits for a wake-up
+    finally:
+        conn.abort()
+        await server.close()
+
+
+async def test_a_blocked_writer_is_woken_once_half_the_ring_is_free_not_per_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(ring, "BLOCKED_RECHECK_S", 3600.0)  # no safety net: only wake-ups move it
+    server, recorder, conn = await server_and_client(tmp_path, "shm", ring_bytes=1 << 20)
+    try:
+        await conn.request("q", {}, timeout_s=HANG_S)
+        client, served = ends(server, conn)
+        served.pause_reading()
+        payload = np.zeros(8 * 1024, np.uint8)
+        for i in range(160):  # 1.3 MiB into a 1 MiB ring
+            await conn.send("x", {"i": i}, {"a": payload})
+        await until(lambda: client._blocked, "the writer to fill the ring")
+        assert client._tail - client._seg.ctl[client._seg.out_head] == client._cap
+        sent = count_signals(served)
+        # Each read takes one window (at most READ_WINDOW bytes), then reading pauses again.
+        reads = []
+        updated = served._protocol.buffer_updated
+
+        def one_read(nbytes: int) -> None:
+            reads.append(nbytes)
+            updated(nbytes)
+            served.pause_reading()
+
+        served._protocol.buffer_updated = one_read
+        served.resume_reading()
+        await until(lambda: reads, "a read")
+        assert served._peer_tail - served._head > client._cap // 2 and sent == []  # 3/4 still unread
+        while served._peer_tail - served._head > client._cap // 2:
+            served.resume_reading()
+            count = len(reads)
+            await until(lambda: len(reads) > count, "another read")
+        assert sent == [1] and len(reads) >= 2  # half free: one wake-up for all those reads
+        del served._protocol.buffer_updated
+        served.resume_reading()
+        await until(lambda: len([m for m in recorder.messages if m.kind == "x"]) == 160, "every message")
+        assert [m.meta["i"] for m in recorder.messages if m.kind == "x"] == list(range(160))
     finally:
         conn.abort()
         await server.close()
@@ -355,11 +481,11 @@ HANDOVERS = {
         "ring layout version 9",
     ),
     "ring too large": (
-        lambda: (shm.OFFER.pack(shm.MAGIC, 1, 0, 0, 1 << 40), [sealed(4096), efd(), efd()]),
+        lambda: (shm.OFFER.pack(shm.MAGIC, shm.LAYOUT_VERSION, 0, 0, 1 << 40), [sealed(4096), efd(), efd()]),
         "expected 65536..1073741824",
     ),
     "ring too small": (
-        lambda: (shm.OFFER.pack(shm.MAGIC, 1, 0, 0, 16), [sealed(4096), efd(), efd()]),
+        lambda: (shm.OFFER.pack(shm.MAGIC, shm.LAYOUT_VERSION, 0, 0, 16), [sealed(4096), efd(), efd()]),
         "expected 65536..1073741824",
     ),
     "memfd smaller than said": (

@@ -1,1 +1,2 @@
-"""Compiled replay kernels (Cython). Import through `aiorl.replay`, not directly."""
+"""Compiled kernels (Cython): replay, imported through `aiorl.replay`, not directly; and `wire`, the
+wire's hot steps (`aiorl.wire.codec`, `aiorl.wire.ring`)."""

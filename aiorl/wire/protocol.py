@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from aiorl._ext.wire import array_views as _array_views
 from aiorl.core.buffer_pool import BufferPool
 
 from . import auth, unix
@@ -95,7 +96,6 @@ STOCK_CHUNK = 256 * 1024
 _NO_ARRAYS = ((), 0)
 _MESSAGE_TYPES = FrameType.MESSAGES
 _unpack_fixed = FIXED.unpack_from
-_ndarray = np.ndarray
 
 
 class _MessageQueue:
@@ -567,11 +567,7 @@ class WireProtocol(asyncio.BufferedProtocol):
                     if request_id:
                         raise ProtocolError("data frame carries a request id")
                     payload = stage[header_end:frame_end]  # one copy: it must outlive staging
-                    message = Message(
-                        kind,
-                        meta,
-                        {name: _ndarray(shape, dtype, payload, offset) for name, dtype, shape, offset in layout[0]},
-                    )
+                    message = Message(kind, meta, _array_views(layout[0], payload))
                     if self._overflow or len(items) >= maxsize:
                         self._push(message)
                     else:

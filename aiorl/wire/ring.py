@@ -18,6 +18,8 @@ import mmap
 import os
 import socket
 
+from aiorl._ext.wire import Control
+
 from .errors import ProtocolError
 
 __all__ = ["CONTROL_BYTES", "RingTransport", "segment_bytes"]
@@ -29,11 +31,17 @@ logger = logging.getLogger("aiorl.wire")
 JOIN_BELOW = 16 * 1024
 #: While a producer waits for room, it re-reads the consumer's head this often anyway.
 BLOCKED_RECHECK_S = 0.01
+#: A reader that freed room for a blocked writer wakes it only once at most this many bytes
+#: stay unread (or none): the writer then refills half a ring at once instead of waking for
+#: every read.
+WAKE_WRITER_UNREAD_FRACTION = 2  # at most ring_bytes // this unread
 #: Shared page: per direction (0: client->server, 1: server->client) tail, head, blocked,
-#: each on its own cache line.
+#: waiting, each on its own cache line.
 CONTROL_BYTES = 4096
 # Indices of 8-byte words in the control page (each counter on a cache line of its own).
-_TAIL, _HEAD, _BLOCKED = 0, 8, 16
+# tail: the writer's; head: the reader's; blocked: the writer's, "wake me when you free
+# room"; waiting: the reader's, "wake me when you write" (raised only while it is idle).
+_TAIL, _HEAD, _BLOCKED, _WAITING = 0, 8, 16, 24
 _DIRECTION_STRIDE = 32
 
 
@@ -52,17 +60,22 @@ class _Segment:
         # Counters are read and written through a native 'Q' view: one aligned 8-byte load or
         # store each (struct's '<Q' goes byte by byte, and a reader could see half an update).
         self.ctl = view[:CONTROL_BYTES].cast("Q")
+        # The same words for a store that must be seen before the next load (see aiorl._ext.wire).
+        self.fenced = Control(self.ctl)
         out_dir, in_dir = side, 1 - side
         self.out_data = view[CONTROL_BYTES + out_dir * ring_bytes : CONTROL_BYTES + (out_dir + 1) * ring_bytes]
         self.in_data = view[CONTROL_BYTES + in_dir * ring_bytes : CONTROL_BYTES + (in_dir + 1) * ring_bytes]
         self.out_tail = out_dir * _DIRECTION_STRIDE + _TAIL  # ours to write
         self.out_head = out_dir * _DIRECTION_STRIDE + _HEAD  # the peer's
         self.out_blocked = out_dir * _DIRECTION_STRIDE + _BLOCKED  # ours
+        self.out_waiting = out_dir * _DIRECTION_STRIDE + _WAITING  # the peer's
         self.in_tail = in_dir * _DIRECTION_STRIDE + _TAIL  # the peer's
         self.in_head = in_dir * _DIRECTION_STRIDE + _HEAD  # ours
         self.in_blocked = in_dir * _DIRECTION_STRIDE + _BLOCKED  # the peer's
+        self.in_waiting = in_dir * _DIRECTION_STRIDE + _WAITING  # ours
 
     def close(self) -> None:
+        self.fenced.release()
         for view in (self.out_data, self.in_data, self.ctl, self.view):
             view.release()
         try:
@@ -109,6 +122,7 @@ class RingTransport(asyncio.Transport):
         self._protocol_paused = False
         self._reading_paused = False
         self._blocked = False
+        self._waiting = False  # our `waiting` flag is up: the peer wakes us when it writes
         self._recheck: asyncio.TimerHandle | None = None
         self._closing = False
         self._peer_eof = False
@@ -126,7 +140,7 @@ class RingTransport(asyncio.Transport):
     def start(self, protocol: asyncio.BufferedProtocol) -> None:
         """Attach `protocol` and start reading; the protocol's ``connection_made`` runs here."""
         self._protocol = protocol
-        self._loop.add_reader(self._wake_fd, self._on_wake)
+        self._loop.add_reader(self._wake_fd, self._on_wake_fd)
         self._loop.add_reader(self._sock.fileno(), self._on_socket)
         try:
             protocol.connection_made(self)
@@ -236,7 +250,8 @@ class RingTransport(asyncio.Transport):
     def _read_peer(self, index: int) -> int:
         return self._seg.ctl[index]
 
-    def _on_wake(self) -> None:
+    def _on_wake_fd(self) -> None:
+        """The peer wrote our eventfd: clear it (it stays readable until read), then read the ring."""
         if self._finished:
             return
         try:
@@ -246,6 +261,12 @@ class RingTransport(asyncio.Transport):
         except OSError as exc:
             self._fatal(exc)
             return
+        self._on_wake()
+
+    def _on_wake(self) -> None:
+        """Read what the ring holds and write what waits (also called without a wake-up)."""
+        if self._finished:
+            return
         try:
             self._pump_in()
             if self._pending:
@@ -254,10 +275,17 @@ class RingTransport(asyncio.Transport):
             self._fatal(exc)
 
     def _pump_in(self) -> None:
-        """Copy what the peer wrote into the protocol's buffers, checking the peer's counter first."""
+        """Copy what the peer wrote into the protocol's buffers, checking the peer's counter first.
+
+        Reads until the ring is empty (or reading pauses); then raises our `waiting` flag and
+        looks at the tail once more, so that a write the peer made meanwhile is read now, and
+        any later one comes with a wake-up."""
         seg, cap = self._seg, self._cap
         freed = False
         budget = cap  # at most a ring's worth per turn of the loop: a busy peer cannot starve it
+        if self._waiting:  # awake: the peer need not signal writes until we are idle again
+            self._waiting = False
+            seg.ctl[seg.in_waiting] = 0
         while not self._reading_paused and not self._finished:
             if budget <= 0:
                 self._loop.call_soon(self._on_wake)
@@ -271,7 +299,11 @@ class RingTransport(asyncio.Transport):
             self._peer_tail = tail
             available = tail - self._head
             if not available:
-                break
+                if seg.fenced.store_then_load(seg.in_waiting, 1, seg.in_tail) == tail:
+                    self._waiting = True
+                    break
+                seg.ctl[seg.in_waiting] = 0  # it wrote meanwhile: read that first (checked above)
+                continue
             buf = self._protocol.get_buffer(available)
             pos = self._head % cap
             n = min(len(buf), available, cap - pos)
@@ -283,7 +315,11 @@ class RingTransport(asyncio.Transport):
             seg.ctl[seg.in_head] = self._head
             freed = True
             self._protocol.buffer_updated(n)
-        if freed and self._read_peer(seg.in_blocked):
+        if (
+            freed
+            and seg.fenced.store_then_load(seg.in_head, self._head, seg.in_blocked)
+            and self._peer_tail - self._head <= cap // WAKE_WRITER_UNREAD_FRACTION
+        ):
             self._signal_peer()
         if self._peer_eof and not self._reading_paused and not self._finished and self._head == self._peer_tail:
             self._end_of_input()
@@ -319,8 +355,8 @@ class RingTransport(asyncio.Transport):
             wrote = True
         if not pending and self._blocked:
             self._set_blocked(False)
-        if wrote:
-            self._signal_peer()
+        if wrote and seg.fenced.store_then_load(seg.out_tail, self._tail, seg.out_waiting):
+            self._signal_peer()  # the peer is idle; otherwise it reads on without a wake-up
         if self._protocol_paused and self._pending_bytes <= self._low and not self._finished:
             self._protocol_paused = False
             self._protocol.resume_writing()
@@ -331,15 +367,15 @@ class RingTransport(asyncio.Transport):
         """Raise or lower our `blocked` flag; True when raising it found room after all."""
         seg = self._seg
         self._blocked = blocked
-        seg.ctl[seg.out_blocked] = 1 if blocked else 0
         if not blocked:
+            seg.ctl[seg.out_blocked] = 0
             if self._recheck is not None:
                 self._recheck.cancel()
                 self._recheck = None
             return False
         if self._recheck is None:
             self._recheck = self._loop.call_later(BLOCKED_RECHECK_S, self._recheck_room)
-        return self._read_peer(seg.out_head) != self._peer_head
+        return seg.fenced.store_then_load(seg.out_blocked, 1, seg.out_head) != self._peer_head
 
     def _recheck_room(self) -> None:
         self._recheck = None

@@ -27,14 +27,24 @@ from the ring is never used before that check. The consumer copies bytes out int
 protocol's own buffers (``get_buffer``/``buffer_updated``) before the protocol parses them, so
 a peer cannot change a frame after it was checked; nothing from a ring is unpickled or eval'ed.
 
-Wake-ups. A producer writes its eventfd's peer ("data written") after every batch of writes;
-a consumer writes it ("space freed") after reading when the producer has raised its
-``blocked`` flag. A producer whose ring is full keeps its frames (zero-copy views, as uvloop's
-transport does) and reports its write buffer to the protocol, whose ``drain()`` then waits, as
-over TCP; nothing is dropped. Counters are read and stored whole, as aligned 8-byte words (a
-native ``memoryview`` of ``Q``, never byte by byte: a torn read would look like a forged
-counter), in order on x86-64 (TSO); a lost "space freed" wake-up (store-load reordering of the
-flag) is covered by re-checking every ``BLOCKED_RECHECK_S`` while blocked.
+Wake-ups. Each wake-up is an eventfd write, a system call that may also cost the woken side a
+trip through its event loop, so they are sent only to a side that waits. A consumer that has
+read everything raises its ``waiting`` flag, then looks at the tail once more; a producer
+writes the consumer's eventfd ("data written") after a batch of writes only when that flag is
+up; a consumer that reads on finds the new bytes without one. A producer whose ring is full
+raises its ``blocked`` flag, then looks at the head once more; the consumer writes the
+producer's eventfd ("space freed") once at most half the ring is unread (or none), so the
+producer refills half a ring per wake-up instead of waking after every read. A producer whose
+ring is full keeps its frames (zero-copy views, as uvloop's transport does) and reports its
+write buffer to the protocol, whose ``drain()`` then waits, as over TCP; nothing is dropped.
+Counters are read and stored whole, as aligned 8-byte words (a native ``memoryview`` of ``Q``,
+never byte by byte: a torn read would look like a forged counter), in order on x86-64 (TSO).
+TSO may still let a load pass an earlier store, so each "raise the flag, look again" and each
+"move the counter, look at the flag" is a sequentially consistent store then a load
+(``aiorl._ext.wire.Control``: a locked instruction between them): either the waiting side sees
+the other's move or the other sees its flag; no wake-up is lost. Re-checking every
+``BLOCKED_RECHECK_S`` while blocked remains as a safety net. A peer that forges a flag only
+changes when it is woken itself. Layout version 2 added ``waiting``.
 """
 
 from __future__ import annotations
@@ -76,7 +86,7 @@ RING_SUFFIX = ".ring"
 MAGIC = b"AIORLRNG"
 #: The hand-over message: magic, layout version, reserved, ring bytes per direction.
 OFFER = struct.Struct("<8sHHIQ")
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the reader's `waiting` flag in the control page
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_GROW", 4)
 _SEAL_SEAL = getattr(fcntl, "F_SEAL_SEAL", 1)
 

@@ -21,7 +21,15 @@ MEMORY_HOSTILE = (
     "tests/test_memory_hostile.py::test_a_bad_credit_closes_that_connection_and_the_memory_host_keeps_serving"
 )
 
+WAKE_IDLE = W + "test_a_writer_wakes_its_reader_only_while_the_reader_is_idle"
+RACED = W + "test_a_write_racing_the_readers_waiting_flag_is_read_without_a_wake_up"
+HALF_FREE = W + "test_a_blocked_writer_is_woken_once_half_the_ring_is_free_not_per_read"
+C = "tests/test_wire_codec.py::"
+VIEWS = C + "test_received_arrays_are_views_of_the_payload_and_never_reach_past_it"
+LAYOUTS = C + "test_layout_cache_follows_shape_dtype_and_contiguity_changes"
+
 SHM = "aiorl/wire/shm.py"  # the hand-over
+WIRE_EXT = "aiorl/_ext/wire.pyx"  # received arrays, small frames joined, fenced control words
 RING = "aiorl/wire/ring.py"  # the transport
 
 MUTANTS = [
@@ -63,9 +71,72 @@ MUTANTS = [
     dict(
         name="reader-never-says-space-freed",
         path=RING,
-        old="if freed and self._read_peer(seg.in_blocked):",
-        new="if False:",
+        old="and seg.fenced.store_then_load(seg.in_head, self._head, seg.in_blocked)",
+        new="and False",
         tests=[FILLS],
+    ),
+    dict(
+        name="reader-wakes-a-blocked-writer-after-every-read",
+        path=RING,
+        old="            and self._peer_tail - self._head <= cap // WAKE_WRITER_UNREAD_FRACTION\n",
+        new="",
+        tests=[HALF_FREE],
+    ),
+    dict(
+        name="writer-wakes-a-busy-reader",
+        path=RING,
+        old="if wrote and seg.fenced.store_then_load(seg.out_tail, self._tail, seg.out_waiting):",
+        new="if wrote:",
+        tests=[WAKE_IDLE],
+    ),
+    dict(
+        name="writer-never-wakes-an-idle-reader",
+        path=RING,
+        old="if wrote and seg.fenced.store_then_load(seg.out_tail, self._tail, seg.out_waiting):",
+        new="if False:",
+        tests=[WAKE_IDLE],
+    ),
+    dict(
+        name="reader-sleeps-without-a-second-look-at-the-tail",
+        path=RING,
+        old="if seg.fenced.store_then_load(seg.in_waiting, 1, seg.in_tail) == tail:",
+        new="if seg.fenced.store_then_load(seg.in_waiting, 1, seg.in_tail) or True:",
+        tests=[RACED],
+    ),
+    dict(
+        name="reader-keeps-its-waiting-flag-up-while-reading",
+        path=RING,
+        old="            self._waiting = False\n            seg.ctl[seg.in_waiting] = 0\n",
+        new="            pass\n",
+        tests=[RACED],
+    ),
+    dict(
+        name="received-arrays-not-bounded-by-the-payload",
+        path=WIRE_EXT,
+        old="if offset < 0 or offset > size - nbytes:",
+        new="if offset < 0:",
+        tests=[VIEWS],
+    ),
+    dict(
+        name="small-frame-join-ignores-contiguity",
+        path=WIRE_EXT,
+        old="        if not cnp.PyArray_IS_C_CONTIGUOUS(a):\n            return None\n",
+        new="",
+        tests=[LAYOUTS],
+    ),
+    dict(
+        name="small-frame-join-ignores-the-dtype",
+        path=WIRE_EXT,
+        old="if <object> cnp.PyArray_DESCR(a) is not field[1] or cnp.PyArray_NDIM(a) != len(shape):",
+        new="if cnp.PyArray_NDIM(a) != len(shape):",
+        tests=[LAYOUTS],
+    ),
+    dict(
+        name="small-frame-join-ignores-the-names",
+        path=WIRE_EXT,
+        old="if not cnp.PyArray_Check(value) or name != field[0]:",
+        new="if not cnp.PyArray_Check(value):",
+        tests=[LAYOUTS],
     ),
     dict(
         name="writer-forgets-what-did-not-fit",
