@@ -56,8 +56,8 @@ MUTANTS = [
     dict(
         name="loss_does_not_bootstrap_at_the_fragment_end",
         path="aiorl/algos/impala.py",
-        old="        need[:, -1] = True",
-        new="        need[:, -1] = False",
+        old="    need[:, -1] = True",
+        new="    need[:, -1] = False",
         tests=["tests/test_impala.py::test_loss_bootstraps_from_the_right_observations"],
     ),
     dict(
