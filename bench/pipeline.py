@@ -514,9 +514,13 @@ def impala_rows(args, workdir: Path) -> list[dict]:
 
 
 def print_impala(rows: list[dict]) -> None:
+    import yaml
+
+    example = yaml.safe_load(IMPALA_EXAMPLE.read_text())
+    envs, steps = example["env"]["num_envs"], example["agent"]["sample_batch_size"]
     print(
-        f"\nIMPALA fragments ({IMPALA_EXAMPLE.name}: CartPole-v1, 8 envs x 20 steps per actor message, learner "
-        "batch 8 fragments, training as it goes):"
+        f"\nIMPALA fragments ({IMPALA_EXAMPLE.name}: {example['env']['id']}, {envs} envs x {steps} steps per actor "
+        f"message, learner batch {example['agent']['batch_size'] // steps} fragments, training as it goes):"
     )
     print(
         f"{'actors':>6} {'queue_full':>11} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} {'ratio':>6} "

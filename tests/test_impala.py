@@ -121,6 +121,75 @@ def test_loss_bootstraps_from_the_right_observations():
     assert base == pytest.approx(float(want), rel=1e-5)
 
 
+def written_out_loss(net, m, batch):
+    """The module docstring's loss in plain torch ops, autograd all the way (V-trace targets from
+    the reference implementation, on the network's numbers): what the learner's closed-form
+    gradient must match."""
+    B, Tb = batch["reward"].shape
+    obs = torch.as_tensor(batch["obs"].reshape(B * Tb, -1))
+    action = torch.as_tensor(batch["action"].reshape(B * Tb, *batch["action"].shape[2:]))
+    params, values = net(obs)
+    logp = net.head.log_prob(params, action)
+    with torch.no_grad():
+        if "behaviour_logits" in batch:
+            logp_mu = net.head.log_prob(torch.as_tensor(batch["behaviour_logits"].reshape(B * Tb, -1)), action)
+        else:
+            logp_mu = torch.as_tensor(batch["behaviour_logp"].reshape(-1))
+        v_next = net.value(torch.as_tensor(batch["next_obs"].reshape(B * Tb, -1))).numpy().reshape(B, Tb)
+    vs, pg = reference.vtrace(
+        (logp.detach() - logp_mu).numpy().reshape(B, Tb),
+        batch["reward"] * np.float32(m.reward_scale),
+        values.detach().numpy().reshape(B, Tb),
+        v_next[:, -1],
+        batch["terminated"],
+        batch["truncated"],
+        m.gamma,
+        rho_bar=m.rho_bar,
+        c_bar=m.c_bar,
+        pg_rho_bar=m.pg_rho_bar,
+        truncated_values=v_next,
+    )
+    vs, pg = torch.as_tensor(vs.reshape(-1), dtype=torch.float32), torch.as_tensor(pg.reshape(-1), dtype=torch.float32)
+    entropy = net.head.entropy(params).mean()
+    return -(pg * logp).mean() + m.value_coef * 0.5 * (vs - values).pow(2).mean() - m.entropy_coef * entropy
+
+
+@pytest.mark.parametrize(
+    "env, model",
+    [
+        ("CartPole-v1", {}),
+        ("CartPole-v1", {"entropy_coef": 0.3, "value_coef": 2.0, "rho_bar": 0.9, "pg_rho_bar": 1.1}),
+        ("Pendulum-v1", {"entropy_coef": 0.1}),
+    ],
+)
+def test_the_learners_gradient_is_that_of_the_loss_written_out(env, model):
+    """Discrete actions take the loss's gradient with respect to the logits and values in closed
+    form (one autograd node, `OutputGradient`); it must be autograd's gradient of the loss written
+    out, for every parameter, with off-policy fragments (rho != 1), an episode end and a time limit
+    in them. Box actions go through autograd and must agree the same way."""
+    cfg = config(env, gamma=0.9, reward_scale=0.5, **model)
+    algo, actor, learner, _, fragments, _ = rollout_fragments(cfg, steps=T)
+    batch = {k: v.copy() for k, v in fragments.items()}
+    batch["terminated"][:] = False
+    batch["truncated"][:] = False
+    batch["terminated"][0, 2] = True
+    batch["truncated"][1, 3] = True
+    net, m = learner.net, cfg.model
+    torch.manual_seed(1)
+    with torch.no_grad():  # the learner's policy moves away from the actors': rho != 1
+        for p in net.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    params = [p for p in net.parameters() if p.requires_grad]
+    loss, metrics = impala_loss(net, m, batch, learner.device)
+    got = torch.autograd.grad(loss, params)
+    want_loss = written_out_loss(net, m, batch)
+    want = torch.autograd.grad(want_loss, params)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5, abs=1e-6)
+    assert metrics["vtrace/rho_mean"] != pytest.approx(1.0, abs=1e-3)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_learner_step_checkpoint_and_export(tmp_path):
     cfg = config()
     algo, actor, learner, _, fragments, _ = rollout_fragments(cfg)

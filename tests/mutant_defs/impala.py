@@ -56,8 +56,8 @@ MUTANTS = [
     dict(
         name="loss_does_not_bootstrap_at_the_fragment_end",
         path="aiorl/algos/impala.py",
-        old="        need[:, -1] = True",
-        new="        need[:, -1] = False",
+        old="    need[:, -1] = True",
+        new="    need[:, -1] = False",
         tests=["tests/test_impala.py::test_loss_bootstraps_from_the_right_observations"],
     ),
     dict(
@@ -163,5 +163,48 @@ MUTANTS = [
         old="(self.idle_s + waiting) / wall",
         new="self.idle_s / wall",
         tests=["tests/test_impala.py::test_idle_clock_counts_finished_waits_and_the_one_in_progress"],
+    ),
+    # ------------------------------------------------------------------ issue #28: the learner's cost per sample
+    dict(
+        name="closed_form_gradient_action_term_sign",
+        path="aiorl/algos/impala.py",
+        old="    grad_logits[rows, action] -= pg_advantages\n",
+        new="    grad_logits[rows, action] += pg_advantages\n",
+        tests=["tests/test_impala.py::test_the_learners_gradient_is_that_of_the_loss_written_out"],
+    ),
+    dict(
+        name="closed_form_gradient_without_the_entropy_term",
+        path="aiorl/algos/impala.py",
+        old="+ m.entropy_coef * (p * log_pi)",
+        new="+ 0.0 * (p * log_pi)",
+        tests=["tests/test_impala.py::test_the_learners_gradient_is_that_of_the_loss_written_out"],
+    ),
+    dict(
+        name="closed_form_value_gradient_unweighted",
+        path="aiorl/algos/impala.py",
+        old="    grad_values = diff * (m.value_coef / n)\n",
+        new="    grad_values = diff / n\n",
+        tests=["tests/test_impala.py::test_the_learners_gradient_is_that_of_the_loss_written_out"],
+    ),
+    dict(
+        name="published_weights_are_views_of_the_live_ones",
+        path="aiorl/algos/lib/common.py",
+        old="        return {name: v.detach().cpu().numpy().copy() for name, v in self._weights_views}\n",
+        new="        return {name: v.detach().cpu().numpy() for name, v in self._weights_views}\n",
+        tests=["tests/test_impala.py::test_learner_step_checkpoint_and_export"],
+    ),
+    dict(
+        name="offload_times_calls_by_the_wall_clock",
+        path="aiorl/runtime/role.py",
+        old="        return wall_s if wall_s >= self.WAIT_FACTOR * self.inline_below_s else cpu_s\n",
+        new="        return wall_s\n",
+        tests=["tests/test_offload.py::test_a_cheap_call_the_scheduler_stretched_runs_inline"],
+    ),
+    dict(
+        name="offload_inlines_a_call_that_waits",
+        path="aiorl/runtime/role.py",
+        old="        return wall_s if wall_s >= self.WAIT_FACTOR * self.inline_below_s else cpu_s\n",
+        new="        return cpu_s\n",
+        tests=["tests/test_offload.py::test_a_call_that_waits_or_computes_long_runs_in_a_thread"],
     ),
 ]

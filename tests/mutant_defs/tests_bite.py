@@ -241,8 +241,8 @@ MUTANTS = [
     dict(
         name="grad_clip_never_clips",
         path="aiorl/algos/lib/common.py",
-        old="    return float(nn.utils.clip_grad_norm_(params, max_norm))\n",
-        new='    return float(nn.utils.clip_grad_norm_(params, float("inf")))\n',
+        old="        torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp_(max=1.0))\n",
+        new="        pass\n",
         tests=["tests/test_apex_dqn.py::test_gradient_clipping_is_applied"],
     ),
     dict(
