@@ -78,12 +78,19 @@ def test_the_spawner_forks_with_no_thread_beyond_numpys_own(tmp_path):
 
 @pytest.mark.parametrize(
     ("algo", "exports", "imported"),
-    [("dppo", False, ["torch._dynamo"]), ("es", False, []), ("es", True, ["torch._dynamo"])],
+    [
+        ("dppo", False, ["torch._dynamo"]),
+        ("es", False, []),
+        ("es", True, ["torch._dynamo"]),
+        ("random_agent", False, []),
+    ],
 )
 def test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks(algo, exports, imported, tmp_path):
     # torch.optim's optimizers import torch._dynamo (most of a second): imported once here, not
-    # by each learner, evaluation worker and restart on the way to its first step. ES uses none,
-    # unless its run evaluates during training: the evaluation worker's exports import it.
+    # by each learner, evaluation worker and restart on the way to its first step. ES and the
+    # random agent use none, unless the run evaluates during training: the evaluation worker's
+    # exports import it. (A learner's core waits for these imports: one it does not need would
+    # hold it back where there is no spawner, as under Ray.)
     spawner = WarmSpawner.start()
     try:
         spawner.ready(algo, exports=exports)
