@@ -74,16 +74,23 @@ def test_box_actions_carry_the_log_probability_of_the_unclipped_sample():
     assert result.metrics["vtrace/rho_mean"] == pytest.approx(1.0, abs=1e-4)
 
 
-def test_loss_bootstraps_from_the_right_observations():
-    """V-trace in the loss: values of obs, V(next_obs) only after the last step and at
-    truncations (not terminations), exactly reference.vtrace of the network's numbers."""
-    cfg = config(gamma=0.9)
-    algo, actor, learner, _, fragments, _ = rollout_fragments(cfg, steps=T)
+def fragments_with_ends(cfg):
+    """A learner and a copy of its actor's T-step fragments with a termination (fragment 0, step
+    2) and a time limit (fragment 1, step 3), nowhere else."""
+    _, _, learner, _, fragments, _ = rollout_fragments(cfg, steps=T)
     batch = {k: v.copy() for k, v in fragments.items()}
     batch["terminated"][:] = False
     batch["truncated"][:] = False
     batch["terminated"][0, 2] = True
     batch["truncated"][1, 3] = True
+    return learner, batch
+
+
+def test_loss_bootstraps_from_the_right_observations():
+    """V-trace in the loss: values of obs, V(next_obs) only after the last step and at
+    truncations (not terminations), exactly reference.vtrace of the network's numbers."""
+    cfg = config(gamma=0.9)
+    learner, batch = fragments_with_ends(cfg)
     batch["terminated"][2, T - 1] = True  # the fragment ends on a terminal step
     net, m = learner.net, cfg.model
 
@@ -168,12 +175,7 @@ def test_the_learners_gradient_is_that_of_the_loss_written_out(env, model):
     out, for every parameter, with off-policy fragments (rho != 1), an episode end and a time limit
     in them. Box actions go through autograd and must agree the same way."""
     cfg = config(env, gamma=0.9, reward_scale=0.5, **model)
-    algo, actor, learner, _, fragments, _ = rollout_fragments(cfg, steps=T)
-    batch = {k: v.copy() for k, v in fragments.items()}
-    batch["terminated"][:] = False
-    batch["truncated"][:] = False
-    batch["terminated"][0, 2] = True
-    batch["truncated"][1, 3] = True
+    learner, batch = fragments_with_ends(cfg)
     net, m = learner.net, cfg.model
     torch.manual_seed(1)
     with torch.no_grad():  # the learner's policy moves away from the actors': rho != 1
