@@ -50,6 +50,12 @@ class ActorIngest:
     async def _serve_actor(self, conn: Connection, index: int) -> None:
         link = ActorLink(conn.peer_name, conn)
         self.actor_links.append(link)
+        if self.synchronous and self.rounds.work_items is not None:
+            # Work items (ES) need no iteration to rejoin at, so the coordinator sends no role_back:
+            # an actor that connects again is back here. Left away, the stop counted it as gone and
+            # closed the last round under the parts its new process still had in flight, which
+            # were then refused as bad messages and failed the run.
+            self.away_actors.discard(index)
         if isinstance(self.replay, FrameReplayBuffer):
             link.frames = self.replay.stream()  # frame ids start over with every connection
         elif self.fragments is not None:
