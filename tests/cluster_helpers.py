@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -58,7 +59,10 @@ def write_config(tmp_path: Path, config: dict) -> tuple[Path, Path]:
     return path, run_dir
 
 
-def start(tmp_path: Path, config: dict, *extra: str) -> tuple[subprocess.Popen, Path]:
+def start(
+    tmp_path: Path, config: dict, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, Path]:
+    """`aiorl run` of `config` in the background; `env`: added to this process's environment."""
     path, run_dir = write_config(tmp_path, config)
     proc = subprocess.Popen(
         [sys.executable, "-m", "aiorl", "run", str(path), "--quiet", *extra],
@@ -66,6 +70,7 @@ def start(tmp_path: Path, config: dict, *extra: str) -> tuple[subprocess.Popen, 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=None if env is None else {**os.environ, **env},
     )
     return proc, run_dir
 

@@ -14,11 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from cluster_helpers import alive, cluster, finish, last_metrics, live_status, pids, read_json, start, wait_for
 from test_faults import assert_nothing_accepted_was_lost, metrics_rows
 from test_impala_faults import assert_every_fragment_accounted_for
+
+from aiorl.runtime.hold import ENV_HOLD
 
 pytestmark = pytest.mark.cluster
 
@@ -35,8 +38,8 @@ CHAOS = {
     "r2d2": ("r2d2_cartpole_novel", {"scheduled_global_steps": 10**6}),
 }
 # Kills while RUNNING, each once the last successor steps. They are counted, not fitted into a
-# stretch of wall-clock time: a restarted role process of its own imports torch again, 3-4 s on 2
-# busy cores and 11 s and more under load, which let a 12 s window hold a single kill.
+# stretch of wall-clock time: under load a restart's start took seconds (a role process of its own,
+# before the warm spawner, 11 s and more), which let a 12 s window hold a single kill.
 RUNNING_KILLS = 2
 
 
@@ -76,15 +79,24 @@ def successor(run_dir: Path, name: str, old: int) -> int:
     return pids(run_dir)[name]
 
 
+def stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
 def kill_in_starting(run_dir: Path, actors: list[str], held: list[int]) -> list[str]:
-    """Hold the run in STARTING (the last actor SIGSTOPped before it registers: it is still importing),
-    SIGKILL actor-0 once it registered and wait for its successor to register, still in STARTING;
-    then SIGKILL the held actor, which never registered. Returns the victims; `held` gets the held
-    pid (a stopped process cannot act on its parent-death signal: the caller ends it if this fails)."""
+    """Hold the run in STARTING (the last actor's first process stops itself before it registers:
+    `AIORL_HOLD_BEFORE_REGISTER`), SIGKILL actor-0 once it registered and wait for its successor to
+    register, still in STARTING; then SIGKILL the held actor, which never registered. Returns the
+    victims; `held` gets the held pid (a stopped process cannot act on its parent-death signal: the
+    caller ends it if this fails)."""
     held_name = actors[-1]
+    wait_for(lambda: held_name in pids(run_dir) and stopped(pids(run_dir)[held_name]), 60, f"{held_name} held")
     started = pids(run_dir)
     held.append(started[held_name])
-    kill(started[held_name], signal.SIGSTOP)
+    assert "held before registering" in (run_dir / "logs" / f"{held_name}.log").read_text()
     wait_for(lambda: registered(run_dir, "actor-0", started["actor-0"]), 60, "actor-0 registered")
     assert role_status(run_dir)[0] == "STARTING"
     assert (role_status(run_dir)[1][held_name]["status"]) == "expected"  # held before it registered
@@ -93,7 +105,7 @@ def kill_in_starting(run_dir: Path, actors: list[str], held: list[int]) -> list[
     wait_for(lambda: registered(run_dir, "actor-0", new), 60, "actor-0's successor registered")
     phase, roles = role_status(run_dir)
     assert phase == "STARTING" and roles["actor-0"]["restarts"] == 1, (phase, roles["actor-0"])
-    kill(started[held_name])  # SIGKILL ends a stopped process too
+    kill(started[held_name])  # SIGKILL ends a stopped process too; its successor is not held
     return ["actor-0", held_name]
 
 
@@ -126,11 +138,10 @@ def test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_f
     config = example(
         name,
         agent={"target_return": None, **agent},
-        # Each role a process of its own: its imports hold STARTING open long enough to hold one back.
-        cluster={"actors": 2, "warm_spawner": False, "restart_backoff_s": 0.2, "restart_backoff_max_s": 1.0},
+        cluster={"actors": 2, "restart_backoff_s": 0.2, "restart_backoff_max_s": 1.0},
     )
     actors = ["actor-0", "actor-1"]
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = start(tmp_path, config, env={ENV_HOLD: actors[-1]})
     held: list[int] = []
     try:
         victims = kill_in_starting(run_dir, actors, held)

@@ -40,6 +40,7 @@ from aiorl.launch.notices import ExitNotices
 from aiorl.launch.panel import Progress, next_command, stopped_at_note
 from aiorl.launch.spawner import WarmSpawner
 from aiorl.runtime import local_sockets
+from aiorl.runtime.hold import ENV_HOLD
 from aiorl.runtime.phase import (
     EXIT_COORDINATOR_LOST,
     EXIT_OK,
@@ -140,12 +141,14 @@ class LocalLauncher:
             args += ["--set", f"cluster.port={self.port}"]
         return args
 
-    def _start(self, kind: str, index: int, log_path: Path):
+    def _start(self, kind: str, index: int, log_path: Path, restart: bool = False):
         """Start one role process; returns its Popen, or an object with its calls (a child of the
         warm spawner, a Ray-placed process)."""
         # The role's stdout and stderr (a stray print, a warning, a traceback) go into its log,
         # not the terminal, where they would tear the live panel; the panel counts them.
         env = {**self._unix_env(os.environ), **self.rundir.identity.env()}
+        if restart:  # only a role's first process is held (`aiorl.runtime.hold`)
+            env.pop(ENV_HOLD, None)
         if self.spawner is not None:
             wait = None
             if self.port is None and (kind, index) != ("memory", 0):
@@ -179,11 +182,11 @@ class LocalLauncher:
                 env[local_sockets.ENV_COORDINATOR] = self.coordinator_unix
         return env
 
-    def _spawn(self, kind: str, index: int) -> Child:
+    def _spawn(self, kind: str, index: int, restart: bool = False) -> Child:
         name = role_name(kind, index)
         logs = self.run_dir / "logs"
         logs.mkdir(exist_ok=True)
-        proc = self._start(kind, index, logs / f"{name}.log")
+        proc = self._start(kind, index, logs / f"{name}.log", restart)
         child = Child(name, proc)
         self.children[child.name] = child
         log.debug("started %s (pid %d)", child.name, proc.pid)
@@ -341,7 +344,7 @@ class LocalLauncher:
                 del self.restart_at[name]
                 self.ended.append(self.children[name])
                 kind, _, index = name.rpartition("-")
-                self._spawn(kind, int(index))
+                self._spawn(kind, int(index), restart=True)
                 self._write_pids()
 
     def _supervise(self, progress: Progress) -> None:

@@ -325,7 +325,7 @@ class RayLauncher(LocalLauncher):
             f"cluster.advertise_host={ip}",
         ]
 
-    def _start(self, kind: str, index: int, log_path: Path) -> RayProcess:
+    def _start(self, kind: str, index: int, log_path: Path, restart: bool = False) -> RayProcess:
         name = role_name(kind, index)
         if name in self.children:  # a restart: a new RoleHost, placed anew (the old one's node may be going)
             _kill_actor(self.hosts[name])

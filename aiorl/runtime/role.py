@@ -33,6 +33,7 @@ from aiorl.core.console import CONSOLE
 from aiorl.runtime import frame_limits, local_sockets, messages
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.control import ControlChannel, CoordinatorLost, NotAdmitted, Refused
+from aiorl.runtime.hold import hold_if_named
 from aiorl.runtime.phase import (
     EXIT_COORDINATOR_LOST,
     EXIT_FAILED,
@@ -396,6 +397,7 @@ class Role:
             limits=frame_limits.from_coordinator(self.algorithm()),
             unix_path=self.coordinator_unix_path(),
         )
+        hold_if_named(self.name, self.log)
         try:
             reply = await self.coordinator.open()
         except Refused as exc:

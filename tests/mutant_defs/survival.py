@@ -115,4 +115,18 @@ MUTANTS = [
         new="class DivergedWeights(RuntimeError):",
         tests=["tests/test_apex_learning.py::test_an_actor_whose_weights_overflow_ends_the_run"],
     ),
+    dict(
+        name="a-held-role-is-not-held",
+        path="aiorl/runtime/hold.py",
+        old="    if name not in held_names(environ):\n",
+        new="    if True:\n",
+        tests=[CHAOS_APEX],
+    ),
+    dict(
+        name="a-restarted-role-is-held-again",
+        path="aiorl/launch/local.py",
+        old="            env.pop(ENV_HOLD, None)\n",
+        new="            pass\n",
+        tests=[CHAOS_APEX],
+    ),
 ]
