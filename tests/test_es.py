@@ -181,7 +181,7 @@ def test_checkpoint_round_trip_restores_theta_adam_and_normalizer(tmp_path):
 
 
 def test_a_table_drawn_before_the_fork_is_the_one_each_role_reads(monkeypatch):
-    """ES.prefork (in the warm spawner) draws the table once; a NoiseTable of the same seed and
+    """ES.prefork (for the warm spawner) draws the table once; a NoiseTable of the same seed and
     size then holds that very array, read-only (shared pages stay shared), equal to a fresh draw."""
     from types import SimpleNamespace
 
@@ -191,9 +191,9 @@ def test_a_table_drawn_before_the_fork_is_the_one_each_role_reads(monkeypatch):
     cfg = SimpleNamespace(model=SimpleNamespace(noise_seed=3, noise_table_size=1 << 12))
     fresh = NoiseTable(3, 1 << 12)
     assert not fresh.shared
-    es.ES.prefork(cfg)
+    es.ES.adopt_prefork(es.ES.prefork(cfg))
     shared = NoiseTable(3, 1 << 12)
-    assert shared.shared and shared.noise is es._PREFORKED[(3, 1 << 12)]
+    assert shared.shared and shared.noise is es._PREFORKED[es.noise_key(3, 1 << 12)]
     assert np.array_equal(shared.noise, fresh.noise) and shared.digest() == fresh.digest()
     assert not shared.noise.flags.writeable and not fresh.noise.flags.writeable
     assert not NoiseTable(4, 1 << 12).shared  # another seed: drawn here

@@ -20,7 +20,7 @@ import yaml
 from cluster_helpers import NO_RESTARTS, alive, cluster, finish, pids, start, wait_for
 from cluster_helpers import run as run_config
 
-from aiorl.launch.spawner import WarmSpawner, _env_diff, enabled
+from aiorl.launch.spawner import WarmSpawner, _env_diff, enabled, map_arrays, write_arrays
 from aiorl.runtime.warm_fork import SpawnerChannel, seqpacket_pair
 
 pytestmark = pytest.mark.cluster
@@ -329,9 +329,9 @@ def test_a_forked_role_takes_only_this_launchs_coordinator_address(tmp_path, mon
 
 @pytest.mark.parametrize("warm", [True, False])
 def test_es_roles_share_the_noise_table_the_spawner_drew_before_forking(tmp_path, warm):
-    """`Algorithm.prefork`: ES's noise table (32 MB, 80 ms to draw) is drawn once in the warm
-    spawner while the preflight runs; every role forked after finds it there. Without the spawner,
-    each role draws its own."""
+    """`Algorithm.prefork`: ES's noise table (32 MB, 80 ms to draw) is drawn once, in a child of
+    the warm spawner while the preflight runs; every role forked after finds it in the spawner's
+    shared mapping. Without the spawner, each role draws its own."""
     config = yaml.safe_load((ROOT / "examples" / "es_cartpole.yaml").read_text())
     config["agent"]["scheduled_global_steps"] = 2
     config["run"] = {"eval_every": None}
@@ -342,3 +342,35 @@ def test_es_roles_share_the_noise_table_the_spawner_drew_before_forking(tmp_path
     for role in ("actor-0", "actor-1", "learner-0"):
         log = (run_dir / "logs" / f"{role}.log").read_text()
         assert f"noise table of {1 << 23} entries: {where}" in log, log[-2000:]
+
+
+def test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared():
+    """`write_arrays` (the prefork child) and `map_arrays` (the spawner): equal values, dtypes and
+    shapes; read-only views of one shared mapping that outlives the descriptor; a layout reaching
+    past the file is refused."""
+    import numpy as np
+
+    arrays = {
+        "noise": np.random.default_rng(0).standard_normal(1000, dtype=np.float32),
+        "ids": np.arange(12, dtype=np.int64).reshape(3, 4),
+        "odd": np.ones(3, np.uint8),
+    }
+    fd = os.memfd_create("test-prefork")
+    layout = write_arrays(fd, arrays)
+    assert all(entry["offset"] % 64 == 0 for entry in layout)
+    got = map_arrays(fd, layout)
+    os.close(fd)
+    assert list(got) == list(arrays)
+    for name, array in arrays.items():
+        assert got[name].dtype == array.dtype and got[name].shape == array.shape
+        assert np.array_equal(got[name], array) and not got[name].flags.writeable
+    pid = os.fork()  # a child sees the same pages
+    if pid == 0:
+        os._exit(0 if np.array_equal(got["noise"], arrays["noise"]) else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    fd = os.memfd_create("test-prefork")
+    layout = write_arrays(fd, {"a": np.zeros(16, np.float32)})
+    layout[0]["shape"] = [17]
+    with pytest.raises(ValueError, match="reaches past"):
+        map_arrays(fd, layout)
+    os.close(fd)

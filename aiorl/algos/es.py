@@ -61,10 +61,15 @@ from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerCore, Learner
 
 log = logging.getLogger(__name__)
 
-#: Tables drawn in the warm spawner before it forks the roles (`ES.prefork`): every role, the
-#: evaluation worker and each restart then shares one copy of its pages instead of drawing its own
-#: (32 MB and 80 ms each at the default size, all roles at once on the way to the first iteration).
-_PREFORKED: dict[tuple[int, int], np.ndarray] = {}
+#: Tables drawn for the warm spawner before it forks the roles (`ES.prefork`), by `noise_key`:
+#: every role, the evaluation worker and each restart then shares one copy of its pages instead of
+#: drawing its own (32 MB and 80 ms each at the default size, all roles at once on the way to the
+#: first iteration).
+_PREFORKED: dict[str, np.ndarray] = {}
+
+
+def noise_key(seed: int, size: int) -> str:
+    return f"noise_table/{seed}/{size}"
 
 
 def draw_noise(seed: int, size: int) -> np.ndarray:
@@ -79,7 +84,7 @@ class NoiseTable:
 
     def __init__(self, seed: int, size: int):
         self.seed, self.size = seed, size
-        preforked = _PREFORKED.get((seed, size))
+        preforked = _PREFORKED.get(noise_key(seed, size))
         self.shared = preforked is not None
         self.noise = draw_noise(seed, size) if preforked is None else preforked
 
@@ -383,11 +388,13 @@ class ES(ESSettings, Algorithm):
         pass  # numpy Adam: no torch.optim in the learner
 
     @classmethod
-    def prefork(cls, cfg) -> None:
+    def prefork(cls, cfg) -> dict[str, np.ndarray]:
         m = cfg.model
-        key = (m.noise_seed, m.noise_table_size)
-        if key not in _PREFORKED:
-            _PREFORKED[key] = draw_noise(*key)
+        return {noise_key(m.noise_seed, m.noise_table_size): draw_noise(m.noise_seed, m.noise_table_size)}
+
+    @classmethod
+    def adopt_prefork(cls, arrays: dict[str, np.ndarray]) -> None:
+        _PREFORKED.update((key, table) for key, table in arrays.items() if key.startswith("noise_table/"))
 
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)

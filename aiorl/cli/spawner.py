@@ -8,7 +8,7 @@ sits at the top floor because what it forks runs the top floor's code: a role is
 What it imports before it serves is what every role would import on its own: numpy, torch,
 gymnasium, uvloop, the runtime's roles and the command line; an algorithm's module and what its
 learner core imports when the launcher names it; and what the algorithm's roles share, computed
-once (`Algorithm.prefork`: numpy only). Nothing here runs a torch op.
+once in a child (`Algorithm.prefork`: numpy only). Nothing here runs a torch op.
 """
 
 from __future__ import annotations
@@ -57,14 +57,18 @@ def warm_learner(algo: str, exports: bool = False) -> None:
         import torch._dynamo  # noqa: F401
 
 
-def prefork(config_path: str) -> None:
-    """The algorithm's `prefork` of the run's config; a config the preflight refuses is the
-    preflight's to report, and its roles are never forked."""
+def prefork(config_path: str) -> tuple[str, dict] | None:
+    """The run's algorithm and its `Algorithm.prefork` arrays (in the spawner's prefork child); None
+    for a config the preflight refuses: that is the preflight's to report, and no role is forked."""
     try:
         cfg = load_config(config_path)
     except ConfigError:
-        return
-    get_algorithm(cfg.algo).prefork(cfg)
+        return None
+    return cfg.algo, get_algorithm(cfg.algo).prefork(cfg)
+
+
+def adopt(algo: str, arrays: dict) -> None:
+    get_algorithm(algo).adopt_prefork(arrays)
 
 
 def check(config_path: str) -> dict:
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     preload()
-    Spawner(sock, run_child, check, warm, warm_learner, prefork).serve()
+    Spawner(sock, run_child, check, warm, warm_learner, prefork, adopt).serve()
     return 0
 
 

@@ -11,7 +11,10 @@ Fork safety is the point. Before any fork the spawner has run no torch op (torch
 thread pools on first use), made no event loop, opened no network socket and started no
 thread; the one thread besides its main one is OpenBLAS's worker pool (numpy's import
 starts it), which OpenBLAS itself stops and restarts around a fork (pthread_atfork). Work
-that does run torch ops, the preflight's algorithm build, runs in a forked child too.
+that does run torch ops, the preflight's algorithm build, runs in a forked child too, and so does
+what every role of the run would compute alike (`Algorithm.prefork`: ES's noise table), into a
+memfd the spawner maps before it forks the roles: both children run on the other core while the
+spawner imports what the learner needs.
 
 A child sets up what a freshly started role would have: its own session (no terminal
 signals), a parent-death signal (the spawner's death; the spawner dies with the launcher),
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import os
 import selectors
 import signal
@@ -42,6 +46,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiorl.io.rundir import Identity, read_json
 from aiorl.runtime import local_sockets
@@ -57,6 +62,9 @@ from aiorl.runtime.warm_fork import (
     start_spawner_process,
     switch_from_env,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ENTRY_MODULE = "aiorl.cli.spawner"  # the process: preloads, then `serve`
 COORDINATOR_POLL_S = 0.01
@@ -191,8 +199,9 @@ class Spawner:
     """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
     returns the reply to a preflight; `warm(algo)` imports an algorithm's module; `warm_learner(algo)`
     what its learner core imports, before the first role's fork (`_import_for_learners`);
-    `prefork(config_path)` computes what the roles of that config share (`Algorithm.prefork`), while
-    the preflight checks it."""
+    `prefork(config_path) -> (algo, arrays) | None` computes what the roles of that config share
+    (`Algorithm.prefork`) in a child of its own, while the preflight checks it in another, and
+    `adopt(algo, arrays)` keeps them, as shared memory, for the roles forked after."""
 
     def __init__(
         self,
@@ -202,10 +211,11 @@ class Spawner:
         warm: Callable,
         warm_learner: Callable | None = None,
         prefork: Callable | None = None,
+        adopt: Callable | None = None,
     ):
         self.launcher = sock
         self.run_child, self.check, self.warm, self.warm_learner = run_child, check, warm, warm_learner
-        self.prefork = prefork
+        self.prefork, self.adopt = prefork, adopt
         self.learner_imports: str | None = None  # the algorithm whose `warm_learner` is still to run
         self.export_imports = False  # `warm_learner` imports what the evaluation worker's exports need too
         self.sel = selectors.DefaultSelector()
@@ -313,18 +323,55 @@ class Spawner:
             finally:
                 os._exit(code)
         os.close(w)
-        self._import_for_learners()  # while the check runs in its child, on the other core
-        if self.prefork is not None:
-            self.prefork(config)
-        chunks = []
-        while chunk := os.read(r, 65536):
-            chunks.append(chunk)
-        os.close(r)
-        _, status = os.waitpid(pid, 0)
-        if not chunks:
+        shared = self._fork_prefork(config) if self.prefork is not None else None
+        self._import_for_learners()  # while the check (and the prefork) run in children, on the other core
+        data, status = _read_to_end(r, pid)
+        if shared is not None:
+            self._adopt_prefork(*shared)
+        if not data:
             code = os.waitstatus_to_exitcode(status)
             return {"mistake": None, "crashed": f"the preflight check exited with code {code}"}
-        return json.loads(b"".join(chunks))
+        return json.loads(data)
+
+    def _fork_prefork(self, config: str) -> tuple[int, int, int] | None:
+        """`prefork` in a child that writes its arrays into a memfd; (pid, pipe, memfd) to collect.
+        Where there is no memfd (not Linux) it runs here instead: the roles share it all the same."""
+        if not hasattr(os, "memfd_create"):
+            result = self.prefork(config)
+            if result is not None:
+                self.adopt(*result)
+            return None
+        memfd = os.memfd_create("aiorl-prefork", os.MFD_CLOEXEC)
+        r, w = os.pipe()
+        _before_fork()
+        pid = os.fork()
+        if pid == 0:
+            gc.enable()
+            code = 1
+            try:
+                os.close(r)
+                self._close_inherited(keep=())
+                result = self.prefork(config)
+                reply = None if result is None else {"algo": result[0], "layout": write_arrays(memfd, result[1])}
+                os.write(w, json.dumps(reply).encode())
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(w)
+        return pid, r, memfd
+
+    def _adopt_prefork(self, pid: int, r: int, memfd: int) -> None:
+        """The prefork child's arrays, mapped read-only; nothing when it found the config refused or
+        failed (then each role computes its own, as without the spawner)."""
+        data, status = _read_to_end(r, pid)
+        try:
+            reply = json.loads(data) if data and status == 0 else None
+            if reply is not None:
+                self.adopt(reply["algo"], map_arrays(memfd, reply["layout"]))
+        finally:
+            os.close(memfd)
 
     def _fork(self, client: socket.socket, message: dict, fds: list[int]) -> int:
         ours = channel = None
@@ -448,6 +495,57 @@ class Spawner:
         while self.children:
             pid, _ = os.waitpid(-1, 0)
             self.children.pop(pid, None)
+
+
+def _read_to_end(r: int, pid: int) -> tuple[bytes, int]:
+    """Everything child `pid` writes to pipe `r`, and its wait status once it ended."""
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return b"".join(chunks), status
+
+
+PREFORK_ALIGN = 64
+
+
+def write_arrays(fd: int, arrays: dict[str, np.ndarray]) -> list[dict]:
+    """Copy `arrays` into the file `fd` (a memfd), each at an aligned offset; their layout."""
+    import numpy as np
+
+    layout, end = [], 0
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        layout.append({"name": name, "offset": end, "shape": list(array.shape), "dtype": array.dtype.str})
+        end += -(-array.nbytes // PREFORK_ALIGN) * PREFORK_ALIGN
+    if end == 0:
+        return layout
+    os.ftruncate(fd, end)
+    with mmap.mmap(fd, end) as mm:
+        for entry, array in zip(layout, arrays.values()):
+            view = np.ndarray(entry["shape"], np.dtype(entry["dtype"]), buffer=mm, offset=entry["offset"])
+            view[...] = array
+            del view
+    return layout
+
+
+def map_arrays(fd: int, layout: list[dict]) -> dict[str, np.ndarray]:
+    """`write_arrays`'s arrays, as read-only views of one shared mapping of `fd` (it may be closed after)."""
+    import numpy as np
+
+    size = os.fstat(fd).st_size
+    if size == 0:  # only empty arrays (a mapping cannot be empty)
+        return {entry["name"]: np.empty(entry["shape"], entry["dtype"]) for entry in layout}
+    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    arrays = {}
+    for entry in layout:
+        dtype = np.dtype(entry["dtype"])
+        count = int(np.prod(entry["shape"], dtype=np.int64))
+        if entry["offset"] + count * dtype.itemsize > size:
+            raise ValueError(f"prefork array {entry['name']!r} reaches past the {size}-byte memfd")
+        arrays[entry["name"]] = np.frombuffer(mm, dtype, count, entry["offset"]).reshape(entry["shape"])
+    return arrays
 
 
 def _stdio(message: dict, fds: list[int]) -> None:

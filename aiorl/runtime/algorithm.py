@@ -240,10 +240,17 @@ class Algorithm(AlgorithmSettings):
         import torch._dynamo  # noqa: F401
 
     @classmethod
-    def prefork(cls, cfg: Config) -> None:
-        """Compute, in the warm spawner before it forks the roles, read-only data every role of
-        this config would otherwise compute for itself (ES: its noise table); the forks share it.
-        numpy only: no torch op, no thread (the spawner's fork safety). Default: nothing."""
+    def prefork(cls, cfg: Config) -> dict[str, np.ndarray]:
+        """Arrays every role of this config would otherwise compute for itself (ES: its noise
+        table), by name. The warm spawner computes them once, in a child of its own while the
+        preflight runs, into shared memory, and hands them to `adopt_prefork` before it forks the
+        roles, which then share their pages. numpy only: no torch op, no thread. Default: none."""
+        return {}
+
+    @classmethod
+    def adopt_prefork(cls, arrays: dict[str, np.ndarray]) -> None:
+        """Keep what `prefork` computed (read-only views of shared memory) for the roles forked
+        after. Default: nothing."""
 
     @classmethod
     def check_learner_host(cls, cfg: Config) -> None:

@@ -159,14 +159,14 @@ MUTANTS = [
     dict(
         name="spawner-never-computes-what-the-roles-share",
         path="aiorl/launch/spawner.py",
-        old="        if self.prefork is not None:\n            self.prefork(config)\n",
-        new="",
+        old="        shared = self._fork_prefork(config) if self.prefork is not None else None\n",
+        new="        shared = None\n",
         tests=["tests/test_spawner.py::test_es_roles_share_the_noise_table_the_spawner_drew_before_forking"],
     ),
     dict(
         name="es-roles-draw-their-own-noise-table-though-the-spawner-drew-it",
         path="aiorl/algos/es.py",
-        old="        preforked = _PREFORKED.get((seed, size))\n",
+        old="        preforked = _PREFORKED.get(noise_key(seed, size))\n",
         new="        preforked = None\n",
         tests=[
             "tests/test_es.py::test_a_table_drawn_before_the_fork_is_the_one_each_role_reads",
@@ -179,5 +179,19 @@ MUTANTS = [
         old="    @classmethod\n    def warm_learner_imports(cls):\n        pass",
         new="    @classmethod\n    def _unused(cls):\n        pass",
         tests=[LEARNER_IMPORTS + "[random_agent-False-imported3]"],
+    ),
+    dict(
+        name="prefork-arrays-mapped-past-their-memfd",
+        path="aiorl/launch/spawner.py",
+        old="        if entry[\"offset\"] + count * dtype.itemsize > size:\n",
+        new="        if False:\n",
+        tests=["tests/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
+    ),
+    dict(
+        name="prefork-arrays-written-at-one-offset",
+        path="aiorl/launch/spawner.py",
+        old="        end += -(-array.nbytes // PREFORK_ALIGN) * PREFORK_ALIGN\n",
+        new="        end = max(end, -(-array.nbytes // PREFORK_ALIGN) * PREFORK_ALIGN)\n",
+        tests=["tests/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
     ),
 ]
