@@ -134,6 +134,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP), as a role held before it registers is."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
 def last_metrics(run_dir: Path) -> dict | None:
     path = run_dir / "metrics.jsonl"
     if not path.exists():

@@ -1,6 +1,14 @@
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 
+import pytest
 import uvloop
+
+from aiorl.runtime.warm_fork import ENV_FORKSERVER, set_parent_death_signal
 
 
 def pytest_asyncio_loop_factories(config, item):
@@ -24,3 +32,32 @@ def pytest_collection_modifyitems(config, items):
             cluster + (item.get_closest_marker("cluster") is not None),
         )
     items.sort(key=lambda item: tuple(-w for w in weight[item.fspath.strpath]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forkserver():
+    """One fork server per test process (`aiorl.cli.forkserver`): every local `aiorl run` a test
+    starts forks its warm spawner from it instead of importing torch and the runtime again, which
+    was most of a short cluster test's CPU. It is ready a few seconds after the session starts;
+    runs before that start spawners of their own. ``AIORL_TEST_FORKSERVER=0`` turns it off;
+    tests/test_spawner.py turns it off for its own tests, which are about the spawner's start."""
+    if os.environ.get("AIORL_TEST_FORKSERVER", "1") == "0":
+        yield None
+        return
+    where = tempfile.mkdtemp(prefix="aiorl-forkserver-")  # 0700
+    path = os.path.join(where, "sock")
+    with open(os.path.join(where, "log"), "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "aiorl.cli.forkserver", path],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),
+        )
+    os.environ[ENV_FORKSERVER] = path
+    yield path
+    os.environ.pop(ENV_FORKSERVER, None)
+    proc.terminate()
+    proc.wait()
+    shutil.rmtree(where, ignore_errors=True)

@@ -21,7 +21,7 @@ from cluster_helpers import NO_RESTARTS, alive, cluster, finish, pids, start, wa
 from cluster_helpers import run as run_config
 
 from aiorl.launch.spawner import WarmSpawner, _env_diff, enabled, map_arrays, write_arrays
-from aiorl.runtime.warm_fork import SpawnerChannel, seqpacket_pair
+from aiorl.runtime.warm_fork import ENV_FORKSERVER, SpawnerChannel, seqpacket_pair
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +40,12 @@ def _endless(actors: int = 2, **cluster_keys) -> dict:
 def _stop(proc) -> tuple[int, str]:
     proc.send_signal(signal.SIGINT)
     return finish(proc, 60)
+
+
+@pytest.fixture(autouse=True)
+def no_forkserver(monkeypatch):
+    # These tests are about the spawner's own start: each launch starts one (tests/conftest.py).
+    monkeypatch.delenv(ENV_FORKSERVER, raising=False)
 
 
 def test_every_role_is_a_child_of_one_spawner_in_a_session_of_its_own(tmp_path):

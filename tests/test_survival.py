@@ -14,10 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
-from cluster_helpers import alive, cluster, finish, last_metrics, live_status, pids, read_json, start, wait_for
+from cluster_helpers import alive, cluster, finish, last_metrics, live_status, pids, read_json, start, stopped, wait_for
 from test_faults import assert_nothing_accepted_was_lost, metrics_rows
 from test_impala_faults import assert_every_fragment_accounted_for
 
@@ -77,13 +76,6 @@ def stepping(run_dir: Path, name: str, pid: int) -> bool:
 def successor(run_dir: Path, name: str, old: int) -> int:
     wait_for(lambda: pids(run_dir)[name] != old, 60, f"{name} started again")
     return pids(run_dir)[name]
-
-
-def stopped(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-    except psutil.NoSuchProcess:
-        return False
 
 
 def kill_in_starting(run_dir: Path, actors: list[str], held: list[int]) -> list[str]:

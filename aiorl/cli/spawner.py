@@ -85,11 +85,16 @@ def run_child(kind: str, argv: list[str]) -> int:
     return (aiorl_main if kind == "role" else eval_worker_main)(argv)
 
 
+def serve(sock: socket.socket) -> None:
+    """Serve one launcher on `sock` until it goes (here, or in a spawner the fork server forked)."""
+    Spawner(sock, run_child, check, warm, warm_learner, prefork, adopt).serve()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     preload()
-    Spawner(sock, run_child, check, warm, warm_learner, prefork, adopt).serve()
+    serve(sock)
     return 0
 
 

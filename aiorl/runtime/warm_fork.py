@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -233,10 +234,14 @@ def set_parent_death_signal(signum: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
 
 
-def start_spawner_process(module: str) -> tuple[SpawnerChannel, subprocess.Popen]:
-    """Start ``python -P -m MODULE FD``, the spawner, with our end of its channel. Here, with the
-    standard library only, so that `aiorl run` starts it before it imports anything else
-    (`aiorl.cli.entry`)."""
+def start_spawner_process(module: str) -> tuple[SpawnerChannel, subprocess.Popen | ForkedSpawner]:
+    """Start ``python -P -m MODULE FD``, the spawner, with our end of its channel, or have the fork
+    server named by ``AIORL_FORKSERVER`` fork one ready. Here, with the standard library only, so
+    that `aiorl run` starts it before it imports anything else (`aiorl.cli.entry`)."""
+    path = os.environ.get(ENV_FORKSERVER)
+    forked = spawner_from_forkserver(path) if path else None
+    if forked is not None:
+        return forked
     ours, theirs = seqpacket_pair()
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", module, str(theirs.fileno())],
@@ -247,3 +252,116 @@ def start_spawner_process(module: str) -> tuple[SpawnerChannel, subprocess.Popen
     )
     theirs.close()
     return SpawnerChannel(ours), proc
+
+
+# --------------------------------------------------------------------------- the fork server's clients
+
+ENV_FORKSERVER = "AIORL_FORKSERVER"  # the Unix socket of a fork server (`aiorl.cli.forkserver`)
+FORKSERVER_TIMEOUT_S = 10.0
+# Variables read while numpy, torch and their libraries load (threads, allocators, paths): a fork
+# server that loaded them under other values cannot stand in for a fresh spawner.
+IMPORT_TIME_PREFIXES = (
+    "PYTHON",
+    "LD_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "GOTO",
+    "KMP_",
+    "TORCH",
+    "CUDA",
+    "NUMEXPR",
+    "NPY_",
+)
+
+
+def forkserver_fingerprint(environ=os.environ) -> dict:
+    """What a forked spawner must share with a fresh one: the interpreter, the import-time
+    environment and aiorl's sources (the newest modification among them)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    newest = 0
+    for root, dirs, files in os.walk(package):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name.endswith((".py", ".so")):
+                newest = max(newest, os.stat(os.path.join(root, name)).st_mtime_ns)
+    return {
+        "python": [sys.executable, sys.version],
+        "environment": {k: v for k, v in sorted(environ.items()) if k.startswith(IMPORT_TIME_PREFIXES)},
+        "sources": [package, newest],
+    }
+
+
+def spawner_from_forkserver(path: str) -> tuple[SpawnerChannel, ForkedSpawner] | None:
+    """A spawner forked for this process by the fork server at `path`, serving our end of the
+    connection; None where there is none, it refuses (another interpreter, environment or
+    sources) or this system has no pidfd: the caller then starts a spawner of its own."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.settimeout(FORKSERVER_TIMEOUT_S)
+        sock.connect(path)
+        umask = os.umask(0o22)
+        os.umask(umask)
+        request = {
+            "op": "spawner",
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "umask": umask,
+            "fingerprint": forkserver_fingerprint(),
+        }
+        send(sock, request, [sys.stdout.fileno(), sys.stderr.fileno()])
+        reply, fds = receive(sock)
+        for fd in fds:
+            os.close(fd)
+        sock.settimeout(None)
+        if type(reply.get("pid")) is not int:
+            sock.close()
+            return None
+        return SpawnerChannel(sock), ForkedSpawner(reply["pid"])
+    except (OSError, ValueError, SpawnerGone):
+        sock.close()
+        return None
+
+
+class ForkedSpawner:
+    """A spawner the fork server forked: not our child, so its end is watched through a pidfd and
+    its exit code is the fork server's (0 here, or -SIGKILL once we killed it). The calls of a
+    ``subprocess.Popen`` that `aiorl.launch.spawner.WarmSpawner` makes."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._fd = os.pidfd_open(pid)
+        self._killed = False
+
+    def __repr__(self) -> str:
+        return f"<ForkedSpawner pid={self.pid} returncode={self.returncode}>"
+
+    def _ended(self) -> None:
+        self.returncode = -signal.SIGKILL if self._killed else 0
+        os.close(self._fd)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._fd], [], [], 0)[0]:
+            self._ended()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._fd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            self._ended()
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            signal.pidfd_send_signal(self._fd, signum)
+
+    def kill(self) -> None:
+        self._killed = True
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)

@@ -183,7 +183,7 @@ MUTANTS = [
     dict(
         name="prefork-arrays-mapped-past-their-memfd",
         path="aiorl/launch/spawner.py",
-        old="        if entry[\"offset\"] + count * dtype.itemsize > size:\n",
+        old='        if entry["offset"] + count * dtype.itemsize > size:\n',
         new="        if False:\n",
         tests=["tests/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
     ),
