@@ -35,14 +35,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def forkserver():
+def forkserver(request):
     """One fork server per test process (`aiorl.cli.forkserver`): every local `aiorl run` a test
     starts forks its warm spawner from it instead of importing torch and the runtime again, which
     was most of a short cluster test's CPU. It is ready a few seconds after the session starts;
     runs before that start spawners of their own. ``AIORL_TEST_FORKSERVER=0`` turns it off;
     tests/test_spawner.py turns it off for its own tests, which are about the spawner's start."""
-    if os.environ.get("AIORL_TEST_FORKSERVER", "1") == "0":
-        yield None
+    wanted = any(item.get_closest_marker("cluster") for item in request.session.items)
+    if not wanted or os.environ.get("AIORL_TEST_FORKSERVER", "1") == "0":
+        yield None  # a session without cluster tests launches no run: it would import torch for nothing
         return
     where = tempfile.mkdtemp(prefix="aiorl-forkserver-")  # 0700
     path = os.path.join(where, "sock")

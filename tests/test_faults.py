@@ -406,7 +406,7 @@ def test_a_role_started_by_hand_rejoins_after_its_connection_drops(tmp_path):
 
     path, run_dir = write_config(
         tmp_path,
-        config(RANDOM, cluster={"actors": 1, "memories": 1, "learners": 1}, agent={"scheduled_timesteps": 20_000}),
+        config(RANDOM, cluster={"actors": 1, "memories": 1, "learners": 1}, agent={"scheduled_timesteps": 10**9}),
     )
     env = {**os.environ, "AIORL_TOKEN": generate_token().decode()}
 
@@ -437,15 +437,24 @@ def test_a_role_started_by_hand_rejoins_after_its_connection_drops(tmp_path):
         ]  # its control connection via the proxy
         wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 2000, 120, "env steps")
         assert proxy.cut() == 1  # the actor's control connection drops; the proxy still listens
+        # The schedule cannot end the run under the rejoin (its data connection kept stepping it
+        # on, and a 20k-step schedule once ended before the actor was back): it is stopped once
+        # the actor rejoined, through its coordinator.
+        actor_log = run_dir / "logs" / "actor-0.log"
+        wait_for(lambda: "rejoined the coordinator (rejoin 1)" in actor_log.read_text(), 60, "the rejoin")
+        steps = last_metrics(run_dir)["env_steps"]
+        wait_for(lambda: last_metrics(run_dir)["env_steps"] > steps + 2000, 60, "steps after the rejoin")
+        procs[0].send_signal(signal.SIGINT)
         codes = [p.wait(120) for p in procs]
     finally:
         for p in procs:
             p.kill()
         if proxy is not None:
             proxy.close()
-    assert codes == [0, 0, 0], [p.stdout.read() for p in procs]
+    assert codes == [130, 130, 130], [p.stdout.read() for p in procs]  # interrupted, after a clean stop
     summary = read_json(run_dir / "summary.json")
-    assert summary["outcome"] == "finished" and summary["env_steps"] >= 20_000 and summary["restarts"] == 0
-    actor_log = (run_dir / "logs" / "actor-0.log").read_text()
-    assert "reconnecting" in actor_log and "rejoined the coordinator (rejoin 1)" in actor_log
+    assert summary["ok"] and summary["outcome"] == "interrupted" and summary["restarts"] == 0, summary
+    assert summary["env_steps"] > steps + 2000 and not summary["failures"], summary
+    assert summary["roles"]["actor-0"]["status"] == "done", summary["roles"]["actor-0"]
+    assert "reconnecting" in actor_log.read_text()
     assert "actor-0 rejoined" in (run_dir / "logs" / "memory-0.log").read_text()
