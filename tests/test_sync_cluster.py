@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import signal
+import time
 
 import pytest
 from cluster_helpers import NO_RESTARTS, alive, finish, last_metrics, pids, read_json, run, start, wait_for
@@ -176,26 +177,30 @@ def test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_re
         started = pids(run_dir)
         wait_for(lambda: learner_steps(run_dir) >= 2, 120, "2 iterations")
 
+        def held_by_actor_1() -> list[tuple[int, int]]:
+            work = coordinator_status(run_dir)["work"]
+            return [(work["iteration"], int(item)) for item, who in work["leases"].items() if who == "actor-1"]
+
         def stopped_holding_an_item():
             # Stopped between items, actor-1 would hold none and the rounds would go on without it:
-            # stop it while it holds one, and look again once it is stopped.
-            if "actor-1" not in coordinator_status(run_dir)["work"]["leases"].values():
-                return False
+            # stop it while it holds one, and look again once it is stopped, and once more after a
+            # few heartbeats (a result already on its way would have ended that lease by then).
+            # The item is taken from that look, not from a later moment when only it is left: under
+            # load the heartbeat timeout could release it before the others were done.
+            if len(held_by_actor_1()) != 1:
+                return None
             os.kill(started["actor-1"], signal.SIGSTOP)
-            if "actor-1" in coordinator_status(run_dir)["work"]["leases"].values():
-                return True
+            held = held_by_actor_1()
+            if len(held) == 1:
+                time.sleep(0.5)
+                if held_by_actor_1() == held:
+                    return held[0]
             os.kill(started["actor-1"], signal.SIGCONT)
-            return False
+            return None
 
-        wait_for(stopped_holding_an_item, 60, "actor-1 stopped while it holds a work item", interval_s=0.01)
-
-        def held_up():  # every other item handed out and done: the round waits on actor-1's item alone
-            work = coordinator_status(run_dir)["work"]
-            leases = work["leases"]
-            return not work["pending"] and leases and set(leases.values()) == {"actor-1"} and work
-
-        work = wait_for(held_up, 60, "the round to wait on actor-1's item", interval_s=0.2)
-        iteration, item = work["iteration"], int(next(iter(work["leases"])))
+        iteration, item = wait_for(
+            stopped_holding_an_item, 60, "actor-1 stopped while it holds a work item", interval_s=0.01
+        )
         wait_for(
             lambda: (
                 f"work items [{item}] of iteration {iteration}, held by actor-1, go back to the queue"
