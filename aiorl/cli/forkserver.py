@@ -28,6 +28,7 @@ import traceback
 
 from aiorl.algos import available_algorithms
 from aiorl.cli import spawner
+from aiorl.launch.spawner import default_signals, exit_child
 from aiorl.runtime.warm_fork import SpawnerGone, forkserver_fingerprint, receive, send
 
 
@@ -56,9 +57,7 @@ def refusal(conn: socket.socket, message: dict, fds: list[int], fingerprint: dic
 def become_spawner(conn: socket.socket, message: dict, fds: list[int]) -> int:
     """In the forked child: take the client's process state, then serve it as its spawner."""
     os.setsid()
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    default_signals()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -88,40 +87,32 @@ def serve(path: str, fingerprint: dict) -> None:
             conn.close()
             continue
         why = refusal(conn, message, fds, fingerprint)
-        if why is not None:
-            for fd in fds:
-                os.close(fd)
-            try:
-                send(conn, {"op": "reply", "refused": why})
-            except SpawnerGone:
-                pass
-            conn.close()
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        gc.freeze()
-        pid = os.fork()
-        if pid == 0:  # nothing below returns
-            code = 1
-            try:
-                listener.close()  # the collector stays off, as in a spawner of its own
-                code = become_spawner(conn, message, fds)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                for stream in (sys.stdout, sys.stderr):
-                    try:
-                        stream.flush()
-                    except Exception:
-                        pass
-                os._exit(code)
+        reply = {"refused": why} if why is not None else {"pid": fork_spawner(listener, conn, message, fds)}
         for fd in fds:
             os.close(fd)
         try:
-            send(conn, {"op": "reply", "pid": pid})
+            send(conn, {"op": "reply", **reply})
         except SpawnerGone:
             pass
         conn.close()
+
+
+def fork_spawner(listener: socket.socket, conn: socket.socket, message: dict, fds: list[int]) -> int:
+    """Fork the spawner that serves `conn`; its pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()
+    pid = os.fork()
+    if pid == 0:  # nothing below returns
+        code = 1
+        try:
+            listener.close()  # the collector stays off, as in a spawner of its own
+            code = become_spawner(conn, message, fds)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            exit_child(code)
+    return pid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +127,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_child(main())  # as the spawner: nothing to tear down

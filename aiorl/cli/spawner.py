@@ -14,7 +14,6 @@ once in a child (`Algorithm.prefork`: numpy only). Nothing here runs a torch op.
 from __future__ import annotations
 
 import gc
-import os
 import socket
 import sys
 
@@ -24,7 +23,7 @@ from aiorl.config import ConfigError
 from aiorl.evaluation.worker import main as eval_worker_main
 from aiorl.experiment.loading import load_config
 from aiorl.experiment.preflight import check_algorithm
-from aiorl.launch.spawner import Spawner
+from aiorl.launch.spawner import Spawner, exit_child
 
 
 def preload() -> None:
@@ -99,8 +98,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
     # Its children are reaped and it holds nothing to save: skip tearing down torch's modules.
-    os._exit(code)
+    exit_child(main())

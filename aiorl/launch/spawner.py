@@ -305,7 +305,9 @@ class Spawner:
             return None
         raise ValueError(f"unknown request {op!r}")
 
-    def _fork_check(self, config: str) -> dict:
+    def _fork_replying(self, work: Callable[[], object]) -> tuple[int, int]:
+        """Fork a child that runs `work()` and writes its result, as JSON, to a pipe; (pid, the
+        pipe's read end) for `_read_to_end`. A child that fails writes nothing."""
         r, w = os.pipe()
         _before_fork()
         pid = os.fork()
@@ -315,14 +317,17 @@ class Spawner:
             try:
                 os.close(r)
                 self._close_inherited(keep=())
-                reply = self.check(config)
-                os.write(w, json.dumps(reply).encode())
+                os.write(w, json.dumps(work()).encode())
                 code = 0
             except BaseException:
                 traceback.print_exc()
             finally:
-                os._exit(code)
+                exit_child(code)
         os.close(w)
+        return pid, r
+
+    def _fork_check(self, config: str) -> dict:
+        pid, r = self._fork_replying(lambda: self.check(config))
         shared = self._fork_prefork(config) if self.prefork is not None else None
         self._import_for_learners()  # while the check (and the prefork) run in children, on the other core
         data, status = _read_to_end(r, pid)
@@ -342,25 +347,12 @@ class Spawner:
                 self.adopt(*result)
             return None
         memfd = os.memfd_create("aiorl-prefork", os.MFD_CLOEXEC)
-        r, w = os.pipe()
-        _before_fork()
-        pid = os.fork()
-        if pid == 0:
-            gc.enable()
-            code = 1
-            try:
-                os.close(r)
-                self._close_inherited(keep=())
-                result = self.prefork(config)
-                reply = None if result is None else {"algo": result[0], "layout": write_arrays(memfd, result[1])}
-                os.write(w, json.dumps(reply).encode())
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        os.close(w)
-        return pid, r, memfd
+
+        def work():
+            result = self.prefork(config)
+            return None if result is None else {"algo": result[0], "layout": write_arrays(memfd, result[1])}
+
+        return (*self._fork_replying(work), memfd)
 
     def _adopt_prefork(self, pid: int, r: int, memfd: int) -> None:
         """The prefork child's arrays, mapped read-only; nothing when it found the config refused or
@@ -393,12 +385,7 @@ class Spawner:
             except BaseException:
                 traceback.print_exc()
             finally:
-                for stream in (sys.stdout, sys.stderr):
-                    try:
-                        stream.flush()
-                    except Exception:
-                        pass
-                os._exit(code)
+                exit_child(code)
         self.children[pid] = client
         if client is not self.launcher:
             self.owned.setdefault(self._client_pid(client), []).append(pid)
@@ -433,9 +420,7 @@ class Spawner:
         set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != spawner_pid:  # the spawner died before the signal was set
             return 1
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        default_signals()
         self._close_inherited(keep=(channel,))
         _stdio(message, fds)
         env = message.get("env") or {}
@@ -495,6 +480,24 @@ class Spawner:
         while self.children:
             pid, _ = os.waitpid(-1, 0)
             self.children.pop(pid, None)
+
+
+def exit_child(code: int) -> None:
+    """End a forked child: flush what it printed, then `os._exit` (nothing of its parent's, such as
+    atexit handlers or buffers, runs twice)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def default_signals() -> None:
+    """A forked child's signal handling as a freshly started process has it."""
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _read_to_end(r: int, pid: int) -> tuple[bytes, int]:
