@@ -258,26 +258,6 @@ def test_copies_wait_for_the_evaluation_in_flight_a_few_at_most():
     ]
 
 
-def test_the_preflight_asks_the_spawner_for_the_exports_imports_of_a_run_that_evaluates(monkeypatch):
-    from aiorl.experiment.preflight import check_in_spawner
-
-    class Spawner:
-        def __init__(self):
-            self.asked = []
-
-        def ready(self, algo, exports=False):
-            self.asked.append((algo, exports))
-
-        def check(self, path):
-            return {"mistake": None}
-
-    monkeypatch.delenv("AIORL_TOKEN", raising=False)
-    spawner = Spawner()
-    check_in_spawner(load_config(data={"algo": "es", "run": {"eval_every": 5}}), spawner)
-    check_in_spawner(load_config(data={"algo": "es"}), spawner)
-    assert spawner.asked == [("es", True), ("es", False)]
-
-
 # --------------------------------------------------------------------------
 # aiorl plot
 

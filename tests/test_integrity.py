@@ -23,9 +23,12 @@ from hostile_helpers import Memory0
 
 from aiorl.cli.main import main
 from aiorl.config import ConfigError
+from aiorl.evaluation.options import cpu_learner
 from aiorl.experiment.loading import load_config
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.coordinator import Coordinator
+from aiorl.runtime.eval_worker import EvalWorker
+from aiorl.runtime.warm_fork import ENV_SPAWNER_FD, ForkedProcess
 from aiorl.wire import RemoteError, connect, generate_token
 
 AIORL = Path(sys.executable).with_name("aiorl")  # the script: it puts no directory of its own on sys.path
@@ -48,16 +51,23 @@ APEX = {
 }
 
 
-@pytest.mark.cluster
-def test_a_run_started_beside_planted_code_never_runs_it(tmp_path):
-    """An aiorl/ package and a numpy.py in the directory `aiorl run` starts in (one another user
-    could write): the roles, the evaluation worker and a restarted actor import none of them."""
+def plant_code(tmp_path: Path) -> tuple[Path, Path]:
+    """A directory holding an aiorl/ package and a numpy.py (one another user could write), and the
+    file they write their names to if anything imports them."""
     shared = tmp_path / "shared"
     (shared / "aiorl").mkdir(parents=True)
     ran = tmp_path / "planted-code-ran"
     plant = f"open({str(ran)!r}, 'a').write(__name__ + '\\n')\n"
     (shared / "aiorl" / "__init__.py").write_text(plant)
     (shared / "numpy.py").write_text(plant + "raise ImportError('the planted numpy')\n")
+    return shared, ran
+
+
+@pytest.mark.cluster
+def test_a_run_started_beside_planted_code_never_runs_it(tmp_path):
+    """An aiorl/ package and a numpy.py in the directory `aiorl run` starts in (one another user
+    could write): the roles, the evaluation worker and a restarted actor import none of them."""
+    shared, ran = plant_code(tmp_path)
     # It ends when the test says so (SIGINT, through the same phases as a stop criterion), once the
     # restarted actor steps and the evaluation worker has evaluated: both started while it ran.
     config = {**APEX, "agent": {**APEX["agent"], "scheduled_global_steps": 10**9}}
@@ -85,6 +95,27 @@ def test_a_run_started_beside_planted_code_never_runs_it(tmp_path):
     summary = read_json(run_dir / "summary.json")
     assert summary["ok"] and summary["outcome"] == "interrupted" and not summary["failures"], summary
     assert summary["restarts"] == 1 and summary["evaluation"]["count"] >= 1
+
+
+def test_an_evaluation_worker_started_without_a_spawner_never_runs_planted_code(tmp_path, monkeypatch):
+    """Where learner 0 has no warm spawner to fork its evaluation worker from (Ray, ``--role``,
+    ``cluster.warm_spawner: false``), it starts the worker as a process of its own: one that must
+    not import from the directory it was started in either."""
+    shared, ran = plant_code(tmp_path)
+    monkeypatch.chdir(shared)
+    monkeypatch.delenv(ENV_SPAWNER_FD, raising=False)
+    cfg = load_config(data={**APEX, "run": {**APEX["run"], "dir": str(tmp_path / "run")}})
+    policy, meta = cpu_learner(cfg).acting_policy()
+    worker = EvalWorker(cfg, tmp_path / "run" / "policy")
+    try:
+        assert not isinstance(worker.proc, ForkedProcess)
+        state = {k: v.detach().numpy() for k, v in policy.state_dict().items()}
+        request = {"n": 1, "learner_steps": 0, "env_steps": 0, "copy_s": 0.0, "meta": meta, "best": None}
+        reply = worker.evaluate(state, request)
+    finally:
+        worker.close()
+    assert not ran.exists(), f"planted code ran in: {ran.read_text()}"
+    assert reply["evaluation"]["episodes"] == APEX["run"]["eval_episodes"], reply
 
 
 def restarted_actor_steps(run_dir: Path, old_pid: int) -> bool:

@@ -82,27 +82,17 @@ def test_the_spawner_forks_with_no_thread_beyond_numpys_own(tmp_path):
     assert spawner.proc.returncode is not None
 
 
-@pytest.mark.parametrize(
-    ("algo", "exports", "imported"),
-    [
-        ("dppo", False, ["torch._dynamo"]),
-        ("es", False, []),
-        ("es", True, ["torch._dynamo"]),
-        ("random_agent", False, []),
-    ],
-)
-def test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks(algo, exports, imported, tmp_path):
-    # torch.optim's optimizers import torch._dynamo (most of a second): imported once here, not
-    # by each learner, evaluation worker and restart on the way to its first step. ES and the
-    # random agent use none, unless the run evaluates during training: the evaluation worker's
-    # exports import it. (A learner's core waits for these imports: one it does not need would
-    # hold it back where there is no spawner, as under Ray.)
+@pytest.mark.parametrize("algo", ["apex_dqn", "dppo", "impala", "es"])
+def test_the_spawner_forks_the_roles_without_importing_torch_dynamo(algo, tmp_path):
+    # torch._dynamo costs most of a second of CPU, and the learners optimize without torch.optim,
+    # which imported it (tests/test_learner_imports.py): a spawner importing it would hold every
+    # run's first fork back for it. The evaluation worker's first export imports it, in that worker.
     spawner = WarmSpawner.start()
     try:
-        spawner.ready(algo, exports=exports)
+        spawner.ready(algo)
         child = spawner.spawn_role(["--help"], dict(os.environ), tmp_path / "role.log", None)
         assert child.wait(60) == 0
-        assert spawner.ready(modules=("torch._dynamo",))["imported"] == imported
+        assert spawner.ready(modules=("torch", "torch._dynamo"))["imported"] == ["torch"]
     finally:
         spawner.end()
 

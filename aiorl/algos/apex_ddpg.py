@@ -35,7 +35,6 @@ from aiorl.algos.lib.common import (
     as_tensor,
     hard_update,
     load_numpy_state,
-    make_adam,
     nstep_batch_rows,
     setup_torch,
     shapes_only,
@@ -47,6 +46,7 @@ from aiorl.algos.lib.common import (
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import DEFAULT_MLP, Critic, DeterministicActor, check_observation_space, is_image
 from aiorl.algos.lib.numpy_forward import compile_numpy, probe_observations
+from aiorl.algos.lib.optimizers import Adam
 from aiorl.config import ConfigError
 from aiorl.runtime.algorithm import Algorithm, LearnerResult
 
@@ -169,8 +169,8 @@ class DDPGLearner(ApexLearner):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_params = list(self.actor.parameters())
         self.critic_params = list(self.critic.parameters())
-        self.actor_optimizer = make_adam(self.actor_params, m.actor_learning_rate, m.adam_eps)
-        self.critic_optimizer = make_adam(self.critic_params, m.critic_learning_rate, m.adam_eps)
+        self.actor_optimizer = Adam(self.actor_params, lr=m.actor_learning_rate, eps=m.adam_eps)
+        self.critic_optimizer = Adam(self.critic_params, lr=m.critic_learning_rate, eps=m.adam_eps)
         self.join(
             self.critic_params + self.actor_params, [self.actor, self.critic], learner_index, num_learners, rendezvous
         )

@@ -36,7 +36,6 @@ from aiorl.algos.lib.common import (
     as_tensor,
     hard_update,
     load_numpy_state,
-    make_adam,
     nstep_batch_rows,
     setup_torch,
     shapes_only,
@@ -55,6 +54,7 @@ from aiorl.algos.lib.networks import (
     is_image,
 )
 from aiorl.algos.lib.numpy_forward import compile_numpy, probe_observations
+from aiorl.algos.lib.optimizers import Adam
 from aiorl.runtime.algorithm import Algorithm, LearnerResult
 
 # --------------------------------------------------------------------------
@@ -176,7 +176,7 @@ class DQNLearner(ApexLearner):
         self.online = algo.q_network().to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.params = list(self.online.parameters())
-        self.optimizer = make_adam(self.params, self.m.learning_rate, self.m.adam_eps)
+        self.optimizer = Adam(self.params, lr=self.m.learning_rate, eps=self.m.adam_eps)
         self.join(self.params, [self.online], learner_index, num_learners, rendezvous)
         hard_update(self.target, self.online)
 

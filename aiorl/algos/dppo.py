@@ -65,7 +65,6 @@ from aiorl.algos.lib.common import (
     ActorCriticLearner,
     as_tensor,
     load_numpy_state,
-    make_adam,
     setup_torch,
     shapes_only,
     weights_spec_of_module,
@@ -73,6 +72,7 @@ from aiorl.algos.lib.common import (
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import check_observation_space, is_image
 from aiorl.algos.lib.numpy_forward import compile_numpy, probe_observations
+from aiorl.algos.lib.optimizers import Adam
 from aiorl.replay import gae
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerResult
 
@@ -224,7 +224,7 @@ class PPOLearner(ActorCriticLearner):
         m = self.m
         self.net = algo.network().to(self.device)
         self.params = [p for p in self.net.parameters() if p.requires_grad]
-        self.optimizer = make_adam(self.params, m.learning_rate, m.adam_eps)
+        self.optimizer = Adam(self.params, lr=m.learning_rate, eps=m.adam_eps)
         self.join(self.params, [self.net], learner_index, num_learners, rendezvous)
         self.rng = np.random.default_rng(seed)
         self.minibatch = algo.cfg.agent.batch_size

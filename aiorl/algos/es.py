@@ -384,10 +384,6 @@ class ESLearner(LearnerCore):
 
 class ES(ESSettings, Algorithm):
     @classmethod
-    def warm_learner_imports(cls):
-        pass  # numpy Adam: no torch.optim in the learner
-
-    @classmethod
     def prefork(cls, cfg) -> dict[str, np.ndarray]:
         m = cfg.model
         return {noise_key(m.noise_seed, m.noise_table_size): draw_noise(m.noise_seed, m.noise_table_size)}

@@ -59,7 +59,6 @@ from aiorl.algos.lib.common import (
     ActorCriticLearner,
     as_tensor,
     load_numpy_state,
-    make_adam,
     setup_torch,
     shapes_only,
     weights_spec_of_module,
@@ -67,6 +66,7 @@ from aiorl.algos.lib.common import (
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import check_observation_space, is_image
 from aiorl.algos.lib.numpy_forward import compile_numpy, probe_observations
+from aiorl.algos.lib.optimizers import Adam, RMSprop
 from aiorl.replay import vtrace
 from aiorl.runtime.algorithm import ActorPolicy, Algorithm, LearnerResult
 
@@ -324,9 +324,9 @@ class ImpalaLearner(ActorCriticLearner):
         self.net = algo.network().to(self.device)
         self.params = [p for p in self.net.parameters() if p.requires_grad]
         if m.optimizer == "adam":
-            self.optimizer = make_adam(self.params, m.learning_rate, m.optimizer_eps)
+            self.optimizer = Adam(self.params, lr=m.learning_rate, eps=m.optimizer_eps)
         else:
-            self.optimizer = torch.optim.RMSprop(
+            self.optimizer = RMSprop(
                 self.params, lr=m.learning_rate, alpha=m.rmsprop_alpha, eps=m.optimizer_eps, momentum=m.rmsprop_momentum
             )
         self.join(self.params, [self.net], learner_index, num_learners, rendezvous)

@@ -45,7 +45,6 @@ from aiorl.algos.lib.common import (
     as_tensor,
     hard_update,
     load_numpy_state,
-    make_adam,
     setup_torch,
     shapes_only,
     state_to_numpy,
@@ -53,6 +52,7 @@ from aiorl.algos.lib.common import (
 )
 from aiorl.algos.lib.layers import parse_network
 from aiorl.algos.lib.networks import DuelingHead, Torso, check_observation_space, discrete_actions, is_image
+from aiorl.algos.lib.optimizers import Adam
 from aiorl.algos.r2d2_config import R2D2Settings, sequence_overlap
 from aiorl.replay import SequenceAdder
 from aiorl.replay.frames import frame_layout
@@ -303,7 +303,7 @@ class R2D2Learner(ApexLearner):
         self.online = algo.q_network().to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.params = list(self.online.parameters())
-        self.optimizer = make_adam(self.params, self.m.learning_rate, self.m.adam_eps)
+        self.optimizer = Adam(self.params, lr=self.m.learning_rate, eps=self.m.adam_eps)
         self.join(self.params, [self.online], learner_index, num_learners, rendezvous)
         hard_update(self.target, self.online)
 

@@ -95,10 +95,6 @@ class MeanLearner(LearnerCore):
 
 
 class RandomAgent(RandomAgentSettings, Algorithm):
-    @classmethod
-    def warm_learner_imports(cls):
-        pass  # a running mean: no torch.optim in the learner, whose core waits for these imports
-
     def transition_spec(self):
         obs_space, act_space = self.env_spec.observation_space, self.env_spec.action_space
         obs = (tuple(obs_space.shape), np.dtype(obs_space.dtype).str)

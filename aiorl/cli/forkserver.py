@@ -36,7 +36,8 @@ def preload() -> None:
     spawner.preload()
     for algo in available_algorithms():
         spawner.warm(algo)
-        spawner.warm_learner(algo, exports=True)
+    # What the evaluation workers' exports import (torch.export: most of a second of CPU each).
+    import torch._dynamo  # noqa: F401
 
 
 def peer_uid(conn: socket.socket) -> int:

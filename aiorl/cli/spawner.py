@@ -44,18 +44,6 @@ def warm(algo: str) -> None:
     get_algorithm(algo)
 
 
-def warm_learner(algo: str, exports: bool = False) -> None:
-    """What the algorithm's learner core imports (torch.optim's first optimizer imports
-    torch._dynamo, most of a second): every learner, the evaluation worker and each restart find
-    it here, and none pays it after it starts, on the way to its first step. `exports` (a run that
-    evaluates during training): torch._dynamo too, which the evaluation worker's first export of a
-    new best policy imports (a second of CPU it would otherwise spend where the run's evaluations
-    wait for it; ES's learner does not import it)."""
-    get_algorithm(algo).warm_learner_imports()
-    if exports:
-        import torch._dynamo  # noqa: F401
-
-
 def prefork(config_path: str) -> tuple[str, dict] | None:
     """The run's algorithm and its `Algorithm.prefork` arrays (in the spawner's prefork child); None
     for a config the preflight refuses: that is the preflight's to report, and no role is forked."""
@@ -86,7 +74,7 @@ def run_child(kind: str, argv: list[str]) -> int:
 
 def serve(sock: socket.socket) -> None:
     """Serve one launcher on `sock` until it goes (here, or in a spawner the fork server forked)."""
-    Spawner(sock, run_child, check, warm, warm_learner, prefork, adopt).serve()
+    Spawner(sock, run_child, check, warm, prefork, adopt).serve()
 
 
 def main(argv: list[str] | None = None) -> int:

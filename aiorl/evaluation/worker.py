@@ -138,7 +138,8 @@ def keep(policy, request: dict, reply: dict, policy_dir: Path) -> None:
 
 def _warm_export(policy, meta: dict) -> None:
     """Trace one export of `policy` (not saved): the first export in a process costs several times
-    the later ones (0.3 s of CPU where torch._dynamo is imported, 2 s where it is not)."""
+    the later ones (about 2 s of CPU on a small machine, torch._dynamo's import included, which
+    nothing before it imports: the spawner leaves it out of every run's path to RUNNING)."""
     import torch
 
     inputs, dynamic = example_inputs(meta)

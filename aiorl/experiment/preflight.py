@@ -17,7 +17,6 @@ from aiorl.launch.placement import MISSING_RAY
 from aiorl.launch.spawner import WarmSpawner
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
-from aiorl.runtime.evaluator import evaluation_on
 from aiorl.wire import load_token
 from aiorl.wire.auth import TOKEN_ENV
 
@@ -64,7 +63,7 @@ def check_in_spawner(cfg: Config, spawner: WarmSpawner) -> None:
     os.close(fd)
     try:
         cfg.dump(path)
-        spawner.ready(cfg.algo, exports=evaluation_on(cfg))
+        spawner.ready(cfg.algo)
         reply = spawner.check(path)
     finally:
         os.unlink(path)

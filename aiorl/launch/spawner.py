@@ -13,8 +13,8 @@ thread; the one thread besides its main one is OpenBLAS's worker pool (numpy's i
 starts it), which OpenBLAS itself stops and restarts around a fork (pthread_atfork). Work
 that does run torch ops, the preflight's algorithm build, runs in a forked child too, and so does
 what every role of the run would compute alike (`Algorithm.prefork`: ES's noise table), into a
-memfd the spawner maps before it forks the roles: both children run on the other core while the
-spawner imports what the learner needs.
+memfd the spawner maps before it forks the roles. Nothing on that path imports torch._dynamo
+(most of a second of CPU): the learners' optimizers are aiorl's own (`aiorl.algos.lib.optimizers`).
 
 A child sets up what a freshly started role would have: its own session (no terminal
 signals), a parent-death signal (the spawner's death; the spawner dies with the launcher),
@@ -114,12 +114,10 @@ class WarmSpawner:
         algo: str | None = None,
         timeout: float | None = None,
         modules: tuple[str, ...] = (),
-        exports: bool = False,
     ) -> dict:
-        """Wait until its imports are done (`algo`'s too; `exports`: what the evaluation worker's
-        exports need, for a run that evaluates during training); returns what it reports of itself:
+        """Wait until its imports are done (`algo`'s module too); returns what it reports of itself:
         its pid, its threads, and which of `modules` it has imported."""
-        message = {"op": "ready", "algo": algo, "modules": list(modules), "exports": exports}
+        message = {"op": "ready", "algo": algo, "modules": list(modules)}
         return self.channel.request(message, timeout=timeout)
 
     def check(self, config_path: str | Path, timeout: float | None = None) -> dict:
@@ -197,8 +195,7 @@ def wait_for_coordinator(run_dir: str, timeout_s: float) -> dict | None:
 
 class Spawner:
     """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
-    returns the reply to a preflight; `warm(algo)` imports an algorithm's module; `warm_learner(algo)`
-    what its learner core imports, before the first role's fork (`_import_for_learners`);
+    returns the reply to a preflight; `warm(algo)` imports an algorithm's module;
     `prefork(config_path) -> (algo, arrays) | None` computes what the roles of that config share
     (`Algorithm.prefork`) in a child of its own, while the preflight checks it in another, and
     `adopt(algo, arrays)` keeps them, as shared memory, for the roles forked after."""
@@ -209,15 +206,12 @@ class Spawner:
         run_child: Callable,
         check: Callable,
         warm: Callable,
-        warm_learner: Callable | None = None,
         prefork: Callable | None = None,
         adopt: Callable | None = None,
     ):
         self.launcher = sock
-        self.run_child, self.check, self.warm, self.warm_learner = run_child, check, warm, warm_learner
+        self.run_child, self.check, self.warm = run_child, check, warm
         self.prefork, self.adopt = prefork, adopt
-        self.learner_imports: str | None = None  # the algorithm whose `warm_learner` is still to run
-        self.export_imports = False  # `warm_learner` imports what the evaluation worker's exports need too
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -281,9 +275,6 @@ class Spawner:
         if op == "ready" and sock is self.launcher:
             if message.get("algo"):
                 self.warm(message["algo"])
-                if self.warm_learner is not None:
-                    self.learner_imports = message["algo"]
-                    self.export_imports = bool(message.get("exports"))
             return {
                 "pid": os.getpid(),
                 "threads": len(os.listdir("/proc/self/task")),
@@ -329,7 +320,6 @@ class Spawner:
     def _fork_check(self, config: str) -> dict:
         pid, r = self._fork_replying(lambda: self.check(config))
         shared = self._fork_prefork(config) if self.prefork is not None else None
-        self._import_for_learners()  # while the check (and the prefork) run in children, on the other core
         data, status = _read_to_end(r, pid)
         if shared is not None:
             self._adopt_prefork(*shared)
@@ -370,7 +360,6 @@ class Spawner:
         if message.get("channel"):
             ours, channel = seqpacket_pair()
         spawner_pid = os.getpid()
-        self._import_for_learners()
         _before_fork()
         pid = os.fork()
         if pid == 0:  # the child: nothing below returns
@@ -394,13 +383,6 @@ class Spawner:
             self.client_socks[pid] = ours
             self.sel.register(ours, selectors.EVENT_READ)
         return pid
-
-    def _import_for_learners(self) -> None:
-        """`warm_learner`, once, before the first role's fork: after the algorithm's module, so
-        that it overlaps the preflight's check (a child) rather than delaying it."""
-        if self.learner_imports is not None:
-            algo, self.learner_imports = self.learner_imports, None
-            self.warm_learner(algo, self.export_imports)
 
     def _client_pid(self, client: socket.socket) -> int:
         return next(pid for pid, sock in self.client_socks.items() if sock is client)

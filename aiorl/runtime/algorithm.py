@@ -232,14 +232,6 @@ class Algorithm(AlgorithmSettings):
         self.env_spec = env_spec
 
     @classmethod
-    def warm_learner_imports(cls) -> None:
-        """Import what the learner core would import later, on the clock: a learner process calls
-        this in a thread while it registers and waits for the others. torch.optim's first
-        optimizer imports torch._dynamo (seconds of CPU); a learner without torch.optim overrides
-        this with nothing."""
-        import torch._dynamo  # noqa: F401
-
-    @classmethod
     def prefork(cls, cfg: Config) -> dict[str, np.ndarray]:
         """Arrays every role of this config would otherwise compute for itself (ES: its noise
         table), by name. The warm spawner computes them once, in a child of its own while the

@@ -97,13 +97,7 @@ class LearnerRole(LearnerOutputs, Role):
         self._links: set[asyncio.Task] = set()  # readers of memory hosts that came back
         self.away: set[int] = set()
         self.earlier_per_memory: list[dict] = []
-        algo_cls = self.cfg.algorithm
-        self.synchronous = algo_cls.is_synchronous(self.cfg)
-        # What the core will import, imported while the role registers and waits for the others,
-        # not after RUNNING while the actors wait for version 0. `main` joins it before the core
-        # exists: two threads importing torch._dynamo at once can fail with a _DeadlockError.
-        self.warm_imports = threading.Thread(target=algo_cls.warm_learner_imports, name="warm imports", daemon=True)
-        self.warm_imports.start()
+        self.synchronous = self.cfg.algorithm.is_synchronous(self.cfg)
 
     def register_extra(self) -> dict:
         if self.evaluator is not None:
@@ -207,7 +201,6 @@ class LearnerRole(LearnerOutputs, Role):
     async def main(self) -> dict:
         cfg = self.cfg
         algo = self.algorithm()
-        await asyncio.to_thread(self.warm_imports.join)
         core = await asyncio.to_thread(
             algo.make_learner,
             self.index,

@@ -174,22 +174,6 @@ MUTANTS = [
             "tests/test_eval_during_training.py::test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it"
         ],
     ),
-    dict(
-        name="spawner-leaves-the-exports-imports-to-the-worker",
-        path="aiorl/cli/spawner.py",
-        old="    if exports:\n        import torch._dynamo",
-        new="    if False:\n        import torch._dynamo",
-        tests=[
-            "tests/test_spawner.py::test_the_spawner_imports_what_the_algorithms_learner_core_needs_before_it_forks"
-        ],
-    ),
-    dict(
-        name="preflight-asks-no-exports-imports",
-        path="aiorl/experiment/preflight.py",
-        old="spawner.ready(cfg.algo, exports=evaluation_on(cfg))",
-        new="spawner.ready(cfg.algo)",
-        tests=[T + "test_the_preflight_asks_the_spawner_for_the_exports_imports_of_a_run_that_evaluates"],
-    ),
     # --- aiorl plot
     dict(
         name="plot-evaluation-x-where-it-landed-not-recorded",

@@ -19,7 +19,7 @@ MUTANTS = [
         path="aiorl/runtime/eval_worker.py",
         old='                "-P",  # nothing from the working directory (see aiorl.launch.local)\n',
         new="",
-        tests=[PLANTED],
+        tests=[T + "test_an_evaluation_worker_started_without_a_spawner_never_runs_planted_code"],
     ),
     dict(
         name="registration-takes-the-claimed-name",

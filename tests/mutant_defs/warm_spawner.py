@@ -122,13 +122,6 @@ MUTANTS = [
         tests=[STOP_IN_START],
     ),
     dict(
-        name="the-learners-imports-left-to-each-learner",
-        path="aiorl/cli/spawner.py",
-        old="    get_algorithm(algo).warm_learner_imports()\n",
-        new="    get_algorithm(algo)\n",
-        tests=[LEARNER_IMPORTS + "[dppo-False-imported0]"],
-    ),
-    dict(
         name="a-forked-role-keeps-the-collector-off",
         path="aiorl/launch/spawner.py",
         old="        if pid == 0:  # the child: nothing below returns\n            gc.enable()\n",
@@ -172,13 +165,6 @@ MUTANTS = [
             "tests/test_es.py::test_a_table_drawn_before_the_fork_is_the_one_each_role_reads",
             "tests/test_spawner.py::test_es_roles_share_the_noise_table_the_spawner_drew_before_forking",
         ],
-    ),
-    dict(
-        name="the-random-agents-learner-waits-for-imports-it-does-not-need",
-        path="aiorl/algos/random_agent.py",
-        old="    @classmethod\n    def warm_learner_imports(cls):\n        pass",
-        new="    @classmethod\n    def _unused(cls):\n        pass",
-        tests=[LEARNER_IMPORTS + "[random_agent-False-imported3]"],
     ),
     dict(
         name="prefork-arrays-mapped-past-their-memfd",
