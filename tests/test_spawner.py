@@ -370,3 +370,7 @@ def test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared():
     with pytest.raises(ValueError, match="reaches past"):
         map_arrays(fd, layout)
     os.close(fd)
+    fd = os.memfd_create("test-prefork")  # only empty arrays: no mapping, read-only all the same
+    empty = map_arrays(fd, write_arrays(fd, {"none": np.zeros((0, 3), np.float32)}))
+    os.close(fd)
+    assert empty["none"].shape == (0, 3) and not empty["none"].flags.writeable

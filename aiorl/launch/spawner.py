@@ -520,8 +520,11 @@ def map_arrays(fd: int, layout: list[dict]) -> dict[str, np.ndarray]:
     import numpy as np
 
     size = os.fstat(fd).st_size
-    if size == 0:  # only empty arrays (a mapping cannot be empty)
-        return {entry["name"]: np.empty(entry["shape"], entry["dtype"]) for entry in layout}
+    if size == 0:  # only empty arrays (a mapping cannot be empty), read-only as the others
+        arrays = {entry["name"]: np.empty(entry["shape"], entry["dtype"]) for entry in layout}
+        for array in arrays.values():
+            array.flags.writeable = False
+        return arrays
     mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
     arrays = {}
     for entry in layout:

@@ -174,6 +174,13 @@ MUTANTS = [
         tests=["tests/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
     ),
     dict(
+        name="prefork-empty-arrays-writable",
+        path="aiorl/launch/spawner.py",
+        old="            array.flags.writeable = False\n",
+        new="            pass\n",
+        tests=["tests/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
+    ),
+    dict(
         name="prefork-arrays-written-at-one-offset",
         path="aiorl/launch/spawner.py",
         old="        end += -(-array.nbytes // PREFORK_ALIGN) * PREFORK_ALIGN\n",
