@@ -179,6 +179,56 @@ time.sleep(600)
             worker.kill()  # a failed test leaves nothing behind either
 
 
+SIGTERM_IN_WARM_UP = """
+import json, os, signal, sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aiorl.evaluation import worker
+from aiorl.evaluation.options import cpu_learner
+from aiorl.experiment.loading import load_config
+
+cfg = load_config(data={"algo": "apex_dqn", "env": {"id": "CartPole-v1"}, "run": {"eval_episodes": 1}})
+policy, meta = cpu_learner(cfg).acting_policy()
+policy = policy.train(False).requires_grad_(False)
+policy_dir = Path(sys.argv[1])
+state = policy_dir.parent / "state.npz"
+np.savez(state, **{k: v.numpy() for k, v in policy.state_dict().items()})
+r, w = os.pipe()
+request = {"n": 1, "learner_steps": 1, "env_steps": 0, "copy_s": 0.0, "meta": meta, "best": None, "state": str(state)}
+os.write(w, (json.dumps(request) + "\\n").encode())
+stop = worker._Stop()
+signal.signal(signal.SIGTERM, stop.on_sigterm)
+
+warmed = []
+
+
+def warm():  # the learner's SIGTERM arrives as the warm-up starts its imports: they must go on
+    os.kill(os.getpid(), signal.SIGTERM)
+    import torch._dynamo  # noqa: F401
+
+    warmed.append(True)
+
+
+with open(os.devnull, "w") as replies:
+    worker.serve(policy, cfg, worker._Requests(r), replies, policy_dir, stop, warm)
+print("served", "warmed" if warmed else "cut short")
+"""
+
+
+def test_a_sigterm_in_the_warm_up_still_exports_the_best_waiting_for_it(tmp_path):
+    # The learner's close() sends SIGTERM right after the reply of a best; the worker, still in its
+    # warm-up imports (torch._dynamo's, most of a second), must finish them and export that best.
+    policy_dir = tmp_path / "policy"
+    out = subprocess.run(
+        [sys.executable, "-c", SIGTERM_IN_WARM_UP, str(policy_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "served warmed" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert (policy_dir / BEST_DIR / "policy.pt2").is_file(), out.stderr[-3000:]
+
+
 @pytest.mark.parametrize(
     "algo_name, env_id",
     [

@@ -127,6 +127,21 @@ def test_state_dicts_load_both_ways_between_aiorl_and_torch_optim(case):
     assert not torch.equal(reference[0], resumed[0])  # the steps did move the parameters
 
 
+def test_parameters_of_several_dtypes_step_as_torchs_do_without_the_fused_kernel():
+    # The fused kernel takes one dtype a call: aiorl's Adam takes torch's multi-tensor arithmetic.
+    a = [torch.nn.Parameter(torch.randn(4, dtype=torch.float64)), torch.nn.Parameter(torch.randn(3))]
+    b = twin(a)
+    ours, theirs = Adam(a, lr=1e-2), torch.optim.Adam(b, lr=1e-2, foreach=True)
+    assert not ours.fused
+    for _ in range(5):
+        for p, q in zip(a, b):
+            p.grad = torch.ones_like(p)
+            q.grad = torch.ones_like(q)
+        ours.step()
+        theirs.step()
+    assert_same(a, b)
+
+
 def test_a_state_for_other_parameters_is_refused_naming_the_mismatch():
     ours = Adam(parameters(), lr=1e-3)
     other = torch.optim.Adam(parameters()[:2], lr=1e-3)

@@ -47,11 +47,13 @@ class _Stop:
     (one still building its policy has nothing to finish either, and the learner's shutdown waits
     for it), unless a best policy is still to be exported: then the wait ends and the export is made
     first. In an evaluation or an export it only sets the flag: the evaluation ends at its next env
-    step, the export is finished (the learner was told that policy is kept)."""
+    step, the export is finished (the learner was told that policy is kept); so it does in the
+    warm-up while a best waits (an exception raised in the middle of an import leaves torch half
+    imported, and that export would fail)."""
 
     def __init__(self):
         self.flag = False
-        self.evaluating = False  # in an evaluation or an export
+        self.evaluating = False  # in an evaluation or an export (or a warm-up a best export waits on)
         self.exporting_later = False  # a best policy waits for its export
 
     def is_set(self) -> bool:
@@ -196,7 +198,11 @@ def serve(policy, cfg: Config, requests: _Requests, replies, policy_dir: Path, s
     try:
         while not stop.is_set():
             if warm is not None and not requests.waiting():
+                # A best waiting for its export: a SIGTERM now must not end the warm-up half-way
+                # through its imports (torch._dynamo's), which would break that export.
+                stop.evaluating = best is not None
                 warm()
+                stop.evaluating = False
                 warm = None
                 continue
             if best is not None and not requests.waiting():

@@ -5,6 +5,13 @@ T = "tests/test_eval_during_training.py::"
 
 MUTANTS = [
     dict(
+        name="a-sigterm-ends-the-warm-up-a-best-export-waits-on",
+        path="aiorl/evaluation/worker.py",
+        old="                stop.evaluating = best is not None\n",
+        new="                stop.evaluating = False\n",
+        tests=[T + "test_a_sigterm_in_the_warm_up_still_exports_the_best_waiting_for_it"],
+    ),
+    dict(
         name="best-is-the-last-evaluation",
         path="aiorl/evaluation/worker.py",
         old='kept = best is None or evaluation["return_mean"] > best',

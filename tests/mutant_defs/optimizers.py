@@ -40,6 +40,13 @@ MUTANTS = [
         tests=[FOREACH],
     ),
     dict(
+        name="the-fused-kernel-given-several-dtypes",
+        path=PATH,
+        old="        self.fused = same and all(",
+        new="        self.fused = all(",
+        tests=[O + "test_parameters_of_several_dtypes_step_as_torchs_do_without_the_fused_kernel"],
+    ),
+    dict(
         name="rmsprop-momentum-ignored",
         path=PATH,
         old='        if g["momentum"] > 0:\n',

@@ -136,7 +136,9 @@ class Adam(_Optimizer):
             "decoupled_weight_decay": False,
         }
         super().__init__(params, group)
-        self.fused = all(p.device.type in FUSED_DEVICES and torch.is_floating_point(p) for p in self.params)
+        # One call of the kernel takes one device and one dtype (torch.optim groups them first).
+        same = len({(p.device, p.dtype) for p in self.params}) == 1
+        self.fused = same and all(p.device.type in FUSED_DEVICES and torch.is_floating_point(p) for p in self.params)
         self.group["fused"] = self.fused
 
     def state_keys(self) -> tuple[str, ...]:
