@@ -92,7 +92,25 @@ def test_the_spawner_forks_the_roles_without_importing_torch_dynamo(algo, tmp_pa
         spawner.ready(algo)
         child = spawner.spawn_role(["--help"], dict(os.environ), tmp_path / "role.log", None)
         assert child.wait(60) == 0
-        assert spawner.ready(modules=("torch", "torch._dynamo"))["imported"] == ["torch"]
+        assert spawner.ready(modules=("torch", "torch._dynamo", "torch._inductor.config"))["imported"] == ["torch"]
+    finally:
+        spawner.end()
+
+
+def test_a_deterministic_run_finds_what_torchs_deterministic_mode_imports_in_its_spawner(tmp_path, monkeypatch):
+    # torch.use_deterministic_algorithms imports torch._inductor.config (and torch._dynamo with it,
+    # a second of CPU): the spawner of a run.deterministic run imports it once, before its forks,
+    # rather than every actor and learner after RUNNING. The launcher's preflight asks for it.
+    from aiorl.experiment.loading import load_config
+    from aiorl.experiment.preflight import check_in_spawner
+
+    monkeypatch.delenv("AIORL_TOKEN", raising=False)
+    spawner = WarmSpawner.start()
+    try:
+        check_in_spawner(load_config(data={"algo": "dppo", "run": {"deterministic": True}}), spawner)
+        child = spawner.spawn_role(["--help"], dict(os.environ), tmp_path / "role.log", None)
+        assert child.wait(60) == 0
+        assert spawner.ready(modules=("torch._inductor.config",))["imported"] == ["torch._inductor.config"]
     finally:
         spawner.end()
 

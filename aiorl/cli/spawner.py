@@ -40,8 +40,13 @@ def preload() -> None:
     import aiorl.runtime.process  # noqa: F401  (the roles' own modules)
 
 
-def warm(algo: str) -> None:
+def warm(algo: str, deterministic: bool = False) -> None:
     get_algorithm(algo)
+    if deterministic:
+        # torch.use_deterministic_algorithms imports torch._inductor.config, and torch._dynamo with
+        # it (a second of CPU): once here, for a run.deterministic run, not in every role after
+        # RUNNING. Other runs never import it (aiorl.algos.lib.optimizers says why).
+        import torch._inductor.config  # noqa: F401
 
 
 def prefork(config_path: str) -> tuple[str, dict] | None:

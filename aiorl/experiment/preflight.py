@@ -63,7 +63,7 @@ def check_in_spawner(cfg: Config, spawner: WarmSpawner) -> None:
     os.close(fd)
     try:
         cfg.dump(path)
-        spawner.ready(cfg.algo)
+        spawner.ready(cfg.algo, deterministic=cfg.run.deterministic)
         reply = spawner.check(path)
     finally:
         os.unlink(path)

@@ -114,10 +114,12 @@ class WarmSpawner:
         algo: str | None = None,
         timeout: float | None = None,
         modules: tuple[str, ...] = (),
+        deterministic: bool = False,
     ) -> dict:
-        """Wait until its imports are done (`algo`'s module too); returns what it reports of itself:
-        its pid, its threads, and which of `modules` it has imported."""
-        message = {"op": "ready", "algo": algo, "modules": list(modules)}
+        """Wait until its imports are done (`algo`'s module too, and for a `deterministic` run what
+        torch's deterministic mode imports); returns what it reports of itself: its pid, its
+        threads, and which of `modules` it has imported."""
+        message = {"op": "ready", "algo": algo, "modules": list(modules), "deterministic": deterministic}
         return self.channel.request(message, timeout=timeout)
 
     def check(self, config_path: str | Path, timeout: float | None = None) -> dict:
@@ -195,7 +197,8 @@ def wait_for_coordinator(run_dir: str, timeout_s: float) -> dict | None:
 
 class Spawner:
     """The serving loop. `run_child(kind, argv) -> exit code` runs a child's program; `check(path)`
-    returns the reply to a preflight; `warm(algo)` imports an algorithm's module;
+    returns the reply to a preflight; `warm(algo, deterministic)` imports an algorithm's module (and
+    what torch's deterministic mode imports);
     `prefork(config_path) -> (algo, arrays) | None` computes what the roles of that config share
     (`Algorithm.prefork`) in a child of its own, while the preflight checks it in another, and
     `adopt(algo, arrays)` keeps them, as shared memory, for the roles forked after."""
@@ -274,7 +277,7 @@ class Spawner:
         op = message["op"]
         if op == "ready" and sock is self.launcher:
             if message.get("algo"):
-                self.warm(message["algo"])
+                self.warm(message["algo"], bool(message.get("deterministic")))
             return {
                 "pid": os.getpid(),
                 "threads": len(os.listdir("/proc/self/task")),

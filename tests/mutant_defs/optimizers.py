@@ -98,8 +98,8 @@ MUTANTS = [
     dict(
         name="the-spawner-imports-torch-dynamo-before-it-forks",
         path="aiorl/cli/spawner.py",
-        old="def warm(algo: str) -> None:\n    get_algorithm(algo)\n",
-        new="def warm(algo: str) -> None:\n    get_algorithm(algo)\n    import torch._dynamo\n",
+        old="def warm(algo: str, deterministic: bool = False) -> None:\n    get_algorithm(algo)\n",
+        new="def warm(algo: str, deterministic: bool = False) -> None:\n    get_algorithm(algo)\n    import torch._dynamo\n",
         tests=[SPAWNER + "[dppo]"],
     ),
 ]

@@ -174,6 +174,20 @@ MUTANTS = [
         tests=["tests/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
     ),
     dict(
+        name="a-deterministic-runs-spawner-leaves-torchs-deterministic-imports-to-the-roles",
+        path="aiorl/experiment/preflight.py",
+        old="spawner.ready(cfg.algo, deterministic=cfg.run.deterministic)",
+        new="spawner.ready(cfg.algo)",
+        tests=[T + "test_a_deterministic_run_finds_what_torchs_deterministic_mode_imports_in_its_spawner"],
+    ),
+    dict(
+        name="the-spawner-ignores-a-deterministic-run",
+        path="aiorl/cli/spawner.py",
+        old="    if deterministic:\n        # torch.use_deterministic_algorithms",
+        new="    if False:\n        # torch.use_deterministic_algorithms",
+        tests=[T + "test_a_deterministic_run_finds_what_torchs_deterministic_mode_imports_in_its_spawner"],
+    ),
+    dict(
         name="prefork-empty-arrays-writable",
         path="aiorl/launch/spawner.py",
         old="            array.flags.writeable = False\n",
