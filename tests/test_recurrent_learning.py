@@ -48,8 +48,11 @@ def test_a_ci_sized_recurrent_run_learns_past_what_no_memory_can(tmp_path, kind)
 # R2D2 is asynchronous (the actor and the learner race), so the same seed does not repeat a run
 # exactly: the bar leaves room. 3,000 learner steps of the example measured (2 cores, load 9-10):
 # `aiorl eval` 462.5 (seed 1, 148 s) and 249.3 (seed 2, 76 s); without the LSTM the example ends
-# at 44-45 after its full 20,000 steps.
+# at 44-45 after its full 20,000 steps. Seed 1 again, six runs on 2 cores beside others as in CI:
+# 139.3 (a CI run that failed the bar of 150 it had then), 258, 313, 377, 397, 489. Its bar is
+# twice what no memory reaches, below the worst of those.
 R2D2_STEPS = 3000
+R2D2_THRESHOLD = 100
 
 
 def test_a_ci_sized_r2d2_run_learns_past_what_no_memory_can(tmp_path):
@@ -57,7 +60,7 @@ def test_a_ci_sized_r2d2_run_learns_past_what_no_memory_can(tmp_path):
     config["run"]["eval_every"] = 500
     code, out, run_dir = run(tmp_path, config, timeout_s=400)
     assert code == 0, out
-    assert evaluated_mean(run_dir) >= THRESHOLD
+    assert evaluated_mean(run_dir) >= R2D2_THRESHOLD
 
 
 # IMPALA-LSTM learns late and then fast: 120,000 env steps of the example measured (2 cores, load

@@ -143,6 +143,13 @@ MUTANTS = [
     ),
     # ------------------------------------------------------------------ learning
     dict(
+        name="r2d2_learner_unrolls_without_memory",
+        path="aiorl/algos/r2d2.py",
+        old="            y, state = self.core(x[:, t], state)\n",
+        new="            y, state = self.core(x[:, t], torch.zeros_like(state))\n",
+        tests=["tests/test_recurrent_learning.py::test_a_ci_sized_r2d2_run_learns_past_what_no_memory_can"],
+    ),
+    dict(
         name="actors_act_without_memory",
         path="aiorl/algos/lib/actor_critic.py",
         old="        self.state = state.numpy().copy()\n",
