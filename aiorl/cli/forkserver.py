@@ -2,7 +2,8 @@
 for every local ``aiorl run`` that names it (``AIORL_FORKSERVER=PATH``).
 
 It imports what the warm spawner imports (`aiorl.cli.spawner.preload`), every algorithm's module
-and what their learners and exports need, then listens on the Unix socket PATH. For each launcher
+and what the evaluation workers' exports need (torch._dynamo, which also brings what a
+``run.deterministic`` run needs), then listens on the Unix socket PATH. For each launcher
 that connects it forks a spawner that serves that launcher's connection: the run starts with
 nothing left to import (a spawner of its own spends 1.5 s of CPU on its imports on a small
 machine). The test suite starts one per worker (tests/conftest.py), where most of a short cluster

@@ -6,9 +6,11 @@ sits at the top floor because what it forks runs the top floor's code: a role is
 `aiorl.evaluation.worker`, the preflight is `aiorl.experiment.preflight`.
 
 What it imports before it serves is what every role would import on its own: numpy, torch,
-gymnasium, uvloop, the runtime's roles and the command line; an algorithm's module and what its
-learner core imports when the launcher names it; and what the algorithm's roles share, computed
-once in a child (`Algorithm.prefork`: numpy only). Nothing here runs a torch op.
+gymnasium, uvloop, the runtime's roles and the command line; an algorithm's module when the
+launcher names it (and, for a ``run.deterministic`` run, what torch's deterministic mode imports);
+and what the algorithm's roles share, computed once in a child (`Algorithm.prefork`: numpy only).
+Not torch._dynamo: no role needs it before its end (`aiorl.algos.lib.optimizers`). Nothing here
+runs a torch op.
 """
 
 from __future__ import annotations

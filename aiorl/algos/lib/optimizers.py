@@ -122,6 +122,10 @@ class Adam(_Optimizer):
     """Adam (Kingma & Ba) with bias correction; torch.optim.Adam(fused=True)'s step."""
 
     def __init__(self, params, lr: float, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999)):
+        params = list(params)
+        # One call of the kernel takes one device and one dtype (torch.optim groups them first).
+        same = len({(p.device, p.dtype) for p in params}) == 1
+        self.fused = same and all(p.device.type in FUSED_DEVICES and torch.is_floating_point(p) for p in params)
         group = {
             "lr": lr,
             "betas": tuple(betas),
@@ -132,14 +136,10 @@ class Adam(_Optimizer):
             "foreach": None,
             "capturable": False,
             "differentiable": False,
-            "fused": True,
+            "fused": self.fused,
             "decoupled_weight_decay": False,
         }
         super().__init__(params, group)
-        # One call of the kernel takes one device and one dtype (torch.optim groups them first).
-        same = len({(p.device, p.dtype) for p in self.params}) == 1
-        self.fused = same and all(p.device.type in FUSED_DEVICES and torch.is_floating_point(p) for p in self.params)
-        self.group["fused"] = self.fused
 
     def state_keys(self) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
