@@ -262,7 +262,6 @@ def test_an_r2d2_pixel_run_in_the_frame_layout_sends_and_stores_each_frame_once(
     config = {
         "algo": "r2d2",
         "env": {"id": "grey_env:Grey", **PIXELS},
-        "cluster": {"actors": 1, "memories": 1, "learners": 1},
         "agent": {
             "sample_batch_size": 10,
             "batch_size": 8,
@@ -270,7 +269,12 @@ def test_an_r2d2_pixel_run_in_the_frame_layout_sends_and_stores_each_frame_once(
             "learning_starts": 16,
             "scheduled_global_steps": 12,
             "replay_layout": "frames",
+            # The limiter holds the actor to what 12 learner steps sample (plus its band), so that
+            # the 400 rows below are never filled however long the learner takes to start: without
+            # it a quiet machine's actor sent 504 rows before the run stopped.
+            "samples_per_insert": 1.0,
         },
+        "cluster": {"actors": 1, "memories": 1, "learners": 1, "actor_credits": 2},
         "model": {**PIXEL_MODEL, "device": "cpu"},
         "run": {"eval_every": None},
     }
