@@ -12,6 +12,7 @@ import signal
 import socket
 import ssl
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aiorl.config import Config
@@ -122,6 +123,33 @@ async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl
     return code
 
 
+def torch_threads_here() -> None:
+    """Give the calling thread the process's torch thread count (``model.torch_threads``).
+
+    torch.set_num_threads sets it for the thread that calls it; MKL keeps its own count per
+    thread (``mkl_set_num_threads_local``), and a new thread starts from MKL's default, the
+    number of cores. A role's worker threads therefore ran every gemm and vectorised op (tanh,
+    an LSTM cell) with a second MKL thread that spun between ops, and on a busy machine waited
+    for it: an IMPALA-LSTM actor spent 7 ms in a tanh of 8 x 64 floats. ``torch.get_num_threads``
+    answers the count the process set (torch keeps it process-wide), and setting it again
+    applies it to this thread's MKL.
+    """
+    torch = sys.modules.get("torch")  # a role without torch (a memory host) does not import it for this
+    if torch is not None:
+        torch.set_num_threads(torch.get_num_threads())
+
+
+def role_loop() -> asyncio.AbstractEventLoop:
+    """A role's event loop: uvloop, whose default executor (every ``asyncio.to_thread`` of the
+    role: offloaded env and learner steps, loads, checkpoints, exports) starts each of its
+    threads on the process's torch thread count."""
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio", initializer=torch_threads_here))
+    return loop
+
+
 async def _run_role(cfg: Config, kind: str, index: int, run_dir: Path) -> int:
     token = cluster_token(cfg, run_dir)
     ssl_client, ssl_server = tls_contexts(cfg)
@@ -133,8 +161,6 @@ async def _run_role(cfg: Config, kind: str, index: int, run_dir: Path) -> int:
 
 def run_role(cfg: Config, kind: str, index: int, run_dir: str | Path, console: bool = False) -> int:
     """Run one role to its end in this process; return its exit code. `console`: see `setup_logging`."""
-    import uvloop
-
     run_dir = Path(run_dir)
     name = role_name(kind, index)
     setup_logging(run_dir, name, cfg.run.log_level, console)
@@ -142,7 +168,7 @@ def run_role(cfg: Config, kind: str, index: int, run_dir: str | Path, console: b
     soft, _ = raise_open_file_limit()
     log.info("starting (pid %d, open-file limit %d)", os.getpid(), soft)
     try:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        with asyncio.Runner(loop_factory=role_loop) as runner:
             code = runner.run(_run_role(cfg, kind, index, run_dir))
     except Exception:
         log.exception("crashed")
