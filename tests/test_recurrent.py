@@ -337,3 +337,30 @@ def test_an_actor_refuses_to_send_a_rollout_its_own_algorithm_spec_refuses(tmp_p
     role.own_rows = RowSpec({k: v for k, v in algo.transition_spec().items() if k != "state"})
     with pytest.raises(OwnInconsistency, match=r"rollout.*unexpected \['state'\]"):
         role._check_own_rows("rollout", rows)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_cores_fused_sequence_is_the_cell_stepped_outputs_state_and_gradients(kind):
+    """`RecurrentCore.sequence` (R2D2's unroll, burn-in included) runs T steps in one fused call:
+    it must be the cell stepped one step at a time, forward and backward, from a nonzero state."""
+    from aiorl.algos.lib.actor_critic import RecurrentCore
+
+    torch.manual_seed(0)
+    core = RecurrentCore(kind, 5, 7)
+    x = torch.randn(4, 6, 5, requires_grad=True)
+    start = torch.randn(4, core.state_size, requires_grad=True)
+    fused, fused_state = core.sequence(x, start)
+    state, stepped = start, []
+    for t in range(x.shape[1]):
+        y, state = core(x[:, t], state)
+        stepped.append(y)
+    stepped = torch.stack(stepped, dim=1)
+    assert fused.shape == stepped.shape == (4, 6, 7) and fused_state.shape == state.shape
+    torch.testing.assert_close(fused, stepped)
+    torch.testing.assert_close(fused_state, state)
+    inputs = [x, start, *core.parameters()]
+    # Both outputs feed the loss, so that a gradient through either path counts.
+    g_fused = torch.autograd.grad((fused**2).sum() + (fused_state**3).sum(), inputs)
+    g_stepped = torch.autograd.grad((stepped**2).sum() + (state**3).sum(), inputs)
+    for a, b in zip(g_fused, g_stepped):
+        torch.testing.assert_close(a, b)

@@ -117,11 +117,9 @@ class RecurrentQNetwork(nn.Module):
         x = self.torso(obs.reshape((B * T,) + obs.shape[2:])).reshape(B, T, -1)
         if self.core is None:
             return x, state
-        out = []
-        for t in range(T):  # only the cell steps through time; torso and head see every step at once
-            y, state = self.core(x[:, t], state)
-            out.append(y)
-        return torch.stack(out, dim=1), state
+        # Sequences never cross an episode's start (they end padded), so the core runs them
+        # through in one go; the torso and the head see every step at once.
+        return self.core.sequence(x, state)
 
     def advance(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """The state after the steps ``obs [B, T, ...]`` from `state` (no head: the burn-in)."""

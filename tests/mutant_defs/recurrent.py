@@ -10,6 +10,8 @@ EXPORT = "tests/test_export.py::test_a_recurrent_export_takes_and_returns_the_st
 CLUSTER = "tests/test_recurrent_cluster.py"
 LEARNS = "tests/test_recurrent_learning.py::test_a_ci_sized_recurrent_run_learns_past_what_no_memory_can[lstm]"
 
+FUSED = "tests/test_recurrent.py::test_a_cores_fused_sequence_is_the_cell_stepped_outputs_state_and_gradients"
+
 MUTANTS = [
     # ------------------------------------------------------------------ the reset mask
     dict(
@@ -141,12 +143,33 @@ MUTANTS = [
         new="        features, _ = self.core(self.torso(self.normalizer(obs)), state)\n",
         tests=[CLUSTER + "::test_a_recurrent_run_trains_and_exports_a_policy_that_carries_its_state[impala]"],
     ),
+    dict(
+        name="fused_lstm_sequence_swaps_h_and_c",
+        path="aiorl/algos/lib/actor_critic.py",
+        old="torch.lstm(x, (h0, c0), weights,",
+        new="torch.lstm(x, (c0, h0), weights,",
+        tests=[FUSED + "[lstm]"],
+    ),
+    dict(
+        name="fused_lstm_sequence_returns_c_before_h",
+        path="aiorl/algos/lib/actor_critic.py",
+        old="            return out, torch.cat([h[0], c[0]], dim=1)\n",
+        new="            return out, torch.cat([c[0], h[0]], dim=1)\n",
+        tests=[FUSED + "[lstm]"],
+    ),
+    dict(
+        name="fused_gru_sequence_returns_its_start_state",
+        path="aiorl/algos/lib/actor_critic.py",
+        old="        return out, h[0]\n",
+        new="        return out, state\n",
+        tests=[FUSED + "[gru]"],
+    ),
     # ------------------------------------------------------------------ learning
     dict(
         name="r2d2_learner_unrolls_without_memory",
         path="aiorl/algos/r2d2.py",
-        old="            y, state = self.core(x[:, t], state)\n",
-        new="            y, state = self.core(x[:, t], torch.zeros_like(state))\n",
+        old="        return self.core.sequence(x, state)\n",
+        new="        return torch.stack([self.core(x[:, t], torch.zeros_like(state))[0] for t in range(T)], dim=1), state\n",
         tests=["tests/test_recurrent_learning.py::test_a_ci_sized_r2d2_run_learns_past_what_no_memory_can"],
     ),
     dict(
