@@ -1,8 +1,9 @@
-"""Mutants of a role's worker threads (issue 30: the CPU a run spends): each leaves the threads
-that run a role's offloaded steps on MKL's default thread count instead of the process's;
+"""Mutants of a role's worker threads (issue 30: the CPU a run spends): an actor's threads left on
+MKL's default thread count instead of the process's, or a learner's held to it;
 tests/test_role_threads.py catches each."""
 
-TEST = "tests/test_role_threads.py::test_a_roles_worker_threads_keep_the_processs_torch_thread_count"
+TEST = "tests/test_role_threads.py::test_an_actors_worker_threads_keep_the_processs_torch_thread_count"
+LEARNER = "tests/test_role_threads.py::test_a_learners_worker_threads_keep_mkls_own_thread_count"
 
 MUTANTS = [
     dict(
@@ -15,8 +16,15 @@ MUTANTS = [
     dict(
         name="run-role-on-a-plain-uvloop-loop",
         path="aiorl/runtime/process.py",
-        old="asyncio.Runner(loop_factory=role_loop)",
+        old="asyncio.Runner(loop_factory=lambda: role_loop(kind))",
         new="asyncio.Runner(loop_factory=__import__('uvloop').new_event_loop)",
         tests=[TEST],
+    ),
+    dict(
+        name="learner-threads-held-to-the-torch-thread-count",
+        path="aiorl/runtime/process.py",
+        old='    if kind == "actor":\n        loop.set_default_executor(',
+        new="    if True:\n        loop.set_default_executor(",
+        tests=[LEARNER],
     ),
 ]
