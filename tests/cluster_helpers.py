@@ -34,7 +34,7 @@ FAST_CLUSTER = {
 }
 
 # For tests of what a loss does when nothing comes back (restarts in place and of the whole run
-# are on by default; tests/test_survival.py is about those).
+# are on by default; tests/cluster/test_survival.py is about those).
 NO_RESTARTS = {"max_restarts": 0, "max_run_restarts": 0}
 
 

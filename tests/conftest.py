@@ -10,6 +10,16 @@ import uvloop
 
 from aiorl.runtime.warm_fork import ENV_FORKSERVER, set_parent_death_signal
 
+# Tests live in folders by concern (kernels/, wire/, replay/, runtime/, rundirs/, algos/, cluster/,
+# learning/, tooling/). Shared helpers (cluster_helpers, apex_helpers, hostile_helpers) sit here, and a
+# test may import another concern's module by name (a frame-limit helper, a config builder): every
+# folder is on the path whatever subset pytest was asked to run.
+HERE = os.path.dirname(os.path.abspath(__file__))
+for _folder in sorted(os.listdir(HERE)):
+    _path = os.path.join(HERE, _folder)
+    if os.path.isfile(os.path.join(_path, "conftest.py")) and _path not in sys.path:
+        sys.path.append(_path)
+
 
 def pytest_asyncio_loop_factories(config, item):
     # Every async test runs on uvloop, the loop aiorl roles run on.
@@ -40,7 +50,7 @@ def forkserver(request):
     starts forks its warm spawner from it instead of importing torch and the runtime again, which
     was most of a short cluster test's CPU. It is ready a few seconds after the session starts;
     runs before that start spawners of their own. ``AIORL_TEST_FORKSERVER=0`` turns it off;
-    tests/test_spawner.py turns it off for its own tests, which are about the spawner's start."""
+    tests/runtime/test_spawner.py turns it off for its own tests, which are about the spawner's start."""
     wanted = any(item.get_closest_marker("cluster") for item in request.session.items)
     if not wanted or os.environ.get("AIORL_TEST_FORKSERVER", "1") == "0":
         yield None  # a session without cluster tests launches no run: it would import torch for nothing

@@ -23,7 +23,7 @@ the kill rate.
 ``--baseline`` first runs each distinct test selection on the unmutated
 code: a mutant whose tests already fail there is an error, not a kill.
 The full run is slow (it runs cluster tests once per mutant) and is not part
-of `make test`; its own unit test is (tests/test_mutants.py).
+of `make test`; its own unit test is (tests/tooling/test_mutants.py).
 
 Exit code: 0 when every mutant was killed, 1 when one survived or errored,
 2 when a definition is refused, 130 when interrupted.

@@ -23,7 +23,7 @@ and is never logged.
 
 `Handshake` holds the states: bytes in (`receive`), events out (`Send`,
 `ClientProved`, `Established`, `Failed`); it never touches a socket, so tests
-drive it frame by frame (see ``tests/test_wire_handshake.py``) and
+drive it frame by frame (see ``tests/wire/test_wire_handshake.py``) and
 :mod:`aiorl.wire.protocol` only moves its bytes.
 """
 

@@ -1,8 +1,8 @@
 """Mutants of building an algorithm without initializing a weight (issue 30): each puts a real
 network (an orthogonal init, a QR per layer) back where only shapes are needed, or gets the
-shapes wrong; tests/test_algorithm_shapes.py catches each."""
+shapes wrong; tests/algos/test_algorithm_shapes.py catches each."""
 
-T = "tests/test_algorithm_shapes.py::test_building_an_algorithm_and_its_weights_spec_initializes_no_weight"
+T = "tests/algos/test_algorithm_shapes.py::test_building_an_algorithm_and_its_weights_spec_initializes_no_weight"
 
 MUTANTS = [
     dict(

@@ -3,8 +3,8 @@
 Each was applied by hand, its tests run and seen to fail, then reverted.
 """
 
-FRAMES = "tests/test_replay_frames.py::test_frame_layout_samples_exactly_what_the_naive_layout_samples"
-ORACLE = "tests/test_framestore.py::test_compiled_store_matches_the_oracle"
+FRAMES = "tests/replay/test_replay_frames.py::test_frame_layout_samples_exactly_what_the_naive_layout_samples"
+ORACLE = "tests/kernels/test_framestore.py::test_compiled_store_matches_the_oracle"
 
 MUTANTS = [
     dict(
@@ -12,7 +12,10 @@ MUTANTS = [
         path="aiorl/_ext/framestore.pyx",
         old="if pos + 1 < self.run_frames and self._fill[run] == pos + 1:",
         new="if pos + 1 < self.run_frames and self._fill[run] >= pos + 1:",
-        tests=["tests/test_framestore.py::test_a_frame_goes_after_its_predecessor_so_streams_stay_contiguous", FRAMES],
+        tests=[
+            "tests/kernels/test_framestore.py::test_a_frame_goes_after_its_predecessor_so_streams_stay_contiguous",
+            FRAMES,
+        ],
     ),
     dict(
         name="run-freed-with-a-live-frame",
@@ -26,7 +29,7 @@ MUTANTS = [
         path="aiorl/_ext/framestore.pyx",
         old="                if holder >= keep_from:",
         new="                if holder > keep_from:",
-        tests=["tests/test_framestore.py::test_stream_holds_ids_until_keep_from_passes_them", ORACLE],
+        tests=["tests/kernels/test_framestore.py::test_stream_holds_ids_until_keep_from_passes_them", ORACLE],
     ),
     dict(
         name="keep-from-release-skips-an-id",
@@ -40,7 +43,7 @@ MUTANTS = [
         path="aiorl/replay/frames.py",
         old="        evicted = slots[max(0, self.capacity - before) :]\n",
         new="        evicted = slots[max(0, self.capacity - before) + 1 :]\n",
-        tests=[FRAMES, "tests/test_replay_frames.py::test_evicted_rows_release_their_frames"],
+        tests=[FRAMES, "tests/replay/test_replay_frames.py::test_evicted_rows_release_their_frames"],
     ),
     dict(
         name="keep-from-ignores-the-rows-sent",
@@ -61,41 +64,41 @@ MUTANTS = [
         path="aiorl/envs/atari.py",
         old="        if self.game_over or seed is not None or self._last is None:",
         new="        if True:",
-        tests=["tests/test_atari.py::test_life_loss_ends_a_training_episode_but_not_the_game"],
+        tests=["tests/algos/test_atari.py::test_life_loss_ends_a_training_episode_but_not_the_game"],
     ),
     dict(
         name="vector-padding-off-by-one",
         path="aiorl/envs/atari.py",
         old="        first = k - 1 - int(steps[e])",
         new="        first = k - 2 - int(steps[e])",
-        tests=["tests/test_atari.py::test_ale_vector_backend_gives_the_gymnasium_transitions"],
+        tests=["tests/algos/test_atari.py::test_ale_vector_backend_gives_the_gymnasium_transitions"],
     ),
     dict(
         name="eval-uses-the-training-variant",
         path="aiorl/evaluation/episodes.py",
         old="make_env(render_env_config(env_cfg, video_dir, render), evaluation=True)",
         new="make_env(render_env_config(env_cfg, video_dir, render))",
-        tests=["tests/test_atari.py::test_eval_plays_full_games_with_raw_rewards"],
+        tests=["tests/algos/test_atari.py::test_eval_plays_full_games_with_raw_rewards"],
     ),
     dict(
         name="cuda-not-checked-before-start",
         path="aiorl/runtime/algorithm.py",
         old="        if not torch.cuda.is_available():",
         new="        if False:",
-        tests=["tests/test_atari.py::test_a_cuda_device_without_cuda_is_a_config_error_before_anything_starts"],
+        tests=["tests/algos/test_atari.py::test_a_cuda_device_without_cuda_is_a_config_error_before_anything_starts"],
     ),
     dict(
         name="compressed-frame-count-unchecked",
         path="aiorl/replay/frames.py",
         old="    if not 0 <= count <= layout.max_frames(rows):",
         new="    if not 0 <= count:",
-        tests=["tests/test_replay_frames.py::test_compressed_frames_are_checked_before_they_are_unpacked"],
+        tests=["tests/replay/test_replay_frames.py::test_compressed_frames_are_checked_before_they_are_unpacked"],
     ),
     dict(
         name="wrapper-keywords-unchecked",
         path="aiorl/envs/wrappers.py",
         old="            if kw not in accepted:",
         new="            if False:",
-        tests=["tests/test_atari.py::test_bad_wrappers_are_config_errors_naming_the_item"],
+        tests=["tests/algos/test_atari.py::test_bad_wrappers_are_config_errors_naming_the_item"],
     ),
 ]

@@ -3,9 +3,9 @@ reads, digest, payload without torch), set aside when skipped, a resume that alw
 the first checkpoint early. Run them with `tests/mutants.py --only checkpoints_kept`.
 """
 
-CK = "tests/test_checkpoint.py::"
-RD = "tests/test_rundir.py::"
-RA = "tests/test_resume_always.py::"
+CK = "tests/rundirs/test_checkpoint.py::"
+RD = "tests/rundirs/test_rundir.py::"
+RA = "tests/cluster/test_resume_always.py::"
 CKPT = "aiorl/io/checkpoint.py"
 ARCHIVE = "aiorl/io/torch_archive.py"
 REFUSED = CK + "test_a_payload_torch_refuses_is_refused_without_torch"

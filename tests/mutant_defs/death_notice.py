@@ -1,8 +1,8 @@
 """Mutants of "a dead child is noticed at once" (issue 30): the launcher's exit notices, who may
 send one, and what the coordinator does with it; each breaks one piece a test in
-tests/test_death_notice.py pins (in process, or over real role processes)."""
+tests/runtime/test_death_notice.py pins (in process, or over real role processes)."""
 
-T = "tests/test_death_notice.py::"
+T = "tests/runtime/test_death_notice.py::"
 COORDINATOR = T + "test_the_launcher_alone_reports_exits_and_only_the_registered_process_is_lost"
 UNREACHABLE = T + "test_an_unreachable_coordinator_leaves_the_notices_queued_and_the_launcher_free"
 FORGOTTEN = T + "test_a_pid_that_exited_unregistered_is_remembered_only_while_its_registration_could_come"

@@ -1,8 +1,8 @@
 """Mutants of the documentation site (issue 27): each makes a generated page say less than the code
 (a key, its doc, an algorithm's own defaults or formulas, a metric's meaning, the API's `run`), or
-stops generating altogether; tests/test_docs_site.py, which builds the site, catches each."""
+stops generating altogether; tests/tooling/test_docs_site.py, which builds the site, catches each."""
 
-T = "tests/test_docs_site.py::"
+T = "tests/tooling/test_docs_site.py::"
 CONFIG = T + "test_the_config_reference_holds_every_key_aiorl_config_keys_knows"
 HOOK = "docs/hooks/generated.py"
 

@@ -11,28 +11,28 @@ MUTANTS = [
         path="aiorl/algos/dppo.py",
         old="needed = np.concatenate([next_obs[T - 1], next_obs[cut[:, 0], cut[:, 1]]])",
         new='needed = np.concatenate([rollout["obs"][T - 1], next_obs[cut[:, 0], cut[:, 1]]])',
-        tests=["tests/test_dppo.py::test_rollout_rows_and_gae_for_vector_envs_bootstrap_on_truncation_only"],
+        tests=["tests/algos/test_dppo.py::test_rollout_rows_and_gae_for_vector_envs_bootstrap_on_truncation_only"],
     ),
     dict(
         name="truncation_does_not_bootstrap",
         path="aiorl/algos/dppo.py",
         old="truncated_values[cut[:, 0], cut[:, 1]] = v_next[E:]",
         new="truncated_values[cut[:, 0], cut[:, 1]] = 0.0",
-        tests=["tests/test_dppo.py::test_rollout_rows_and_gae_for_vector_envs_bootstrap_on_truncation_only"],
+        tests=["tests/algos/test_dppo.py::test_rollout_rows_and_gae_for_vector_envs_bootstrap_on_truncation_only"],
     ),
     dict(
         name="surrogate_takes_the_optimistic_bound",
         path="aiorl/algos/dppo.py",
         old="policy_loss = torch.max(-advantage * ratio,",
         new="policy_loss = torch.min(-advantage * ratio,",
-        tests=["tests/test_dppo.py::test_the_surrogate_is_clipped_where_the_ratio_left_the_trust_region"],
+        tests=["tests/algos/test_dppo.py::test_the_surrogate_is_clipped_where_the_ratio_left_the_trust_region"],
     ),
     dict(
         name="value_clip_takes_the_smaller_error",
         path="aiorl/algos/dppo.py",
         old="value_error = torch.max(value_error, (clipped - value_target).pow(2))",
         new="value_error = torch.min(value_error, (clipped - value_target).pow(2))",
-        tests=["tests/test_dppo.py::test_value_clipping_takes_the_larger_error"],
+        tests=["tests/algos/test_dppo.py::test_value_clipping_takes_the_larger_error"],
     ),
     dict(
         name="learning_rate_never_anneals",
@@ -40,7 +40,7 @@ MUTANTS = [
         old="frac = max(0.0, 1.0 - self.env_steps_trained / self.schedule)",
         new="frac = 1.0",
         tests=[
-            "tests/test_dppo.py::test_learner_step_takes_epochs_times_minibatches_and_anneals_the_step_size_to_zero"
+            "tests/algos/test_dppo.py::test_learner_step_takes_epochs_times_minibatches_and_anneals_the_step_size_to_zero"
         ],
     ),
     dict(
@@ -49,7 +49,7 @@ MUTANTS = [
         old="totals = self.dp.all_sum(np.concatenate([[rows], *moments]))",
         new="totals = np.concatenate([[rows], *moments])",
         tests=[
-            "tests/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"
+            "tests/cluster/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"
         ],
     ),
     dict(
@@ -57,7 +57,7 @@ MUTANTS = [
         path="aiorl/algos/lib/actor_critic.py",
         old="        m2 = var0 * n0 + batch_var * count + delta**2 * (n0 * count / n)\n",
         new="        m2 = var0 * n0 + batch_var * count\n",
-        tests=["tests/test_actor_critic.py::test_obs_normalizer_merged_batches_equal_the_statistics_of_all_rows"],
+        tests=["tests/algos/test_actor_critic.py::test_obs_normalizer_merged_batches_equal_the_statistics_of_all_rows"],
     ),
     # ------------------------------------------------------------------ the synchronous runtime
     dict(
@@ -66,7 +66,7 @@ MUTANTS = [
         old='                    {"have": self.policy.weights_version, "min_version": iteration + 1},\n',
         new='                    {"have": self.policy.weights_version, "min_version": iteration},\n',
         tests=[
-            "tests/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"
+            "tests/cluster/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"
         ],
     ),
     dict(
@@ -75,7 +75,7 @@ MUTANTS = [
         old="        self.aggregate.drop(self.producers.index(actor_index))\n",
         new="",
         tests=[
-            "tests/test_sync_rounds.py::test_a_round_completes_when_every_live_actor_delivered_and_a_dropped_one_owes_nothing"
+            "tests/runtime/test_sync_rounds.py::test_a_round_completes_when_every_live_actor_delivered_and_a_dropped_one_owes_nothing"
         ],
     ),
     dict(
@@ -84,8 +84,8 @@ MUTANTS = [
         old="share = batch if self.learners == 1 else {k: v[lo:hi] for k, v in batch.items()}",
         new="share = batch",
         tests=[
-            "tests/test_sync_rounds.py::test_each_learner_gets_an_even_share_and_the_round_goes_once_all_took_it",
-            "tests/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners",
+            "tests/runtime/test_sync_rounds.py::test_each_learner_gets_an_even_share_and_the_round_goes_once_all_took_it",
+            "tests/cluster/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners",
         ],
     ),
     dict(
@@ -94,7 +94,7 @@ MUTANTS = [
         old="            if producer in self.aggregate.received:\n",
         new="            if False:\n",
         tests=[
-            "tests/test_sync_rounds.py::test_work_items_complete_a_round_ignore_copies_and_an_incomplete_round_is_discarded"
+            "tests/runtime/test_sync_rounds.py::test_work_items_complete_a_round_ignore_copies_and_an_incomplete_round_is_discarded"
         ],
     ),
     dict(
@@ -102,7 +102,9 @@ MUTANTS = [
         path="aiorl/runtime/work.py",
         old="self.pending.extendleft(reversed(items))",
         new="self.pending.extend(items)",
-        tests=["tests/test_sync_rounds.py::test_work_queue_hands_out_each_item_once_and_a_lost_workers_items_go_first"],
+        tests=[
+            "tests/runtime/test_sync_rounds.py::test_work_queue_hands_out_each_item_once_and_a_lost_workers_items_go_first"
+        ],
     ),
     dict(
         name="a_hung_actor_is_never_dropped_by_the_memory",
@@ -110,7 +112,7 @@ MUTANTS = [
         old="                link.conn.abort()  # its reader ends and finishes the actor\n        if self.synchronous:\n",
         new="                pass\n        if False:\n",
         tests=[
-            "tests/test_sync_cluster.py::test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends"
+            "tests/cluster/test_sync_cluster.py::test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends"
         ],
     ),
     # ------------------------------------------------------------------ es
@@ -119,14 +121,14 @@ MUTANTS = [
         path="aiorl/algos/es.py",
         old="noise = np.random.default_rng(seed).standard_normal(size, dtype=np.float32)",
         new="noise = np.random.default_rng().standard_normal(size, dtype=np.float32)",
-        tests=["tests/test_es.py::test_noise_table_is_identical_in_every_process"],
+        tests=["tests/algos/test_es.py::test_noise_table_is_identical_in_every_process"],
     ),
     dict(
         name="ties_get_arbitrary_ranks",
         path="aiorl/algos/es.py",
         old="mean_rank = first + (counts - 1) / 2.0",
         new="mean_rank = first",
-        tests=["tests/test_es.py::test_centered_ranks_span_minus_half_to_half_and_ties_share_their_rank"],
+        tests=["tests/algos/test_es.py::test_centered_ranks_span_minus_half_to_half_and_ties_share_their_rank"],
     ),
     dict(
         name="es_descends_the_shaped_returns",
@@ -134,8 +136,8 @@ MUTANTS = [
         old="weights = ranks[:, 0] - ranks[:, 1]",
         new="weights = ranks[:, 1] - ranks[:, 0]",
         tests=[
-            "tests/test_es.py::test_es_gradient_is_the_rank_weighted_sum_of_the_pairs_noise",
-            "tests/test_es.py::test_learner_step_moves_theta_toward_the_better_perturbation",
+            "tests/algos/test_es.py::test_es_gradient_is_the_rank_weighted_sum_of_the_pairs_noise",
+            "tests/algos/test_es.py::test_learner_step_moves_theta_toward_the_better_perturbation",
         ],
     ),
     dict(
@@ -144,7 +146,7 @@ MUTANTS = [
         old="            items = self.work.release(record.name)\n",
         new="            items = []\n",
         tests=[
-            "tests/test_sync_cluster.py::test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_redone"
+            "tests/cluster/test_sync_cluster.py::test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_redone"
         ],
     ),
     # ------------------------------------------------------------------ gSDE (issue 18)
@@ -154,8 +156,8 @@ MUTANTS = [
         old="if self._noise is None or self._age >= self.sample_freq or len(self._noise) != len(x):",
         new="if True:",
         tests=[
-            "tests/test_actor_critic.py::test_sde_noise_is_a_linear_function_of_the_features_held_for_sample_freq_steps",
-            "tests/test_dppo.py::test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights",
+            "tests/algos/test_actor_critic.py::test_sde_noise_is_a_linear_function_of_the_features_held_for_sample_freq_steps",
+            "tests/algos/test_dppo.py::test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights",
         ],
     ),
     dict(
@@ -164,7 +166,7 @@ MUTANTS = [
         old="variance = x.detach().pow(2) @ torch.exp(2.0 * self.log_std)",
         new="variance = x.pow(2) @ torch.exp(2.0 * self.log_std)",
         tests=[
-            "tests/test_actor_critic.py::test_sde_noise_is_a_linear_function_of_the_features_held_for_sample_freq_steps"
+            "tests/algos/test_actor_critic.py::test_sde_noise_is_a_linear_function_of_the_features_held_for_sample_freq_steps"
         ],
     ),
     dict(
@@ -173,8 +175,8 @@ MUTANTS = [
         old="        logp = diag_normal_log_prob_np(noise * np.exp(-log_sigma), log_sigma)",
         new="        logp = diag_normal_log_prob_np(noise, np.zeros_like(log_sigma))",
         tests=[
-            "tests/test_actor_critic.py::test_sde_noise_is_a_linear_function_of_the_features_held_for_sample_freq_steps",
-            "tests/test_dppo.py::test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights",
+            "tests/algos/test_actor_critic.py::test_sde_noise_is_a_linear_function_of_the_features_held_for_sample_freq_steps",
+            "tests/algos/test_dppo.py::test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights",
         ],
     ),
     dict(
@@ -183,7 +185,7 @@ MUTANTS = [
         old="            self.net.head.reset_noise()  # a new rollout",
         new="            pass  # a new rollout",
         tests=[
-            "tests/test_dppo.py::test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights"
+            "tests/algos/test_dppo.py::test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights"
         ],
     ),
     dict(
@@ -192,7 +194,7 @@ MUTANTS = [
         old="            sde_sample_freq=m.sde_sample_freq if m.sde else None,\n",
         new="            sde_sample_freq=None,\n",
         tests=[
-            "tests/test_dppo.py::test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights"
+            "tests/algos/test_dppo.py::test_sde_actor_holds_its_noise_for_sample_freq_steps_and_redraws_it_for_new_weights"
         ],
     ),
 ]

@@ -2,7 +2,7 @@
 metrics.jsonl and TensorBoard at its policy's steps, eval/lag_s and eval/skipped, `aiorl plot`'s
 default figure; each was checked by hand: applied, its tests run and seen failing, reverted."""
 
-T = "tests/test_eval_curves.py::"
+T = "tests/cluster/test_eval_curves.py::"
 BETWEEN_HEARTBEATS = T + "test_two_evaluations_between_two_heartbeats_both_reach_metrics_jsonl_and_tensorboard"
 LAG = T + "test_lag_runs_from_due_to_the_result_and_the_grid_counts_skips"
 DEFAULT_PLOT = T + "test_the_default_plot_draws_training_and_evaluation_returns_each_evaluation_at_its_scored_step"
@@ -171,7 +171,7 @@ MUTANTS = [
         old='    if reply.get("kept"):',
         new="    if False:",
         tests=[
-            "tests/test_eval_during_training.py::test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it"
+            "tests/runtime/test_eval_during_training.py::test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it"
         ],
     ),
     # --- aiorl plot

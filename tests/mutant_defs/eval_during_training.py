@@ -1,7 +1,7 @@
 """Mutants of issue 18 (evaluation during training, the best policy kept, aiorl eval --best/--final);
 each was checked by hand: applied, its tests run and seen failing, reverted."""
 
-T = "tests/test_eval_during_training.py::"
+T = "tests/runtime/test_eval_during_training.py::"
 
 MUTANTS = [
     dict(

@@ -2,12 +2,12 @@
 gymnasium, where the env section needs none) back on the path of `load_config` and the `aiorl
 config` commands, or breaks the algorithm the runtime gets from a loaded config."""
 
-L = "tests/test_layers.py::"
+L = "tests/tooling/test_layers.py::"
 STATIC = L + "test_loading_a_config_brings_no_heavy_import"
 COMMANDS = L + "test_config_commands_import_neither_torch_nor_gymnasium"
 EXAMPLES = L + "test_loading_every_example_and_its_launcher_side_import_no_torch"
-BOUND = "tests/test_config_reference.py::test_a_loaded_config_binds_the_whole_algorithm_on_its_settings"
-WRAPPERS = "tests/test_atari.py::test_bad_wrappers_are_config_errors_naming_the_item"
+BOUND = "tests/tooling/test_config_reference.py::test_a_loaded_config_binds_the_whole_algorithm_on_its_settings"
+WRAPPERS = "tests/algos/test_atari.py::test_bad_wrappers_are_config_errors_naming_the_item"
 
 MUTANTS = [
     dict(

@@ -3,9 +3,11 @@
 Each was applied by hand, its tests run and seen to fail, then reverted.
 """
 
-SWEEP = "tests/test_cli_errors.py::test_a_users_mistake_is_one_line_and_exit_2"
-BY_HAND = "tests/test_by_hand.py::test_each_role_by_hand_writes_a_complete_run_directory_of_its_kind"
-SHARED = "tests/test_by_hand.py::test_roles_by_hand_share_one_run_dir_without_clobbering_and_refuse_another_config"
+SWEEP = "tests/tooling/test_cli_errors.py::test_a_users_mistake_is_one_line_and_exit_2"
+BY_HAND = "tests/cluster/test_by_hand.py::test_each_role_by_hand_writes_a_complete_run_directory_of_its_kind"
+SHARED = (
+    "tests/cluster/test_by_hand.py::test_roles_by_hand_share_one_run_dir_without_clobbering_and_refuse_another_config"
+)
 
 MUTANTS = [
     dict(
@@ -27,21 +29,23 @@ MUTANTS = [
         path="aiorl/experiment/loading.py",
         old="raw = copy.deepcopy(dict(data)) if data is not None",
         new="raw = dict(data) if data is not None",
-        tests=["tests/test_api.py::test_run_refuses_a_bad_config_before_anything_starts"],
+        tests=["tests/tooling/test_api.py::test_run_refuses_a_bad_config_before_anything_starts"],
     ),
     dict(
         name="cwd-not-on-sys-path",
         path="aiorl/envs/gym.py",
         old="        sys.path.append(cwd)\n",
         new="        pass\n",
-        tests=["tests/test_api.py::test_custom_env_from_the_current_directory_gets_its_kwargs"],
+        tests=["tests/tooling/test_api.py::test_custom_env_from_the_current_directory_gets_its_kwargs"],
     ),
     dict(
         name="env-class-not-made-directly",
         path="aiorl/envs/gym.py",
         old="    return gym.envs.registration.EnvSpec(id=name, entry_point=entry)",
         new="    return env_id",
-        tests=["tests/test_api.py::test_custom_env_from_the_current_directory_gets_its_kwargs[my_envs:Corridor]"],
+        tests=[
+            "tests/tooling/test_api.py::test_custom_env_from_the_current_directory_gets_its_kwargs[my_envs:Corridor]"
+        ],
     ),
     dict(
         name="role-port-0-not-checked",
@@ -83,20 +87,20 @@ MUTANTS = [
         path="aiorl/launch/local.py",
         old="in_main = threading.current_thread() is threading.main_thread()",
         new="in_main = True",
-        tests=["tests/test_api.py::test_run_from_a_thread_blocks_and_returns_the_summary"],
+        tests=["tests/tooling/test_api.py::test_run_from_a_thread_blocks_and_returns_the_summary"],
     ),
     dict(
         name="ctrl-c-traceback",
         path="aiorl/cli/main.py",
         old="    except KeyboardInterrupt:\n",
         new="    except SystemExit:\n",
-        tests=["tests/test_cli_errors.py::test_ctrl_c_during_start_up_prints_no_traceback"],
+        tests=["tests/tooling/test_cli_errors.py::test_ctrl_c_during_start_up_prints_no_traceback"],
     ),
     dict(
         name="readme-metric-name-drifts",  # the metrics paragraph moved from the README to the site (issue 27)
         path="docs/getting-started/plots.md",
         old="`learner/losses/td_loss`",
         new="`learner/td_loss`",
-        tests=["tests/test_readme.py::test_metric_names_the_readme_and_the_pages_give_are_real_keys"],
+        tests=["tests/tooling/test_readme.py::test_metric_names_the_readme_and_the_pages_give_are_real_keys"],
     ),
 ]

@@ -1,8 +1,8 @@
 """Mutants of the fork server (`aiorl.cli.forkserver`, the test suite's warm template for spawners):
 each breaks one thing a forked spawner must share with the launcher that asked for it, or the
-rule that it forks only for a client it can stand in for (tests/test_forkserver.py)."""
+rule that it forks only for a client it can stand in for (tests/runtime/test_forkserver.py)."""
 
-F = "tests/test_forkserver.py::"
+F = "tests/runtime/test_forkserver.py::"
 STATE = F + "test_a_launch_forks_its_spawner_from_the_server_with_the_launchers_state"
 REFUSED = F + "test_a_client_with_another_import_time_environment_is_refused_and_starts_its_own"
 SERVER = "aiorl/cli/forkserver.py"

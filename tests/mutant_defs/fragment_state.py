@@ -5,12 +5,12 @@ Each is a plausible bug in the code written for it; the tests named here must fa
 Run them with `.venv/bin/python tests/mutants.py --only fragment_state`.
 """
 
-QUEUE = "tests/test_trajectory_queue.py"
-REC = "tests/test_recurrent.py"
-MEMORY = (
-    "tests/test_impala_memory.py::test_a_recurrent_fragments_state_is_once_per_fragment_or_the_connection_is_closed"
+QUEUE = "tests/replay/test_trajectory_queue.py"
+REC = "tests/algos/test_recurrent.py"
+MEMORY = "tests/runtime/test_impala_memory.py::test_a_recurrent_fragments_state_is_once_per_fragment_or_the_connection_is_closed"
+LIMITS = (
+    "tests/algos/test_impala.py::test_a_fragment_message_a_batch_of_fragments_and_the_weights_fit_their_frame_limits"
 )
-LIMITS = "tests/test_impala.py::test_a_fragment_message_a_batch_of_fragments_and_the_weights_fit_their_frame_limits"
 
 MUTANTS = [
     dict(

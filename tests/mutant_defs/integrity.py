@@ -1,7 +1,7 @@
 """Mutants of the integrity rules (issue 29) written beside the coordinator and the policy loader:
-each breaks one rule the tests in tests/test_integrity.py pin."""
+each breaks one rule the tests in tests/runtime/test_integrity.py pin."""
 
-T = "tests/test_integrity.py::"
+T = "tests/runtime/test_integrity.py::"
 PLANTED = T + "test_a_run_started_beside_planted_code_never_runs_it"
 COUNTERS = T + "test_each_counter_only_from_its_owner_only_growing_by_a_plausible_amount"
 DOCTORED = T + "test_a_doctored_policy_runs_nothing_and_is_refused_in_one_line"

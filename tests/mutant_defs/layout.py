@@ -1,6 +1,6 @@
-"""Mutants of the layout guard (issue 24): each breaks one rule of tests/test_layers.py."""
+"""Mutants of the layout guard (issue 24): each breaks one rule of tests/tooling/test_layers.py."""
 
-LAYERS = "tests/test_layers.py"
+LAYERS = "tests/tooling/test_layers.py"
 
 MUTANTS = [
     dict(

@@ -1,9 +1,9 @@
 """Mutants of acting in numpy (issue 28): each makes the numpy forward compute something other
 than the torch module (a dropped bias, a wrong activation, an unscaled input, the dueling mean or
 the normalizer's clip left out), read stale weights, or an actor act off its own choices;
-tests/test_numpy_forward.py and tests/test_apex_dqn.py catch each."""
+tests/algos/test_numpy_forward.py and tests/algos/test_apex_dqn.py catch each."""
 
-T = "tests/test_numpy_forward.py::"
+T = "tests/algos/test_numpy_forward.py::"
 FWD = "aiorl/algos/lib/numpy_forward.py"
 LAYERS = "aiorl/algos/lib/layers.py"
 Q = T + "test_q_network_in_numpy_equals_torch"
@@ -118,6 +118,6 @@ MUTANTS = [
         path="aiorl/algos/apex_dqn.py",
         old="        return np.where(u[0] < self.epsilons, random, greedy).astype(np.int64)\n",
         new="        return np.where(u[0] > self.epsilons, random, greedy).astype(np.int64)\n",
-        tests=["tests/test_apex_dqn.py::test_actor_explores_with_its_epsilon"],
+        tests=["tests/algos/test_apex_dqn.py::test_actor_explores_with_its_epsilon"],
     ),
 ]

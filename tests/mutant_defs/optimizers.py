@@ -1,13 +1,13 @@
 """Mutants of aiorl's optimizers (`aiorl.algos.lib.optimizers`): each breaks a step, the state a
 checkpoint carries, or the rule that no learner imports torch._dynamo before it has trained."""
 
-O = "tests/test_optimizers.py::"
+O = "tests/algos/test_optimizers.py::"
 SAME = O + "test_each_step_equals_torch_optims_bit_for_bit"
 BOTH_WAYS = O + "test_state_dicts_load_both_ways_between_aiorl_and_torch_optim"
 FOREACH = O + "test_adam_without_the_fused_kernel_steps_as_torchs_multi_tensor_adam"
 REFUSED = O + "test_a_state_for_other_parameters_is_refused_naming_the_mismatch"
-IMPORTS = "tests/test_learner_imports.py::test_a_learner_trains_before_anything_imports_torch_dynamo"
-SPAWNER = "tests/test_spawner.py::test_the_spawner_forks_the_roles_without_importing_torch_dynamo"
+IMPORTS = "tests/runtime/test_learner_imports.py::test_a_learner_trains_before_anything_imports_torch_dynamo"
+SPAWNER = "tests/runtime/test_spawner.py::test_the_spawner_forks_the_roles_without_importing_torch_dynamo"
 PATH = "aiorl/algos/lib/optimizers.py"
 
 MUTANTS = [

@@ -5,7 +5,7 @@ throttle under the same credits.
 Run them with `.venv/bin/python tests/mutants.py --only pipeline_limiter`.
 """
 
-LIMIT = "tests/test_ratelimit.py"
+LIMIT = "tests/replay/test_ratelimit.py"
 BAND = f"{LIMIT}::test_the_band_holds_and_someone_can_always_move"
 MIDDLE = f"{LIMIT}::test_from_the_middle_of_the_band_neither_side_waits_for_its_whole_window"
 EAGER = f"{LIMIT}::test_an_eager_learner_is_held_by_the_ratio_and_never_starves_the_actors"
@@ -17,7 +17,7 @@ BOUNDS = f"{LIMIT}::test_each_bound_is_named"
 RESTORE = f"{LIMIT}::test_a_restored_shard_starts_in_the_middle_of_the_band"
 RUN = f"{LIMIT}::test_a_limited_run_keeps_the_ratio_and_the_slower_side_never_waits_on_round_trips"
 SLOW_RUN = f"{LIMIT}::test_a_slow_learner_holds_the_actors_back_by_credits_and_nothing_is_dropped"
-ROOM = "tests/test_trajectory_queue.py::test_queue_room_grants_credits_while_the_queue_has_room_for_them"
+ROOM = "tests/replay/test_trajectory_queue.py::test_queue_room_grants_credits_while_the_queue_has_room_for_them"
 
 MUTANTS = [
     # ------------------------------------------------------------------ the band

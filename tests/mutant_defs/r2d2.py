@@ -4,9 +4,9 @@ Each is a plausible bug in the code written for it; the tests named here must fa
 Run them with `.venv/bin/python tests/mutants.py --only r2d2`.
 """
 
-R2D2 = "tests/test_r2d2.py"
-SEQ = "tests/test_sequence.py"
-FRAMES = "tests/test_r2d2_frames.py"
+R2D2 = "tests/algos/test_r2d2.py"
+SEQ = "tests/kernels/test_sequence.py"
+FRAMES = "tests/cluster/test_r2d2_frames.py"
 SAME_SAMPLES = FRAMES + "::test_frame_layout_samples_exactly_the_sequences_the_naive_layout_samples"
 
 MUTANTS = [

@@ -1,6 +1,6 @@
 """Mutants of the Ray launcher (issue 14): each breaks one behaviour its tests pin."""
 
-T = "tests/test_ray_launcher.py::"
+T = "tests/cluster/test_ray_launcher.py::"
 SIGTERM = T + "test_sigterm_to_the_driver_stops_the_run_cleanly_and_leaves_nothing"
 
 MUTANTS = [

@@ -2,7 +2,7 @@
 reproducibility: each breaks one rule a test pins. The evaluation curve and evaluations on time
 are in eval_curves.py."""
 
-EVAL = "tests/test_eval.py::"
+EVAL = "tests/tooling/test_eval.py::"
 
 MUTANTS = [
     dict(
@@ -14,7 +14,7 @@ MUTANTS = [
     ),
 ]
 
-API = "tests/test_api.py::"
+API = "tests/tooling/test_api.py::"
 THREAD_RUN = API + "test_run_from_a_thread_blocks_and_returns_the_summary"
 CALLBACK_RAISES = API + "test_an_on_metrics_callback_that_raises_stops_the_run_cleanly_and_its_error_surfaces"
 
@@ -50,7 +50,7 @@ MUTANTS += [
     ),
 ]
 
-SUGGEST = "tests/test_suggest.py::"
+SUGGEST = "tests/tooling/test_suggest.py::"
 
 MUTANTS += [
     dict(
@@ -76,7 +76,7 @@ MUTANTS += [
     ),
 ]
 
-BUDGETS = "tests/test_budgets.py::"
+BUDGETS = "tests/runtime/test_budgets.py::"
 
 MUTANTS += [
     dict(
@@ -115,21 +115,23 @@ MUTANTS += [
         path="aiorl/io/rundir.py",
         old="        if not cfg.run.dir:\n            point_latest_at(run_dir.path)\n",
         new="",
-        tests=["tests/test_rundir.py::test_runs_latest_points_at_the_newest_run_launched_there"],
+        tests=["tests/rundirs/test_rundir.py::test_runs_latest_points_at_the_newest_run_launched_there"],
     ),
     dict(
         name="hint-says-aiorl-where-it-is-not-on-path",
         path="aiorl/core/console.py",
         old="    if found is not None and os.path.samefile(found, script):\n",
         new="    if True:\n",
-        tests=["tests/test_panel.py::test_the_suggested_command_runs_as_written_with_the_venv_activated_or_not"],
+        tests=[
+            "tests/cluster/test_panel.py::test_the_suggested_command_runs_as_written_with_the_venv_activated_or_not"
+        ],
     ),
     dict(
         name="eval-of-a-missing-path-says-not-a-run-directory",
         path="aiorl/evaluation/evaluate.py",
         old="    if not run_dir.exists():\n",
         new="    if False:\n",
-        tests=["tests/test_eval.py::test_errors_exit_2_with_a_reason"],
+        tests=["tests/tooling/test_eval.py::test_errors_exit_2_with_a_reason"],
     ),
 ]
 
@@ -140,12 +142,12 @@ MUTANTS += [
         old="    if evaluation:\n        lines.append(evaluation)\n",
         new="",
         tests=[
-            "tests/test_eval_during_training.py::test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best"
+            "tests/runtime/test_eval_during_training.py::test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best"
         ],
     ),
 ]
 
-REFERENCE = "tests/test_config_reference.py::"
+REFERENCE = "tests/tooling/test_config_reference.py::"
 
 MUTANTS += [
     dict(
@@ -164,7 +166,7 @@ MUTANTS += [
     ),
 ]
 
-REPRO = "tests/test_reproducibility.py::"
+REPRO = "tests/runtime/test_reproducibility.py::"
 
 MUTANTS += [
     dict(
@@ -189,11 +191,13 @@ MUTANTS += [
         path="aiorl/cli/plot.py",
         old="        hint = did_you_mean(metric, sorted(seen), prefer=DEFAULT_METRICS)",
         new="        hint = did_you_mean(metric, sorted(seen), prefer=DEFAULT_METRICS[:0]) if False else ''",
-        tests=["tests/test_plot.py::test_a_metric_named_in_words_suggests_the_evaluation_return_not_its_spread"],
+        tests=[
+            "tests/tooling/test_plot.py::test_a_metric_named_in_words_suggests_the_evaluation_return_not_its_spread"
+        ],
     ),
 ]
 
-PANEL = "tests/test_panel.py::"
+PANEL = "tests/cluster/test_panel.py::"
 
 MUTANTS += [
     dict(

@@ -4,13 +4,13 @@ Each is a plausible bug in the code written for it; the tests named here must fa
 Run them with `.venv/bin/python tests/mutants.py --only recurrent`.
 """
 
-REC = "tests/test_recurrent.py"
-MASK = "tests/test_mask_velocity.py"
-EXPORT = "tests/test_export.py::test_a_recurrent_export_takes_and_returns_the_state_in_plain_torch"
-CLUSTER = "tests/test_recurrent_cluster.py"
-LEARNS = "tests/test_recurrent_learning.py::test_a_ci_sized_recurrent_run_learns_past_what_no_memory_can[lstm]"
+REC = "tests/algos/test_recurrent.py"
+MASK = "tests/algos/test_mask_velocity.py"
+EXPORT = "tests/algos/test_export.py::test_a_recurrent_export_takes_and_returns_the_state_in_plain_torch"
+CLUSTER = "tests/cluster/test_recurrent_cluster.py"
+LEARNS = "tests/learning/test_recurrent_learning.py::test_a_ci_sized_recurrent_run_learns_past_what_no_memory_can[lstm]"
 
-FUSED = "tests/test_recurrent.py::test_a_cores_fused_sequence_is_the_cell_stepped_outputs_state_and_gradients"
+FUSED = "tests/algos/test_recurrent.py::test_a_cores_fused_sequence_is_the_cell_stepped_outputs_state_and_gradients"
 
 MUTANTS = [
     # ------------------------------------------------------------------ the reset mask
@@ -170,7 +170,7 @@ MUTANTS = [
         path="aiorl/algos/r2d2.py",
         old="        return self.core.sequence(x, state)\n",
         new="        return torch.stack([self.core(x[:, t], torch.zeros_like(state))[0] for t in range(T)], dim=1), state\n",
-        tests=["tests/test_recurrent_learning.py::test_a_ci_sized_r2d2_run_learns_past_what_no_memory_can"],
+        tests=["tests/learning/test_recurrent_learning.py::test_a_ci_sized_r2d2_run_learns_past_what_no_memory_can"],
     ),
     dict(
         name="actors_act_without_memory",

@@ -1,9 +1,9 @@
 """Mutants of a role's worker threads (issue 30: the CPU a run spends): an actor's threads left on
 MKL's default thread count instead of the process's, or a learner's held to it;
-tests/test_role_threads.py catches each."""
+tests/runtime/test_role_threads.py catches each."""
 
-TEST = "tests/test_role_threads.py::test_an_actors_worker_threads_keep_the_processs_torch_thread_count"
-LEARNER = "tests/test_role_threads.py::test_a_learners_worker_threads_keep_mkls_own_thread_count"
+TEST = "tests/runtime/test_role_threads.py::test_an_actors_worker_threads_keep_the_processs_torch_thread_count"
+LEARNER = "tests/runtime/test_role_threads.py::test_a_learners_worker_threads_keep_mkls_own_thread_count"
 
 MUTANTS = [
     dict(

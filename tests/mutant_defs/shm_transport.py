@@ -2,7 +2,7 @@
 one check or step of the ring transport (aiorl/wire/shm.py), its hand-over, or its use by a
 local run, and a test over real rings must catch it."""
 
-W = "tests/test_wire_shm.py::"
+W = "tests/wire/test_wire_shm.py::"
 TORN = W + "test_two_processes_stream_over_a_small_ring_without_a_torn_counter"
 FRAMES = W + "test_frames_of_every_size_arrive_whole_in_order_and_replies_come_back"
 FILLS = W + "test_a_ring_that_fills_holds_the_writer_back_and_loses_nothing"
@@ -14,17 +14,17 @@ SOCKET_BYTE = W + "test_a_byte_on_a_ring_connections_socket_ends_that_connection
 OTHER_UID = W + "test_a_ring_peer_of_another_uid_gets_no_ring"
 CONFIG = W + "test_a_bad_transport_is_a_one_line_config_error"
 SAME_REASON = W + "test_bad_frames_close_the_connection_for_the_same_reason_as_over_tcp"
-S = "tests/test_sockets.py::"
+S = "tests/wire/test_sockets.py::"
 LOCAL_RUN = S + "test_a_local_runs_roles_and_restarts_connect_over_unix_sockets_and_status_answers_there"
 LAUNCHER_ENV = S + "test_only_the_local_launcher_turns_unix_sockets_on_and_cluster_unix_sockets_turns_them_off"
 MEMORY_HOSTILE = (
-    "tests/test_memory_hostile.py::test_a_bad_credit_closes_that_connection_and_the_memory_host_keeps_serving"
+    "tests/runtime/test_memory_hostile.py::test_a_bad_credit_closes_that_connection_and_the_memory_host_keeps_serving"
 )
 
 WAKE_IDLE = W + "test_a_writer_wakes_its_reader_only_while_the_reader_is_idle"
 RACED = W + "test_a_write_racing_the_readers_waiting_flag_is_read_without_a_wake_up"
 HALF_FREE = W + "test_a_blocked_writer_is_woken_once_half_the_ring_is_free_not_per_read"
-C = "tests/test_wire_codec.py::"
+C = "tests/wire/test_wire_codec.py::"
 VIEWS = C + "test_received_arrays_are_views_of_the_payload_and_never_reach_past_it"
 LAYOUTS = C + "test_layout_cache_follows_shape_dtype_and_contiguity_changes"
 
@@ -274,13 +274,17 @@ MUTANTS = [
         path="aiorl/config/checks.py",
         old="    return (platform.machine() if machine is None else machine).lower() in RING_MACHINES\n",
         new="    return True\n",
-        tests=["tests/test_wire_shm.py::test_rings_only_on_x86_64_shm_refused_elsewhere_and_auto_keeps_to_sockets"],
+        tests=[
+            "tests/wire/test_wire_shm.py::test_rings_only_on_x86_64_shm_refused_elsewhere_and_auto_keeps_to_sockets"
+        ],
     ),
     dict(
         name="the-launcher-turns-rings-on-where-they-are-not-supported",
         path="aiorl/launch/local.py",
         old='            if self.cfg.cluster.transport != "tcp" and rings_supported():\n',
         new='            if self.cfg.cluster.transport != "tcp":\n',
-        tests=["tests/test_wire_shm.py::test_rings_only_on_x86_64_shm_refused_elsewhere_and_auto_keeps_to_sockets"],
+        tests=[
+            "tests/wire/test_wire_shm.py::test_rings_only_on_x86_64_shm_refused_elsewhere_and_auto_keeps_to_sockets"
+        ],
     ),
 ]

@@ -1,7 +1,7 @@
 """Mutants of "idle sockets lock nobody out" (issue 29, point 4): each breaks one piece that a
-test in tests/test_sockets.py pins over real sockets."""
+test in tests/wire/test_sockets.py pins over real sockets."""
 
-T = "tests/test_sockets.py::"
+T = "tests/wire/test_sockets.py::"
 SILENT_CLOSED = T + "test_a_silent_connection_is_closed_after_first_bytes_timeout_not_the_handshake_deadline"
 SILENT_FLOOD = T + "test_silent_sockets_held_and_reopened_cannot_hold_the_per_host_slots"
 STALLED = T + "test_a_stalled_handshake_keeps_its_slot_while_young_and_gives_it_up_when_slow"

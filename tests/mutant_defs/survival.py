@@ -1,16 +1,18 @@
 """Mutants of "survival that holds" (issue 25): restarts in every phase and every algorithm, on by
 default; a synchronous actor that joins the next iteration; a run that restarts itself. Each breaks
 one rule a test pins, in process (barrier, rounds) or over real role processes
-(tests/test_survival.py). The checkpoint rules of the same issue are in checkpoints_kept.py."""
+(tests/cluster/test_survival.py). The checkpoint rules of the same issue are in checkpoints_kept.py."""
 
-S = "tests/test_survival.py::"
+S = "tests/cluster/test_survival.py::"
 CHAOS_DPPO = S + "test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_finishes[dppo]"
 CHAOS_APEX = S + "test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_finishes[apex_dqn]"
 LONE = S + "test_a_lone_synchronous_actor_killed_mid_run_comes_back_and_the_learner_steps_past_its_round"
 RUN_RESTART = S + "test_a_lost_learner_0_or_memory_0_restarts_the_whole_run_from_its_checkpoint"
 BUDGET = S + "test_a_run_whose_restart_budget_is_spent_fails_naming_every_cause"
-ROUNDS = "tests/test_sync_rounds.py::"
-JOIN_LATER = "tests/test_barrier.py::test_a_participant_joining_at_a_later_generation_is_not_waited_for_before_it"
+ROUNDS = "tests/runtime/test_sync_rounds.py::"
+JOIN_LATER = (
+    "tests/runtime/test_barrier.py::test_a_participant_joining_at_a_later_generation_is_not_waited_for_before_it"
+)
 
 MUTANTS = [
     dict(
@@ -98,7 +100,7 @@ MUTANTS = [
         old='        loop.add_signal_handler(sig, coordinator.interrupt, signal.Signals(sig).name, "memory-0")\n',
         new="        pass\n",
         tests=[
-            "tests/test_coordinator.py::test_a_signal_while_memory_0_still_starts_stops_the_run_through_its_coordinator"
+            "tests/runtime/test_coordinator.py::test_a_signal_while_memory_0_still_starts_stops_the_run_through_its_coordinator"
         ],
     ),
     dict(
@@ -106,14 +108,14 @@ MUTANTS = [
         path="aiorl/runtime/actor.py",
         old="        if bad.any():\n            bad = np.count_nonzero(bad)\n",
         new="        if False:\n            bad = np.count_nonzero(bad)\n",
-        tests=["tests/test_apex_learning.py::test_an_actor_whose_weights_overflow_ends_the_run"],
+        tests=["tests/learning/test_apex_learning.py::test_an_actor_whose_weights_overflow_ends_the_run"],
     ),
     dict(
         name="diverged-weights-restart-the-actor",
         path="aiorl/runtime/role.py",
         old="class DivergedWeights(FatalToRun):",
         new="class DivergedWeights(RuntimeError):",
-        tests=["tests/test_apex_learning.py::test_an_actor_whose_weights_overflow_ends_the_run"],
+        tests=["tests/learning/test_apex_learning.py::test_an_actor_whose_weights_overflow_ends_the_run"],
     ),
     dict(
         name="a-held-role-is-not-held",

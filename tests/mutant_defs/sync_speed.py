@@ -13,14 +13,14 @@ MUTANTS = [
         path="aiorl/evaluation/episodes.py",
         old="obs = [np.asarray(env.reset(seed=seed + k)[0]) for k, env in enumerate(envs)]",
         new="obs = [np.asarray(env.reset(seed=seed)[0]) for k, env in enumerate(envs)]",
-        tests=["tests/test_episodes_together.py"],
+        tests=["tests/tooling/test_episodes_together.py"],
     ),
     dict(
         name="together_keeps_acting_on_the_first_observation",
         path="aiorl/evaluation/episodes.py",
         old="                obs[k] = np.asarray(o)\n",
         new="",
-        tests=["tests/test_episodes_together.py"],
+        tests=["tests/tooling/test_episodes_together.py"],
     ),
     # ------------------------------------------------------------------ the synchronous learner
     dict(
@@ -29,7 +29,7 @@ MUTANTS = [
         old="                await self._publish_weights()\n            await self._maybe_checkpoint()\n",
         new="                await self._publish_weights()\n",
         tests=[
-            "tests/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"
+            "tests/cluster/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"
         ],
     ),
 ]

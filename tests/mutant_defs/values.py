@@ -1,7 +1,7 @@
 """Mutants of the value checks (issue 29, point 3) at the memory host, in V-trace and in the
-learner: each lets through one value the tests in tests/test_values.py pin."""
+learner: each lets through one value the tests in tests/runtime/test_values.py pin."""
 
-V = "tests/test_values.py::"
+V = "tests/runtime/test_values.py::"
 ACTIONS = V + "test_actions_outside_the_discrete_space_are_dropped_counted_and_the_connection_stays"
 FLOATS = V + "test_non_finite_floats_are_dropped_and_counted"
 FRAMES = V + "test_frame_layout_rows_are_dropped_and_their_frames_kept_for_later_messages"
@@ -12,7 +12,7 @@ VTRACE = V + "test_vtrace_lets_a_nan_importance_ratio_through"
 POISONED = V + "test_a_learner_drops_a_batch_holding_non_finite_values_and_goes_on"
 DIVERGED = V + "test_a_non_finite_loss_on_finite_data_still_fails_the_learner"
 PEER = V + "test_a_learner_drops_the_step_its_data_parallel_peer_could_not_take"
-PEER_CORE = "tests/test_apex_data_parallel.py::test_nan_loss_stops_every_learner"
+PEER_CORE = "tests/algos/test_apex_data_parallel.py::test_nan_loss_stops_every_learner"
 
 MUTANTS = [
     dict(

@@ -1,8 +1,8 @@
 """Mutants of the warm spawner (issue 30): each breaks one thing that makes a forked role behave
 like a process started on its own, or one rule of who may ask the spawner for what; a test in
-tests/test_spawner.py (or test_coordinator.py, for a stop during start-up) catches each."""
+tests/runtime/test_spawner.py (or test_coordinator.py, for a stop during start-up) catches each."""
 
-T = "tests/test_spawner.py::"
+T = "tests/runtime/test_spawner.py::"
 SESSIONS = T + "test_every_role_is_a_child_of_one_spawner_in_a_session_of_its_own"
 LAUNCHER_KILLED = T + "test_killing_the_launcher_outright_leaves_no_process"
 SPAWNER_KILLED = T + "test_a_spawner_killed_outright_takes_every_role_with_it"
@@ -19,7 +19,7 @@ LEARNER_IMPORTS = T + "test_the_spawner_imports_what_the_algorithms_learner_core
 ENTRY = T + "test_the_command_starts_a_spawner_first_only_for_a_local_run"
 CHILD_GC = T + "test_a_forked_child_collects_over_the_frozen_heap_the_spawner_shares"
 STOP_IN_START = (
-    "tests/test_coordinator.py::test_a_stop_during_start_up_ends_the_run_without_waiting_for_the_start_timeout"
+    "tests/runtime/test_coordinator.py::test_a_stop_during_start_up_ends_the_run_without_waiting_for_the_start_timeout"
 )
 
 MUTANTS = [
@@ -154,7 +154,7 @@ MUTANTS = [
         path="aiorl/launch/spawner.py",
         old="        shared = self._fork_prefork(config) if self.prefork is not None else None\n",
         new="        shared = None\n",
-        tests=["tests/test_spawner.py::test_es_roles_share_the_noise_table_the_spawner_drew_before_forking"],
+        tests=["tests/runtime/test_spawner.py::test_es_roles_share_the_noise_table_the_spawner_drew_before_forking"],
     ),
     dict(
         name="es-roles-draw-their-own-noise-table-though-the-spawner-drew-it",
@@ -162,8 +162,8 @@ MUTANTS = [
         old="        preforked = _PREFORKED.get(noise_key(seed, size))\n",
         new="        preforked = None\n",
         tests=[
-            "tests/test_es.py::test_a_table_drawn_before_the_fork_is_the_one_each_role_reads",
-            "tests/test_spawner.py::test_es_roles_share_the_noise_table_the_spawner_drew_before_forking",
+            "tests/algos/test_es.py::test_a_table_drawn_before_the_fork_is_the_one_each_role_reads",
+            "tests/runtime/test_spawner.py::test_es_roles_share_the_noise_table_the_spawner_drew_before_forking",
         ],
     ),
     dict(
@@ -171,7 +171,7 @@ MUTANTS = [
         path="aiorl/launch/spawner.py",
         old='        if entry["offset"] + count * dtype.itemsize > size:\n',
         new="        if False:\n",
-        tests=["tests/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
+        tests=["tests/runtime/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
     ),
     dict(
         name="a-deterministic-runs-spawner-leaves-torchs-deterministic-imports-to-the-roles",
@@ -192,13 +192,13 @@ MUTANTS = [
         path="aiorl/launch/spawner.py",
         old="            array.flags.writeable = False\n",
         new="            pass\n",
-        tests=["tests/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
+        tests=["tests/runtime/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
     ),
     dict(
         name="prefork-arrays-written-at-one-offset",
         path="aiorl/launch/spawner.py",
         old="        end += -(-array.nbytes // PREFORK_ALIGN) * PREFORK_ALIGN\n",
         new="        end = max(end, -(-array.nbytes // PREFORK_ALIGN) * PREFORK_ALIGN)\n",
-        tests=["tests/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
+        tests=["tests/runtime/test_spawner.py::test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared"],
     ),
 ]

@@ -16,7 +16,7 @@ kernels torch.optim runs on the learners' devices, and nothing else:
 Both read and write torch.optim's ``state_dict`` format (the same param_groups keys and per
 parameter state), so checkpoints written before this module load, and theirs load into torch.optim.
 What they leave out (weight decay, AMSGrad, maximize, centered RMSprop, several param groups) no
-aiorl learner uses; `tests/test_optimizers.py` holds them to torch.optim's results bit for bit.
+aiorl learner uses; `tests/algos/test_optimizers.py` holds them to torch.optim's results bit for bit.
 """
 
 from __future__ import annotations
