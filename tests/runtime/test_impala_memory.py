@@ -48,7 +48,7 @@ async def actor_attached(m: Memory0):
 async def test_throttle_grants_credits_as_the_queue_has_room_and_refuses_a_message_without_one(tmp_path, caplog):
     async with Memory0(tmp_path, IMPALA) as m:
         conn = await actor_attached(m)
-        hub = m.memory.fragments
+        hub = m.memory.store.hub
         for seq in range(CAPACITY + 1):  # the last one: the queue is full and no credit is out
             await conn.send("fragment", {"seq": seq, "weights_version": 0}, fragment(seq))
         async with asyncio.timeout(HANG_S):
@@ -63,7 +63,7 @@ async def test_throttle_grants_credits_as_the_queue_has_room_and_refuses_a_messa
 async def test_drop_oldest_grants_credits_and_drops_the_oldest_fragments(tmp_path):
     async with Memory0(tmp_path, [*IMPALA, "model.queue_full=drop_oldest"]) as m:
         conn = await actor_attached(m)
-        hub = m.memory.fragments
+        hub = m.memory.store.hub
         credits = 0
         for seq in range(CAPACITY + 3):
             while credits == 0:  # an actor sends only against a credit
@@ -96,7 +96,7 @@ async def test_a_recurrent_fragments_state_is_once_per_fragment_or_the_connectio
         ((size,), _) = m.memory.algorithm().per_fragment_spec()["state"]
         state = np.arange(size, dtype=np.float32)[None] + 1
         conn = await actor_attached(m)
-        hub = m.memory.fragments
+        hub = m.memory.store.hub
         await conn.send("fragment", {"seq": 0, "weights_version": 0}, {**fragment(0), "state": state})
         nan = state.copy()
         nan[0, 1] = np.nan

@@ -1,5 +1,6 @@
 """The memory host's own bookkeeping, in process (no sockets): priority updates
-for slots overwritten since sampling are counted stale and never applied."""
+for slots overwritten since sampling are counted stale and never applied by
+its replay store."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 from aiorl.experiment.loading import load_config
 from aiorl.replay import PrioritizedReplayBuffer
 from aiorl.runtime.memory import LearnerLink, MemoryRole
+from aiorl.runtime.memory.replay_store import ReplayStore
 from aiorl.wire import Message
 
 SPEC = {
@@ -35,7 +37,8 @@ def rows(n: int, start: int = 0) -> dict[str, np.ndarray]:
 def test_priorities_for_overwritten_slots_are_stale_and_not_applied(tmp_path):
     cfg = load_config(data={"algo": "random_agent", "agent": {"buffer_size": 4, "batch_size": 4, "learning_starts": 4}})
     memory = MemoryRole(cfg, 0, tmp_path, b"t" * 32)
-    memory.replay = replay = PrioritizedReplayBuffer(4, SPEC, alpha=1.0, eps=1e-6, seed=0)
+    replay = PrioritizedReplayBuffer(4, SPEC, alpha=1.0, eps=1e-6, seed=0)
+    store = ReplayStore(memory.store_parts(), replay, None, capacity=4, threshold=4, batch_size=4, prioritized=True)
     replay.add(rows(4), priorities=[1.0, 2.0, 3.0, 4.0])
     sampled = replay.sample(8, beta=0.4)
     replay.add(rows(2, start=100), priorities=[0.5, 0.5])  # slots 0 and 1 now hold other rows
@@ -44,7 +47,7 @@ def test_priorities_for_overwritten_slots_are_stale_and_not_applied(tmp_path):
     before = replay.tree.get(np.arange(4))
 
     link = LearnerLink("learner-0")
-    memory._apply_priorities(
+    store.on_priorities(
         link,
         Message(
             "priorities",

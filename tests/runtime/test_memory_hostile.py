@@ -174,7 +174,7 @@ async def test_huge_priorities_are_clipped_so_new_rows_stay_sampleable(memory0):
     await actor.send("batch", {"actor": 0, "seq": 0}, {**batch(4), "priorities": np.array([1e300, 1, 1, 1.0])})
     await m.until(lambda: m.memory.inserted == 4, "the batch")
     alpha = m.cfg.agent.prioritized_replay_alpha
-    assert m.memory.replay.max_priority <= (MAX_PRIORITY + 1e-6) ** alpha * (1 + 1e-12)
+    assert m.memory.store.replay.max_priority <= (MAX_PRIORITY + 1e-6) ** alpha * (1 + 1e-12)
 
 
 async def test_a_dead_sampler_fails_the_memory_host_and_the_run_through_the_phases(memory0, caplog):
@@ -189,13 +189,13 @@ async def test_a_dead_sampler_fails_the_memory_host_and_the_run_through_the_phas
         def __len__(self):
             return len(self.replay)
 
-        def add(self, arrays):
-            return self.replay.add(arrays)
+        def add(self, arrays, priorities=None):
+            return self.replay.add(arrays, priorities)
 
         def sample(self, batch_size, beta=None):
             raise RuntimeError("replay broke")
 
-    m.memory.replay = Broken(m.memory.replay)
+    m.memory.store.replay = Broken(m.memory.store.replay)
     actor = await m.attach("actor-0", m.actor_session)
     learner = await m.attach("learner-0", m.learner_session)
     await actor.send("batch", {"actor": 0, "seq": 0}, {**batch(16), "priorities": np.ones(16)})

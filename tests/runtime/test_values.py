@@ -86,8 +86,10 @@ async def test_actions_outside_the_discrete_space_are_dropped_counted_and_the_co
     assert link.rows_rejected == 3 and m.memory.rows_rejected == 3 and link.batches == 2
     assert m.memory.metrics()["rows_rejected"] == 3 and m.memory._actor_stats()["actor-0"]["rows_rejected"] == 3
     assert not actor.closed and m.memory.bad_messages == 0 and not m.memory._fatal.done()
-    assert len(m.memory.replay) == 5
-    sampled = m.memory.replay.sample(64, 0.4) if m.cfg.agent.prioritized_replay else m.memory.replay.sample(64)
+    assert len(m.memory.store.replay) == 5
+    sampled = (
+        m.memory.store.replay.sample(64, 0.4) if m.cfg.agent.prioritized_replay else m.memory.store.replay.sample(64)
+    )
     assert set(np.unique(sampled["action"])) <= {0, 1}
     assert lines(caplog, f"actor-0: dropped 3 of 6 rows {DROPPED} (in action)")
 
@@ -107,7 +109,7 @@ async def test_non_finite_floats_are_dropped_and_counted(cluster, field, bad):
     await actor.send("batch", {"actor": 0, "seq": 0}, {**rows, "priorities": np.ones(5)})
     await m.until(lambda: m.memory.inserted == 2, "the two finite rows")
     assert m.memory.rows_rejected == 3 and not actor.closed
-    stored = m.memory.replay.sample(32, 0.4)
+    stored = m.memory.store.replay.sample(32, 0.4)
     assert all(np.isfinite(v).all() for v in stored.values() if v.dtype.kind == "f")
 
 
@@ -140,7 +142,7 @@ async def test_frame_layout_rows_are_dropped_and_their_frames_kept_for_later_mes
     await actor.send("batch", {"seq": 1, "keep_from": 0}, {**second, "frames": frames[4:], "frame_ids": np.array([4])})
     await m.until(lambda: m.memory.inserted == 2, "rows 0 and the second message's")
     assert m.memory.rows_rejected == 1 and not actor.closed and m.memory.bad_messages == 0
-    sampled = m.memory.replay.sample(16, 0.4)
+    sampled = m.memory.store.replay.sample(16, 0.4)
     assert set(np.unique(sampled["action"])) <= {0, 1}
     stacks = {tuple(map(tuple, s)) for s in sampled["next_obs"]}
     assert stacks <= {tuple(map(tuple, frames[[1, 2]])), tuple(map(tuple, frames[[3, 4]]))}
@@ -162,8 +164,8 @@ async def test_es_noise_indices_off_the_table_and_non_finite_returns_are_dropped
         rows["returns"][:] = [1.0, 2.0] if item != 4 else [np.nan, 2.0]
         await actor.send("rollout", {"actor": 0, "iteration": 0, "item": item, "weights_version": 0}, rows)
     # Every item counts as delivered (its round does not wait for it); only item 3's row is kept.
-    await m.until(lambda: 0 in m.memory.rounds.completed, "round 0")
-    batch, _ = m.memory.rounds.completed[0]
+    await m.until(lambda: 0 in m.memory.store.rounds.completed, "round 0")
+    batch, _ = m.memory.store.rounds.completed[0]
     assert batch["noise_index"].tolist() == [last]
     assert m.memory.rows_rejected == 4 and not actor.closed and not m.memory._fatal.done()
     # The learner takes the round as it is: a whole perturbation, a finite update.
@@ -205,11 +207,11 @@ async def test_fragments_with_bad_values_or_an_unpublished_version_are_dropped(c
         await m.until(lambda: link.credits > 0, "a credit")  # the memory host's, as a real actor waits
         await actor.send("fragment", {"seq": seq, "weights_version": version}, arrays)
         await m.until(lambda: link.batches == seq + 1, f"fragment message {seq}")
-    queue = m.memory.fragments.queue
+    queue = m.memory.store.hub.queue
     assert len(queue) == 3 and queue.versions().tolist() == [0, 0, 0]
     assert m.memory.rows_rejected == link.rows_rejected == 7 * T
     assert link.transitions == 3 * T and not actor.closed and m.memory.bad_messages == 0
-    batch, _ = m.memory.fragments.take()
+    batch, _ = m.memory.store.hub.take()
     assert np.isfinite(batch["behaviour_logits"]).all() and set(np.unique(batch["action"])) <= {0, 1}
     assert lines(caplog, f"actor-0: dropped {2 * T} of {2 * T} rows acted with weights version 1, not yet published")
     assert lines(caplog, f"actor-0: dropped {T} of {2 * T} rows {DROPPED} (in behaviour_logits)")
@@ -227,7 +229,7 @@ async def test_a_memory_host_that_has_not_heard_of_a_version_asks_before_it_drop
         m.actor, m.actor_session = await m.register("actor-0")
         m.learner, _ = await m.register("learner-0")
         await m.running()
-        await m.until(lambda: memory1.fragments is not None and memory1.server is not None, "memory 1 serving")
+        await m.until(lambda: memory1.store is not None and memory1.server is not None, "memory 1 serving")
         assert await m.publish(m.learner) == 0 and memory1.weights_version_seen == -1
         conn = await m.connect(m.coordinator.roles["memory-1"].address, "actor-0")
         await conn.request("attach", {"session": m.actor_session}, timeout_s=HANG_S)
@@ -236,7 +238,7 @@ async def test_a_memory_host_that_has_not_heard_of_a_version_asks_before_it_drop
         await m.until(lambda: memory1.actor_links[0].batches == 1, "the fragment message")
         await conn.send("fragment", {"seq": 1, "weights_version": 1}, fragments_of(m))
         await m.until(lambda: memory1.actor_links[0].batches == 2, "the second fragment message")
-        assert len(memory1.fragments.queue) == 2 and memory1.weights_version_seen == 0
+        assert len(memory1.store.hub.queue) == 2 and memory1.weights_version_seen == 0
         assert memory1.rows_rejected == 2 * m.cfg.agent.sample_batch_size  # version 1 was never published
         await memory1.cleanup()
 

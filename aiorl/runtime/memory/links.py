@@ -1,5 +1,5 @@
 """What the memory host keeps per connection (`ActorLink`, `LearnerLink`) and
-`Pulse`, the wake-up its ingest and feed sides share."""
+`Pulse`, the wake-up its store's actor and learner sides share."""
 
 from __future__ import annotations
 
@@ -51,14 +51,22 @@ class ActorLink:
     transitions: int = 0
     next_seq: int = 0
     seq_errors: int = 0
-    rows_rejected: int = 0  # rows a learner must not get (see aiorl.runtime.memory.ingest)
+    rows_rejected: int = 0  # rows a learner must not get (see aiorl.runtime.memory.tally)
     done_meta: dict | None = None  # the actor's own account, from its actor_done
     closed: bool = False
-    frames: object = None  # frame layout: the FrameStream of this connection
+    frames: object = None  # frame layout: the FrameStream of this connection (its store opened it)
     credits: int = 0  # granted and not yet used (rate limiting only)
     granted: int = 0  # credits ever granted: ties go to the actor given the fewest
     unsent_credits: int = 0  # granted, not yet told to the actor
     credit_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    index: int = -1  # the actor's index (actor-<index>)
+
+    def close(self) -> None:
+        """The connection ended: its frame stream, if any, is released."""
+        self.closed = True
+        if self.frames is not None:
+            self.frames.release()
+            self.frames = None
 
     def stats(self) -> dict:
         return {

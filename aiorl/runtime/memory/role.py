@@ -1,9 +1,9 @@
-"""The memory host role: one shard of replay (or of the trajectory queue, or
-the rounds of a synchronous algorithm) that actors fill (`ActorIngest`,
-`aiorl.runtime.memory.ingest`) and learners draw from on demand
-(`LearnerFeed`, `aiorl.runtime.memory.feed`), both under one `FlowControl`
-(`aiorl.runtime.memory.flow`). This module holds the role itself: its store,
-its server and who may attach to it, its phases, metrics and summary.
+"""The memory host role: one store (`aiorl.runtime.memory.store`: replay,
+the trajectory queue, or the rounds of a synchronous algorithm) that actors
+fill and learners draw from on demand, both under one `FlowControl`
+(`aiorl.runtime.memory.flow`). This module holds the role itself: its
+server and who may attach to it, each connection handed to the store, its
+phases, metrics and summary, and its snapshots' schedule.
 
 Only roles the coordinator registered for this run attach, once per live
 registration: a peer's first message is ``attach`` with the session id its
@@ -21,77 +21,56 @@ import asyncio
 import collections
 import hmac
 import logging
-import math
 import signal
 
 from aiorl.core.ratelog import RateLimitedLog
-from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
-from aiorl.replay.frames import FrameReplayBuffer, frame_layout
-from aiorl.runtime import frame_limits, local_sockets
+from aiorl.runtime import frame_limits
 from aiorl.runtime.first_request import first_request
-from aiorl.runtime.fragments import FragmentHub
-from aiorl.runtime.memory.feed import LearnerFeed
+from aiorl.runtime.memory.build import build_store, store_class
 from aiorl.runtime.memory.flow import FlowControl
-from aiorl.runtime.memory.ingest import ActorIngest
 from aiorl.runtime.memory.links import ActorLink, LearnerLink, Pulse
-from aiorl.runtime.messages import BadMessage, RowSpec, check
+from aiorl.runtime.memory.reading import MessageReader
+from aiorl.runtime.memory.store import Store, StoreParts
+from aiorl.runtime.memory.tally import Tally
+from aiorl.runtime.messages import MAX_COUNT, BadMessage
 from aiorl.runtime.phase import Phase, parse_role_name
-from aiorl.runtime.ratelimit import SampleToInsertRatio
 from aiorl.runtime.resources import listen_backlog
 from aiorl.runtime.role import Role
-from aiorl.runtime.rounds import Rounds
 from aiorl.runtime.snapshot import ReplaySnapshots, snapshot_path
-from aiorl.wire import Connection, ConnectionClosed, Server, serve, shm
+from aiorl.wire import Connection, ConnectionClosed, Server, serve
 
 
-class MemoryRole(ActorIngest, LearnerFeed, Role):
+class MemoryRole(Role):
     kind = "memory"
 
     def __init__(self, *args, coordinator=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.local_coordinator = coordinator  # memory 0 hosts it
-        a, c = self.cfg.agent, self.cfg.cluster
-        self.synchronous = self.cfg.algorithm.is_synchronous(self.cfg)
-        self.capacity = a.buffer_size // c.memories
-        self.threshold = max(1, math.ceil(a.learning_starts / c.memories))
+        c = self.cfg.cluster
         self.server: Server | None = None
-        self.replay = None
+        self.store: Store | None = None  # built in `_run`, from what the algorithm declares
         self.actor_links: list[ActorLink] = []
         self.learners: dict[str, LearnerLink] = {}
-        limiter: SampleToInsertRatio | None = None
-        if a.samples_per_insert is not None and not self.synchronous:
-            limiter = SampleToInsertRatio(
-                a.samples_per_insert,
-                self.threshold,
-                a.batch_size,
-                a.sample_batch_size * self.cfg.env.num_envs,
-                a.samples_per_insert_tolerance,
-                actors=c.actors,  # every actor spreads its batches over every memory
-                actor_credits=c.actor_credits,
-                learner_credits=c.learners * c.learner_credits,
-            )
+        limiter = store_class(self.cfg).limiter(self.cfg)
         self.flow = FlowControl(limiter, c.learner_credits, self.actor_links, lambda: self.phase, self.log)
-        self.sample_blocked_s = 0.0
         self.snapshots = ReplaySnapshots(snapshot_path(self.run_dir, self.name), self.log)
         self.changed = Pulse()
-        self.inserted = 0
-        self.sampled = 0
-        self.rounds: Rounds | None = None  # sync mode
-        self.fragments: FragmentHub | None = None  # trajectory queue (IMPALA)
-        self.finished_actors: set[int] = set()  # sync mode: actors that can send nothing more here
-        self.away_actors: set[int] = set()  # sync mode: actors whose connection ended; they may come back
         self.attached: dict[str, tuple[Connection, str]] = {}  # name -> (connection, session)
         self.peers_refused: collections.Counter[str] = collections.Counter()  # by reason
-        self.rows_rejected = 0
-        self.bad_messages = 0  # connections closed for a message that broke the protocol
         self._log_peer = RateLimitedLog(self.log, logging.WARNING, burst=10, per_s=0.5)
-        # Bad input from a peer that authenticated: every one is counted, the lines are bounded.
-        self._log_bad = RateLimitedLog(self.log, logging.ERROR, burst=10, per_s=0.5)
+        self.tally = Tally(self._log_peer)
+        self.reader = MessageReader(RateLimitedLog(self.log, logging.ERROR, burst=10, per_s=0.5))
+
+    # The counters, as tests and callers read them on the role.
+    inserted = property(lambda self: self.tally.inserted)
+    sampled = property(lambda self: self.tally.sampled)
+    rows_rejected = property(lambda self: self.tally.rows_rejected)
+    bad_messages = property(lambda self: self.reader.bad_messages)
 
     def coordinator_unix_path(self) -> str | None:
         local = self.local_coordinator  # memory 0 started before the launcher knew the path
         if local is not None and local.server is not None:
-            return local_sockets.usable(local.server.unix_path)
+            return self.transport.peer_socket(local.server.unix_path)
         return super().coordinator_unix_path()
 
     def advertised_address(self):
@@ -101,79 +80,44 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
 
     def metrics(self) -> dict:
         server = self.server.stats if self.server is not None else {}
-        frames = {"replay_frames": len(self.replay.pool)} if isinstance(self.replay, FrameReplayBuffer) else {}
-        queue = self.fragments.metrics() if self.fragments is not None else {}
+        tally, store = self.tally, self.store
         return {
-            **frames,
-            **queue,
+            **store.metrics(),
             **self.flow.held_metrics(),
-            "replay_size": len(self.replay) if self.replay is not None else 0,
-            "replay_capacity": self.capacity if self.replay is not None else 0,  # sync: no replay
-            "inserted": self.inserted,
-            "sampled": self.sampled,
+            "replay_size": store.size(),
+            "replay_capacity": store.capacity(),  # sync, queue: no replay
+            "inserted": tally.inserted,
+            "sampled": tally.sampled,
             "actor_connections": sum(not link.closed for link in self.actor_links),
             "learner_credits": sum(link.credits for link in self.learners.values()),
-            "sample_blocked_s": round(self.sample_blocked_s, 3),
+            "sample_blocked_s": round(tally.sample_blocked_s, 3),
             "peers_refused": sum(self.peers_refused.values()),
-            "rows_rejected": self.rows_rejected,
-            "bad_messages": self.bad_messages,
+            "rows_rejected": tally.rows_rejected,
+            "bad_messages": self.reader.bad_messages,
             "connections_refused_busy": server.get("refused_busy", 0),
             "handshakes_failed": server.get("handshake_failures", 0),
             "unix_connections": server.get("unix_connections", 0),
             "connections_refused_uid": server.get("refused_uid", 0),
         }
 
+    def store_parts(self) -> StoreParts:
+        """What this role shares with its store."""
+        return StoreParts(
+            self.index,
+            self.flow,
+            self.changed,
+            self.tally,
+            lambda: self.phase,
+            self.log,
+            self.actor_links,
+            self._newest_version,
+            self._published_version,
+        )
+
     async def _run(self) -> int:
-        algo = self.algorithm()
-        spec = algo.transition_spec()
-        layout = frame_layout(self.cfg, algo)
-        # Frame layout: a batch's rows carry frame ids; its frames travel beside them. A fragment's
-        # own fields are held to the same values (a NaN state is as bad as a NaN reward).
-        per_fragment = algo.per_fragment_spec()
-        wire = layout.wire_spec(spec) if layout is not None else spec
-        self.rows = RowSpec({**wire, **per_fragment}, bounds=algo.value_bounds())
-        a, c = self.cfg.agent, self.cfg.cluster
-        queue = algo.fragment_queue(self.cfg)
-        if self.synchronous:
-            self.rounds = Rounds(
-                spec, self.index, c.memories, c.actors, c.learners, algo.work_items(self.cfg), self.log
-            )
-        elif queue is not None:
-            self.fragments = FragmentHub(
-                spec,
-                a.sample_batch_size,
-                self.cfg.env.num_envs,
-                queue,
-                layout,
-                c.actors,
-                c.actor_credits,
-                per_fragment=per_fragment,
-            )
-            self.flow.limiter = self.fragments.room  # actor credits as the queue's room allows
-        elif layout is not None:
-            self.replay = FrameReplayBuffer(
-                self.capacity,
-                spec,
-                layout,
-                alpha=a.prioritized_replay_alpha if a.prioritized_replay else None,
-                eps=a.prioritized_replay_eps,
-                seed=self.cfg.run.seed + 1000 + self.index,
-                max_streams=c.actors,
-            )
-        elif a.prioritized_replay:
-            self.replay = PrioritizedReplayBuffer(
-                self.capacity,
-                spec,
-                alpha=a.prioritized_replay_alpha,
-                eps=a.prioritized_replay_eps,
-                seed=self.cfg.run.seed + 1000 + self.index,
-            )
-        else:
-            self.replay = ReplayBuffer(self.capacity, spec, seed=self.cfg.run.seed + 1000 + self.index)
-        if self.replay is not None:
-            restored = self.snapshots.restore(self.replay)
-            if restored:
-                self.flow.restored(restored)
+        self.store = build_store(self.cfg, self.algorithm(), self.store_parts())
+        self.store.restore(self.snapshots)
+        c = self.cfg.cluster
         bind = c.advertise_host or self.coordinator_address()[0]
         # Actors and learners, and room for restarted ones whose old connection lingers.
         self.server = await serve(
@@ -189,31 +133,19 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
             max_handshakes=c.max_handshakes,
             max_handshakes_per_host=c.max_handshakes_per_host,
             first_bytes_timeout_s=c.first_bytes_timeout_s,
-            unix_path=local_sockets.socket_path(self.run_dir, self.name),
-            rings=local_sockets.ring_bytes() is not None,
-            ring_bytes=local_sockets.ring_bytes() or shm.DEFAULT_RING_BYTES,
+            **self.transport.server_args(self.run_dir, self.name),
         )
         if self.server.unix_path is not None:
             self.log.info("serving on unix:%s too", self.server.unix_path)
         if self.server.ring_path is not None:
             self.log.info("handing out shared-memory rings on %s", self.server.ring_path)
-        if self.fragments is not None:
-            self.log.info(
-                "serving a trajectory queue on %s:%s (%d fragments of %d steps, when full: %s)",
-                bind,
-                self.server.port,
-                queue.capacity,
-                a.sample_batch_size,
-                queue.full,
-            )
-        else:
-            self.log.info("serving replay on %s:%s (capacity %d)", bind, self.server.port, self.capacity)
+        self.store.announce(bind, self.server.port)
         return await super()._run()
 
     def _set_phase(self, phase: Phase) -> None:
         super()._set_phase(phase)
-        if self.synchronous and phase >= Phase.STOPPING:
-            self.actors_stopped()
+        if self.store is not None:  # a phase may come before the store is built
+            self.store.on_phase(phase)
         self.changed.fire()
 
     def _on_signal(self, sig: int) -> None:
@@ -298,34 +230,126 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         reply = await self._request_or_lost("check_session", {"role": name, "session": session})
         return None if reply.meta.get("ok") is True else str(reply.meta.get("reason", "refused"))
 
-    async def _read(self, conn: Connection, name: str, done_kind: str, allowed: set[str], handle) -> dict | None:
-        """Feed each checked message to `handle` until the peer's `done_kind` message, whose
-        fields are returned; None when the connection ended first or sent something bad (logged).
-        What `handle` returns, if anything, is awaited before the next message is read."""
+    async def _serve_actor(self, conn: Connection, index: int) -> None:
+        link = ActorLink(conn.peer_name, conn, index=index)
+        self.actor_links.append(link)
+        self.store.actor_opened(link)
+        sender = self.spawn(self.flow.send_credits(link), f"credits for {link.name}") if self.flow.limiter else None
+        self.flow.grant_actor_credits()
         try:
-            async for msg in conn:
-                fields = check(msg.kind, msg.meta, allowed | {done_kind})
-                if msg.kind == done_kind:
-                    return fields
-                pending = handle(msg, fields)
-                if pending is not None:
-                    await pending
-        except ConnectionClosed:
-            pass
-        except BadMessage as exc:
-            self.bad_messages += 1
-            self._log_bad("closing connection of %s: bad message: %s", name, exc)
-            conn.abort()
-        return None
+            link.done_meta = await self.reader.read(
+                conn,
+                link.name,
+                "actor_done",
+                {self.store.actor_kind},
+                lambda msg, fields: self.store.accept(link, msg, fields),
+            )
+        finally:
+            link.close()
+            if sender is not None:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+            self.flow.actor_closed(link)
+            if link.done_meta is None:
+                self.log.warning("%s went away without finishing (%d batches received)", link.name, link.batches)
+            self.store.actor_closed(link)
+            self.changed.fire()
+
+    async def _serve_learner(self, conn: Connection, index: int) -> None:
+        link = self.learners.setdefault(conn.peer_name, LearnerLink(conn.peer_name))
+        link.beta = self.cfg.agent.prioritized_replay_beta
+
+        def handle(msg, fields) -> None:
+            if msg.kind == "credit":
+                self._grant(link, fields.get("n", 1), fields)
+            else:
+                self.store.on_priorities(link, msg)
+                if fields.get("credit"):  # the batch's credit rides on its priorities
+                    self._grant(link, fields["credit"], fields)
+
+        sampler = self.spawn(self.store.serve(conn, link, index), f"sampler for {link.name}")
+        try:
+            allowed = set(self.store.learner_kinds)
+            link.done_meta = await self.reader.read(conn, link.name, "learner_done", allowed, handle)
+        finally:
+            if link.done_meta is None:
+                self.log.warning("%s went away without finishing", link.name)
+            link.finished.set()
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+
+    def _grant(self, link: LearnerLink, credits: int, fields: dict) -> None:
+        """A learner's credit for `credits` more batches, with its current beta (and sync iteration)."""
+        self.flow.grant_learner(link, credits)
+        link.beta = fields.get("beta", link.beta)
+        if "iteration" in fields:
+            link.iteration = fields["iteration"]
+        self.store.on_credit(fields)
+        self.changed.fire()
+
+    # ------------------------------------------------------------------ the coordinator's word
+
+    def on_role_lost(self, name: str, returns: bool = False) -> None:
+        """The coordinator declared `name` lost or failed (`returns`: it has a restart left): a hung
+        actor's rollouts are not waited for."""
+        kind, index = parse_role_name(name)  # checked as a name; the coordinator only sends role names
+        if kind != "actor" or not 0 <= index < self.cfg.cluster.actors:
+            return
+        for link in self.actor_links:
+            if link.name == name and not link.closed:
+                link.conn.abort()  # its reader ends and finishes the actor
+        if self.store is not None:
+            self.store.on_role_lost(index, returns)
+
+    def on_role_back(self, name: str, iteration: int) -> None:
+        """A restarted actor was admitted: its rollouts are expected again from `iteration` on."""
+        kind, index = parse_role_name(name)
+        if kind != "actor" or not 0 <= index < self.cfg.cluster.actors or self.store is None:
+            return
+        self.store.on_role_back(index, iteration)
+
+    def _newest_version(self, known: int) -> int:
+        """The newest published weights version this memory host knows of without asking
+        (`known`: what its learners told it)."""
+        if self.local_coordinator is not None:
+            return self.local_coordinator.params.weights_version  # exact: the store is in this process
+        return max(self.weights_version_seen, known)
+
+    async def _published_version(self) -> int:
+        """The coordinator's newest version: an actor may have fetched it before the heartbeat
+        or a learner's credit told this memory host of it."""
+        if self.local_coordinator is not None:
+            return self.local_coordinator.params.weights_version
+        reply = await self._request_or_lost("get_weights", {"have": MAX_COUNT})  # the version, no weights
+        self.weights_version_seen = max(self.weights_version_seen, int(reply.meta.get("version", -1)))
+        return self.weights_version_seen
+
+    def _actor_stats(self) -> dict:
+        """Per actor: totals over its connections, the last one's sequence state, and each connection."""
+        by_name: dict[str, list[ActorLink]] = {}
+        for link in self.actor_links:
+            by_name.setdefault(link.name, []).append(link)
+        return {
+            name: {
+                "batches": sum(l.batches for l in links),
+                "transitions": sum(l.transitions for l in links),
+                "next_seq": links[-1].next_seq,
+                "seq_errors": sum(l.seq_errors for l in links),
+                "rows_rejected": sum(l.rows_rejected for l in links),
+                "finished": links[-1].done_meta is not None,
+                "connections": [l.stats() for l in links],
+            }
+            for name, links in by_name.items()
+        }
 
     # ------------------------------------------------------------------ main
 
     async def main(self) -> dict:
         periodic = None
-        if self.cfg.run.snapshot_replay and self.replay is not None:
-            periodic = self.spawn(
-                self.snapshots.run_every(self.replay, self.cfg.run.snapshot_interval_s), "replay snapshots"
-            )
+        every = self.cfg.run.snapshot_interval_s
+        snapshots = self.store.snapshots_every(self.snapshots, every) if self.cfg.run.snapshot_replay else None
+        if snapshots is not None:
+            periodic = self.spawn(snapshots, "replay snapshots")
         try:
             await self.wait_phase(Phase.CLOSING)
         finally:
@@ -341,27 +365,21 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
         except TimeoutError:
             late = [n for n, link in self.learners.items() if not link.finished.is_set()]
             self.log.error("learners did not finish in time: %s", ", ".join(late))
-        if self.cfg.run.snapshot_replay and self.replay is not None:
-            await self.snapshots.save(self.replay)
+        if self.cfg.run.snapshot_replay:
+            await self.store.save(self.snapshots)
+        return self._summary()
+
+    def _summary(self) -> dict:
+        store = self.store.summary()
+        head = {k: store.pop(k) for k in ("replay_size", "replay_added", "replay_frames")}
         return {
-            "inserted": self.inserted,
-            "sampled": self.sampled,
-            "replay_size": len(self.replay) if self.replay is not None else 0,
-            "replay_added": self.replay.added if self.replay is not None else 0,
-            # Frame layout: frames stored at the end, each once however many rows reference it.
-            "replay_frames": len(self.replay.pool) if isinstance(self.replay, FrameReplayBuffer) else None,
-            "sample_blocked_s": round(self.sample_blocked_s, 3),
+            "inserted": self.tally.inserted,
+            "sampled": self.tally.sampled,
+            **head,
+            "sample_blocked_s": round(self.tally.sample_blocked_s, 3),
             "limiter": {**held, "holds": dict(self.flow.holds)} if (held := self.flow.held_metrics()) else None,
             **self.snapshots.stats(),
-            "queue": None if self.fragments is None else self.fragments.stats(),
-            "rounds": None
-            if self.rounds is None
-            else {
-                "completed": self.rounds.iteration,
-                "duplicates": self.rounds.duplicates,
-                "stale": self.rounds.stale,
-                "discarded_rows": self.rounds.discarded_rows,
-            },
+            **store,  # queue, rounds
             "actors": self._actor_stats(),
             "learners": {
                 n: {
@@ -376,6 +394,6 @@ class MemoryRole(ActorIngest, LearnerFeed, Role):
                 for n, l in self.learners.items()
             },
             "peers_refused": dict(self.peers_refused),
-            "bad_messages": self.bad_messages,
+            "bad_messages": self.reader.bad_messages,
             "connections_refused_busy": self.server.stats["refused_busy"] if self.server else 0,
         }
