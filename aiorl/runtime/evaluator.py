@@ -20,7 +20,7 @@ past it the oldest is dropped and counted skipped, as is one ended unscored by
 a signal).
 Each evaluation records how late it was (``lag_s``: from when it was due until
 its result was in). At a run's end by its criterion (not a signal), learner 0
-scores the copies waiting, then the final policy too (`LearnerRole._final_evaluation`).
+scores the copies waiting, then the final policy too (`LearnerOutputs.finish`).
 
 An evaluation whose mean return beats every earlier one (of this run,
 earlier launches included) has that policy exported (`torch.export`, in the

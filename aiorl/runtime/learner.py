@@ -1,7 +1,7 @@
 """Learner: pulls batches from every memory with credits, trains, ships
 priorities back to the memory each batch came from, and (learner 0) publishes
-weights; learner 0's checkpoints, evaluations and exported policy are
-`aiorl.runtime.learner_outputs`.
+weights; learner 0's checkpoints, evaluations and exported policy are a part it
+owns and calls at named moments (`aiorl.runtime.learner_outputs`).
 
 Training runs in a worker thread (torch releases the GIL), so heartbeats and
 incoming batches keep flowing while a step computes. A learner holds at most
@@ -31,10 +31,11 @@ import time
 import numpy as np
 
 from aiorl.core.ratelog import RateLimitedLog
+from aiorl.io.rundir import Identity
 from aiorl.runtime import rendezvous
 from aiorl.runtime.algorithm import PeerNotFinite
 from aiorl.runtime.fragments import LagMeter
-from aiorl.runtime.learner_outputs import LearnerOutputs, load_resume_checkpoint
+from aiorl.runtime.learner_outputs import LearnerAccess, LearnerOutputs
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import Offload, Role
 from aiorl.wire import Connection, ConnectionClosed
@@ -64,7 +65,7 @@ def weights_digest(weights: dict[str, np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
-class LearnerRole(LearnerOutputs, Role):
+class LearnerRole(Role):
     kind = "learner"
 
     def __init__(self, *args, **kwargs):
@@ -98,12 +99,19 @@ class LearnerRole(LearnerOutputs, Role):
         self.away: set[int] = set()
         self.earlier_per_memory: list[dict] = []
         self.synchronous = self.cfg.algorithm.is_synchronous(self.cfg)
+        access = LearnerAccess(
+            lock=self.core_lock,
+            core=lambda: self.core,
+            launch_steps=lambda: self.counters["learner_steps"],
+            run_counters=lambda: self.run_counters,
+            run_state=lambda t: self.coordinator.request("run_state", {"counters": dict(self.counters)}, timeout_s=t),
+            publish=self._publish_weights,
+            spawn=self.spawn,
+        )
+        self.outputs = LearnerOutputs(self.cfg, self.run_dir, self.index, Identity.from_env(), self.log, access)
 
     def register_extra(self) -> dict:
-        if self.evaluator is not None:
-            # Now, not at the first evaluation: its imports (seconds of CPU, far more on a busy
-            # machine) overlap the run's start-up, and it is ready for the first evaluation.
-            self.evaluator.start()
+        self.outputs.start()
         c = self.cfg.cluster
         if self.index != 0 or c.learners < 2:
             return {}
@@ -121,28 +129,25 @@ class LearnerRole(LearnerOutputs, Role):
         }
 
     def heartbeat_extra(self) -> dict:
-        if self.evaluator is None:
-            return {}
-        return {"evaluation": self.evaluator.summary()}
+        return self.outputs.heartbeat()
 
     def heartbeat_answered(self, meta: dict) -> None:
-        if self.evaluator is not None:
-            self.evaluator.reported(meta.get("evaluation"))  # those evaluations need not be sent again
+        self.outputs.reported(meta.get("evaluation"))
+
+    async def on_abnormal_end(self, why: str) -> None:
+        await self.outputs.abnormal_end(why)
 
     async def cleanup(self) -> None:
-        if self.evaluator is not None:
-            self.evaluator.interrupt()  # one in flight ends at its next env step
-        if self._publish is not None and not self._publish.done():
-            self._publish.cancel()
+        self.outputs.interrupt()  # an evaluation in flight ends at its next env step
         if self._publish is not None:
+            self._publish.cancel()  # nothing to a task done
             await asyncio.gather(self._publish, return_exceptions=True)  # its error was the run's end
         for task in self._links:
             task.cancel()
         for conn in self.memories:
             if conn is not None:
                 conn.abort()
-        if self.evaluator is not None:
-            await asyncio.to_thread(self.evaluator.close)  # bounded: the process is killed past it
+        await self.outputs.close()
 
     def _spawn(self, coro, name: str) -> None:
         task = self.spawn(coro, name)  # one that raises fails the learner, loudly
@@ -208,10 +213,7 @@ class LearnerRole(LearnerOutputs, Role):
             cfg.run.seed + 100 * (self.index + 1),
             self.start_info.get("rendezvous"),
         )
-        if self.identity.resume_from:
-            meta = await asyncio.to_thread(load_resume_checkpoint, core, self.identity.resume_from, self.index == 0)
-            self.step_base = int(meta["learner_steps"])
-            self.log.info("resumed from %s (%d learner steps)", self.identity.resume_from, self.step_base)
+        self.step_base = await self.outputs.resume(core)
         self.core = core
         self.memories = [None] * len(self.start_info["memories"])
         self.per_memory = [self._memory_account() for _ in self.memories]
@@ -240,17 +242,17 @@ class LearnerRole(LearnerOutputs, Role):
                     await conn.send("learner_done", {"learner": self.index, **self.per_memory[m]})
                 except ConnectionClosed:
                     pass
-        if self.index == 0:
-            await self._finish_outputs()
+        await self.outputs.finish(signalled=self._signals > 0)
         digest = weights_digest(self.core.get_weights())  # data-parallel learners end equal
         await asyncio.to_thread(self.core.close)
+        outputs = self.outputs.summary()
         return {
             "learner_steps": self.counters["learner_steps"],
             "total_learner_steps": self.total_steps,
             "memories": self.per_memory,
             "earlier_connections": self.earlier_per_memory,
             "published": self.published,
-            "checkpoints": self.checkpoints,
+            "checkpoints": outputs["checkpoints"],
             "unused_batches": self.unused_batches,
             "batches_dropped": self.batches_dropped,
             "iterations": self.iterations,
@@ -258,7 +260,7 @@ class LearnerRole(LearnerOutputs, Role):
             "queue_depth_max": self.queue_depth_max,
             "weights_digest": digest,
             "policy_lag": self.lag.stats() if self.lag.batches else None,
-            "evaluation": self.evaluator.summary() if self.evaluator is not None else None,
+            "evaluation": outputs["evaluation"],
         }
 
     @staticmethod
@@ -325,7 +327,7 @@ class LearnerRole(LearnerOutputs, Role):
 
     async def _train(self, m: int | None, batch: dict, checkpoint_now: bool = True) -> bool:
         """One step on `batch`; True when the priorities sent also returned its credit.
-        `checkpoint_now=False`: the caller checkpoints and evaluates (after publishing)."""
+        `checkpoint_now=False`: the caller calls the outputs' `after_step` (after publishing)."""
         if self.stopped or self.budget_reached:
             self.unused_batches += 1
             return False
@@ -376,8 +378,7 @@ class LearnerRole(LearnerOutputs, Role):
                 self.per_memory[m]["priorities"] += len(batch["indices"])
                 credited = True
         if checkpoint_now:
-            await self._maybe_checkpoint()
-            await self._maybe_evaluate()
+            await self.outputs.after_step()
         return credited
 
     def _locked_step(self, batch):
@@ -506,8 +507,7 @@ class LearnerRole(LearnerOutputs, Role):
                 # Publish first: the actors wait for this version, not for the checkpoint
                 # (the coordinator's run state and the serialization then overlap their rollouts).
                 await self._publish_weights()
-            await self._maybe_checkpoint()
-            await self._maybe_evaluate()
+            await self.outputs.after_step()
             self.last_metrics["policy_lag"] = float(lag) if lag is not None else -1.0
             self.iterations.append(
                 {

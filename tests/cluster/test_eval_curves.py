@@ -5,11 +5,7 @@ evaluations at their scored steps, unsmoothed, beside the training return."""
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import json
-import logging
-import threading
 
 import matplotlib.figure
 import numpy as np
@@ -25,7 +21,6 @@ from aiorl.runtime import messages
 from aiorl.runtime.coordinator.counters import RunCounters, stop_criterion
 from aiorl.runtime.coordinator.report import Report
 from aiorl.runtime.evaluator import Evaluator
-from aiorl.runtime.learner_outputs import MAX_WAITING, LearnerOutputs
 
 
 class Clock:
@@ -193,69 +188,6 @@ def test_an_older_learners_summary_without_new_still_makes_one_row(tmp_path):
     (row,) = report.evaluation_rows()
     assert row["eval/return_mean"] == 12.0 and row["eval/best_return_mean"] == 12.0
     assert row["eval/lag_s"] is None and report.evaluation_rows() == []
-
-
-class FakeEvaluator:
-    """Scores what it is given when the test lets it (`go`), recording each call's arguments."""
-
-    def __init__(self):
-        self.runs: list[tuple] = []
-        self.skipped = 0
-        self.go = threading.Event()
-
-    def run(self, policy, meta, learner_steps, env_steps, copy_s, due_t, policy_time):
-        assert self.go.wait(30)
-        self.runs.append((policy, learner_steps, due_t))
-        return {}
-
-    def skip(self):
-        self.skipped += 1
-
-
-class FakeLearner:
-    """What LearnerOutputs' evaluation methods use of a learner role."""
-
-    _take_policy = LearnerOutputs._take_policy
-    _evaluate = LearnerOutputs._evaluate
-
-    def __init__(self):
-        self.evaluator = FakeEvaluator()
-        self.run_counters = {"env_steps": 5}
-        self.cfg = dqn_cfg()
-        self.log = logging.getLogger("test")
-        self._waiting = collections.deque()
-        self._evaluating = None
-        self.policy = 0
-
-    def _locked_policy(self):
-        return f"policy {self.policy}", {}
-
-    def spawn(self, coro, name):
-        return asyncio.get_running_loop().create_task(coro, name=name)
-
-
-def test_copies_wait_for_the_evaluation_in_flight_a_few_at_most():
-    async def scenario():
-        learner = FakeLearner()
-        ev = learner.evaluator
-        try:
-            for k in range(1, 3 + MAX_WAITING):
-                learner.policy = 1000 * k  # the copy is of the policy at the step it came due
-                await learner._take_policy(1000 * k, float(k))
-                await asyncio.sleep(0.01)  # the first one is in flight, blocked
-                if k == 3:  # two due while one is scored (ES's start on a busy machine): none skipped
-                    assert ev.skipped == 0
-            assert ev.skipped == 1  # one more than MAX_WAITING came due meanwhile: the oldest was dropped
-        finally:
-            ev.go.set()  # a failed check leaves no thread waiting
-        await asyncio.wait_for(learner._evaluating, 30)
-        return ev.runs
-
-    runs = asyncio.run(scenario())
-    # The first, then the newest MAX_WAITING, oldest first; each of the policy at its step.
-    assert runs == [("policy 1000", 1000, 1.0)] + [
-        (f"policy {1000 * k}", 1000 * k, float(k)) for k in range(3, 3 + MAX_WAITING)
-    ]
 
 
 # --------------------------------------------------------------------------

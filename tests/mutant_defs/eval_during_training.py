@@ -123,14 +123,14 @@ MUTANTS = [
     dict(
         name="learner-leaves-the-evaluation-process",
         path="aiorl/runtime/learner.py",
-        old="            await asyncio.to_thread(self.evaluator.close)  # bounded: the process is killed past it\n",
-        new="            pass\n",
+        old="        await self.outputs.close()\n",
+        new="        pass\n",
         tests=[T + "test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best"],
     ),
     dict(
         name="no-final-evaluation",
         path="aiorl/runtime/learner_outputs.py",
-        old="        if self.evaluator is not None and self._signals == 0:  # a signal asks for a prompt end\n",
+        old="        if self.evaluator is not None and not signalled:  # a signal asks for a prompt end\n",
         new="        if False:\n",
         tests=[T + "test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best"],
     ),

@@ -26,7 +26,7 @@ MUTANTS = [
     dict(
         name="sync_learner_no_longer_checkpoints_each_iteration",
         path="aiorl/runtime/learner.py",
-        old="                await self._publish_weights()\n            await self._maybe_checkpoint()\n",
+        old="                await self._publish_weights()\n            await self.outputs.after_step()\n",
         new="                await self._publish_weights()\n",
         tests=[
             "tests/cluster/test_sync_cluster.py::test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learners"
