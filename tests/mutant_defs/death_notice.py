@@ -19,16 +19,19 @@ MUTANTS = [
     ),
     dict(
         name="notice-accepted-from-any-peer-named-launcher",
-        path="aiorl/runtime/coordinator/notices.py",
+        path="aiorl/runtime/coordinator/service.py",
         old="        refusal = self.notices.refusal(conn)\n        if refusal is not None:  # named as the launcher",
         new="        refusal = None\n        if refusal is not None:  # named as the launcher",
         tests=[COORDINATOR, RESTARTED],
     ),
     dict(
         name="notice-accepted-from-a-role",
-        path="aiorl/runtime/coordinator/service.py",
-        old="            await self._refuse_notice(conn, msg, record.name, self.notices.refusal(conn))\n",
-        new='            await conn.reply(msg, meta={"outcome": self._child_exited(fields)})\n',
+        path="aiorl/runtime/coordinator/handlers.py",
+        old="        await self.notices.refuse_request(conn, msg, record.name, self.notices.refusal(conn))\n",
+        new='        outcome, reason = self.notices.heard(self.roster.roles.get(fields["role"]), fields)\n'
+        "        if reason is not None:\n"
+        '            self.mark(self.roster.roles[fields["role"]], "lost", reason)\n'
+        '        await conn.reply(msg, meta={"outcome": outcome})\n',
         tests=[COORDINATOR],
     ),
     dict(
@@ -48,8 +51,8 @@ MUTANTS = [
     dict(
         name="notice-verdict-without-its-consequences",
         path="aiorl/runtime/coordinator/notices.py",
-        old="            self._lose(record, reason, abort=True)\n",
-        new='            self.roster.mark(record, "lost", reason)\n',
+        old="                lose(record, reason, abort=True)\n",
+        new='                record.status, record.reason = "lost", reason  # no consequences\n',
         tests=[COORDINATOR],
     ),
     dict(
@@ -62,8 +65,8 @@ MUTANTS = [
     dict(
         name="notice-exited-pid-may-still-register",
         path="aiorl/runtime/coordinator/registration.py",
-        old='        admission, reason = None, self.notices.exited(name, meta.get("pid"))\n',
-        new="        admission, reason = None, None\n",
+        old='        reason = self.notices.exited(name, meta.get("pid"))\n',
+        new="        reason = None\n",
         tests=[COORDINATOR],
     ),
     dict(
@@ -90,8 +93,8 @@ MUTANTS = [
     dict(
         name="notice-launcher-connects-under-another-name",
         path="aiorl/launch/notices.py",
-        old="token=token, name=LAUNCHER_PEER,",
-        new='token=token, name="actor-0",',
+        old="                            name=LAUNCHER_PEER,\n",
+        new='                            name="actor-0",\n',
         tests=[RESTARTED],
     ),
     dict(

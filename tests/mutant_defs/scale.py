@@ -10,14 +10,14 @@ MUTANTS = [
     ),
     dict(
         name="totals-not-kept-on-heartbeat",
-        path="aiorl/runtime/coordinator/service.py",
+        path="aiorl/runtime/coordinator/handlers.py",
         old="            self.counters.set_counters(record, accepted)",
         new="            record.counters = accepted",
         tests=["tests/runtime/test_scale.py::test_run_totals_follow_each_roles_counters_through_a_restart"],
     ),
     dict(
         name="broadcast-reads-record-conn-late",
-        path="aiorl/runtime/coordinator/service.py",
+        path="aiorl/runtime/coordinator/pushes.py",
         old="        targets = [r.conn for r in self.roles.values() if r.conn is not None]\n"
         "        await asyncio.gather(*(send(conn) for conn in targets))",
         new="        targets = [r for r in self.roles.values() if r.conn is not None]\n\n"
@@ -30,7 +30,7 @@ MUTANTS = [
     ),
     dict(
         name="status-roles-left-in-header",
-        path="aiorl/runtime/coordinator/registration.py",
+        path="aiorl/runtime/coordinator/service.py",
         old='roles = pack_table(status.pop("roles"))',
         new='roles = pack_table(status["roles"])',
         tests=["tests/runtime/test_scale.py::test_status_of_a_cluster_too_big_for_one_frame_header"],

@@ -109,7 +109,7 @@ async def test_a_broadcast_survives_a_connection_closing_while_its_sends_are_sch
         for role in ("memory-0", "learner-0", "actor-0", "actor-1"):
             conns[role] = await register(port, cfg, role, "first")
         await until(lambda: coordinator.phase == Phase.RUNNING)
-        broadcast = asyncio.create_task(coordinator.broadcast("phase", {"phase": int(Phase.RUNNING)}))
+        broadcast = asyncio.create_task(coordinator.pushes.broadcast("phase", {"phase": int(Phase.RUNNING)}))
         await asyncio.sleep(0)  # the broadcast has picked its targets; their sends start next turn
         coordinator._connection_lost(coordinator.roles["actor-1"])  # as its connection handler does
         await broadcast

@@ -10,8 +10,10 @@ records for this launch (read when the coordinator is made, before any other rol
 exists). A notice from any other peer is refused and counted (``exit_notices_refused``); a
 role that sends one keeps its connection, as with the other requests it may not make.
 
-`ExitNotices` decides; `LauncherNotices`, a mixin of `Coordinator` like `Registration`, serves
-the launcher's connection and acts through the service's verdict (`Coordinator._lose`).
+`ExitNotices` decides who may send one and what each notice does, serves the launcher's
+connection once the service found it is the launcher's, and refuses the others (the error, a
+count, a line in the log the service hands it, shared with its other refusals). A verdict is
+the service's, which acts on it as on any other (`Coordinator._lose`, handed in).
 
 What: a notice names a role and a pid. Only the pid of the role's registered incarnation, while
 it is live and has not reported done, makes a verdict: lost, the exit in the reason. Any other
@@ -28,10 +30,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
+from aiorl.core.ratelog import RateLimitedLog
 from aiorl.runtime.coordinator.requests import reply_error
 from aiorl.runtime.coordinator.roster import RoleRecord
-from aiorl.runtime.first_request import first_request
 from aiorl.runtime.messages import BadMessage, check
 from aiorl.runtime.restart import LAUNCHER_PEER, describe_notice
 from aiorl.wire import Connection, Message
@@ -40,12 +43,19 @@ log = logging.getLogger("aiorl.coordinator")
 
 
 class ExitNotices:
-    def __init__(self, launcher_pid: int | None, remember_s: float, clock=time.monotonic):
+    def __init__(
+        self,
+        launcher_pid: int | None,
+        remember_s: float,
+        clock=time.monotonic,
+        log_refusal: RateLimitedLog | None = None,
+    ):
         self.launcher_pid = launcher_pid  # None: no local launcher started this launch
         self.remember_s = remember_s  # how long a pid that exited unregistered is remembered
         self.clock = clock
         self.accepted = 0
         self.refused = 0
+        self.log_refusal = log_refusal or RateLimitedLog(log, logging.WARNING, burst=10, per_s=0.5)
         self._exited: dict[tuple[str, int], float] = {}  # (role, pid) -> when the launcher saw it exit
 
     def refusal(self, conn: Connection) -> str | None:
@@ -60,6 +70,33 @@ class ExitNotices:
             # The launcher's pid stays unsaid: it would tell an impostor whom to imitate.
             return f"peer pid {conn.peer_pid} is not the launcher of this launch"
         return None
+
+    async def serve(self, conn: Connection, roles: dict[str, RoleRecord], lose: Callable[..., None]) -> None:
+        """The launcher's connection: ``child_exit`` notices about `roles`, each answered with what
+        it did; a verdict is the service's `lose` (its consequences, the dead process's connection cut)."""
+        log.info("the launcher (pid %d) reports its children's exits on %s", conn.peer_pid, conn.peer)
+        async for msg in conn:
+            fields = check(msg.kind, msg.meta, {"child_exit"})
+            if msg.request_id is None:
+                raise BadMessage(f"{msg.kind} must be a request")
+            record = roles.get(fields["role"])
+            outcome, reason = self.heard(record, fields)
+            if reason is not None:
+                lose(record, reason, abort=True)
+            await conn.reply(msg, meta={"outcome": outcome})
+
+    async def refuse_request(self, conn: Connection, msg: Message, who: str, reason: str) -> None:
+        """Refuse the notice `msg` from `who` (not the launcher) with `reason`, and count it."""
+        self.refused += 1
+        self.log_refusal("refused an exit notice from %s (%s): %s", who, conn.peer, reason)
+        await reply_error(conn, msg, f"exit notice refused: {reason}")
+
+    def heard(self, record: RoleRecord | None, fields: dict) -> tuple[str, str | None]:
+        """(what a notice about `record`, None for a role this run does not have, did; why
+        `record` is lost now or None)."""
+        if record is None:
+            return "unknown role", None
+        return self.decide(record, fields)
 
     def decide(self, record: RoleRecord, fields: dict) -> tuple[str, str | None]:
         """(what the notice did, why `record` is lost now or None)."""
@@ -88,41 +125,3 @@ class ExitNotices:
         if at is not None and self.clock() - at <= self.remember_s:
             return f"{name}'s process (pid {pid}) has already exited (seen by the launcher)"
         return None
-
-
-class LauncherNotices:
-    """The launcher's connection and the notices refused on any other; mixed into `Coordinator`."""
-
-    async def _launcher_notices(self, conn: Connection) -> None:
-        """The launcher's connection: ``child_exit`` notices, each answered with what it did."""
-        refusal = self.notices.refusal(conn)
-        if refusal is not None:  # named as the launcher, and not it: one request gets the refusal
-            try:
-                msg, _ = await first_request(conn, self.cfg.cluster.coordinator_timeout_s)
-            except TimeoutError as exc:
-                self.unregistered_closed += 1
-                self._log_refusal("closing the connection of %s from %s: %s", conn.peer_name, conn.peer, exc)
-                conn.abort()
-                return
-            await self._refuse_notice(conn, msg, conn.peer_name, refusal)
-            return
-        log.info("the launcher (pid %d) reports its children's exits on %s", conn.peer_pid, conn.peer)
-        async for msg in conn:
-            fields = check(msg.kind, msg.meta, {"child_exit"})
-            if msg.request_id is None:
-                raise BadMessage(f"{msg.kind} must be a request")
-            await conn.reply(msg, meta={"outcome": self._child_exited(fields)})
-
-    def _child_exited(self, fields: dict) -> str:
-        record = self.roles.get(fields["role"])
-        if record is None:
-            return "unknown role"
-        outcome, reason = self.notices.decide(record, fields)
-        if reason is not None:
-            self._lose(record, reason, abort=True)
-        return outcome
-
-    async def _refuse_notice(self, conn: Connection, msg: Message, who: str, reason: str) -> None:
-        self.notices.refused += 1
-        self._log_refusal("refused an exit notice from %s (%s): %s", who, conn.peer, reason)
-        await reply_error(conn, msg, f"exit notice refused: {reason}")

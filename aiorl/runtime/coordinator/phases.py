@@ -74,3 +74,13 @@ def settle_outcome(roster: Roster, stop: Stop) -> tuple[str, list[str]]:
     if stop.interrupted_by is not None:
         return INTERRUPTED, lost_restartable
     return FINISHED, lost_restartable
+
+
+async def first_done(*awaitables) -> None:
+    """Until the first of `awaitables` is done; the others are cancelled."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,161 +1,155 @@
-"""The coordinator's side of a role's registration: a connection's first requests until it
-registers (``status`` answered meanwhile, all under a deadline), and who is admitted as what
-(first start, rejoin, restart), with the role's record brought up to date.
+"""Who is admitted as what when a role registers: the decision is a value (`Admission`), which
+the coordinator's service acts on (its reply or refusal, the memory hosts told of a restarted
+synchronous actor, the logs); once it is admitted, the role's record is brought up to date here.
 
-A mixin of `Coordinator` (`aiorl.runtime.coordinator.service`), whose state it reads and
-sets; the decisions are the roster's (`aiorl.runtime.coordinator.roster`).
+What a registration must carry is checked first: a role of this cluster, under the name it
+authenticated with, running the coordinator's config (a refusal for the user to fix). Then
+when it came: a process the launcher saw exit is refused, and the roster's rules say whether
+it is a first start, a rejoin or a restart (`Roster.admission`). A synchronous actor also
+learns the iteration it joins, and a restarted one's memory hosts hear it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from aiorl.runtime import frame_limits
-from aiorl.runtime.coordinator.requests import reply_error
-from aiorl.runtime.coordinator.roster import RoleRecord
-from aiorl.runtime.first_request import first_request
-from aiorl.runtime.messages import pack_table
+from aiorl.runtime.coordinator.notices import ExitNotices
+from aiorl.runtime.coordinator.params import ParameterStore
+from aiorl.runtime.coordinator.phases import PhaseClock
+from aiorl.runtime.coordinator.roster import RoleRecord, Roster
 from aiorl.runtime.phase import Phase
-from aiorl.wire import Connection, Message
-
-log = logging.getLogger("aiorl.coordinator")
+from aiorl.wire import Connection
 
 
-class Registration:
-    """Registering roles; mixed into `Coordinator`."""
+@dataclass(frozen=True)
+class Admission:
+    """What `Admissions.admit` decided about one registration."""
 
-    async def _until_registered(self, conn: Connection) -> RoleRecord | None:
-        """Answer `status` until the peer registers, all within cluster.coordinator_timeout_s: an
-        authenticated connection that never registers would hold one of max_connections for ever
-        (the memory host gives `attach` the same deadline). None: refused, timed out or closed."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cfg.cluster.coordinator_timeout_s
-        while True:
-            try:
-                msg, fields = await first_request(conn, deadline - loop.time())
-            except TimeoutError as exc:
-                self.unregistered_closed += 1
-                self._log_refusal("closing the connection of %s from %s: %s", conn.peer_name, conn.peer, exc)
-                conn.abort()
-                return None
-            if msg.kind == "register":
-                return await self._register(conn, msg, fields)
-            if msg.kind == "child_exit":
-                await self._refuse_notice(conn, msg, f"{conn.peer_name} (unregistered)", self.notices.refusal(conn))
-                return None
-            if msg.kind != "status":
-                await reply_error(conn, msg, f"{msg.kind!r} before register")
-                return None
-            await self._reply_status(conn, msg)
+    role: str
+    admitted_as: str | None = None  # "first", "rejoin" or "restart"; None: refused
+    reason: str | None = None  # why it was refused
+    misconfigured: bool = False  # refused for the user to fix (an error), not for when it came
+    incarnation: str = ""
+    joins_iteration: int | None = None  # a synchronous actor's first iteration, one rollout each
+    address: tuple | None = None  # where a memory host serves: [host, port], a local run's socket after
+    moved: bool = False  # a memory host now serves elsewhere: every role must hear the new addresses
 
-    def _join_iteration(self, record: RoleRecord, admission: str) -> int | None:
+    @property
+    def admitted(self) -> bool:
+        return self.admitted_as is not None
+
+    @property
+    def role_back(self) -> dict | None:
+        """What the memory hosts must hear of it (``role_back``: the iteration a restarted
+        synchronous actor's rollouts count from), or None."""
+        if self.admitted_as != "restart" or self.joins_iteration is None:
+            return None
+        return {"role": self.role, "iteration": self.joins_iteration}
+
+
+def registered_address(address) -> tuple | None:
+    # [host, port], with a local run's Unix socket after them (messages.address checked it).
+    return (str(address[0]), int(address[1]), *address[2:]) if address else None
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class Admissions:
+    """Registrations decided against the roster, the phase, the exits the launcher saw and the
+    config; `rollouts_by_iteration`: a synchronous run without work items (DPPO), whose actors
+    each send one rollout per iteration."""
+
+    def __init__(
+        self,
+        roster: Roster,
+        phases: PhaseClock,
+        params: ParameterStore,
+        notices: ExitNotices,
+        config_hash: str,
+        rollouts_by_iteration: bool,
+        clock: Callable[[], float] = _loop_time,
+    ):
+        self.roster = roster
+        self.phases = phases
+        self.params = params
+        self.notices = notices
+        self.config_hash = config_hash
+        self.rollouts_by_iteration = rollouts_by_iteration
+        self.clock = clock
+
+    async def admit(self, peer_name: str, meta: dict) -> Admission:
+        """The decision on a ``register`` request's `meta` from a connection authenticated as
+        `peer_name`. It waits only where a new process's predecessor still looks alive."""
+        name = meta["role"]
+        reason = self.misconfigured(peer_name, name, meta.get("config_hash"))
+        if reason is not None:
+            return Admission(name, reason=reason, misconfigured=True)
+        record = self.roster.roles[name]
+        incarnation = meta.get("incarnation", "")
+        reason = self.notices.exited(name, meta.get("pid"))
+        if reason is not None:
+            return Admission(name, reason=reason)
+        if record.status == "running" and record.incarnation != incarnation:
+            await self.roster.await_replaced(record)
+        admitted_as, reason = self.roster.admission(record, incarnation, self.phases.phase)
+        if reason is not None:
+            return Admission(name, reason=reason)
+        address = registered_address(meta.get("address"))
+        return Admission(
+            name,
+            admitted_as,
+            incarnation=incarnation,
+            joins_iteration=self.join_iteration(record, admitted_as),
+            address=address,
+            moved=record.kind == "memory" and address != record.address,
+        )
+
+    def misconfigured(self, peer_name: str, name: str, config_hash: object) -> str | None:
+        """Why a process cannot register as `name` whenever it comes, or None."""
+        reason = self.roster.unknown_role(name)
+        if reason is None and name != peer_name:  # the name the token holder proved, not one it claims
+            reason = f"{peer_name} cannot register as {name}: a role registers under the name it connected with"
+        if reason is None and config_hash != self.config_hash:
+            reason = (
+                f"config hash mismatch: {name} runs config {config_hash}, the coordinator "
+                f"runs {self.config_hash}; start every role with the same config"
+            )
+        return reason
+
+    def join_iteration(self, record: RoleRecord, admitted_as: str) -> int | None:
         """The iteration a synchronous actor acts in first, one rollout per iteration (DPPO), or None.
 
         A restarted actor joins the iteration after the newest weights: the one in progress
         completes without it (its memory host and the barrier went on without it when it was lost).
         Before RUNNING no iteration has begun, so it joins the first one.
         """
-        if not self.synchronous or self.work is not None or record.kind != "actor" or admission == "rejoin":
+        if not self.rollouts_by_iteration or record.kind != "actor" or admitted_as == "rejoin":
             return None
-        if admission == "first" or self.phase == Phase.STARTING:
+        if admitted_as == "first" or self.phases.phase == Phase.STARTING:
             return 0
         return max(0, self.params.weights_version + 1)
 
-    async def _reply_status(self, conn: Connection, msg: Message) -> None:
-        status = self.status()
-        roles = pack_table(status.pop("roles"))  # over 64 KiB of header from ~400 roles on
-        await conn.reply(msg, meta=status, arrays={"roles": roles})
-
-    async def _register(self, conn: Connection, msg: Message, meta: dict) -> RoleRecord | None:
-        name = meta["role"]
-        incarnation = meta.get("incarnation", "")
-        record = self.roles.get(name)
-        reason = self.roster.unknown_role(name)
-        if reason is None and name != conn.peer_name:  # the name the token holder proved, not one it claims
-            reason = f"{conn.peer_name} cannot register as {name}: a role registers under the name it connected with"
-        if reason is None and meta.get("config_hash") != self.config_hash:
-            reason = (
-                f"config hash mismatch: {name} runs config {meta.get('config_hash')}, the coordinator "
-                f"runs {self.config_hash}; start every role with the same config"
-            )
-        if reason is not None:  # a misconfigured process: the error is the user's to fix
-            self.registrations_refused += 1
-            self._log_refusal("refused registration from %s: %s", conn.peer, reason)
-            await conn.reply_error(msg, reason)
-            await conn.close()
-            return None
-        admission, reason = None, self.notices.exited(name, meta.get("pid"))
-        if reason is None:
-            if record.status == "running" and record.incarnation != incarnation:
-                await self.roster.await_replaced(record)
-            admission, reason = self.roster.admission(record, incarnation, self.phase)
-        if reason is not None:  # the right process at the wrong time (or an impostor): it exits
-            self.registrations_refused += 1
-            self._log_refusal("did not admit %s from %s: %s", name, conn.peer, reason)
-            await conn.reply(msg, meta={"admitted": False, "reason": reason})
-            await conn.close()
-            return None
-        if record.conn is not None and record.conn is not conn:
-            record.conn.abort()  # a half-open connection of the process that just rejoined
+    def enter(self, record: RoleRecord, admission: Admission, conn: Connection, meta: dict) -> None:
+        """Bring `record` up to date with its admitted registration over `conn`."""
         record.conn = conn
         record.pid = meta.get("pid")
         record.host = meta.get("host")
-        address = meta.get("address")
-        old_address = record.address
-        # [host, port], with a local run's Unix socket after them (messages.address checked it).
-        record.address = (str(address[0]), int(address[1]), *address[2:]) if address else None
-        if admission != "rejoin" or record.session is None:
+        record.address = admission.address
+        if admission.admitted_as != "rejoin" or record.session is None:
             record.session = secrets.token_hex(16)  # a rejoin keeps its memory hosts' connections
-        if name == "learner-0" and meta.get("rendezvous"):
-            self.requests.rendezvous = meta["rendezvous"]  # learner 0 listens there (aiorl.runtime.rendezvous)
-        self.liveness.heard(record)
-        record.counters_time = asyncio.get_running_loop().time()
+        record.counters_time = self.clock()
         record.disconnected_at = None
-        if admission == "restart":
-            self.roster.restarted(record, incarnation)
-            log.warning(
-                "%s restarted (restart %d of %d; pid %s, %s)",
-                name,
-                record.restarts,
-                self.cfg.cluster.max_restarts,
-                record.pid,
-                conn.peer,
-            )
-        elif admission == "rejoin":
-            log.warning("%s rejoined after its connection dropped (pid %s, %s)", name, record.pid, conn.peer)
-        else:
-            record.incarnation = incarnation
-            log.info("registered %s (pid %s, %s)", name, record.pid, conn.peer)
+        if admission.admitted_as == "restart":
+            self.roster.restarted(record, admission.incarnation)
+        elif admission.admitted_as == "first":
+            record.incarnation = admission.incarnation
         if record.status != "done":
             record.status = "running"
             record.reason = None
-        joins = self._join_iteration(record, admission)
-        if joins is not None:
-            record.joins_iteration = joins
-        for barrier in self.barriers.values():
-            if record.kind == "actor" and record.status == "running" and admission != "rejoin":
-                barrier.add(record.name, record.joins_iteration)
-        if record.kind == "actor":
-            self.liveness.no_actor_since = None
-        self.roster.changed.set()
-        conn.set_limits(frame_limits.to_coordinator(name, self.algo))
-        await conn.reply(
-            msg,
-            meta={
-                "phase": int(self.phase),
-                "config_hash": self.config_hash,
-                "admission": admission,
-                "restarts": record.restarts,
-                "session": record.session,
-                **({"iteration": joins} if joins is not None else {}),
-            },
-        )
-        if joins is not None and admission == "restart":
-            self.push_to_memories("role_back", {"role": name, "iteration": joins})
-        if self.started.is_set() and record.kind == "memory" and record.address != old_address:
-            await self.broadcast("memories", {"memories": self.roster.memory_addresses()})
-        if all(r.status == "running" for r in self.roles.values()):
-            self.started.set()
-        return record
+        if admission.joins_iteration is not None:
+            record.joins_iteration = admission.joins_iteration

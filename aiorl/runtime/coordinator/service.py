@@ -11,10 +11,11 @@ checked (`aiorl.runtime.messages`): a bad one closes that connection, which
 loses that role. Each registration gets a session id, which memory hosts
 check (``check_session``) before a role may attach.
 
-The service dispatches and acts; its parts decide: who is admitted and who is
-lost (`roster`, `liveness`), when the run stops (`counters`), which weights an
-actor gets (`params`), how the run ended (`phases`), and what is reported
-(`report`).
+The service dispatches (one handler per request kind, `Coordinator._handlers`) and
+acts; its parts decide: who is admitted as what (`registration`, over the `roster`),
+who is lost (`roster`, `liveness`, the launcher's exit `notices`), when the run stops
+(`counters`), which weights an actor gets (`params`), how the run ended (`phases`),
+and what is reported (`report`).
 """
 
 from __future__ import annotations
@@ -28,29 +29,32 @@ from aiorl.config import Config
 from aiorl.core.ratelog import RateLimitedLog
 from aiorl.io.metrics import MetricsWriter
 from aiorl.io.rundir import Identity, launcher_pid
-from aiorl.runtime import frame_limits, local_sockets
+from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import build_algorithm
-from aiorl.runtime.coordinator.counters import RunCounters, Stop, owned_counters, stop_criterion
+from aiorl.runtime.coordinator.counters import RunCounters, Stop
+from aiorl.runtime.coordinator.handlers import RoleRequests
 from aiorl.runtime.coordinator.liveness import Liveness
-from aiorl.runtime.coordinator.notices import ExitNotices, LauncherNotices
+from aiorl.runtime.coordinator.notices import ExitNotices
 from aiorl.runtime.coordinator.params import ParameterStore
-from aiorl.runtime.coordinator.phases import PhaseClock, settle_outcome, wait_done
-from aiorl.runtime.coordinator.registration import Registration
+from aiorl.runtime.coordinator.phases import PhaseClock, first_done, settle_outcome, wait_done
+from aiorl.runtime.coordinator.pushes import Pushes
+from aiorl.runtime.coordinator.registration import Admission, Admissions
 from aiorl.runtime.coordinator.report import Report
 from aiorl.runtime.coordinator.requests import Requests, reply_error
 from aiorl.runtime.coordinator.roster import RoleRecord, Roster
-from aiorl.runtime.messages import BadMessage, any_map, check, unpack_table
+from aiorl.runtime.first_request import first_request
+from aiorl.runtime.messages import BadMessage, check, pack_table
 from aiorl.runtime.phase import FAILED, PHASE_OWNER, Phase
 from aiorl.runtime.resources import listen_backlog
 from aiorl.runtime.restart import LAUNCHER_PEER
+from aiorl.runtime.transport import transport_of
 from aiorl.runtime.work import WorkQueue
-from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve, shm
-from aiorl.wire.names import safe_text
+from aiorl.wire import Connection, ConnectionClosed, Message, Server, serve
 
 log = logging.getLogger("aiorl.coordinator")
 
 
-class Coordinator(Registration, LauncherNotices):
+class Coordinator:
     """Owns the run's global state; one instance, inside memory host 0."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, token: bytes, ssl=None, identity: Identity | None = None):
@@ -70,15 +74,37 @@ class Coordinator(Registration, LauncherNotices):
         self.counters = RunCounters()
         self.params = ParameterStore()
         self.liveness = Liveness(cfg)
+        self._log_refusal = RateLimitedLog(log, logging.WARNING, burst=10, per_s=0.5)
         # Read now, before any other role process exists to rewrite run.json.
-        self.notices = ExitNotices(launcher_pid(self.run_dir, self.identity), cfg.cluster.coordinator_timeout_s)
+        launcher = launcher_pid(self.run_dir, self.identity)
+        self.notices = ExitNotices(launcher, cfg.cluster.coordinator_timeout_s, log_refusal=self._log_refusal)
         self.lost_restartable: list[str] = []  # lost at the end with restarts left (not failures)
         items = algo.work_items(cfg) if self.synchronous else None
         self.work = WorkQueue(items) if items else None  # work items of the current iteration
         self.requests = Requests(cfg, self.phases, self.roster, self.params, self.stop, self.work, self.start_settled)
         self.barriers = self.requests.barriers
-        self._pushes: set[asyncio.Task] = set()
-        self._last_push: asyncio.Task | None = None
+        by_iteration = self.synchronous and self.work is None  # DPPO: one rollout per actor and iteration
+        self.admissions = Admissions(
+            self.roster, self.phases, self.params, self.notices, self.config_hash, by_iteration
+        )
+        self.role_requests = RoleRequests(
+            cfg,
+            phases=self.phases,
+            roster=self.roster,
+            counters=self.counters,
+            params=self.params,
+            stop=self.stop,
+            liveness=self.liveness,
+            requests=self.requests,
+            notices=self.notices,
+            mark=self._mark,
+            begin_stop=self.begin_stop,
+            interrupt=self.interrupt,
+            log_refusal=self._log_refusal,
+        )
+        # The handler of each request kind a registered role may send (`_dispatch`).
+        self._handlers = {"status": self._on_status, **self.role_requests.table()}
+        self.pushes = Pushes(self.roster.roles)
         self.server: Server | None = None
         if self.identity.resume_from:
             run = self.counters.resume(self.identity.resume_from)
@@ -107,9 +133,7 @@ class Coordinator(Registration, LauncherNotices):
         self.outcome: str | None = None
         self.registrations_refused = 0
         self.unregistered_closed = 0  # authenticated connections that never registered in time
-        self.counters_refused = 0
         self.bad_messages = 0
-        self._log_refusal = RateLimitedLog(log, logging.WARNING, burst=10, per_s=0.5)
         self._log_bad = RateLimitedLog(log, logging.ERROR, burst=10, per_s=0.5)
         self._log_housekeeping = RateLimitedLog(log, logging.ERROR, burst=5, per_s=0.1)
 
@@ -138,6 +162,10 @@ class Coordinator(Registration, LauncherNotices):
     @property
     def restarts(self) -> int:
         return self.roster.restarts
+
+    @property
+    def counters_refused(self) -> int:
+        return self.role_requests.counters_refused
 
     @property
     def weights_version(self) -> int:
@@ -190,13 +218,6 @@ class Coordinator(Registration, LauncherNotices):
 
     # ------------------------------------------------------------------ the stop
 
-    def _check_stop_criteria(self) -> None:
-        if self.phase != Phase.RUNNING or self.stop_event.is_set():
-            return
-        stop = stop_criterion(self.cfg, self.counters)
-        if stop is not None:
-            self.begin_stop(*stop)
-
     def begin_stop(
         self, reason: str, counter: str | None = None, failed: bool = False, role: RoleRecord | None = None
     ) -> None:
@@ -231,9 +252,7 @@ class Coordinator(Registration, LauncherNotices):
             max_handshakes=c.max_handshakes,
             max_handshakes_per_host=c.max_handshakes_per_host,
             first_bytes_timeout_s=c.first_bytes_timeout_s,
-            unix_path=unix_path,
-            rings=unix_path is not None and local_sockets.ring_bytes() is not None,
-            ring_bytes=local_sockets.ring_bytes() or shm.DEFAULT_RING_BYTES,
+            **transport_of(self.cfg).serve_args(unix_path),
         )
         return self.server.port
 
@@ -253,9 +272,6 @@ class Coordinator(Registration, LauncherNotices):
                 fields = check(msg.kind, msg.meta)
                 if msg.request_id is None:
                     raise BadMessage(f"{msg.kind} must be a request")
-                if msg.kind == "status":
-                    await self._reply_status(conn, msg)
-                    continue
                 waiter = await self._dispatch(record, conn, msg, fields)
                 if waiter is not None:
                     waiters.add(waiter)
@@ -277,6 +293,124 @@ class Coordinator(Registration, LauncherNotices):
             await asyncio.gather(*waiters, return_exceptions=True)
             if record is not None and record.conn is conn:
                 self._connection_lost(record)
+
+    # ------------------------------------------------------------------ registration
+
+    async def _until_registered(self, conn: Connection) -> RoleRecord | None:
+        """Answer `status` until the peer registers, all within cluster.coordinator_timeout_s: an
+        authenticated connection that never registers would hold one of max_connections for ever
+        (the memory host gives `attach` the same deadline). None: refused, timed out or closed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.cluster.coordinator_timeout_s
+        while True:
+            first = await self._first_request(conn, deadline - loop.time())
+            if first is None:
+                return None
+            msg, fields = first
+            if msg.kind == "register":
+                return await self._register(conn, msg, fields)
+            if msg.kind == "child_exit":
+                await self.notices.refuse_request(
+                    conn, msg, f"{conn.peer_name} (unregistered)", self.notices.refusal(conn)
+                )
+                return None
+            if msg.kind != "status":
+                await reply_error(conn, msg, f"{msg.kind!r} before register")
+                return None
+            await self._reply_status(conn, msg)
+
+    async def _first_request(self, conn: Connection, timeout_s: float) -> tuple[Message, dict] | None:
+        """A connection's next request, or None once it is closed for not sending one in time."""
+        try:
+            return await first_request(conn, timeout_s)
+        except TimeoutError as exc:
+            self.unregistered_closed += 1
+            self._log_refusal("closing the connection of %s from %s: %s", conn.peer_name, conn.peer, exc)
+            conn.abort()
+            return None
+
+    async def _reply_status(self, conn: Connection, msg: Message) -> None:
+        status = self.status()
+        roles = pack_table(status.pop("roles"))  # over 64 KiB of header from ~400 roles on
+        await conn.reply(msg, meta=status, arrays={"roles": roles})
+
+    async def _register(self, conn: Connection, msg: Message, meta: dict) -> RoleRecord | None:
+        """Act on the admission of a ``register`` request: refuse it, or take the role in."""
+        admission = await self.admissions.admit(conn.peer_name, meta)
+        if not admission.admitted:
+            await self._refuse_registration(conn, msg, admission)
+            return None
+        record = self.roles[admission.role]
+        if record.conn is not None and record.conn is not conn:
+            record.conn.abort()  # a half-open connection of the process that just rejoined
+        self.admissions.enter(record, admission, conn, meta)
+        if record.name == "learner-0" and meta.get("rendezvous"):
+            self.requests.rendezvous = meta["rendezvous"]  # learner 0 listens there (aiorl.runtime.rendezvous)
+        self.liveness.heard(record)
+        self._log_admission(record, admission, conn)
+        self._joined(record, admission)
+        conn.set_limits(frame_limits.to_coordinator(record.name, self.algo))
+        joins = admission.joins_iteration
+        await conn.reply(
+            msg,
+            meta={
+                "phase": int(self.phase),
+                "config_hash": self.config_hash,
+                "admission": admission.admitted_as,
+                "restarts": record.restarts,
+                "session": record.session,
+                **({"iteration": joins} if joins is not None else {}),
+            },
+        )
+        if admission.role_back is not None:
+            self.pushes.to_memories("role_back", admission.role_back)
+        if self.started.is_set() and admission.moved:
+            await self.pushes.broadcast("memories", {"memories": self.roster.memory_addresses()})
+        if all(r.status == "running" for r in self.roles.values()):
+            self.started.set()
+        return record
+
+    async def _refuse_registration(self, conn: Connection, msg: Message, admission: Admission) -> None:
+        self.registrations_refused += 1
+        if admission.misconfigured:  # a misconfigured process: the error is the user's to fix
+            self._log_refusal("refused registration from %s: %s", conn.peer, admission.reason)
+            await conn.reply_error(msg, admission.reason)
+        else:  # the right process at the wrong time (or an impostor): it exits
+            self._log_refusal("did not admit %s from %s: %s", admission.role, conn.peer, admission.reason)
+            await conn.reply(msg, meta={"admitted": False, "reason": admission.reason})
+        await conn.close()
+
+    def _log_admission(self, record: RoleRecord, admission: Admission, conn: Connection) -> None:
+        if admission.admitted_as == "restart":
+            restart = f"restart {record.restarts} of {self.cfg.cluster.max_restarts}"
+            log.warning("%s restarted (%s; pid %s, %s)", record.name, restart, record.pid, conn.peer)
+        elif admission.admitted_as == "rejoin":
+            log.warning("%s rejoined after its connection dropped (pid %s, %s)", record.name, record.pid, conn.peer)
+        else:
+            log.info("registered %s (pid %s, %s)", record.name, record.pid, conn.peer)
+
+    def _joined(self, record: RoleRecord, admission: Admission) -> None:
+        """What an admitted role changes: the barriers it takes part in, the actors' absence."""
+        for barrier in self.barriers.values():
+            if record.kind == "actor" and record.status == "running" and admission.admitted_as != "rejoin":
+                barrier.add(record.name, record.joins_iteration)
+        if record.kind == "actor":
+            self.liveness.no_actor_since = None
+        self.roster.changed.set()
+
+    # ------------------------------------------------------------------ the launcher's exit notices
+
+    async def _launcher_notices(self, conn: Connection) -> None:
+        """The launcher's connection: ``child_exit`` notices, each answered with what it did."""
+        refusal = self.notices.refusal(conn)
+        if refusal is not None:  # named as the launcher, and not it: one request gets the refusal
+            first = await self._first_request(conn, self.cfg.cluster.coordinator_timeout_s)
+            if first is not None:
+                await self.notices.refuse_request(conn, first[0], conn.peer_name, refusal)
+            return
+        await self.notices.serve(conn, self.roles, self._lose)
+
+    # ------------------------------------------------------------------ the roles' connections
 
     def _waiter_done(self, task: asyncio.Task) -> None:
         """A request's task that raised is a bug of the coordinator's: log it, fail the run."""
@@ -324,27 +458,7 @@ class Coordinator(Registration, LauncherNotices):
                 )
                 self.requests.wake_work()
         returns = self.roster.may_return(record, self.phase)
-        self.push_to_memories("role_lost", {"role": record.name, "returns": returns})
-
-    def push_to_memories(self, kind: str, meta: dict) -> None:
-        """Send `kind` to every connected memory host, after every push sent before it: a
-        restarted actor's ``role_back`` must never overtake its predecessor's ``role_lost``."""
-        memories = [r for r in self.roles.values() if r.kind == "memory" and r.conn is not None]
-        if not memories:
-            return
-        task = asyncio.get_running_loop().create_task(self._push(memories, kind, meta, self._last_push))
-        self._last_push = task
-        self._pushes.add(task)
-        task.add_done_callback(self._pushes.discard)
-
-    async def _push(self, records: list[RoleRecord], kind: str, meta: dict, after: asyncio.Task | None) -> None:
-        if after is not None:
-            await asyncio.gather(after, return_exceptions=True)
-        for record in records:
-            try:
-                await record.conn.send(kind, meta)
-            except (ConnectionClosed, AttributeError):
-                pass  # gone meanwhile (conn reset to None)
+        self.pushes.to_memories("role_lost", {"role": record.name, "returns": returns})
 
     def _role_failed(self, record: RoleRecord) -> None:
         """A role was lost or failed: what it means for the run (its own line is listed at the end)."""
@@ -369,105 +483,16 @@ class Coordinator(Registration, LauncherNotices):
     # ------------------------------------------------------------------ requests
 
     async def _dispatch(self, record: RoleRecord, conn: Connection, msg: Message, fields: dict) -> asyncio.Task | None:
-        kind = msg.kind
-        if kind == "heartbeat":
-            self._heartbeat(record, fields)
-            await conn.reply(
-                msg,
-                meta={
-                    "phase": int(self.phase),
-                    "weights_version": self.weights_version,
-                    "env_steps": self.env_steps,
-                    "learner_steps": self.learner_steps,
-                    "episodes": self.counters.episodes,
-                },
-            )
-        elif kind == "run_state":  # learner 0 checkpointing: its own counters first, so they are exact
-            if record.name != "learner-0":
-                await reply_error(conn, msg, f"only learner-0 checkpoints the run, not {record.name}")
-                return None
-            self._heartbeat(record, {"counters": fields.get("counters")})
-            await conn.reply(msg, meta=self.run_state())
-        elif kind == "wait_start":
-            return asyncio.create_task(self.requests.start(conn, msg), name=f"start for {record.name}")
-        elif kind == "publish":
-            await self.requests.publish(record, conn, msg)
-        elif kind == "get_weights":
-            return asyncio.create_task(self.requests.weights(conn, msg, fields), name=f"weights for {record.name}")
-        elif kind == "barrier":
-            return asyncio.create_task(
-                self.requests.barrier(record, conn, msg, fields), name=f"barrier for {record.name}"
-            )
-        elif kind == "work":
-            return asyncio.create_task(
-                self.requests.work_item(record, conn, msg, fields), name=f"work for {record.name}"
-            )
-        elif kind == "check_session":
-            if record.kind != "memory":
-                await conn.reply_error(msg, f"only memory hosts check sessions, not {record.name}")
-            else:
-                reason = self.check_session(fields["role"], fields["session"])
-                await conn.reply(msg, meta={"ok": reason is None, "reason": reason})
-        elif kind == "done":
-            self._heartbeat(record, fields)
-            stats = unpack_table(msg.arrays["stats"]) if "stats" in msg.arrays else fields.get("stats", {})
-            record.stats = any_map(stats, "done.stats")
-            if record.status == "running":
-                record.status = "done"
-                record.done_phase = self.phase.name
-                log.info("%s done in phase %s", record.name, self.phase.name)
-                self.roster.changed.set()
-            await conn.reply(msg)
-        elif kind == "fail":
-            reason = safe_text(fields.get("reason", "no reason given"), 1000)
-            self._mark(record, "failed", reason)
-            if fields.get("fatal"):  # a restart would fail the same way: no role waits for one
-                self.begin_stop(f"{record.name} failed: {reason}", failed=True, role=record)
-            await conn.reply(msg)
-        elif kind == "child_exit":
-            await self._refuse_notice(conn, msg, record.name, self.notices.refusal(conn))
-        elif kind == "stop":  # the role got a signal
-            self.interrupt(safe_text(fields.get("reason", "a signal")), record.name)
-            await conn.reply(msg)
-        else:
-            await reply_error(conn, msg, f"unknown control message {kind!r}")
-        return None
+        handler = self._handlers.get(msg.kind)
+        if handler is None:
+            await reply_error(conn, msg, f"unknown control message {msg.kind!r}")
+            return None
+        return await handler(record, conn, msg, fields)
 
-    def _heartbeat(self, record: RoleRecord, fields: dict) -> None:
-        """A role's report (heartbeat, done, run_state): each value only from the role that owns it."""
-        self.liveness.heard(record)
-        counters = fields.get("counters")
-        if counters:
-            accepted, refused = owned_counters(record, counters, asyncio.get_running_loop().time())
-            if refused:
-                self.counters_refused += len(refused)
-                self._log_refusal("refused counters of %s: %s", record.name, "; ".join(refused))
-            self.counters.set_counters(record, accepted)
-        metrics = fields.get("metrics")
-        if metrics:
-            record.metrics = metrics
-        evaluation = fields.get("evaluation")
-        if evaluation is not None and record.name == "learner-0":
-            self.counters.add_evaluation(evaluation)
-        returns = fields.get("episode_returns")
-        if returns and record.kind == "actor":
-            self.counters.add_episodes(returns, fields.get("episode_lengths", ()))
-        self._check_stop_criteria()
+    async def _on_status(self, record: RoleRecord, conn: Connection, msg: Message, fields: dict) -> None:
+        await self._reply_status(conn, msg)
 
     # ------------------------------------------------------------------ phases
-
-    async def broadcast(self, kind: str, meta: dict) -> None:
-        async def send(conn: Connection) -> None:
-            try:
-                await conn.send(kind, meta)
-            except ConnectionClosed:
-                pass
-
-        # The connections as they are now: gather starts each send a loop turn later, by when a
-        # role's connection may have closed (record.conn None: at 512 actors that crashed the
-        # coordinator in the phase change to STOPPING, bench/scale.py).
-        targets = [r.conn for r in self.roles.values() if r.conn is not None]
-        await asyncio.gather(*(send(conn) for conn in targets))
 
     async def _set_phase(self, phase: Phase) -> None:
         self.phases.enter(phase)
@@ -476,7 +501,7 @@ class Coordinator(Registration, LauncherNotices):
             for barrier in self.barriers.values():
                 barrier.abort(f"the run is {phase.name}")
             self.requests.wake_work()
-        await self.broadcast("phase", {"phase": int(phase), "reason": self.stop_reason})
+        await self.pushes.broadcast("phase", {"phase": int(phase), "reason": self.stop_reason})
 
     async def _wait_roles(self, kind: str | None, deadline_s: float, what: str) -> None:
         """Wait until every live role of `kind` reported done; mark late ones failed."""
@@ -544,7 +569,7 @@ class Coordinator(Registration, LauncherNotices):
             metrics_task.cancel()
             monitor_task.cancel()
             lag_task.cancel()
-            await asyncio.gather(metrics_task, monitor_task, lag_task, *self._pushes, return_exceptions=True)
+            await asyncio.gather(metrics_task, monitor_task, lag_task, *self.pushes.tasks, return_exceptions=True)
             self._write_metrics_row()
             self._metrics.close()
 
@@ -553,7 +578,7 @@ class Coordinator(Registration, LauncherNotices):
         start can still complete, for phase_timeout_s at most: the roles on their way register and
         are taken through the shutdown, but a lost one (its launcher died) cannot come back before
         RUNNING, and the run ends now rather than after start_timeout_s."""
-        await _first(self.started.wait(), self.stop_event.wait())
+        await first_done(self.started.wait(), self.stop_event.wait())
         if self.started.is_set():
             return
         deadline = asyncio.get_running_loop().time() + self.cfg.cluster.phase_timeout_s
@@ -564,7 +589,7 @@ class Coordinator(Registration, LauncherNotices):
                 break
             try:
                 async with asyncio.timeout(left):
-                    await _first(self.started.wait(), self.roster.changed.wait())
+                    await first_done(self.started.wait(), self.roster.changed.wait())
             except TimeoutError:
                 break
         for record in self.roles.values():
@@ -620,13 +645,3 @@ class Coordinator(Registration, LauncherNotices):
             "unix_connections": self.server.stats["unix_connections"] if self.server else 0,
         }
         self.report.write_summary(self.run_dir, ok, self.outcome, self.lost_restartable, refusals)
-
-
-async def _first(*awaitables) -> None:
-    """Until the first of `awaitables` is done; the others are cancelled."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
