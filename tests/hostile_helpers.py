@@ -63,9 +63,9 @@ class Memory0:
     async def __aenter__(self) -> Memory0:
         unix_path = None
         if self.transport == "shm":  # as the local launcher starts a role: rings beside the Unix sockets
-            for key, value in ((local_sockets.ENV_ON, "1"), (local_sockets.ENV_RINGS, str(256 * 1024))):
-                self._environ[key] = os.environ.get(key)
-                os.environ[key] = value
+            self.cfg.cluster.shm_ring_bytes = 256 * 1024
+            self._environ[local_sockets.ENV_ON] = os.environ.get(local_sockets.ENV_ON)
+            os.environ[local_sockets.ENV_ON] = "1"
             unix_path = local_sockets.socket_path(self.run_dir, "coordinator")
         self.coordinator = Coordinator(self.cfg, self.run_dir, self.token)
         self.cfg.cluster.port = await self.coordinator.start("127.0.0.1", 0, unix_path)

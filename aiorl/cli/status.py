@@ -24,6 +24,7 @@ from pathlib import Path
 from aiorl.config import connect_host
 from aiorl.io.rundir import latest_launch_id, read_json
 from aiorl.runtime.messages import BadMessage, unpack_table
+from aiorl.runtime.transport import SOCKETS_ONLY
 from aiorl.wire import ConnectionClosed, ProtocolError, ServerBusy, WireError, connect, load_token
 
 
@@ -91,7 +92,12 @@ async def _connect(host: str, port: int, token: bytes, timeout_s: float, unix_pa
         remaining = deadline - loop.time()
         try:
             return await connect(
-                host, port, token=token, name="status", handshake_timeout_s=max(0.1, remaining), unix_path=unix_path
+                host,
+                port,
+                token=token,
+                name="status",
+                handshake_timeout_s=max(0.1, remaining),
+                **SOCKETS_ONLY.connect_args(unix_path),
             )
         except ServerBusy:
             if loop.time() + delay > deadline:

@@ -34,7 +34,6 @@ from pathlib import Path
 
 from aiorl.algos import get_settings
 from aiorl.config import Config
-from aiorl.config.checks import rings_supported
 from aiorl.io.rundir import RunDir, write_json_atomic
 from aiorl.launch.notices import ExitNotices
 from aiorl.launch.panel import Progress, next_command, stopped_at_note
@@ -168,16 +167,13 @@ class LocalLauncher:
 
     def _unix_env(self, environ) -> dict[str, str]:
         """The environment of a child of this launcher: every role runs on this host, so with
-        ``cluster.unix_sockets`` they serve and connect over Unix sockets in the run directory,
-        and unless ``cluster.transport`` is 'tcp' move their data through shared-memory rings
-        (never inherited: only this launcher turns them on, or leaves them off)."""
-        ours = (local_sockets.ENV_ON, local_sockets.ENV_COORDINATOR, local_sockets.ENV_RINGS)
+        ``cluster.unix_sockets`` they serve and connect over Unix sockets in the run directory
+        (never inherited: only this launcher turns them on, or leaves them off). Whether rings go
+        beside them each role reads from the config (`aiorl.runtime.transport.transport_of`)."""
+        ours = (local_sockets.ENV_ON, local_sockets.ENV_COORDINATOR)
         env = {k: v for k, v in environ.items() if k not in ours}
         if self.cfg.cluster.unix_sockets:
             env[local_sockets.ENV_ON] = "1"
-            # auto or shm: every role is on this host (shm was refused at load on a machine without rings)
-            if self.cfg.cluster.transport != "tcp" and rings_supported():
-                env[local_sockets.ENV_RINGS] = str(self.cfg.cluster.shm_ring_bytes)
             if self.coordinator_unix:
                 env[local_sockets.ENV_COORDINATOR] = self.coordinator_unix
         return env

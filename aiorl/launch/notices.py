@@ -29,6 +29,7 @@ from pathlib import Path
 
 from aiorl.config import Config
 from aiorl.runtime.restart import LAUNCHER_PEER, exit_notice
+from aiorl.runtime.transport import SOCKETS_ONLY
 from aiorl.wire import ConnectionClosed, RemoteError, WireError, connect, load_token
 
 log = logging.getLogger("aiorl.launch")
@@ -117,7 +118,12 @@ class ExitNotices:
                 if conn is None:
                     try:
                         conn = await connect(
-                            "", 0, token=token, name=LAUNCHER_PEER, handshake_timeout_s=TIMEOUT_S, unix_path=unix_path
+                            "",
+                            0,
+                            token=token,
+                            name=LAUNCHER_PEER,
+                            handshake_timeout_s=TIMEOUT_S,
+                            **SOCKETS_ONLY.connect_args(unix_path),
                         )
                     except (OSError, TimeoutError, WireError) as exc:
                         log.debug("exit notices: cannot reach the coordinator (%s); again in %.2f s", exc, delay)

@@ -2,64 +2,24 @@
 
 `RayLauncher` is `aiorl.launch.local.LocalLauncher` with one thing changed: where
 a role process starts. Each role gets a Ray actor, `RoleHost`, placed by Ray
-(`aiorl.launch.placement`: resources per role kind, memory hosts spread over
-nodes, learners packed), which starts the very role process the local
+(`aiorl.launch.placement`), which starts the very role process the local
 launcher starts (``python -m aiorl run CONFIG --role KIND --index N``) on its
-node and reports its exit. The driver sees each one through `RayProcess`, an
-object with the Popen calls the local launcher makes, so phases, signals, the
-live panel, bounded waits, the summary and restarts are the local launcher's
-own code. aiorl's wire still carries every batch; Ray only places, starts
-and watches.
+node and reports its exit; the driver sees each one through `RayProcess`, an
+object with the Popen calls the local launcher makes. aiorl's wire still
+carries every batch; Ray only places, starts and watches.
 
-- Addresses: every role binds and advertises the IP of its node as Ray
-  reports it (``cluster.advertise_host``); roles other than memory 0 reach
-  the coordinator at memory 0's node IP and the port it bound (``port: 0``,
-  read back from ``coordinator.json`` as locally).
-- Run directory: ``run.dir`` must be on storage every node shares (NFS, a
-  cluster filesystem): roles write their logs, metrics, checkpoints and the
-  policy there, as locally, so `aiorl eval`, `plot` and `status` read it
-  unchanged. Each `RoleHost` checks, on its node, that it sees this launch's
-  ``run.json``; a run where one does not is refused (one line, exit 2)
-  before any role process starts.
-- Token: the driver writes it to the run directory's ``token`` (0600, as a
-  local run does; ``AIORL_TOKEN`` of the driver goes there too), and roles
-  read it from that file. It never passes through Ray (no actor argument,
-  option, name or runtime_env holds it) and never enters a role's argv or
-  environment: a node's ``AIORL_TOKEN`` is removed from the role's.
-- Faults: a node that disappears takes its RoleHosts with it; the driver
-  sees that role exit (as killed by SIGKILL) and the coordinator declares it
-  lost, as locally. Restarts are aiorl's (`aiorl.runtime.restart`, under
-  ``cluster.max_restarts``), not Ray's actor restarts: the coordinator's
-  incarnations, the budget, the backoff and which roles may restart at all
-  are one policy for both launchers, and a restarted role gets a new
-  RoleHost that Ray places on a node with room (another node, if its own
-  is gone).
-- Nothing outlives the run: the driver kills every RoleHost and removes its
-  placement groups when it ends; a role process is killed (SIGKILL) if its
-  RoleHost dies (PR_SET_PDEATHSIG, from the RoleHost's one event-loop
-  thread). SIGKILL, not the local launcher's SIGTERM: a RoleHost dies with
-  its node's Ray processes (or its driver), and a role given SIGTERM asks the
-  coordinator to stop the whole run, where a lost node must read as lost
-  roles (restarted, or ending the run as failed).
-- Start-up: a role here is its own ``python -m aiorl`` process, not forked
-  from a warm spawner as locally (issue 30, measured on a loopback 3-node
-  cluster, 2 cores, load 3.5-5; random_agent, 2 actors, 2 memories, 1 learner).
-  Launch to RUNNING took 8.4 s: RoleHosts created at 0.8 s, their Ray workers
-  up at 3.4-3.8 s, memory 0 started at 4.1, its coordinator serving at 5.9,
-  the other roles started at 6.0 and registered by 7.2 (the learner at 8.4).
-  A role's own imports (start to ready, less a forked role's) are 1.4 s for
-  memory 0 and 2.1 s for the learner (about 1.9 s of CPU each). A spawner per
-  RoleHost, started when its Ray worker comes up, saves at most 0.4 s of
-  memory 0's (its worker is up 0.4 s before its start call; a restart's, just
-  before) plus the learner's 2.1 s: 2.5 s (29%), and only where idle cores run
-  those imports at once. A prototype did not get it: placed to RUNNING 7.0
-  and 7.2 s against 4.3 and 7.0 s exec'ed, launch to RUNNING 12.3/17.5 s
-  against 8.8/12.8 s (alternate runs, one cluster; at load 7.5-10, 26.7/18.1
-  against 22.1/14.9 s). Five spawners importing at once need the CPU the
-  exec'ed roles need, and memory 0's import then waits behind the others'.
-  A gain measured at or below zero does not pay for a second process per role
-  holding torch's imports (about 240 MB resident) for the role's life; on
-  nodes with idle cores, measure again (bench/ray_launcher.py).
+What it guarantees (docs/concepts/ray-launcher.md says why, with the start-up
+measurements that keep a role exec'ed rather than forked from a warm spawner):
+
+- every role binds and advertises its node's IP (``cluster.advertise_host``);
+- ``run.dir`` is seen by every node, checked by each `RoleHost` before any role
+  process starts (else one line, exit 2);
+- the token only in the run directory's 0600 ``token``: never through Ray, a
+  role's argv or its environment;
+- a lost node's roles are lost roles, restarted by aiorl's policy
+  (``cluster.max_restarts``), never Ray's;
+- nothing outlives the run: the driver kills every RoleHost and its placement
+  groups, and a role process is SIGKILLed when its RoleHost dies.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from aiorl.runtime import local_sockets
+from aiorl.runtime.transport import SOCKETS_ONLY, Transport
 from aiorl.wire import Connection, ConnectionClosed, Limits, Message, RemoteError, connect, shm
 from aiorl.wire.names import safe_text
 
@@ -47,6 +47,7 @@ class ControlChannel:
         log: logging.Logger,
         limits: Limits | None = None,
         unix_path: str | None = None,
+        transport: Transport | None = None,
     ):
         self.name = name
         self.address = address
@@ -58,6 +59,7 @@ class ControlChannel:
         self.log = log
         self.limits = limits  # what the coordinator may send this role (weights at most)
         self.unix_path = unix_path  # a local run's: the coordinator's Unix socket, else TCP
+        self.transport = transport or SOCKETS_ONLY  # whether rings go beside that socket
         self.session: str | None = None  # of the current registration, from the coordinator's reply
         self.conn: Connection | None = None
         self.rejoins = 0
@@ -84,8 +86,7 @@ class ControlChannel:
                     ssl=self.ssl,
                     limits=self.limits,
                     handshake_timeout_s=max(0.1, min(self.timeout_s, remaining)),
-                    unix_path=self.unix_path,
-                    ring_path=local_sockets.ring_usable(self.unix_path),
+                    **self.transport.connect_args(self.unix_path),
                 )
             except (OSError, TimeoutError) as exc:  # refused, unreachable, or busy (ServerBusy)
                 if loop.time() + delay > deadline:

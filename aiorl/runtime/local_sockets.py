@@ -5,7 +5,8 @@ each child ``AIORL_UNIX_SOCKETS=1`` (``cluster.unix_sockets``), and, once memory
 written ``coordinator.json``, the coordinator's socket in ``AIORL_COORDINATOR_UNIX``. A role
 placed by Ray or started by hand has neither and keeps TCP; so does any address whose socket
 does not exist on this host. Servers listen on TCP as well in any case (a Ray role, ``aiorl
-status HOST:PORT``).
+status HOST:PORT``). Whether rings go beside the sockets is the config's choice, made with the
+rest of the transport in :mod:`aiorl.runtime.transport`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,10 @@ import logging
 import os
 from pathlib import Path
 
-from aiorl.wire.shm import ring_path
 from aiorl.wire.unix import fits
 
 ENV_ON = "AIORL_UNIX_SOCKETS"
 ENV_COORDINATOR = "AIORL_COORDINATOR_UNIX"
-#: Set (to the bytes of each ring) when servers also hand out shared-memory rings beside their
-#: Unix sockets and roles connect through them (``cluster.transport`` auto or shm).
-ENV_RINGS = "AIORL_SHM_RING_BYTES"
 #: Inside the run directory (0700), kept short: sun_path holds 107 bytes.
 SOCKET_DIR = "sock"
 
@@ -37,8 +34,12 @@ def enabled(environ=os.environ) -> bool:
 def socket_path(run_dir: str | Path, name: str, environ=os.environ) -> str | None:
     """Where server `name` of this run listens besides TCP; None to serve TCP only (not a
     local run, or a run directory so deep that the path would not fit: said once, here)."""
-    if not enabled(environ):
-        return None
+    return path_in(run_dir, name) if enabled(environ) else None
+
+
+def path_in(run_dir: str | Path, name: str) -> str | None:
+    """Where server `name` of the run in `run_dir` listens besides TCP; None when the path would
+    not fit (said once per process, here)."""
     directory = Path(run_dir).absolute() / SOCKET_DIR
     path = str(directory / name)
     if not fits(path):
@@ -61,24 +62,3 @@ def usable(path: object, environ=os.environ) -> str | None:
     if not enabled(environ) or not isinstance(path, str) or not path:
         return None
     return path if os.path.exists(path) else None
-
-
-def ring_bytes(environ=os.environ) -> int | None:
-    """Bytes per ring when the local launcher turned shared memory on for this process, else None."""
-    if not enabled(environ):
-        return None
-    value = environ.get(ENV_RINGS, "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def ring_usable(unix_path: str | None, environ=os.environ) -> str | None:
-    """The ring listener beside server socket `unix_path` when this role should move its data
-    through shared memory (rings on, and the listener is there on this host); else None."""
-    if unix_path is None or ring_bytes(environ) is None:
-        return None
-    path = ring_path(unix_path)
-    return path if os.path.exists(path) else None
-
-
-def coordinator_path(environ=os.environ) -> str | None:
-    return usable(environ.get(ENV_COORDINATOR), environ)

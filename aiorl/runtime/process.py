@@ -18,13 +18,13 @@ from pathlib import Path
 from aiorl.config import Config
 from aiorl.core.console import CONSOLE, console_handler
 from aiorl.io.rundir import Identity, write_json_atomic
-from aiorl.runtime import local_sockets
 from aiorl.runtime.actor import ActorRole
 from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.learner import LearnerRole
 from aiorl.runtime.memory import MemoryRole
 from aiorl.runtime.phase import EXIT_FAILED, EXIT_OK, INTERRUPTED, interrupted_exit_code, role_name
 from aiorl.runtime.resources import raise_open_file_limit
+from aiorl.runtime.transport import transport_of
 from aiorl.wire import load_token
 from aiorl.wire.tls import client_context, server_context
 
@@ -95,7 +95,7 @@ async def _run_memory0(cfg: Config, run_dir: Path, token: bytes, ssl_client, ssl
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, coordinator.interrupt, signal.Signals(sig).name, "memory-0")
-    unix_path = local_sockets.socket_path(run_dir, "coordinator")
+    unix_path = transport_of(cfg).socket_path(run_dir, "coordinator")
     port = await coordinator.start(cfg.cluster.host, cfg.cluster.port, unix_path)
     cfg.cluster.port = port
     address = {"host": cfg.cluster.advertise_host or cfg.cluster.host, "port": port, "pid": os.getpid()}

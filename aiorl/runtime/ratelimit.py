@@ -16,50 +16,11 @@ agent.samples_per_insert``, ``min_size`` the memory's share of
   actors ran ahead, they stop stepping until a credit comes, counted as their
   ``blocked_s``). Data is never dropped: a batch sent is always stored.
 
-Pipelining: why the credits run deep and how wide the band is
--------------------------------------------------------------
-
-A credit is a round trip: the memory grants it, the actor fills a batch,
-sends it (an actor's connection holds a batch up to
-``cluster.actor_flush_delay_s``, 5 ms, to share writes), the memory stores it
-and grants the next. With one credit in flight per batch being filled, an
-actor whose batch takes ``t_b`` to step waits ``RTT - t_b`` for every batch
-as soon as the round trip is longer than a batch. Measured on the 2-core
-machine (bench/pipeline.py: CartPole, 64-step batches, one env) an actor
-steps a batch in about 1.2 ms (50k env steps/s); with two credits it
-delivered 0.29 of that, two batches per round trip of about 9 ms (5 ms of
-flush delay, the rest the hops and the memory host's turn). To hide a round
-trip an actor must hold
-
-    D >= 1 + RTT / t_b   batches per memory host   (about 8.5 here; its
-                                                     batches are spread over
-                                                     the hosts, so more hosts
-                                                     need no more)
-
-so ``cluster.actor_credits`` defaults to 16: about twice that, for a loaded
-machine's longer round trips, and still small (16 batches of 64 rows) against
-any replay. Slow envs (Atari: tens of ms a batch) need far less; holding more
-credits than needed costs nothing but band width, as below. On the other side a
-learner holds ``cluster.learner_credits`` requests per memory: the memory
-samples ahead of it as far as the ratio allows, so one batch waits while the
-previous one trains.
-
-Neither side may then wait on the other while the ratio is in its band:
-from any ``diff`` in the band's middle, the learners must be able to take all
-the batches they asked for, ``W_l = learners * learner_credits * B`` samples,
-without crossing the lower bound, and the actors must be able to fill all
-their credits, ``W_a = spi * actors * actor_credits * batch_rows`` in units of
-``diff``, without crossing the upper one. So
-
-    e = max(tolerance * spi * min_size, W_l + W_a)
-
-(``tolerance``: ``agent.samples_per_insert_tolerance``, Acme's
-``samples_per_insert_tolerance_rate``). Only a side really ahead, one whose
-window reaches its bound, waits; the ratio still holds on average (its drift
-is at most ``e`` over the whole run) and never leaves the band. The floor is
-also what rules out a state where neither side may move: that needs
-``2e < B + spi * batch_rows`` (Reverb refuses such a band for the same
-reason), and ``W_l + W_a`` is at least that with a single credit each.
+The error buffer is ``e = max(tolerance * spi * min_size, W_l + W_a)``: at least the
+learners' and the actors' windows together (every batch request and every credit they may
+hold), so from the band's middle neither side waits on the other, and no state leaves both
+stuck. The derivation, and why ``cluster.actor_credits`` defaults to 16 (a credit is a round
+trip, measured): docs/concepts/rate-limit.md.
 
 Synchronous algorithms do not use replay; the limiter is not built for them.
 """
@@ -68,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-# Default depth of an actor's credits per memory host (cluster.actor_credits): see the docstring.
+# Default depth of an actor's credits per memory host (cluster.actor_credits): see docs/concepts/rate-limit.md.
 ACTOR_CREDITS = 16
 
 # What holds a side back, as metrics and log lines name it.

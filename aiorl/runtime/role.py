@@ -45,6 +45,7 @@ from aiorl.runtime.phase import (
     interrupted_exit_code,
     role_name,
 )
+from aiorl.runtime.transport import Transport, transport_of
 from aiorl.wire import Connection, ConnectionClosed, Limits, RemoteError, ServerBusy, connect
 
 
@@ -241,9 +242,14 @@ class Role:
     def coordinator_address(self) -> tuple[str, int]:
         return connect_host(self.cfg.cluster.host), self.cfg.cluster.port
 
+    @property
+    def transport(self) -> Transport:
+        """How this role's servers listen and its connections go (chosen from the config)."""
+        return transport_of(self.cfg)
+
     def coordinator_unix_path(self) -> str | None:
         """The coordinator's Unix socket when this role of a local run reaches it there, else None."""
-        return local_sockets.coordinator_path()
+        return self.transport.peer_socket(os.environ.get(local_sockets.ENV_COORDINATOR))
 
     def _register_meta(self) -> dict:
         return {
@@ -261,8 +267,7 @@ class Role:
         host: str,
         port: int,
         limits: Limits | None = None,
-        unix_path: str | None = None,
-        ring_path: str | None = None,
+        where: dict | None = None,
     ) -> Connection:
         """Connect to a server of the run, retrying (with backoff) while it is busy, for up to
         ``cluster.start_timeout_s``. A server that refuses or cannot be reached fails at once:
@@ -283,8 +288,7 @@ class Role:
                     ssl=self.ssl_client,
                     limits=limits,
                     handshake_timeout_s=self.cfg.cluster.coordinator_timeout_s,
-                    unix_path=unix_path,
-                    ring_path=ring_path,
+                    **(where or {}),  # Transport.connect_args: a Unix socket or a ring; none: TCP
                 )
             except (ServerBusy, TimeoutError):  # its handshake slots are taken (a flood, or many peers at once)
                 if asyncio.get_running_loop().time() + delay > deadline:
@@ -301,17 +305,19 @@ class Role:
         """Connect to a memory host at `address` ([host, port], a local run's with its Unix socket
         after them) and attach with this registration's session id."""
         host, port = address[0], address[1]
-        unix_path = local_sockets.usable(address[2] if len(address) > 2 else None)
+        unix_path = self.transport.peer_socket(address[2] if len(address) > 2 else None)
         # A learner receives sampled batches; an actor only the attach reply.
         limits = (
             frame_limits.memory_to_learner(self.cfg, self.algorithm())
             if self.kind == "learner"
             else frame_limits.UNKNOWN_PEER
         )
-        ring = local_sockets.ring_usable(unix_path)
-        conn = await self.connect_to(host, port, limits, unix_path, ring)
-        if ring is not None:
-            self.log.info("connected to the memory host at %s:%s over shared memory (ring:%s)", host, port, ring)
+        where = self.transport.connect_args(unix_path)
+        conn = await self.connect_to(host, port, limits, where)
+        if where["ring_path"] is not None:
+            self.log.info(
+                "connected to the memory host at %s:%s over shared memory (ring:%s)", host, port, where["ring_path"]
+            )
         elif unix_path is not None:
             self.log.info("connected to the memory host at %s:%s over unix:%s", host, port, unix_path)
         try:
@@ -396,6 +402,7 @@ class Role:
             self.log,
             limits=frame_limits.from_coordinator(self.algorithm()),
             unix_path=self.coordinator_unix_path(),
+            transport=self.transport,
         )
         hold_if_named(self.name, self.log)
         try:

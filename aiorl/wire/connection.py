@@ -1,4 +1,6 @@
-"""Connections, clients and servers: the message API over :mod:`aiorl.wire.protocol`.
+"""Clients and servers: `connect`, `serve` and its `Server`, which start a protocol
+(:mod:`aiorl.wire.protocol`) per connection and hand out its message API
+(:class:`~aiorl.wire.Connection`, :mod:`aiorl.wire.stream`).
 
 Buffer contract for senders
 ---------------------------

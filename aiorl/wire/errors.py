@@ -37,7 +37,8 @@ class TokenError(WireError):
 
 
 class ServerBusy(WireError, ConnectionRefusedError):
-    """The server is at its connection limit and refused this one; try again later.
+    """The server refused this connection at one of its caps (connections, handshakes), or gave
+    its handshake's slot to a newcomer; try again later.
 
     An ``OSError`` (``ConnectionRefusedError``), so code that retries a refused
     connect retries this too.

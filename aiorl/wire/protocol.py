@@ -2,8 +2,9 @@
 
 It owns the bytes: framing and flow control in both directions; the
 handshake's states live in :class:`aiorl.wire.auth.Handshake`, which this
-protocol only feeds and whose bytes it writes. :mod:`aiorl.wire.connection`
-puts the message API on top.
+protocol only feeds and whose bytes it writes. :mod:`aiorl.wire.stream` puts
+the message API on top (:class:`~aiorl.wire.Connection`), :mod:`aiorl.wire.connection`
+the clients and servers that start it.
 
 Receiving (``BufferedProtocol``, so the loop reads straight into our memory):
 
@@ -48,7 +49,7 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -70,9 +71,6 @@ from .codec import (
 from .errors import AuthError, ConnectionClosed, ProtocolError, RemoteError
 from .message import _EOF, Message
 from .stream import Connection
-
-if TYPE_CHECKING:
-    from .connection import Connection
 
 logger = logging.getLogger("aiorl.wire")
 

@@ -1,6 +1,7 @@
 """The ring transport: an asyncio transport over two single-producer single-consumer byte rings
 in one shared mapping, with a Unix socket kept open for liveness. How the mapping is handed
-over and checked, and the ring's rules, are in :mod:`aiorl.wire.shm`.
+over and checked is :mod:`aiorl.wire.shm`; the ring's rules and its wake-ups are in
+docs/concepts/transports.md.
 
 A writer copies bytes into the ring, then stores the new tail; a reader loads the tail, then
 reads the bytes before it. Both are plain stores and loads (Python has no fence), which is

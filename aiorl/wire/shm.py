@@ -1,50 +1,24 @@
 """Shared-memory rings between two processes of one host, under the same framing as TCP.
 
 A connection over rings is an asyncio transport like any other: :class:`RingTransport`
-(:mod:`aiorl.wire.ring`) feeds
-the same :class:`~aiorl.wire.protocol.WireProtocol` (handshake, frame checks, limits, flow
-control) that a socket transport feeds, so nothing above the byte stream knows the difference.
+(:mod:`aiorl.wire.ring`) feeds the same :class:`~aiorl.wire.protocol.WireProtocol` (handshake,
+frame checks, limits, flow control) that a socket transport feeds, so nothing above the byte
+stream knows the difference.
 
-Hand-over. A server of a local run listens on a second Unix socket in the run directory (0700;
-the socket itself 0600), ``<its socket>.ring``. When a peer connects there, the server checks
-the peer's uid (``SO_PEERCRED``, as on its other Unix socket), then creates one memfd holding a
-ring per direction, sealed against shrinking and growing (``F_SEAL_SHRINK | F_SEAL_GROW |
-F_SEAL_SEAL``: a peer cannot truncate the pages under the server's mapping), and two eventfds,
-and passes the three descriptors over the socket (``SCM_RIGHTS``) with a fixed 24-byte
-description. The client checks all of it before mapping anything: the magic, the ring size
-against ``[MIN_RING_BYTES, MAX_RING_BYTES]``, exactly three descriptors, a memfd whose size is
-exactly the layout's and whose seals are set, two eventfds. Then the usual HMAC handshake runs
-*over the rings*: nothing is accepted from a ring before it, exactly as on TCP. The Unix
-socket stays open, silent, for the connection's life: the kernel closes it when either process
-dies, which is how the other side sees EOF (a byte arriving on it is bad input).
+This module holds the hand-over. A server of a local run listens on a second Unix socket beside
+its own, ``<its socket>.ring`` (`ring_path`); to a peer of its uid (``SO_PEERCRED``) it passes
+one sealed memfd with a ring per direction and two eventfds (``SCM_RIGHTS``, with a fixed
+24-byte description). The client checks all of it before mapping anything (magic, ring size in
+``[MIN_RING_BYTES, MAX_RING_BYTES]``, three descriptors, a sealed memfd of exactly the
+layout's size, two eventfds); then the usual HMAC handshake runs over the rings, and the Unix
+socket stays open, silent, so that either side sees the other's death as EOF.
 
-Rings. Each direction is a single-producer single-consumer byte ring: the producer owns
-``tail`` (bytes written since the start), the consumer owns ``head`` (bytes read), both
-monotonic 64-bit counters in the shared page, each written only by its owner. Each side keeps
-its own counter privately and only *reads* the peer's; a peer's counter that went backwards or
-claims more than the ring's capacity is bad input and ends the connection, and a length read
-from the ring is never used before that check. The consumer copies bytes out into the
-protocol's own buffers (``get_buffer``/``buffer_updated``) before the protocol parses them, so
-a peer cannot change a frame after it was checked; nothing from a ring is unpickled or eval'ed.
-
-Wake-ups. Each wake-up is an eventfd write, a system call that may also cost the woken side a
-trip through its event loop, so they are sent only to a side that waits. A consumer that has
-read everything raises its ``waiting`` flag, then looks at the tail once more; a producer
-writes the consumer's eventfd ("data written") after a batch of writes only when that flag is
-up; a consumer that reads on finds the new bytes without one. A producer whose ring is full
-raises its ``blocked`` flag, then looks at the head once more; the consumer writes the
-producer's eventfd ("space freed") once at most half the ring is unread (or none), so the
-producer refills half a ring per wake-up instead of waking after every read. A producer whose
-ring is full keeps its frames (zero-copy views, as uvloop's transport does) and reports its
-write buffer to the protocol, whose ``drain()`` then waits, as over TCP; nothing is dropped.
-Counters are read and stored whole, as aligned 8-byte words (a native ``memoryview`` of ``Q``,
-never byte by byte: a torn read would look like a forged counter), in order on x86-64 (TSO).
-TSO may still let a load pass an earlier store, so each "raise the flag, look again" and each
-"move the counter, look at the flag" is a sequentially consistent store then a load
-(``aiorl._ext.wire.Control``: a locked instruction between them): either the waiting side sees
-the other's move or the other sees its flag; no wake-up is lost. Re-checking every
-``BLOCKED_RECHECK_S`` while blocked remains as a safety net. A peer that forges a flag only
-changes when it is woken itself. Layout version 2 added ``waiting``.
+What the rings guarantee: each counter is written by its owner only, and a peer's counter that
+went backwards or past the ring's capacity ends the connection before any length read from the
+ring is used; bytes are copied out before the protocol parses them (a peer cannot change a
+checked frame); a full ring holds its writer back (``drain()``), nothing is dropped; a wake-up
+(an eventfd write) goes only to a side that waits, and none is lost. The rules, the wake-up
+protocol and why it needs x86-64's store order: docs/concepts/transports.md.
 """
 
 from __future__ import annotations

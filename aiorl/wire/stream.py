@@ -29,7 +29,8 @@ class Connection:
 
     @property
     def peer(self) -> str:
-        """The peer's address, ``"host:port"``."""
+        """The peer's address: ``"host:port"``, or ``"unix:PATH"`` over a Unix socket (the ring
+        listener's path, ending ``.ring``, over shared-memory rings)."""
         return self._proto.peer
 
     @property
@@ -113,7 +114,7 @@ class Connection:
         The frame is queued whole before anything awaits, so concurrent senders
         never interleave. Arrays of 32 KiB or more are sent from your memory
         without a copy, possibly after this returns: never modify an array
-        after passing it here (see the module docstring).
+        after passing it here (see the buffer contract in :mod:`aiorl.wire.connection`).
         """
         proto = self._proto
         if proto._closing or proto._lost or proto._failed:

@@ -1,4 +1,4 @@
-"""Unix sockets: the path limit, listening in a private directory, and who the peer is.
+"""Unix sockets: the path limit, a stale socket's removal, and who the peer is.
 
 A local run's servers also listen on a Unix socket in the run directory (0700), so a role on
 the same host reaches them without a TCP port any local user could connect to; the kernel

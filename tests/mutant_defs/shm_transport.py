@@ -238,23 +238,23 @@ MUTANTS = [
     ),
     dict(
         name="tcp-transport-still-gets-rings",
-        path="aiorl/launch/local.py",
-        old='            if self.cfg.cluster.transport != "tcp" and rings_supported():',
-        new="            if rings_supported():",
-        tests=[LAUNCHER_ENV],
+        path="aiorl/runtime/transport.py",
+        old='    rings = unix and cfg.cluster.transport != "tcp" and rings_supported()\n',
+        new="    rings = unix and rings_supported()\n",
+        tests=["tests/runtime/test_transport.py::test_each_config_gives_its_serve_and_connect_args", LAUNCHER_ENV],
     ),
     dict(
         name="memory-hosts-offer-no-rings",
         path="aiorl/runtime/memory/role.py",
-        old="            rings=local_sockets.ring_bytes() is not None,",
-        new="            rings=False,",
+        old="            **self.transport.server_args(self.run_dir, self.name),\n",
+        new='            **{**self.transport.server_args(self.run_dir, self.name), "rings": False},\n',
         tests=[MEMORY_HOSTILE],
     ),
     dict(
         name="roles-never-use-a-memory-hosts-ring",
         path="aiorl/runtime/role.py",
-        old="        ring = local_sockets.ring_usable(unix_path)",
-        new="        ring = None",
+        old="        where = self.transport.connect_args(unix_path)\n",
+        new='        where = {"unix_path": unix_path, "ring_path": None}\n',
         tests=[LOCAL_RUN],
     ),
     dict(
@@ -280,9 +280,9 @@ MUTANTS = [
     ),
     dict(
         name="the-launcher-turns-rings-on-where-they-are-not-supported",
-        path="aiorl/launch/local.py",
-        old='            if self.cfg.cluster.transport != "tcp" and rings_supported():\n',
-        new='            if self.cfg.cluster.transport != "tcp":\n',
+        path="aiorl/runtime/transport.py",
+        old='    rings = unix and cfg.cluster.transport != "tcp" and rings_supported()\n',
+        new='    rings = unix and cfg.cluster.transport != "tcp"\n',
         tests=[
             "tests/wire/test_wire_shm.py::test_rings_only_on_x86_64_shm_refused_elsewhere_and_auto_keeps_to_sockets"
         ],

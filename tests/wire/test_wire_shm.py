@@ -619,12 +619,17 @@ def test_rings_only_on_x86_64_shm_refused_elsewhere_and_auto_keeps_to_sockets(mo
     from aiorl.experiment.loading import load_config
     from aiorl.launch.local import LocalLauncher
     from aiorl.runtime import local_sockets
+    from aiorl.runtime.transport import transport_of
 
     monkeypatch.setattr(platform, "machine", lambda: machine)
     assert rings_supported() is rings
     cfg = load_config(data={"algo": "random_agent", "cluster": {"transport": "auto"}})
+    # A role the local launcher started: Unix sockets on, and rings only where the machine has them.
     env = LocalLauncher._unix_env(types.SimpleNamespace(cfg=cfg, coordinator_unix=None), {})
-    assert (local_sockets.ENV_RINGS in env) is rings and env[local_sockets.ENV_ON] == "1"
+    assert env[local_sockets.ENV_ON] == "1"
+    transport = transport_of(cfg, env)
+    assert transport.unix_sockets and (transport.ring_bytes is not None) is rings
+    assert transport.serve_args("/run/sock/memory-0")["rings"] is rings
     if rings:
         load_config(data={"algo": "random_agent", "cluster": {"transport": "shm"}})
     else:
