@@ -21,15 +21,15 @@ observation at a time); they have no vector to act on, so ES examples are listed
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import common
 import numpy as np
+from common import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 # Acceptance figure of the acting path: the Ape-X DQN CartPole policy at 8 envs per actor.
 TARGET = ("apex_dqn_cartpole", 0.5)
 
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         verdict = "met" if hit[0]["ratio"] >= target else "MISSED"
         print(f"target {name} policy/random >= {target} at 8 envs: {hit[0]['ratio']:.2f} {verdict}")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        common.write_json(args.json, rows, indent=2)
     return 0
 
 

@@ -29,24 +29,25 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-APEX = ["examples/apex_dqn_cartpole.yaml", "--set", "cluster.actors=2"]
+import common
+from common import ROOT
+
+APEX = "examples/apex_dqn_cartpole.yaml"
+# scenario: (config, its --sets, the metrics counter that must pass a value before the kill)
 SCENARIOS = {
-    "apex-restart": (APEX + ["--set", "cluster.max_restarts=2"], "learner_steps", 100),
-    "apex-no-restart": (APEX + ["--set", "cluster.max_restarts=0"], "learner_steps", 100),
-    "dppo": (["examples/dppo_cartpole.yaml"], "learner_steps", 3),
+    "apex-restart": (APEX, ["cluster.actors=2", "cluster.max_restarts=2"], "learner_steps", 100),
+    "apex-no-restart": (APEX, ["cluster.actors=2", "cluster.max_restarts=0"], "learner_steps", 100),
+    "dppo": ("examples/dppo_cartpole.yaml", [], "learner_steps", 3),
 }
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
@@ -66,69 +67,45 @@ def stamped(path: Path, pattern: str, after: float) -> float | None:
     return None
 
 
-def last_row(run_dir: Path) -> dict:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return {}
-    for line in reversed(path.read_text().splitlines()):
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue
-    return {}
-
-
-def wait(predicate, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    return None
-
-
 def trial(tree: Path, scenario: str, wait_s: float) -> dict:
-    args, key, above = SCENARIOS[scenario]
+    config, sets, key, above = SCENARIOS[scenario]
     scratch = Path(tempfile.mkdtemp(prefix="aiorl-bench-", dir="/tmp"))  # short: socket paths
     run_dir = scratch / "run"
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, "-m", "aiorl", "run", *args, "--set", f"run.dir={run_dir}", "--quiet"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out: dict = {}
     try:
-        if not wait(lambda: last_row(run_dir).get(key, 0) >= above, 300):
-            raise RuntimeError(f"{scenario}: the run did not reach {key} {above}")
-        pid = json.loads((run_dir / "pids.json").read_text())["actor-1"]
-        killed = time.time()
-        os.kill(pid, signal.SIGKILL)
-        coordinator = run_dir / "logs" / "memory-0.log"
-        events = {"lost": (coordinator, r"actor-1 lost: ")}
-        if scenario == "apex-restart":
-            events["restarted"] = (coordinator, r"actor-1 restarted \(")
-        if scenario == "dppo":
-            events["barrier"] = (coordinator, r"barrier 'iteration' goes on without actor-1")
-        wait(lambda: all(stamped(path, p, killed) for path, p in events.values()), wait_s)
-        for name, (path, pattern) in events.items():
-            at = stamped(path, pattern, killed)
-            out[name] = None if at is None else round(at - killed, 3)
-        if out.get("barrier") is not None:
-            # The iteration in flight at the kill may train on actor-0's rollout alone (its memory
-            # host saw actor-1's data connection drop); the first round without actor-1 is the one
-            # after the barrier let actor-0 through. 8 envs x 32 steps: one actor's 256 rows.
-            learner, pattern = run_dir / "logs" / "learner-0.log", r"iteration \d+: 256 rows"
-            released = killed + out["barrier"]
-            at = wait(lambda: stamped(learner, pattern, released), wait_s)
-            out["round"] = None if at is None else round(at - killed, 3)
+        with common.Launch(config, run_dir, sets, env=env) as launch:
+            if not common.wait_for(lambda: common.last_metrics_row(run_dir).get(key, 0) >= above, 300):
+                raise RuntimeError(f"{scenario}: the run did not reach {key} {above}")
+            out = events_after_kill(run_dir, scenario, launch.pids()["actor-1"], wait_s)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def events_after_kill(run_dir: Path, scenario: str, pid: int, wait_s: float) -> dict:
+    """SIGKILL `pid`; the seconds until each of the coordinator's lines on it (None: never came)."""
+    out: dict = {}
+    killed = time.time()
+    os.kill(pid, signal.SIGKILL)
+    coordinator = run_dir / "logs" / "memory-0.log"
+    events = {"lost": (coordinator, r"actor-1 lost: ")}
+    if scenario == "apex-restart":
+        events["restarted"] = (coordinator, r"actor-1 restarted \(")
+    if scenario == "dppo":
+        events["barrier"] = (coordinator, r"barrier 'iteration' goes on without actor-1")
+    common.wait_for(lambda: all(stamped(path, p, killed) for path, p in events.values()), wait_s)
+    for name, (path, pattern) in events.items():
+        at = stamped(path, pattern, killed)
+        out[name] = None if at is None else round(at - killed, 3)
+    if out.get("barrier") is not None:
+        # The iteration in flight at the kill may train on actor-0's rollout alone (its memory
+        # host saw actor-1's data connection drop); the first round without actor-1 is the one
+        # after the barrier let actor-0 through. 8 envs x 32 steps: one actor's 256 rows.
+        learner, pattern = run_dir / "logs" / "learner-0.log", r"iteration \d+: 256 rows"
+        released = killed + out["barrier"]
+        at = common.wait_for(lambda: stamped(learner, pattern, released), wait_s)
+        out["round"] = None if at is None else round(at - killed, 3)
     return out
 
 
@@ -159,7 +136,7 @@ def main() -> int:
                 shown = ", ".join("-" if v is None else f"{v:.2f}" for v in values)
                 print(f"{scenario:<16} {label:<10} {event:<10} {median:>9}  {shown}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        common.write_json(args.json, results)
     return 0
 
 

@@ -24,19 +24,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import blas_one_thread  # noqa: F401  (before numpy: its BLAS threads would spin beside the timed loops)
+import common
+import numpy as np
 
 TOKEN = b"bench-token-0123456789abcdef0123"
 FRAMES_PER_MESSAGE = 200  # 50 steps x 4 envs: one actor batch of the Pong example
@@ -251,7 +247,7 @@ def main(argv=None) -> int:
             f"{link['compress_frames_per_s_per_core']:>14,.0f} {link['decompress_frames_per_s_per_core']:>16,.0f}"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        common.write_json(args.json, results)
     return 0
 
 

@@ -16,12 +16,14 @@ timing). Fails loudly, exit 1, when `--device` asks for CUDA and torch sees none
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common
+
+
+class CheckFailed(Exception):
+    """The check failed: the message says why."""
 
 
 def fail(message: str) -> int:
@@ -29,7 +31,7 @@ def fail(message: str) -> int:
     return 1
 
 
-def main(argv=None) -> int:
+def parse_args(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="learner device (default cuda)")
     parser.add_argument("--steps", type=int, default=1000, help="learner steps (default 1000)")
@@ -43,27 +45,15 @@ def main(argv=None) -> int:
         help="the last fixed-batch loss must be below this times the first",
     )
     parser.add_argument("--json", default=None, help="also write the results here")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    import numpy as np
-    import torch
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        return fail(
-            f"--device {args.device}: torch {torch.__version__} sees no CUDA device "
-            f"(CUDA build: {torch.version.cuda or 'none'}); this check needs an NVIDIA GPU"
-        )
-
-    from aiorl.algos.apex_dqn import n_step_q_target
-    from aiorl.algos.lib.common import td_loss
+def pong_learner(args, envs: int):
+    """The Ape-X DQN Pong config on `--device` and its algorithm; CheckFailed when the host cannot run it."""
     from aiorl.config import ConfigError
-    from aiorl.envs import EnvRunner
     from aiorl.experiment.loading import load_config
-    from aiorl.replay.frame_sender import FrameSender
-    from aiorl.replay.frames import FrameReplayBuffer, frame_layout
     from aiorl.runtime.algorithm import build_algorithm
 
-    envs = 8
     try:
         cfg = load_config(
             data={
@@ -81,7 +71,16 @@ def main(argv=None) -> int:
         algo = build_algorithm(cfg)
         algo.check_learner_host(cfg)
     except ConfigError as exc:
-        return fail(str(exc))
+        raise CheckFailed(str(exc)) from exc
+    return cfg, algo
+
+
+def filled_replay(args, cfg, algo, envs: int):
+    """A frame-layout replay of `--transitions` Pong transitions, through the actor's FrameSender and n-step."""
+    from aiorl.envs import EnvRunner
+    from aiorl.replay.frame_sender import FrameSender
+    from aiorl.replay.frames import FrameReplayBuffer, frame_layout
+
     t0 = time.perf_counter()
     layout = frame_layout(cfg, algo)
     sender = FrameSender(layout, envs, 1, algo.lookback_steps())
@@ -98,6 +97,17 @@ def main(argv=None) -> int:
     runner.close()
     fill_s = time.perf_counter() - t0
     print(f"gpu_check: {len(replay)} Pong transitions in replay ({fill_s:.0f} s); learner on {args.device}", flush=True)
+    return replay
+
+
+def train(args, algo, replay) -> tuple[list, float, str]:
+    """`--steps` learner steps: the fixed-batch losses by step, learner steps/s after the warm-up,
+    the device's name. CheckFailed on a loss that is not finite."""
+    import numpy as np
+    import torch
+
+    from aiorl.algos.apex_dqn import n_step_q_target
+    from aiorl.algos.lib.common import td_loss
 
     learner = algo.make_learner(0, 1, seed=0)
     device = learner.device
@@ -122,7 +132,7 @@ def main(argv=None) -> int:
         result = learner.step(sampled)
         replay.update_priorities(sampled["indices"], result.priorities, sampled["generations"])
         if not np.isfinite(result.metrics["losses/td_loss"]):
-            return fail(f"learner step {step}: loss {result.metrics['losses/td_loss']} is not finite")
+            raise CheckFailed(f"learner step {step}: loss {result.metrics['losses/td_loss']} is not finite")
         if step % every == 0:
             losses.append((step, fixed_loss()))
     sync()
@@ -134,6 +144,40 @@ def main(argv=None) -> int:
         f"gpu_check: {name}: {steps_per_s:.2f} learner steps/s, {steps_per_s * args.batch:,.0f} samples/s "
         f"(batch {args.batch}, {timed} timed steps)"
     )
+    return losses, steps_per_s, name
+
+
+def check_losses(losses: list, max_final_ratio: float) -> None:
+    """CheckFailed unless every fixed-batch loss is finite and the last below `max_final_ratio` x the first."""
+    import numpy as np
+
+    values = [v for _, v in losses]
+    if not all(np.isfinite(values)):
+        raise CheckFailed(f"a fixed-batch loss is not finite: {values}")
+    if not values[-1] < max_final_ratio * values[0]:
+        raise CheckFailed(
+            f"the fixed-batch loss did not fall: {values[0]:.5f} -> {values[-1]:.5f} "
+            f"(needed below {max_final_ratio} x the first)"
+        )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        return fail(
+            f"--device {args.device}: torch {torch.__version__} sees no CUDA device "
+            f"(CUDA build: {torch.version.cuda or 'none'}); this check needs an NVIDIA GPU"
+        )
+    envs = 8
+    try:
+        cfg, algo = pong_learner(args, envs)
+        replay = filled_replay(args, cfg, algo, envs)
+        losses, steps_per_s, name = train(args, algo, replay)
+    except CheckFailed as exc:
+        return fail(str(exc))
     print("gpu_check: fixed-batch TD loss by step: " + ", ".join(f"{s}: {v:.5f}" for s, v in losses))
     result = {
         "device": name,
@@ -144,15 +188,12 @@ def main(argv=None) -> int:
         "fixed_batch_loss": losses,
     }
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        common.write_json(args.json, result)
+    try:
+        check_losses(losses, args.max_final_ratio)
+    except CheckFailed as exc:
+        return fail(str(exc))
     values = [v for _, v in losses]
-    if not all(np.isfinite(values)):
-        return fail(f"a fixed-batch loss is not finite: {values}")
-    if not values[-1] < args.max_final_ratio * values[0]:
-        return fail(
-            f"the fixed-batch loss did not fall: {values[0]:.5f} -> {values[-1]:.5f} "
-            f"(needed below {args.max_final_ratio} x the first)"
-        )
     print(f"gpu_check: passed (loss {values[0]:.5f} -> {values[-1]:.5f})")
     return 0
 

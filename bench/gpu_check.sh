@@ -9,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${GPU_CHECK_PYTHON:-.venv/bin/python}"
+# This tree's aiorl, whichever interpreter runs the check (bench/gpu_check.py edits no sys.path).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 else

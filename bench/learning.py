@@ -90,20 +90,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
 import numpy as np
+from common import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from aiorl.algos import get_settings  # noqa: E402
-from aiorl.config import Config  # noqa: E402
-from aiorl.envs import EnvRunner  # noqa: E402
-from aiorl.evaluation.episodes import run_episodes_together  # noqa: E402
-from aiorl.evaluation.policies import load_policy  # noqa: E402
-from aiorl.experiment.loading import load_config  # noqa: E402
-from aiorl.io.checkpoint import CheckpointError  # noqa: E402
-from aiorl.runtime.algorithm import build_algorithm  # noqa: E402
-from aiorl.runtime.learner import weights_digest  # noqa: E402
+from aiorl.algos import get_settings
+from aiorl.config import Config
+from aiorl.envs import EnvRunner
+from aiorl.evaluation.episodes import run_episodes_together
+from aiorl.evaluation.policies import load_policy
+from aiorl.experiment.loading import load_config
+from aiorl.io.checkpoint import CheckpointError
+from aiorl.runtime.algorithm import build_algorithm
+from aiorl.runtime.learner import weights_digest
 
 EVAL_SEED = 1_000_000  # evaluation episodes are not the training seeds
 
@@ -151,9 +150,44 @@ class CheckpointEvaluator:
 # In-process harness
 
 
-def harness(cfg: Config, args) -> dict:
+def harness_replay(cfg: Config, algo):
+    """The harness's one replay: prioritized or uniform, as the config's agent says."""
     from aiorl.replay import PrioritizedReplayBuffer, ReplayBuffer
 
+    a = cfg.agent
+    if a.prioritized_replay:
+        return PrioritizedReplayBuffer(
+            a.buffer_size,
+            algo.transition_spec(),
+            alpha=a.prioritized_replay_alpha,
+            eps=a.prioritized_replay_eps,
+            seed=cfg.run.seed + 1000,
+        )
+    return ReplayBuffer(a.buffer_size, algo.transition_spec(), seed=cfg.run.seed + 1000)
+
+
+def harness_learn(a, replay, learner, actors, learner_steps: int, target_steps: int, version: int) -> tuple[int, int]:
+    """Learner steps until `target_steps`, publishing to the actors every publish_interval; the
+    learner steps and weights version after."""
+    while learner_steps < target_steps:
+        frac = min(1.0, learner_steps / a.scheduled_global_steps) if a.scheduled_global_steps else 0.0
+        beta = a.prioritized_replay_beta
+        if a.prioritized_replay_beta_final is not None:
+            beta += frac * (a.prioritized_replay_beta_final - beta)
+        sample = replay.sample(a.batch_size, beta) if a.prioritized_replay else replay.sample(a.batch_size)
+        result = learner.step(sample)
+        learner_steps += 1
+        if a.prioritized_replay and result.priorities is not None:
+            replay.update_priorities(sample["indices"], result.priorities, sample.get("generations"))
+        if learner_steps % a.publish_interval == 0:
+            version += 1
+            weights = learner.get_weights()
+            for actor in actors:
+                actor.set_weights(weights, version)
+    return learner_steps, version
+
+
+def harness(cfg: Config, args) -> dict:
     if get_settings(cfg.algo).is_synchronous(cfg):
         raise SystemExit(
             f"bench/learning.py harness: {cfg.algo} is synchronous; the harness drives replay algorithms, use `run`"
@@ -164,17 +198,7 @@ def harness(cfg: Config, args) -> dict:
     actors = [algo.make_actor(i, n_actors, seeds[i]) for i in range(n_actors)]
     runners = [EnvRunner(cfg.env, cfg.env.num_envs, seeds[i]) for i in range(n_actors)]
     learner = algo.make_learner(0, 1, cfg.run.seed + 100)
-    spec = algo.transition_spec()
-    if a.prioritized_replay:
-        replay = PrioritizedReplayBuffer(
-            a.buffer_size,
-            spec,
-            alpha=a.prioritized_replay_alpha,
-            eps=a.prioritized_replay_eps,
-            seed=cfg.run.seed + 1000,
-        )
-    else:
-        replay = ReplayBuffer(a.buffer_size, spec, seed=cfg.run.seed + 1000)
+    replay = harness_replay(cfg, algo)
     version = 0
     for actor in actors:
         actor.set_weights(learner.get_weights(), version)
@@ -223,21 +247,7 @@ def harness(cfg: Config, args) -> dict:
         if len(replay) < max(a.learning_starts, 1):
             continue
         target_steps = int(args.updates_per_step * env_steps)
-        while learner_steps < target_steps:
-            frac = min(1.0, learner_steps / a.scheduled_global_steps) if a.scheduled_global_steps else 0.0
-            beta = a.prioritized_replay_beta
-            if a.prioritized_replay_beta_final is not None:
-                beta += frac * (a.prioritized_replay_beta_final - beta)
-            sample = replay.sample(a.batch_size, beta) if a.prioritized_replay else replay.sample(a.batch_size)
-            result = learner.step(sample)
-            learner_steps += 1
-            if a.prioritized_replay and result.priorities is not None:
-                replay.update_priorities(sample["indices"], result.priorities, sample.get("generations"))
-            if learner_steps % a.publish_interval == 0:
-                version += 1
-                weights = learner.get_weights()
-                for actor in actors:
-                    actor.set_weights(weights, version)
+        learner_steps, version = harness_learn(a, replay, learner, actors, learner_steps, target_steps, version)
     for runner in runners:
         runner.close()
     return {
@@ -260,145 +270,179 @@ def harness(cfg: Config, args) -> dict:
 # Through `aiorl run`
 
 
-def env_steps_at(metrics_path: Path, learner_steps: int) -> int | None:
+def env_steps_at(run_dir: Path, learner_steps: int) -> int | None:
     """env_steps of the first metrics row whose learner_steps reached `learner_steps`."""
-    if not metrics_path.exists():
-        return None
-    for line in metrics_path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a row being written
+    for row in common.metrics_rows(run_dir):
         if row.get("learner_steps", 0) >= learner_steps:
             return row.get("env_steps")
     return None
 
 
-def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
-    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="aiorl-bench-")) / "run"
+def runtime_sets(cfg_path: str, overrides: list[str], args, run_dir: Path) -> tuple[list[str], int | None]:
+    """The `--set`s of the run, and its evaluation grid in env steps (None: each newest checkpoint)."""
     sets = [*overrides, f"run.dir={run_dir}", f"run.checkpoint_every={args.checkpoint_every}"]
-    grid = None
     base = load_config(cfg_path, overrides)
     settings = get_settings(base.algo)
     if settings.is_synchronous(base):
-        grid = args.eval_every_env_steps
-        sets += ["run.checkpoint_every=1", "run.keep_checkpoints=1000000"]
-    elif settings.fragment_queue(base) is not None:
+        return sets + ["run.checkpoint_every=1", "run.keep_checkpoints=1000000"], args.eval_every_env_steps
+    if settings.fragment_queue(base) is not None:
         grid = args.eval_every_env_steps
         per_step = base.agent.batch_size * base.cluster.learners  # env steps trained on per learner step
-        sets += [f"run.checkpoint_every={max(1, grid // (5 * per_step))}", "run.keep_checkpoints=1000000"]
+        return sets + [f"run.checkpoint_every={max(1, grid // (5 * per_step))}", "run.keep_checkpoints=1000000"], grid
+    return sets, None
+
+
+class CheckpointWatch:
+    """Evaluates the checkpoints a running `aiorl run` writes: on the env-step grid (the first
+    checkpoint at or after each multiple), or else each newest one; keeps the rows and the one
+    that met the threshold, and interrupts the run there with --stop-at-threshold."""
+
+    def __init__(self, cfg: Config, args, launch: common.Launch, grid: int | None, t0: float):
+        self.cfg, self.args, self.launch, self.grid, self.t0 = cfg, args, launch, grid, t0
+        self.evaluator = CheckpointEvaluator(cfg)
+        self.seen: set[str] = set()
+        self.rows: list[dict] = []
+        self.reached: dict | None = None
+        self.next_grid = grid
+
+    def fresh(self) -> list[Path]:
+        checkpoints = sorted((self.launch.run_dir / "checkpoints").glob("checkpoint-*.pt"))
+        return [p for p in checkpoints if p.name not in self.seen]
+
+    def add(self, row: dict, seconds_key: str, running: bool) -> None:
+        """Keep and show an evaluation's row; the first at the threshold is the one reached."""
+        self.rows.append(row)
+        log(
+            f"{row['env_steps'] or '-':>10} {row['learner_steps']:>13} {row[seconds_key]:>8.1f} "
+            f"{row['eval_mean']:>10.1f} {row['eval_std']:>9.1f}  {row['checkpoint']}"
+        )
+        if self.args.threshold is not None and row["eval_mean"] >= self.args.threshold and self.reached is None:
+            self.reached = row
+            if self.args.stop_at_threshold and running:
+                self.launch.proc.send_signal(signal.SIGINT)
+
+    def on_grid(self, fresh: list[Path], running: bool) -> bool | None:
+        """Evaluate the first fresh checkpoint on the grid: True to stop watching, False to look
+        again at once, None when there was none."""
+        picked = None
+        for path in fresh:
+            self.seen.add(path.name)
+            try:
+                counters = self.evaluator.load(path)
+            except (OSError, EOFError, RuntimeError, CheckpointError):
+                continue  # pruned under us
+            if int(counters.get("env_steps_trained", 0)) >= self.next_grid:
+                picked = path
+                break
+        if picked is None:
+            return None
+        seconds = time.perf_counter() - self.t0
+        result = self.evaluator.evaluate(self.args.eval_episodes)
+        env_steps = int(counters["env_steps_trained"])
+        self.next_grid = (env_steps // self.grid + 1) * self.grid
+        row = {
+            "checkpoint": picked.name,
+            "learner_steps": int(counters.get("learner_steps", 0)),
+            "env_steps": env_steps,
+            "seconds": round(seconds, 2),
+            "eval_done_s": round(time.perf_counter() - self.t0, 2),
+            "eval_mean": result["mean"],
+            "eval_std": result["std"],
+        }
+        self.add(row, "eval_done_s", running)
+        if self.reached is not None and self.args.stop_at_threshold:
+            # The rest of the grid is not wanted. Wait here for the clean end that SIGINT
+            # began: a second SIGINT would kill every role.
+            self.launch.proc.wait(timeout=self.cfg.cluster.phase_timeout_s * 4)
+            return True
+        return False
+
+    def newest(self, fresh: list[Path], running: bool) -> None:
+        """Evaluate the newest fresh checkpoint; older unseen ones are skipped (evaluation lags)."""
+        path = fresh[-1]
+        self.seen.update(p.name for p in fresh)
+        seconds = time.perf_counter() - self.t0
+        try:
+            counters, result = self.evaluator(path, self.args.eval_episodes)
+        except (OSError, EOFError, RuntimeError, CheckpointError):
+            return  # pruned under us: take the next one
+        # Checkpoints count learner 0's steps; the run's counter sums every learner's.
+        learner_steps = int(counters.get("learner_steps", 0)) * self.cfg.cluster.learners
+        row = {
+            "checkpoint": path.name,
+            "learner_steps": learner_steps,
+            "env_steps": env_steps_at(self.launch.run_dir, learner_steps),
+            "seconds": round(seconds, 2),
+            "eval_mean": result["mean"],
+            "eval_std": result["std"],
+        }
+        self.add(row, "seconds", running)
+
+    def watch(self) -> None:
+        """Until the run ends (or has met the threshold on the grid, with --stop-at-threshold)."""
+        while True:
+            running = self.launch.running()
+            fresh = self.fresh()
+            if self.grid is not None:
+                done = self.on_grid(fresh, running)
+                if done:
+                    return
+                if done is False:
+                    continue
+                if not running:
+                    return
+                time.sleep(0.1)
+                continue
+            if fresh:
+                self.newest(fresh, running)
+                continue
+            if not running:
+                return
+            if time.perf_counter() - self.t0 > self.args.budget_s:
+                log(f"budget of {self.args.budget_s} s spent: interrupting the run")
+                self.launch.proc.send_signal(signal.SIGINT)
+                self.launch.proc.wait(timeout=self.cfg.cluster.phase_timeout_s * 4)
+            time.sleep(1.0)
+
+
+def final_eval(run_dir: Path, episodes: int, keys: tuple[str, ...]) -> dict | None:
+    """`aiorl eval RUN` (the policy it picks) over `episodes` episodes: `keys` of its JSON, or None."""
+    out = subprocess.run(
+        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(episodes), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        log(f"aiorl eval failed: {out.stderr.strip()}")
+        return None
+    final = json.loads(out.stdout)
+    return {k: final[k] for k in keys}
+
+
+def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
+    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="aiorl-bench-")) / "run"
+    sets, grid = runtime_sets(cfg_path, overrides, args, run_dir)
     cfg = load_config(cfg_path, sets)
-    command = [sys.executable, "-m", "aiorl", "run", cfg_path, "--quiet", *sum((["--set", s] for s in sets), [])]
-    log(f"$ {' '.join(command)}")
+    log(f"$ {' '.join(common.aiorl_run_command(cfg_path, sets))}")
     t0 = time.perf_counter()
     launched = time.time()
     # Beside the run directory, not in it: `aiorl run` takes only an empty or new directory.
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    stdout = open(run_dir.with_name(run_dir.name + "-aiorl-run.log"), "w")
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT)
-    evaluator = CheckpointEvaluator(cfg)
-    seen: set[str] = set()
-    rows: list[dict] = []
-    reached = None
-    next_grid = grid
-    log(f"{'env_steps':>10} {'learner_steps':>13} {'seconds':>8} {'eval_mean':>10} {'eval_std':>9}  checkpoint")
-    try:
-        while True:
-            running = proc.poll() is None
-            checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*.pt"))
-            fresh = [p for p in checkpoints if p.name not in seen]
-            if grid is not None:
-                picked = None
-                for path in fresh:
-                    seen.add(path.name)
-                    try:
-                        counters = evaluator.load(path)
-                    except (OSError, EOFError, RuntimeError, CheckpointError):
-                        continue  # pruned under us
-                    if int(counters.get("env_steps_trained", 0)) >= next_grid:
-                        picked = path
-                        break
-                if picked is not None:
-                    seconds = time.perf_counter() - t0
-                    result = evaluator.evaluate(args.eval_episodes)
-                    env_steps = int(counters["env_steps_trained"])
-                    next_grid = (env_steps // grid + 1) * grid
-                    row = {
-                        "checkpoint": picked.name,
-                        "learner_steps": int(counters.get("learner_steps", 0)),
-                        "env_steps": env_steps,
-                        "seconds": round(seconds, 2),
-                        "eval_done_s": round(time.perf_counter() - t0, 2),
-                        "eval_mean": result["mean"],
-                        "eval_std": result["std"],
-                    }
-                    rows.append(row)
-                    log(
-                        f"{env_steps:>10} {row['learner_steps']:>13} {row['eval_done_s']:>8.1f} "
-                        f"{result['mean']:>10.1f} {result['std']:>9.1f}  {picked.name}"
-                    )
-                    if args.threshold is not None and result["mean"] >= args.threshold and reached is None:
-                        reached = row
-                        if args.stop_at_threshold and running:
-                            proc.send_signal(signal.SIGINT)
-                    if reached is not None and args.stop_at_threshold:
-                        # The rest of the grid is not wanted. Wait here for the clean end that SIGINT
-                        # began: `finally` would send a second one, which kills every role.
-                        proc.wait(timeout=cfg.cluster.phase_timeout_s * 4)
-                        break
-                    continue
-                if not running:
-                    break
-                time.sleep(0.1)
-                continue
-            if fresh:
-                path = fresh[-1]  # the newest; older unseen ones are skipped (evaluation lags)
-                seen.update(p.name for p in fresh)
-                seconds = time.perf_counter() - t0
-                try:
-                    counters, result = evaluator(path, args.eval_episodes)
-                except (OSError, EOFError, RuntimeError, CheckpointError):
-                    continue  # pruned under us: take the next one
-                # Checkpoints count learner 0's steps; the run's counter sums every learner's.
-                learner_steps = int(counters.get("learner_steps", 0)) * cfg.cluster.learners
-                row = {
-                    "checkpoint": path.name,
-                    "learner_steps": learner_steps,
-                    "env_steps": env_steps_at(run_dir / "metrics.jsonl", learner_steps),
-                    "seconds": round(seconds, 2),
-                    "eval_mean": result["mean"],
-                    "eval_std": result["std"],
-                }
-                rows.append(row)
-                log(
-                    f"{row['env_steps'] or '-':>10} {row['learner_steps']:>13} {row['seconds']:>8.1f} "
-                    f"{result['mean']:>10.1f} {result['std']:>9.1f}  {path.name}"
-                )
-                if args.threshold is not None and result["mean"] >= args.threshold and reached is None:
-                    reached = row
-                    if args.stop_at_threshold and running:
-                        proc.send_signal(signal.SIGINT)
-                continue
-            if not running:
-                break
-            if time.perf_counter() - t0 > args.budget_s:
-                log(f"budget of {args.budget_s} s spent: interrupting the run")
-                proc.send_signal(signal.SIGINT)
-                proc.wait(timeout=cfg.cluster.phase_timeout_s * 4)
-            time.sleep(1.0)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=cfg.cluster.phase_timeout_s * 4)
-        stdout.close()
+    grace_s = cfg.cluster.phase_timeout_s * 4
+    with (
+        open(run_dir.with_name(run_dir.name + "-aiorl-run.log"), "w") as out,
+        common.Launch(cfg_path, run_dir, sets, output=out, grace_s=grace_s) as launch,
+    ):
+        watch = CheckpointWatch(cfg, args, launch, grid, t0)
+        log(f"{'env_steps':>10} {'learner_steps':>13} {'seconds':>8} {'eval_mean':>10} {'eval_std':>9}  checkpoint")
+        watch.watch()
+    code = launch.proc.returncode
     seconds = time.perf_counter() - t0
-    for row in rows:  # metrics rows may have trailed the checkpoint while the run went on
+    for row in watch.rows:  # metrics rows may have trailed the checkpoint while the run went on
         if row["env_steps"] is None:
-            row["env_steps"] = env_steps_at(run_dir / "metrics.jsonl", row["learner_steps"])
-    final = None
-    summary = {}
-    if (run_dir / "summary.json").exists():
-        summary = json.loads((run_dir / "summary.json").read_text())
+            row["env_steps"] = env_steps_at(run_dir, row["learner_steps"])
+    summary = launch.summary()
     idle = [
         r["stats"].get("idle_fraction")
         for name, r in summary.get("roles", {}).items()
@@ -407,17 +451,9 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
     idle = [x for x in idle if x is not None]
     phases = summary.get("phases") or [{}]
     running_at = round(phases[0]["time"] - launched, 2) if phases[0].get("phase") == "RUNNING" else None
+    final = None
     if (run_dir / "policy" / "policy.pt2").exists():
-        out = subprocess.run(
-            [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(args.final_episodes), "--json"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        if out.returncode == 0:
-            final = json.loads(out.stdout)
-        else:
-            log(f"aiorl eval failed: {out.stderr.strip()}")
+        final = final_eval(run_dir, args.final_episodes, ("episodes", "mean", "std", "min", "max"))
     return {
         "mode": "run",
         "config": cfg_path,
@@ -429,15 +465,15 @@ def through_runtime(cfg_path: str, overrides: list[str], args) -> dict:
         "actors": cfg.cluster.actors,
         "learners": cfg.cluster.learners,
         "threshold": args.threshold,
-        "reached": reached,
-        "rows": rows,
+        "reached": watch.reached,
+        "rows": watch.rows,
         "seconds": round(seconds, 2),
         "running_at_s": running_at,
         "actor_idle_fraction": float(np.mean(idle)) if idle else None,
         "final_env_steps": summary.get("env_steps"),
         "final_learner_steps": summary.get("learner_steps"),
         "stop_reason": summary.get("stop_reason"),
-        "final_eval": None if final is None else {k: final[k] for k in ("episodes", "mean", "std", "min", "max")},
+        "final_eval": final,
     }
 
 
@@ -679,62 +715,34 @@ def _children_cpu_s() -> float:
 def run_once(cfg_path: str, sets: list[str], final_episodes: int, timeout_s: float) -> dict:
     """`aiorl run` to its own end, then `aiorl eval` (the policy it picks) and the run's evaluations."""
     run_dir = Path(tempfile.mkdtemp(prefix="aiorl-bench-")) / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "aiorl",
-        "run",
-        cfg_path,
-        "--quiet",
-        *sum((["--set", s] for s in [*sets, f"run.dir={run_dir}"]), []),
-    ]
     t0 = time.perf_counter()
     cpu0 = _children_cpu_s()
-    with open(run_dir.with_name("aiorl-run.log"), "w") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    with (
+        open(run_dir.with_name("aiorl-run.log"), "w") as out,
+        common.Launch(cfg_path, run_dir, sets, output=out) as launch,
+    ):
         try:
-            code = proc.wait(timeout=timeout_s)
+            code = launch.proc.wait(timeout=timeout_s)
         except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
-            proc.send_signal(signal.SIGINT)  # the normal shutdown phases
-            code = proc.wait(timeout=120)
+            code = launch.end()  # SIGINT: the normal shutdown phases
             if isinstance(exc, KeyboardInterrupt):
                 raise
     seconds = time.perf_counter() - t0
     cpu_s = _children_cpu_s() - cpu0
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    rows = []
-    if (run_dir / "metrics.jsonl").exists():
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    summary = launch.summary()
     phases = summary.get("phases") or []
     running = [p for p in phases if p.get("phase") == "RUNNING"]
     stopping = [p for p in phases if p.get("phase") == "STOPPING"]
     running_s = (stopping[0]["time"] - running[0]["time"]) if running and stopping else None
-    final = None
-    ev = subprocess.run(
-        [sys.executable, "-m", "aiorl", "eval", str(run_dir), "--episodes", str(final_episodes), "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    if ev.returncode == 0:
-        final = json.loads(ev.stdout)
-    else:
-        log(f"aiorl eval failed: {ev.stderr.strip()}")
     return {
         "run_dir": str(run_dir),
         "exit_code": code,
         "seconds": round(seconds, 2),
         "summary": summary,
-        "rows": rows,
+        "rows": common.metrics_rows(run_dir),
         "running_s": running_s,
         "cpu_s": round(cpu_s, 2),
-        "final_eval": None
-        if final is None
-        else {k: final[k] for k in ("which", "episodes", "mean", "std", "min", "max")},
+        "final_eval": final_eval(run_dir, final_episodes, ("which", "episodes", "mean", "std", "min", "max")),
     }
 
 
@@ -910,11 +918,11 @@ def eval_cost(args) -> dict:
 
 def _eval_cost(args) -> dict:
     off = ["run.eval_every=null", "run.eval_interval_s=null"]
-    common = [*args.set, "agent.target_return=null"]
+    both = [*args.set, "agent.target_return=null"]
     rates = {"with eval": [], "without": []}
     lags = []
     for pair in range(args.pairs):
-        for name, sets in (("with eval", common), ("without", [*common, *off])):
+        for name, sets in (("with eval", both), ("without", [*both, *off])):
             r = run_once(args.config, sets, 1, args.budget_s)
             if name == "with eval":
                 lags += evaluation_lags(r["rows"], r["summary"])["lags"]
@@ -996,11 +1004,7 @@ def versus(args) -> int:
         + "; ".join(f"{k} {v['reference']} -> {v['variant']} ({v['ratio']}x)" for k, v in lines.items())
     )
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {"versus": args.versus, "medians": lines, "reached": reached, "runs": runs}, indent=1, default=str
-            )
-        )
+        common.write_json(args.json, {"versus": args.versus, "medians": lines, "reached": reached, "runs": runs})
     return 0 if all(r["reached"] for rs in runs.values() for r in rs) else 1
 
 
@@ -1076,17 +1080,17 @@ def main(argv=None) -> int:
     if args.mode == "eval-lag":
         result = eval_lag(args)
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+            common.write_json(args.json, result)
         return 0
     if args.mode in ("table", "eval-cost"):
         result = table(args) if args.mode == "table" else eval_cost(args)
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+            common.write_json(args.json, result)
         return 0 if args.mode == "eval-cost" or result["summary"]["solved"] == result["summary"]["seeds"] else 1
     if args.mode == "compare":
         result = compare(args)
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+            common.write_json(args.json, result)
         return 0 if all(row["reached"] == row["seeds"] for row in result["summary"]) else 1
     if args.mode == "harness":
         result = harness(load_config(args.config, args.set), args)
@@ -1096,7 +1100,7 @@ def main(argv=None) -> int:
         result = through_runtime(args.config, args.set, args)
     report(result)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        common.write_json(args.json, result)
     ok = result["threshold"] is None or result["reached"] is not None
     if result.get("final_eval") and result["threshold"] is not None:
         ok = ok and result["final_eval"]["mean"] >= result["threshold"]

@@ -15,12 +15,12 @@ construction and first step). Figures of a shared machine are indicative only.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import time
 
+import common
 import torch
 from torch import nn
 
@@ -111,8 +111,7 @@ def main(argv=None) -> int:
         fmt = "{:>9.1f} us" if r["unit"] == "us" else "{:>10.3f} s"
         print(f"{r['row']:<32} {fmt.format(r['aiorl'])} {fmt.format(r['torch'])} {r['ratio']:>7.2f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"repeats": args.repeats, "steps": args.steps, "rows": rows}, f, indent=2)
+        common.write_json(args.json, {"repeats": args.repeats, "steps": args.steps, "rows": rows}, indent=2)
     return 0
 
 

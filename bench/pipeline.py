@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import shutil
@@ -42,6 +41,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import common
 
 ENV = {"id": "CartPole-v1", "num_envs": 1}
 SAMPLE_BATCH = 64  # env steps per actor batch (the config default)
@@ -118,15 +119,6 @@ def _role_cpu_s(pids: dict) -> dict:
     return out
 
 
-def _running_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    rows = [json.loads(line) for line in lines[:-1] if line]  # the last line may be half-written
-    return [r for r in rows if r["phase"] == "RUNNING"]
-
-
 def pipeline_rate(
     actors: int,
     seconds: float,
@@ -163,48 +155,34 @@ def pipeline_rate(
             "tensorboard": metrics,
         },
     }
-    return measure_run(config, workdir / f"pipeline-{actors}.json", seconds)
+    return measure_run(config, seconds)
 
 
-def measure_run(config: dict, path: Path, seconds: float) -> dict:
+def measure_run(config: dict, seconds: float) -> dict:
     """Run `config` (its run.dir fresh, stopped by run.max_seconds = `seconds`) and measure it:
     env steps/s over its RUNNING rows but the first, each role's share of a core meanwhile."""
     run_dir = Path(config["run"]["dir"])
     shutil.rmtree(run_dir, ignore_errors=True)
-    path.write_text(json.dumps(config))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
     cpu = None
-    try:
+    with common.Launch(config, run_dir, output=subprocess.PIPE) as launch:
         # CPU from the second RUNNING row to a second before the run stops.
-        give_up = time.monotonic() + seconds + 120
-        while proc.poll() is None and len(_running_rows(run_dir)) < 2 and time.monotonic() < give_up:
-            time.sleep(0.05)
-        if proc.poll() is None and (run_dir / "pids.json").exists():
-            pids = json.loads((run_dir / "pids.json").read_text())
+        common.wait_for(
+            lambda: not launch.running() or len(common.metrics_rows(run_dir, "RUNNING")) >= 2, seconds + 120
+        )
+        if launch.running() and (run_dir / "pids.json").exists():
+            pids = launch.pids()
             t0, cpu0 = time.monotonic(), _role_cpu_s(pids)
-            first = _running_rows(run_dir)[-1]["time_s"]
+            first = common.metrics_rows(run_dir, "RUNNING")[-1]["time_s"]
             time.sleep(max(0.5, seconds - first - 1.0))
             t1, cpu1 = time.monotonic(), _role_cpu_s(pids)
             cpu = {name: (cpu1[name] - cpu0[name]) / (t1 - t0) for name in cpu1 if name in cpu0}
-        output, _ = proc.communicate(timeout=seconds + 180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"aiorl run failed ({proc.returncode}):\n{output}")
-    running = _running_rows(run_dir) + [
-        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()[-1:]
-    ]
-    running = [r for r in running if r["phase"] == "RUNNING"]
+        output, _ = launch.proc.communicate(timeout=seconds + 180)
+    if launch.proc.returncode != 0:
+        raise RuntimeError(f"aiorl run failed ({launch.proc.returncode}):\n{output}")
+    running = common.metrics_rows(run_dir, "RUNNING")
     first, last = running[1], running[-1]  # skip the first row: actors may still be starting
     rate = (last["env_steps"] - first["env_steps"]) / (last["time_s"] - first["time_s"])
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = launch.summary()
     by_kind = {}
     for name, share in (cpu or {}).items():
         kind = name.split("-")[0]
@@ -457,7 +435,7 @@ def print_pixels(p: dict) -> None:
 # --------------------------------------------------------------------------- IMPALA fragments
 
 
-IMPALA_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "impala_cartpole.yaml"
+IMPALA_EXAMPLE = common.ROOT / "examples" / "impala_cartpole.yaml"
 # The example run for as long as the bench says: no step budget, so a constant step size.
 IMPALA_OVERRIDES = ["agent.scheduled_timesteps=null", "model.lr_annealing=false"]
 
@@ -494,8 +472,8 @@ def impala_pipeline_rate(actors: int, seconds: float, workdir: Path, full: str) 
     config["cluster"]["actors"] = actors
     config["model"]["queue_full"] = full
     config["run"] = {"dir": str(run_dir), "max_seconds": seconds, "metrics_interval_s": 0.5}
-    row = measure_run(config, workdir / f"impala-{actors}.json", seconds)
-    queue = json.loads((run_dir / "summary.json").read_text())["roles"]["memory-0"]["stats"]["queue"]
+    row = measure_run(config, seconds)
+    queue = common.read_json(run_dir / "summary.json")["roles"]["memory-0"]["stats"]["queue"]
     return {**row, "queue": queue, "trained_fraction": queue["taken"] / queue["pushed"] if queue["pushed"] else None}
 
 
@@ -691,8 +669,7 @@ def control_plane(actors: int = 64, seconds: float = 5.0, interval_s: float = 0.
             proc.join(10)
 
 
-def main() -> int:
-    global SAMPLE_BATCH
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per configuration")
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 2])
@@ -742,53 +719,41 @@ def main() -> int:
         choices=("throttle", "drop_oldest"),
         help="IMPALA queue policies to measure",
     )
-    args = parser.parse_args()
-    SAMPLE_BATCH = args.sample_batch  # (passed on explicitly to the spawned reference actors)
+    return parser.parse_args()
 
-    results = {"pipeline": [], "sample_batch": SAMPLE_BATCH, "control": None, "pixels": None, "impala": None}
-    if args.impala_only:
-        with tempfile.TemporaryDirectory() as tmp:
-            results["impala"] = impala_rows(args, Path(tmp))
-        print_impala(results["impala"])
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=1))
-        return 0
-    if args.pixels_only:
-        with tempfile.TemporaryDirectory() as tmp:
-            results["pixels"] = pixel_rows(args, Path(tmp))
-        if results["pixels"]:
-            print_pixels(results["pixels"])
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=1))
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.pixels:
-            results["pixels"] = pixel_rows(args, Path(tmp))
-        if args.impala:
-            results["impala"] = impala_rows(args, Path(tmp))
-        for batch_size in [LEARNER_BATCH] + ([args.stress_batch] if args.stress_batch else []):
-            for actors in args.actors:
-                print(f"measuring {actors} actor(s), learner batch {batch_size} ...", file=sys.stderr, flush=True)
-                if batch_size == LEARNER_BATCH and args.unlimited:
-                    results["pipeline"] += limiter_pair(actors, args.seconds, Path(tmp), args.repeats)
-                else:
-                    results["pipeline"].append(paired_ratio(actors, args.seconds, Path(tmp), args.repeats, batch_size))
-        # Metrics overhead: the same pipeline with role gauges and TensorBoard off, alternated.
-        with_m, without_m = [], []
-        for _ in range(args.overhead_repeats):
-            with_m.append(pipeline_rate(1, args.seconds, Path(tmp), metrics=True)["env_steps_per_s"])
-            without_m.append(pipeline_rate(1, args.seconds, Path(tmp), metrics=False)["env_steps_per_s"])
-        results["metrics_overhead"] = metrics_cpu_cost(Path(tmp))
-        if with_m:
-            results["metrics_overhead"].update(
-                {
-                    "with_metrics_env_steps_per_s": statistics.median(with_m),
-                    "without_metrics_env_steps_per_s": statistics.median(without_m),
-                    "end_to_end_cost_fraction": 1 - statistics.median(with_m) / statistics.median(without_m),
-                }
-            )
-    results["control"] = control_plane() if args.control else None
 
+def measure_all(args, workdir: Path, results: dict) -> None:
+    """The pixel and IMPALA rows (unless left out), the Ape-X rows at each learner batch and the
+    metrics' cost, into `results`."""
+    if args.pixels:
+        results["pixels"] = pixel_rows(args, workdir)
+    if args.impala:
+        results["impala"] = impala_rows(args, workdir)
+    for batch_size in [LEARNER_BATCH] + ([args.stress_batch] if args.stress_batch else []):
+        for actors in args.actors:
+            print(f"measuring {actors} actor(s), learner batch {batch_size} ...", file=sys.stderr, flush=True)
+            if batch_size == LEARNER_BATCH and args.unlimited:
+                results["pipeline"] += limiter_pair(actors, args.seconds, workdir, args.repeats)
+            else:
+                results["pipeline"].append(paired_ratio(actors, args.seconds, workdir, args.repeats, batch_size))
+    # Metrics overhead: the same pipeline with role gauges and TensorBoard off, alternated.
+    with_m, without_m = [], []
+    for _ in range(args.overhead_repeats):
+        with_m.append(pipeline_rate(1, args.seconds, workdir, metrics=True)["env_steps_per_s"])
+        without_m.append(pipeline_rate(1, args.seconds, workdir, metrics=False)["env_steps_per_s"])
+    results["metrics_overhead"] = metrics_cpu_cost(workdir)
+    if with_m:
+        results["metrics_overhead"].update(
+            {
+                "with_metrics_env_steps_per_s": statistics.median(with_m),
+                "without_metrics_env_steps_per_s": statistics.median(without_m),
+                "end_to_end_cost_fraction": 1 - statistics.median(with_m) / statistics.median(without_m),
+            }
+        )
+
+
+def print_pipeline(results: dict) -> None:
+    """The Ape-X rows with their targets, and the metrics' cost."""
     print(
         f"{'actors':>6} {'learner batch':>13} {'limiter':>7} {'no transport (steps/s)':>23} {'pipeline (steps/s)':>19} "
         f"{'ratio':>6} {'ratios':>16} {'overhead us/transition':>23} {'learner steps':>13} {'spi':>5} "
@@ -824,12 +789,40 @@ def main() -> int:
         f"metrics CPU, measured directly: gauges {m['heartbeat_gauges_us']:.1f} us per heartbeat, "
         f"row {m['metrics_row_us']:.0f} us per row = {100 * m['cpu_cost_fraction']:.3f}% of the pipeline's CPU"
     )
+
+
+def main() -> int:
+    global SAMPLE_BATCH
+    args = parse_args()
+    SAMPLE_BATCH = args.sample_batch  # (passed on explicitly to the spawned reference actors)
+
+    results = {"pipeline": [], "sample_batch": SAMPLE_BATCH, "control": None, "pixels": None, "impala": None}
+    if args.impala_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            results["impala"] = impala_rows(args, Path(tmp))
+        print_impala(results["impala"])
+        if args.json:
+            common.write_json(args.json, results)
+        return 0
+    if args.pixels_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            results["pixels"] = pixel_rows(args, Path(tmp))
+        if results["pixels"]:
+            print_pixels(results["pixels"])
+        if args.json:
+            common.write_json(args.json, results)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        measure_all(args, Path(tmp), results)
+    results["control"] = control_plane() if args.control else None
+
+    print_pipeline(results)
     if results["pixels"]:
         print_pixels(results["pixels"])
     if results["impala"]:
         print_impala(results["impala"])
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        common.write_json(args.json, results)
     c = results["control"]
     if c is None:
         return 0

@@ -18,7 +18,6 @@ each; writes JSON. The Ray cluster is shut down at the end, whatever happens. Ne
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -28,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline import LEARNER_BATCH, SAMPLE_BATCH, _running_rows  # noqa: E402
+import common
+from pipeline import LEARNER_BATCH, SAMPLE_BATCH
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
 
@@ -54,33 +53,17 @@ def config(run_dir: Path, actors: int, memories: int, seconds: float, ray_addres
     }
 
 
-def measure(workdir: Path, name: str, cfg: dict, seconds: float) -> dict:
+def measure(name: str, cfg: dict, seconds: float) -> dict:
     run_dir = Path(cfg["run"]["dir"])
     shutil.rmtree(run_dir, ignore_errors=True)
-    path = workdir / f"{name}.json"
-    path.write_text(json.dumps(cfg))
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aiorl", "run", str(path), "--quiet"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    startup = None
-    try:
-        give_up = started + seconds + 300
-        while proc.poll() is None and time.monotonic() < give_up and not _running_rows(run_dir):
-            time.sleep(0.02)
+    with common.Launch(cfg, run_dir, output=subprocess.PIPE) as launch:
+        common.wait_for(lambda: not launch.running() or common.metrics_rows(run_dir, "RUNNING"), seconds + 300, 0.02)
         startup = time.monotonic() - started
-        output, _ = proc.communicate(timeout=seconds + 300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name}: aiorl run failed ({proc.returncode}):\n{output}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    running = [r for r in rows if r["phase"] == "RUNNING"]
+        output, _ = launch.proc.communicate(timeout=seconds + 300)
+    if launch.proc.returncode != 0:
+        raise RuntimeError(f"{name}: aiorl run failed ({launch.proc.returncode}):\n{output}")
+    running = common.metrics_rows(run_dir, "RUNNING")
     first, last = running[1], running[-1]
     rate = (last["env_steps"] - first["env_steps"]) / (last["time_s"] - first["time_s"])
     return {"startup_s": startup, "env_steps_per_s": rate}
@@ -114,7 +97,7 @@ def main() -> int:
             n[0] += 1
             address = cluster.address if kind == "ray" else None
             cfg = config(workdir / f"run-{n[0]}", args.actors, args.memories, args.seconds, address)
-            result = measure(workdir, f"{kind}-{n[0]}", cfg, args.seconds)
+            result = measure(f"{kind}-{n[0]}", cfg, args.seconds)
             print(
                 f"  {kind:5s} start-up {result['startup_s']:6.2f} s   {result['env_steps_per_s']:9.0f} env steps/s",
                 flush=True,
@@ -146,7 +129,7 @@ def main() -> int:
         ray_ = statistics.median(r[key] for r in rays)
         print(f"{label:24s}{fmt.format(local):>16s}{fmt.format(ray_):>14s}{ratios[key]['median']:>13.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"local": locals_, "ray": rays, "ratios": ratios}, indent=1))
+        common.write_json(args.json, {"local": locals_, "ray": rays, "ratios": ratios})
     return 0
 
 

@@ -20,21 +20,17 @@ every minibatch); an IMPALA step is one batch.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
+import common
 import numpy as np
+from common import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from aiorl.envs import EnvRunner  # noqa: E402
-from aiorl.experiment.loading import load_config  # noqa: E402
-from aiorl.runtime.algorithm import build_algorithm  # noqa: E402
-from aiorl.wire.codec import Encoder, FrameType, Limits  # noqa: E402
+from aiorl.envs import EnvRunner
+from aiorl.experiment.loading import load_config
+from aiorl.runtime.algorithm import build_algorithm
+from aiorl.wire.codec import Encoder, FrameType, Limits
 
 DEFAULT = [
     "examples/impala_lstm_cartpole_novel.yaml",
@@ -139,7 +135,7 @@ def main(argv=None) -> int:
         wire = f"{b_rec:>18.0f} {b_ff:>8.0f} {b_rec / b_ff:>6.2f}" if b_rec else f"{'-':>18} {'-':>8} {'-':>6}"
         print(f"{example:<40} {wire} {rec:>11.2f} {ff:>8.2f} {rec / ff:>6.3f}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        common.write_json(args.json, results)
     return 0
 
 

@@ -39,28 +39,25 @@ rounds of the two rates measured back to back in that round (large buffers,
 timed one implementation at a time, compare best rounds).
 """
 
+import argparse
+import gc
+import multiprocessing as mp
 import os
+import platform
+import statistics
+import sys
+import time
 
 # BLAS threads spin between calls and would steal the (two) cores from the
-# code being measured; nothing here uses BLAS.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# code being measured; nothing here uses BLAS: set before numpy loads.
+import blas_one_thread  # noqa: F401
+import common
+import numpy as np
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import multiprocessing as mp  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from aiorl import replay  # noqa: E402
-from aiorl.replay import reference  # noqa: E402
-from aiorl.replay.frame_sender import FrameSender  # noqa: E402
-from aiorl.replay.frames import FrameLayout, FrameReplayBuffer  # noqa: E402
+from aiorl import replay
+from aiorl.replay import reference
+from aiorl.replay.frame_sender import FrameSender
+from aiorl.replay.frames import FrameLayout, FrameReplayBuffer
 
 try:
     import cpprb
@@ -602,15 +599,13 @@ def main(argv=None):
             "numpy": np.__version__,
             "cpprb": getattr(cpprb, "__version__", "installed") if use_cpprb else None,
             "python": platform.python_version(),
-            "machine": platform.machine(),
             "cpus": os.cpu_count(),
             "rows": rows,
             "targets": targets,
             "frames": frames,
             "skipped": skipped,
         }
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        common.write_json(args.json, result, indent=2)  # its "machine" block holds the arch
         print(f"wrote {args.json}", file=sys.stderr)
     return rows, targets
 

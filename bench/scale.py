@@ -96,15 +96,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
 import numpy as np
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from aiorl.io.rundir import ENV_ATTEMPT, ENV_LAUNCH_ID, ENV_RUN_ID, new_id  # noqa: E402
-from aiorl.runtime.looplag import LoopLagProbe, quantile_s, window  # noqa: E402
-from aiorl.wire import generate_token, write_token_file  # noqa: E402
+from aiorl.io.rundir import ENV_ATTEMPT, ENV_LAUNCH_ID, ENV_RUN_ID, new_id
+from aiorl.runtime.looplag import LoopLagProbe, quantile_s, window
+from aiorl.wire import generate_token, write_token_file
 
 LOST = ("lost", "failed")
 
@@ -318,174 +316,211 @@ def _proc_usage(pid: int) -> dict:
 
 
 def _wait(predicate, timeout_s: float, what: str, procs=()):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def ready():
         value = predicate()
-        if value:
-            return value
-        for p in procs:
-            if p.poll() is not None:
-                raise RuntimeError(f"{what}: a process exited early with code {p.returncode}")
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
+        if not value:
+            for p in procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"{what}: a process exited early with code {p.returncode}")
+        return value
+
+    value = common.wait_for(ready, timeout_s)
+    if not value:
+        raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
+    return value
 
 
 def _pct(values, q) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def measure(n: int, args, tmp: Path) -> dict:
-    run_dir = tmp / f"n{n}"
-    run_dir.mkdir()
-    config = bench_config(run_dir, n, args.memories, args)
-    config_path = tmp / f"n{n}.json"
-    config_path.write_text(json.dumps(config))
-    token = generate_token()
-    write_token_file(run_dir / "token", token)
-    launch = new_id()
-    env = {**os.environ, ENV_RUN_ID: launch, ENV_LAUNCH_ID: launch, ENV_ATTEMPT: "1"}
-    logs = run_dir / "logs"
-    logs.mkdir(exist_ok=True)
-    procs: list[subprocess.Popen] = []
+class ScaleRun:
+    """One N: the memory hosts started as `aiorl run --role memory` processes, the simulated actors
+    in worker processes; every process it starts is its own to end (`end`)."""
 
-    def spawn(cmd, log_name):
-        with open(logs / log_name, "ab") as log_file:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env, cwd=tmp)
-        procs.append(proc)
+    def __init__(self, n: int, args, tmp: Path):
+        self.n, self.args, self.tmp = n, args, tmp
+        self.run_dir = tmp / f"n{n}"
+        self.run_dir.mkdir()
+        self.config_path = tmp / f"n{n}.json"
+        self.config_path.write_text(json.dumps(bench_config(self.run_dir, n, args.memories, args)))
+        self.token = generate_token()
+        write_token_file(self.run_dir / "token", self.token)
+        launch = new_id()
+        self.env = {**os.environ, ENV_RUN_ID: launch, ENV_LAUNCH_ID: launch, ENV_ATTEMPT: "1"}
+        self.logs = self.run_dir / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.procs: list[subprocess.Popen] = []
+        self.port: int | None = None
+
+    def spawn(self, cmd, log_name) -> subprocess.Popen:
+        with open(self.logs / log_name, "ab") as log_file:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=self.env, cwd=self.tmp
+            )
+        self.procs.append(proc)
         return proc
 
-    role_cmd = [sys.executable, "-m", "aiorl", "run", str(config_path), "--role", "memory"]
-    try:
-        memory0 = spawn([*role_cmd, "--index", "0"], "memory-0.out")
-        port = _wait(
-            lambda: (
-                (run_dir / "coordinator.json").exists()
-                and json.loads((run_dir / "coordinator.json").read_text())["port"]
-            ),
+    def wait(self, predicate, timeout_s: float, what: str):
+        return _wait(predicate, timeout_s, what, self.procs)
+
+    def status(self) -> dict:
+        return _status(self.port, self.token)
+
+    def memory_sum(self, status: dict, key: str) -> int:
+        return sum(r["metrics"].get(key, 0) for name, r in status["roles"].items() if name.startswith("memory"))
+
+    def start_memories(self) -> list[subprocess.Popen]:
+        """Memory host 0 (the coordinator) and the others, once all have registered."""
+        role_cmd = [sys.executable, "-m", "aiorl", "run", str(self.config_path), "--role", "memory"]
+        memory0 = self.spawn([*role_cmd, "--index", "0"], "memory-0.out")
+        self.port = self.wait(
+            lambda: (common.read_json(self.run_dir / "coordinator.json") or {}).get("port"),
             60,
             "the coordinator's address",
-            procs,
         )
         memories = [memory0] + [
-            spawn([*role_cmd, "--index", str(i), "--set", f"cluster.port={port}"], f"memory-{i}.out")
-            for i in range(1, args.memories)
+            self.spawn([*role_cmd, "--index", str(i), "--set", f"cluster.port={self.port}"], f"memory-{i}.out")
+            for i in range(1, self.args.memories)
         ]
-        _wait(
-            lambda: all(
-                r["status"] == "running"
-                for name, r in _status(port, token)["roles"].items()
-                if name.startswith("memory")
-            ),
+        self.wait(
+            lambda: all(r["status"] == "running" for name, r in self.status()["roles"].items() if name[:6] == "memory"),
             60,
             "the memory hosts' registration",
-            procs,
         )
-        base = [_proc_usage(p.pid) for p in memories]
-        workers = []
+        return memories
+
+    def start_workers(self) -> list[Path]:
+        """The worker processes of simulated actors; where each writes its results."""
+        workers = min(self.args.workers, self.n)
         outs = []
-        for k in range(min(args.workers, n)):
-            out = tmp / f"n{n}-worker{k}.json"
+        for k in range(workers):
+            out = self.tmp / f"n{self.n}-worker{k}.json"
             outs.append(out)
-            workers.append(
-                spawn(
-                    [
-                        sys.executable,
-                        str(Path(__file__).resolve()),
-                        "--worker",
-                        str(k),
-                        "--workers",
-                        str(min(args.workers, n)),
-                        "--config",
-                        str(config_path),
-                        "--port",
-                        str(port),
-                        "--out",
-                        str(out),
-                        "--log",
-                        str(logs / f"sim-{k}.log"),
-                        "--batch-every-s",
-                        args.batch_every_s,
-                    ],
-                    f"sim-{k}.out",
-                )
+            self.spawn(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    str(k),
+                    "--workers",
+                    str(workers),
+                    "--config",
+                    str(self.config_path),
+                    "--port",
+                    str(self.port),
+                    "--out",
+                    str(out),
+                    "--log",
+                    str(self.logs / f"sim-{k}.log"),
+                    "--batch-every-s",
+                    self.args.batch_every_s,
+                ],
+                f"sim-{k}.out",
             )
-        _wait(lambda: _status(port, token)["phase"] == "RUNNING", 180, "the run to start", procs)
+        return outs
+
+    def attach_s(self) -> float:
+        """Seconds from RUNNING until every actor has attached to every memory host."""
+        self.wait(lambda: self.status()["phase"] == "RUNNING", 180, "the run to start")
         t_running = time.monotonic()
         # Every actor attaches to every memory host once the run starts: the window is steady state.
-        _wait(
-            lambda: (
-                sum(
-                    r["metrics"].get("actor_connections", 0)
-                    for name, r in _status(port, token)["roles"].items()
-                    if name.startswith("memory")
-                )
-                >= n * args.memories
-            ),
+        self.wait(
+            lambda: self.memory_sum(self.status(), "actor_connections") >= self.n * self.args.memories,
             180,
             "every actor's attach",
-            procs,
         )
-        attach_s = time.monotonic() - t_running
-        time.sleep(args.warmup_s)
-        if args.py_spy:  # where memory host 0's process spends the window (py-spy is not a dependency)
-            procs.append(
-                subprocess.Popen(
-                    [
-                        args.py_spy,
-                        "record",
-                        "--pid",
-                        str(memory0.pid),
-                        "--format",
-                        "raw",
-                        "--duration",
-                        str(int(args.duration_s)),
-                        "--rate",
-                        "200",
-                        "--nonblocking",
-                        "--output",
-                        str(tmp / f"n{n}-memory-0.stacks"),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
+        return time.monotonic() - t_running
+
+    def profile(self, pid: int) -> None:
+        """Where memory host 0's process spends the window (py-spy is not a dependency)."""
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    self.args.py_spy,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--format",
+                    "raw",
+                    "--duration",
+                    str(int(self.args.duration_s)),
+                    "--rate",
+                    "200",
+                    "--nonblocking",
+                    "--output",
+                    str(self.tmp / f"n{self.n}-memory-0.stacks"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
-        (run_dir / "window_start").touch()
-        cpu_before = psutil.Process(memory0.pid).cpu_times()
-        t_start, before = time.monotonic(), _status(port, token)
-        time.sleep(args.duration_s)
-        (run_dir / "window_end").touch()
-        t_end, after = time.monotonic(), _status(port, token)
-        cpu_after = psutil.Process(memory0.pid).cpu_times()
+        )
+
+    def window(self, memory0: int) -> dict:
+        """The measured window: status and memory host 0's CPU at its start and end."""
+        (self.run_dir / "window_start").touch()
+        cpu_before = psutil.Process(memory0).cpu_times()
+        t_start, before = time.monotonic(), self.status()
+        time.sleep(self.args.duration_s)
+        (self.run_dir / "window_end").touch()
+        t_end, after = time.monotonic(), self.status()
+        cpu_after = psutil.Process(memory0).cpu_times()
+        cpu = cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system
+        return {"t_start": t_start, "t_end": t_end, "before": before, "after": after, "cpu_s": cpu}
+
+    def end(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def measure(n: int, args, tmp: Path) -> dict:
+    run = ScaleRun(n, args, tmp)
+    try:
+        memories = run.start_memories()
+        base = [_proc_usage(p.pid) for p in memories]
+        outs = run.start_workers()
+        attach_s = run.attach_s()
+        time.sleep(args.warmup_s)
+        if args.py_spy:
+            run.profile(memories[0].pid)
+        win = run.window(memories[0].pid)
         usage = [_proc_usage(p.pid) for p in memories]
-        for p in procs:
+        for p in run.procs:
             p.wait(timeout=120)
         codes = {"memory-%d" % i: p.returncode for i, p in enumerate(memories)}
         results = [json.loads(out.read_text()) for out in outs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    summary = json.loads((run_dir / "summary.json").read_text())
+        run.end()
+    summary = json.loads((run.run_dir / "summary.json").read_text())
     for r in results:
         codes.update(r["codes"])
-    rtts = [rtt for r in results for t, rtt in r["heartbeats"] if t_start <= t <= t_end]
-    lag = window(before["loop_lag"], after["loop_lag"])
-    sim_lags = [window(*r["loop_lag"]) for r in results if len(r["loop_lag"]) == 2]
-    sim_lag = [sum(c) for c in zip(*sim_lags)] if sim_lags else []
-    dt = t_end - t_start
-
-    def inserted(status):
-        return sum(r["metrics"].get("inserted", 0) for name, r in status["roles"].items() if name.startswith("memory"))
-
-    conns = usage[0]["connections"] - base[0]["connections"]
-    registered = [t for r in results for t in r["t_registered"] if t is not None]
-    connect = [t for r in results for t in r["t_connect"]]
-    lost = sorted(name for name, r in summary["roles"].items() if r["status"] in LOST)
+    dt = win["t_end"] - win["t_start"]
+    inserted = run.memory_sum(win["after"], "inserted") - run.memory_sum(win["before"], "inserted")
     return {
         "actors": n,
         "memories": args.memories,
         "window_s": round(dt, 3),
+        **heartbeat_figures(results, win),
+        "registration_s": registration_s(results),
+        "refused_busy": summary.get("connections_refused_busy"),
+        "attach_s": round(attach_s, 3),
+        "ingest_per_s": round(inserted / dt, 1),
+        "memory0_cpu": round(win["cpu_s"] / dt, 3),
+        **memory_figures(usage, base),
+        **lost_figures(summary, codes),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def heartbeat_figures(results: list[dict], win: dict) -> dict:
+    """The heartbeats' round trips in the window, the coordinator's and the simulators' loop lag."""
+    rtts = [rtt for r in results for t, rtt in r["heartbeats"] if win["t_start"] <= t <= win["t_end"]]
+    lag = window(win["before"]["loop_lag"], win["after"]["loop_lag"])
+    sim_lags = [window(*r["loop_lag"]) for r in results if len(r["loop_lag"]) == 2]
+    sim_lag = [sum(c) for c in zip(*sim_lags)] if sim_lags else []
+    return {
         "heartbeats": len(rtts),
         "heartbeat_p50_ms": _ms(_pct(rtts, 50)),
         "heartbeat_p99_ms": _ms(_pct(rtts, 99)),
@@ -498,11 +533,19 @@ def measure(n: int, args, tmp: Path) -> dict:
         "sim_lag_p50_ms": _ms(quantile_s(sim_lag, 0.5)),
         "sim_lag_p99_ms": _ms(quantile_s(sim_lag, 0.99)),
         "sim_cpu_s": round(sum(r["cpu_s"] for r in results), 2),
-        "registration_s": round(max(registered) - min(connect), 3) if registered and connect else None,
-        "refused_busy": summary.get("connections_refused_busy"),
-        "attach_s": round(attach_s, 3),
-        "ingest_per_s": round((inserted(after) - inserted(before)) / dt, 1),
-        "memory0_cpu": round((cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / dt, 3),
+    }
+
+
+def registration_s(results: list[dict]) -> float | None:
+    registered = [t for r in results for t in r["t_registered"] if t is not None]
+    connect = [t for r in results for t in r["t_connect"]]
+    return round(max(registered) - min(connect), 3) if registered and connect else None
+
+
+def memory_figures(usage: list[dict], base: list[dict]) -> dict:
+    """Memory host 0's size after the window, and what each actor connection cost it."""
+    conns = usage[0]["connections"] - base[0]["connections"]
+    return {
         "memory0_rss_mb": round(usage[0]["rss_bytes"] / 2**20, 1),
         "memory0_connections": usage[0]["connections"],
         "rss_kb_per_connection": round((usage[0]["rss_bytes"] - base[0]["rss_bytes"]) / 1024 / conns, 1)
@@ -511,11 +554,16 @@ def measure(n: int, args, tmp: Path) -> dict:
         "fds_per_connection": round((usage[0]["fds"] - base[0]["fds"]) / conns, 2) if conns > 0 else None,
         "memory_usage": usage,
         "memory_baseline": base,
+    }
+
+
+def lost_figures(summary: dict, codes: dict) -> dict:
+    lost = sorted(name for name, r in summary["roles"].items() if r["status"] in LOST)
+    return {
         "lost": lost,
         "lost_count": len(lost),
         "outcome": summary.get("outcome"),
         "exit_codes_nonzero": {k: v for k, v in codes.items() if v != 0},
-        "load_avg_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -623,7 +671,7 @@ def main(argv=None) -> int:
         )
     print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+        common.write_json(args.json, {"args": vars(args), "rows": rows})
     bad = [r for r in rows if r.get("error") or r["lost_count"] or r["heartbeats_failed"] or r["exit_codes_nonzero"]]
     for r in bad:
         if r.get("error"):

@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import common
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from aiorl.replay import PrioritizedReplayBuffer  # noqa: E402
-from aiorl.runtime.snapshot import ReplaySnapshots  # noqa: E402
+from aiorl.replay import PrioritizedReplayBuffer
+from aiorl.runtime.snapshot import ReplaySnapshots
 
 SPEC = {
     "obs": ((4,), "<f4"),
@@ -146,7 +142,7 @@ def main(argv=None) -> int:
         f"({ratio:.1f}x the longest gap without one); the copy itself: {result['copy_pause_max_s']:.3f} s"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        common.write_json(args.json, result)
     return 0
 
 

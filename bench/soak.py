@@ -14,17 +14,16 @@ RSS at the end of the warm-up: the table shows how far it moved since.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import common
 import numpy as np
 import psutil
+from common import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 LIMIT_MB_PER_MIN = 1.0
 
 
@@ -35,18 +34,6 @@ def rss_mb(pid: int) -> float | None:
             return None
         return process.memory_info().rss / 2**20
     except psutil.Error:
-        return None
-
-
-def phase(run_dir: Path) -> str | None:
-    """The phase of the run's newest metrics row (RSS is sampled while RUNNING only)."""
-    try:
-        with open(run_dir / "metrics.jsonl", "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
-        return json.loads(lines[-1]).get("phase") if lines else None
-    except (OSError, ValueError):
         return None
 
 
@@ -76,21 +63,16 @@ def main(argv=None) -> int:
         "agent.scheduled_timesteps=null",
         *args.set,
     ]
-    command = [sys.executable, "-m", "aiorl", "run", args.config, "--quiet", *sum((["--set", s] for s in sets), [])]
-    print(f"$ {' '.join(command)}", flush=True)
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(f"$ {' '.join(common.aiorl_run_command(args.config, sets))}", flush=True)
     samples: dict[str, list[tuple[float, float]]] = {}
     t0 = time.monotonic()
-    try:
+    with common.Launch(args.config, run_dir, sets, output=subprocess.PIPE) as launch:
+        proc = launch.proc
         while proc.poll() is None:
             now = time.monotonic() - t0
-            pids_file = run_dir / "pids.json"
-            if pids_file.exists() and phase(run_dir) == "RUNNING":
-                try:
-                    pids = json.loads(pids_file.read_text())
-                except json.JSONDecodeError:
-                    pids = {}
-                for name, pid in {**pids, "launcher": proc.pid}.items():
+            # RSS is sampled while the run is RUNNING only
+            if (run_dir / "pids.json").exists() and common.last_metrics_row(run_dir).get("phase") == "RUNNING":
+                for name, pid in {**launch.pids(), "launcher": proc.pid}.items():
                     mb = rss_mb(pid)
                     if mb is not None:
                         samples.setdefault(name, []).append((now, mb))
@@ -99,9 +81,6 @@ def main(argv=None) -> int:
                     print(f"[{now:6.0f} s] RSS MB: {line}", flush=True)
             time.sleep(args.every_s)
         out = proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     print(out.strip().splitlines()[-1] if out.strip() else "(no output)")
     rows = []
     for name, points in sorted(samples.items()):
@@ -131,19 +110,15 @@ def main(argv=None) -> int:
         f"{args.warmup_s:g} s of warm-up (run exit code {proc.returncode}, run directory {run_dir})"
     )
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "minutes": args.minutes,
-                    "warmup_s": args.warmup_s,
-                    "ok": ok,
-                    "exit_code": proc.returncode,
-                    "run_dir": str(run_dir),
-                    "rows": rows,
-                },
-                indent=1,
-            )
-        )
+        result = {
+            "minutes": args.minutes,
+            "warmup_s": args.warmup_s,
+            "ok": ok,
+            "exit_code": proc.returncode,
+            "run_dir": str(run_dir),
+            "rows": rows,
+        }
+        common.write_json(args.json, result)
     return 0 if ok else 1
 
 

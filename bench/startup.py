@@ -49,7 +49,6 @@ shared machine are indicative only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -62,7 +61,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import common
+from common import ROOT, read_json
+
 EXAMPLES = ("apex_dqn_cartpole", "dppo_cartpole", "es_cartpole", "impala_cartpole")
 RESTART_EXAMPLE = "apex_dqn_cartpole"
 REFERENCE = [sys.executable, "-c", "import torch, gymnasium"]
@@ -230,13 +231,6 @@ def last_time(path: Path) -> float | None:
         if t is not None:
             return t
     return None
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def phase_times(summary: dict | None) -> dict[str, float]:
@@ -747,12 +741,12 @@ def main(argv=None) -> int:
             print(f"startup: run directories kept in {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    result["machine"] = {"cpus": os.cpu_count(), "loadavg_before": load, "loadavg_after": os.getloadavg()}
     result["python"] = sys.executable
     print_table(result)
     print_timelines(result)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        # "machine": cores and the load average before and after the runs (and the versions, commit)
+        common.write_json(args.json, result, load_before=load)
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -43,11 +42,9 @@ from pathlib import Path
 
 # Before numpy loads: OpenBLAS worker threads spin for a while after start-up
 # and steal CPU from the processes being measured (raw and wire alike).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import blas_one_thread  # noqa: F401
+import common
+import numpy as np
 
 CASES = {
     "cartpole64": {"max_messages": 2_000_000},
@@ -288,7 +285,8 @@ def measure(case: str, transport: str, seconds: float, tls_dir: str) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """The options, and the cases and transports to measure (raw first: every ratio is against it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="streaming time per measurement")
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs per case (median reported)")
@@ -302,8 +300,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.repeat = 1.0, 1
-    if args.ring_bytes:
-        os.environ["AIORL_BENCH_RING_BYTES"] = str(args.ring_bytes)  # the spawned receivers read it
     cases = [c for c in args.cases.split(",") if c]
     transports = [t for t in args.transports.split(",") if t]
     for name in cases:
@@ -314,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown transport {name!r}")
     if "raw" not in transports:
         transports.insert(0, "raw")
+    return args, cases, transports
 
+
+def measure_all(cases: list[str], transports: list[str], seconds: float, repeat: int) -> dict[str, dict[str, list]]:
+    """Every case's runs by transport, the transports alternating so that drifting load hits all alike."""
     results: dict[str, dict[str, list[dict]]] = {c: {t: [] for t in transports} for c in cases}
     with tempfile.TemporaryDirectory(prefix="aiorl-bench-") as tls_dir:
         if any(t.endswith("+tls") for t in transports):
@@ -322,9 +322,9 @@ def main(argv: list[str] | None = None) -> int:
 
             generate_self_signed(tls_dir)
         for case in cases:
-            for rep in range(args.repeat):
-                for transport in transports:  # alternate so drifting load hits all alike
-                    r = measure(case, transport, args.seconds, tls_dir)
+            for rep in range(repeat):
+                for transport in transports:
+                    r = measure(case, transport, seconds, tls_dir)
                     results[case][transport].append(r)
                     print(
                         f"  {case:<11} {transport:<12} run {rep + 1}: {r['bytes_per_s'] / 1e9:7.3f} GB/s "
@@ -332,40 +332,39 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+    return results
 
-    rows = []
-    for case in cases:
-        raw_runs = results[case]["raw"]
-        raw_tls_runs = results[case].get("raw+tls")
-        for transport in transports:
-            runs = results[case][transport]
-            # Each run is compared with the baseline run measured just before it,
-            # so load that drifts over the benchmark cancels out; median over repeats.
-            paired = [r["bytes_per_s"] / base["bytes_per_s"] for r, base in zip(runs, raw_runs)]
-            paired_tls = (
-                [r["bytes_per_s"] / base["bytes_per_s"] for r, base in zip(runs, raw_tls_runs)]
-                if raw_tls_runs and transport.endswith("+tls")
-                else None
-            )
-            mps = statistics.median(r["messages_per_s"] for r in runs)
-            # CPU efficiency: both processes' CPU time per message, raw over this
-            # (a second view that depends less on how the scheduler shares the cores).
-            cpu_paired = [_cpu_per_message(base) / _cpu_per_message(r) for r, base in zip(runs, raw_runs)]
-            row = {
-                "case": case,
-                "transport": transport,
-                "messages_per_s": mps,
-                "transitions_per_s": mps * 64 if case == "cartpole64" else None,
-                "gb_per_s": statistics.median(r["bytes_per_s"] for r in runs) / 1e9,
-                "ratio_vs_raw": statistics.median(paired),
-                "ratio_vs_raw_runs": paired,
-                "ratio_vs_raw_tls": statistics.median(paired_tls) if paired_tls else None,
-                "cpu_ratio_vs_raw": statistics.median(cpu_paired),
-                "target": TARGETS.get((case, transport)),
-                "runs": runs,
-            }
-            rows.append(row)
 
+def table_row(case: str, transport: str, runs: list[dict], raw_runs: list[dict], raw_tls_runs) -> dict:
+    # Each run is compared with the baseline run measured just before it,
+    # so load that drifts over the benchmark cancels out; median over repeats.
+    paired = [r["bytes_per_s"] / base["bytes_per_s"] for r, base in zip(runs, raw_runs)]
+    paired_tls = (
+        [r["bytes_per_s"] / base["bytes_per_s"] for r, base in zip(runs, raw_tls_runs)]
+        if raw_tls_runs and transport.endswith("+tls")
+        else None
+    )
+    mps = statistics.median(r["messages_per_s"] for r in runs)
+    # CPU efficiency: both processes' CPU time per message, raw over this
+    # (a second view that depends less on how the scheduler shares the cores).
+    cpu_paired = [_cpu_per_message(base) / _cpu_per_message(r) for r, base in zip(runs, raw_runs)]
+    return {
+        "case": case,
+        "transport": transport,
+        "messages_per_s": mps,
+        "transitions_per_s": mps * 64 if case == "cartpole64" else None,
+        "gb_per_s": statistics.median(r["bytes_per_s"] for r in runs) / 1e9,
+        "ratio_vs_raw": statistics.median(paired),
+        "ratio_vs_raw_runs": paired,
+        "ratio_vs_raw_tls": statistics.median(paired_tls) if paired_tls else None,
+        "cpu_ratio_vs_raw": statistics.median(cpu_paired),
+        "target": TARGETS.get((case, transport)),
+        "runs": runs,
+    }
+
+
+def print_table(rows: list[dict]) -> list[dict]:
+    """The table; the rows that missed their target."""
     print()
     header = (
         f"{'case':<11} {'transport':<12} {'msgs/s':>11} {'transitions/s':>14} {'GB/s':>7} {'x raw':>6} "
@@ -387,7 +386,20 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['case']:<11} {row['transport']:<12} {row['messages_per_s']:>11,.0f} {transitions} "
             f"{row['gb_per_s']:>7.3f} {row['ratio_vs_raw']:>6.2f} {vs_tls} {row['cpu_ratio_vs_raw']:>9.2f}  {target}"
         )
+    return missed
 
+
+def main(argv: list[str] | None = None) -> int:
+    args, cases, transports = parse_args(argv)
+    if args.ring_bytes:
+        os.environ["AIORL_BENCH_RING_BYTES"] = str(args.ring_bytes)  # the spawned receivers read it
+    results = measure_all(cases, transports, args.seconds, args.repeat)
+    rows = [
+        table_row(case, transport, results[case][transport], results[case]["raw"], results[case].get("raw+tls"))
+        for case in cases
+        for transport in transports
+    ]
+    missed = print_table(rows)
     report = {
         "benchmark": "transport",
         "python": sys.version.split()[0],
@@ -397,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "rows": rows,
     }
-    Path(args.json).write_text(json.dumps(report, indent=2))
+    common.write_json(args.json, report, indent=2)
     print(f"\nwrote {args.json}")
     return 1 if missed else 0
 

@@ -2,6 +2,8 @@
 (replay from real Pong frames, learner steps, the falling-loss check) runs as a CPU dry run."""
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,23 +12,30 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+def load_bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def load_check(monkeypatch):
+    """bench/gpu_check.py as `python bench/gpu_check.py` sees it: its `import common` is bench/common.py
+    (given here for this test only, as the script's folder on sys.path gives it there)."""
+    monkeypatch.setitem(sys.modules, "common", load_bench("common"))
+    return load_bench("gpu_check")
+
+
 def test_without_cuda_it_fails_loudly(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert load_check().main(["--device", "cuda"]) == 1
+    assert load_check(monkeypatch).main(["--device", "cuda"]) == 1
     assert "gpu_check: FAILED: --device cuda: torch" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_cpu_dry_run_trains_and_checks_the_loss(tmp_path, capsys):
+def test_cpu_dry_run_trains_and_checks_the_loss(tmp_path, capsys, monkeypatch):
     out = tmp_path / "gpu.json"
-    code = load_check().main(
+    code = load_check(monkeypatch).main(
         [
             "--device",
             "cpu",
@@ -46,4 +55,5 @@ def test_cpu_dry_run_trains_and_checks_the_loss(tmp_path, capsys):
     )
     text = capsys.readouterr().out
     assert code == 0 and "gpu_check: passed" in text and "learner steps/s" in text
-    assert out.exists()
+    result = json.loads(out.read_text())
+    assert result["steps"] == 10 and result["machine"]["cpus"] > 0  # bench/common.py's machine block
