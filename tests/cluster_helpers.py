@@ -10,40 +10,10 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-# A cluster of the runtime's own test algorithm (random actions, a running-mean learner).
-ASYNC = {
-    "algo": "random_agent",
-    "env": {"id": "CartPole-v1", "num_envs": 2},
-    "agent": {
-        "sample_batch_size": 16,
-        "batch_size": 32,
-        "buffer_size": 4000,
-        "learning_starts": 200,
-        "publish_interval": 5,
-    },
-    "model": {"n_step": 3, "gamma": 0.99},
-}
-
-FAST_CLUSTER = {
-    "heartbeat_interval_s": 0.2,
-    "heartbeat_timeout_s": 5.0,
-    "coordinator_timeout_s": 3.0,
-    "start_timeout_s": 60.0,
-    "phase_timeout_s": 20.0,
-}
-
-# For tests of what a loss does when nothing comes back (restarts in place and of the whole run
-# are on by default; tests/cluster/test_survival.py is about those).
-NO_RESTARTS = {"max_restarts": 0, "max_run_restarts": 0}
-
-
-def cluster(actors: int, memories: int, learners: int, **agent) -> dict:
-    """A random_agent config with these role counts and `agent` overrides (a fresh dict)."""
-    config = json.loads(json.dumps(ASYNC))
-    config["cluster"] = {"actors": actors, "memories": memories, "learners": learners}
-    config["agent"].update(agent)
-    return config
+# The named configs live in tests/configs.py; these are imported from here by many tests.
+from configs import ASYNC, FAST_CLUSTER, NO_RESTARTS, cluster  # noqa: F401
 
 
 def write_config(tmp_path: Path, config: dict) -> tuple[Path, Path]:
@@ -83,6 +53,74 @@ def finish(proc: subprocess.Popen, timeout_s: float = 180.0) -> tuple[int, str]:
         out, _ = proc.communicate()
         raise AssertionError(f"aiorl run did not finish within {timeout_s} s:\n{out}") from None
     return proc.returncode, out
+
+
+def end(proc: subprocess.Popen) -> None:
+    """End a launched process as a test's `finally: proc.kill()` did: SIGKILL if it still runs (its
+    roles end with it, as they do with a launcher killed outright), then reap it and close its pipe."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+class Launcher:
+    """The `launch` fixture: `launch(config, *extra, env=None, where=None) -> (proc, run_dir)` is
+    `start(where or tmp_path, config, *extra, env=env)`, and every run it started is ended at the
+    test's teardown, whether the test passed or failed: its launcher as `end` does, then any role
+    of that launch still running (a SIGSTOPped one ignores the signal its launcher's death sends).
+    `launch.track(proc)` keeps a process started some other way (a resume, a role by hand, a Ray
+    driver) to be ended with them."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.launched: list[tuple[subprocess.Popen, Path | None, float]] = []
+
+    def __call__(
+        self, config: dict, *extra: str, env: dict[str, str] | None = None, where: Path | None = None
+    ) -> tuple[subprocess.Popen, Path]:
+        since = time.time()
+        proc, run_dir = start(where or self.tmp_path, config, *extra, env=env)
+        self.launched.append((proc, run_dir, since))
+        return proc, run_dir
+
+    def track(self, proc: subprocess.Popen, run_dir: Path | None = None) -> subprocess.Popen:
+        self.launched.append((proc, run_dir, psutil.Process(proc.pid).create_time() if proc.poll() is None else 0.0))
+        return proc
+
+    def end_all(self) -> None:
+        for proc, run_dir, since in self.launched:
+            end(proc)
+            if run_dir is not None:
+                end_roles(run_dir, since)
+
+
+def end_roles(run_dir: Path, since: float) -> None:
+    """SIGKILL every role in the run's pids.json still running that started after `since` (not a
+    process that took a dead role's pid before this launch)."""
+    try:
+        roles = read_json(run_dir / "pids.json")
+    except (OSError, ValueError):
+        return
+    for pid in roles.values():
+        try:
+            role = psutil.Process(pid)
+            if role.create_time() >= since - 1.0 and "aiorl" in " ".join(role.cmdline()):
+                role.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """Launches runs for a test and ends each one still running at its teardown (see `Launcher`).
+    Imported by tests/conftest.py, which makes it every test's fixture."""
+    launcher = Launcher(tmp_path)
+    try:
+        yield launcher
+    finally:
+        launcher.end_all()
 
 
 def run(tmp_path: Path, config: dict, timeout_s: float = 180.0) -> tuple[int, str, Path]:
@@ -154,8 +192,6 @@ def check_tls_only(run_dir: Path, cert: Path, key: Path) -> None:
     """The run's coordinator speaks only TLS: a plain TCP client (right token and all) gets nowhere,
     a TLS client with the cluster's certificate is served (and finds the run RUNNING)."""
     import asyncio
-
-    import pytest
 
     from aiorl.wire import WireError, connect, load_token
     from aiorl.wire.tls import client_context

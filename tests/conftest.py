@@ -20,6 +20,9 @@ for _folder in sorted(os.listdir(HERE)):
     if os.path.isfile(os.path.join(_path, "conftest.py")) and _path not in sys.path:
         sys.path.append(_path)
 
+# Every test may ask for `launch`: runs it starts are ended at its teardown, passed or failed.
+from cluster_helpers import launch  # noqa: E402, F401
+
 
 def pytest_asyncio_loop_factories(config, item):
     # Every async test runs on uvloop, the loop aiorl roles run on.

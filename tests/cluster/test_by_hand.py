@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from cluster_helpers import FAST_CLUSTER
+from configs import DPPO_CARTPOLE_TINY, configured
 
 from aiorl.cli.main import main
 
@@ -19,30 +20,23 @@ pytestmark = [
 ]
 
 ROLES = [("memory", 0), ("learner", 0), ("actor", 0)]
-DPPO = {
-    "algo": "dppo",
-    "env": {"id": "CartPole-v1", "num_envs": 2},
-    "cluster": dict(FAST_CLUSTER),
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "scheduled_timesteps": 640},
-    "model": {"network": ["linear:16", "tanh"], "epochs": 1},
-    "run": {"metrics_interval_s": 0.2},
-}
+DPPO = configured(
+    DPPO_CARTPOLE_TINY, cluster=FAST_CLUSTER, agent={"scheduled_timesteps": 640}, run={"metrics_interval_s": 0.2}
+)
 
 
-def start_cluster(tmp_path, *extra: str) -> tuple[list[subprocess.Popen], list[str]]:
-    """Memory 0 first; the others once its port is known (from its console line)."""
+def start_cluster(launch, *extra: str) -> tuple[list[subprocess.Popen], list[str]]:
+    """Memory 0 first; the others once its port is known (from its console line). Each role is ended
+    at the test's teardown by the `launch` fixture."""
+    tmp_path = launch.tmp_path
     (tmp_path / "cfg.json").write_text(json.dumps(DPPO))
     env = {**os.environ, "AIORL_TOKEN": "k" * 64}
     env.pop("AIORL_LAUNCH_ID", None)
 
     def role(kind, index, *more):
-        return subprocess.Popen(
-            [sys.executable, "-m", "aiorl", "run", "cfg.json", "--role", kind, "--index", str(index), *extra, *more],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            bufsize=0,
+        argv = [sys.executable, "-m", "aiorl", "run", "cfg.json", "--role", kind, "--index", str(index), *extra, *more]
+        return launch.track(
+            subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
         )
 
     memory = role("memory", 0)
@@ -60,20 +54,14 @@ def start_cluster(tmp_path, *extra: str) -> tuple[list[subprocess.Popen], list[s
 
 
 def finish_all(procs: list[subprocess.Popen], first: list[str]) -> list[str]:
-    outs = []
-    try:
-        for proc in procs:
-            outs.append(proc.communicate(timeout=180)[0].decode())
-    finally:
-        for proc in procs:
-            proc.kill()
+    outs = [proc.communicate(timeout=180)[0].decode() for proc in procs]
     outs[0] = first[0] + outs[0]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     return outs
 
 
-def test_each_role_by_hand_writes_a_complete_run_directory_of_its_kind(tmp_path, capsys, monkeypatch):
-    procs, first = start_cluster(tmp_path)
+def test_each_role_by_hand_writes_a_complete_run_directory_of_its_kind(tmp_path, launch, capsys, monkeypatch):
+    procs, first = start_cluster(launch)
     outs = finish_all(procs, first)
     dirs = {p.name.rsplit("-", 2)[-2] + "-" + p.name.rsplit("-", 1)[-1]: p for p in (tmp_path / "runs").iterdir()}
     assert sorted(dirs) == ["actor-0", "learner-0", "memory-0"]
@@ -97,9 +85,9 @@ def test_each_role_by_hand_writes_a_complete_run_directory_of_its_kind(tmp_path,
     assert main(["plot", str(memory), "-o", str(tmp_path / "curve.png")]) == 0
 
 
-def test_roles_by_hand_share_one_run_dir_without_clobbering_and_refuse_another_config(tmp_path, capsys):
+def test_roles_by_hand_share_one_run_dir_without_clobbering_and_refuse_another_config(tmp_path, launch, capsys):
     shared = tmp_path / "shared"
-    procs, first = start_cluster(tmp_path, "--set", f"run.dir={shared}")
+    procs, first = start_cluster(launch, "--set", f"run.dir={shared}")
     finish_all(procs, first)
     assert sorted(p.name for p in (shared / "logs").iterdir()) == ["actor-0.log", "learner-0.log", "memory-0.log"]
     assert (shared / "policy" / "policy.pt2").is_file() and (shared / "summary.json").is_file()

@@ -17,7 +17,6 @@ from cluster_helpers import (
     pids,
     read_json,
     run,
-    start,
     wait_for,
 )
 
@@ -88,23 +87,20 @@ def test_2x2x2_run_reaches_schedule_loses_nothing_and_leaves_no_process(tmp_path
     assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
 
 
-def test_learners_outnumbering_memories_all_get_batches(tmp_path):
+def test_learners_outnumbering_memories_all_get_batches(launch):
     # Stopped by hand once every learner has stepped: a step budget could be spent by the first
     # learners before a slow-starting one attaches, which is not starvation.
-    proc, run_dir = start(tmp_path, cluster(1, 1, 3, scheduled_global_steps=10**9))
-    try:
+    proc, run_dir = launch(cluster(1, 1, 3, scheduled_global_steps=10**9))
 
-        def every_learner_stepped():
-            roles = (live_status(run_dir) or {}).get("roles") or {}
-            return all(
-                ((roles.get(f"learner-{i}") or {}).get("counters") or {}).get("learner_steps", 0) > 0 for i in range(3)
-            )
+    def every_learner_stepped():
+        roles = (live_status(run_dir) or {}).get("roles") or {}
+        return all(
+            ((roles.get(f"learner-{i}") or {}).get("counters") or {}).get("learner_steps", 0) > 0 for i in range(3)
+        )
 
-        wait_for(every_learner_stepped, 180, "every learner to take a step", 0.5)
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=120)
-    finally:
-        proc.kill()
+    wait_for(every_learner_stepped, 180, "every learner to take a step", 0.5)
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=120)
     assert code == 130, out
     roles = read_json(run_dir / "summary.json")["roles"]
     for i in range(3):
@@ -126,17 +122,14 @@ def test_sync_barrier_no_iteration_starts_before_its_weights(tmp_path):
             assert entry["weights_version"] == k  # iteration k acts with version k
 
 
-def test_sigkill_an_actor_the_run_still_ends_cleanly(tmp_path):
+def test_sigkill_an_actor_the_run_still_ends_cleanly(launch):
     config = cluster(3, 2, 1, scheduled_timesteps=150_000)
     config["cluster"].update(NO_RESTARTS)  # the run ends cleanly without the actor (test_survival: with it)
-    proc, run_dir = start(tmp_path, config)
-    try:
-        victim = pids(run_dir)["actor-1"]
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 1000, 120, "env steps")
-        os.kill(victim, signal.SIGKILL)
-        code, out = finish(proc)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    victim = pids(run_dir)["actor-1"]
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 1000, 120, "env steps")
+    os.kill(victim, signal.SIGKILL)
+    code, out = finish(proc)
     summary = read_json(run_dir / "summary.json")
     assert summary["env_steps"] >= 150_000
     assert summary["roles"]["actor-1"]["status"] == "lost"
@@ -152,17 +145,14 @@ def test_sigkill_an_actor_the_run_still_ends_cleanly(tmp_path):
     assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
 
 
-def test_killing_the_coordinator_ends_every_role_nonzero(tmp_path):
+def test_killing_the_coordinator_ends_every_role_nonzero(launch):
     config = cluster(2, 2, 1, scheduled_timesteps=10**9)
     config["cluster"].update(NO_RESTARTS)  # not the run restarting itself (test_survival)
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 120, "learner steps")
-        os.kill(started["memory-0"], signal.SIGKILL)
-        code, out = finish(proc, timeout_s=60)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 120, "learner steps")
+    os.kill(started["memory-0"], signal.SIGKILL)
+    code, out = finish(proc, timeout_s=60)
     exits = read_json(run_dir / "exits.json")
     assert exits.pop("memory-0") == -signal.SIGKILL
     assert all(code == 3 for code in exits.values()), exits  # EXIT_COORDINATOR_LOST
@@ -177,15 +167,12 @@ def test_killing_the_coordinator_ends_every_role_nonzero(tmp_path):
     assert not any(alive(pid) for pid in started.values())
 
 
-def test_sigint_to_the_launcher_runs_the_shutdown_phases(tmp_path):
-    proc, run_dir = start(tmp_path, cluster(2, 1, 1, scheduled_timesteps=10**9))
-    try:
-        started = pids(run_dir)
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 120, "learner steps")
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=60)
-    finally:
-        proc.kill()
+def test_sigint_to_the_launcher_runs_the_shutdown_phases(launch):
+    proc, run_dir = launch(cluster(2, 1, 1, scheduled_timesteps=10**9))
+    started = pids(run_dir)
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 120, "learner steps")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=60)
     assert code == 130, out  # interrupted, after a clean shutdown: a scheduler may requeue it
     summary = read_json(run_dir / "summary.json")
     assert summary["ok"] and summary["outcome"] == "interrupted" and summary["stop_reason"] == "interrupted"
@@ -234,7 +221,7 @@ def test_other_stop_criteria(tmp_path, stop, expected):
     assert expected in read_json(run_dir / "summary.json")["stop_reason"]
 
 
-def test_one_role_per_process_deployment_and_config_hash_refusal(tmp_path):
+def test_one_role_per_process_deployment_and_config_hash_refusal(tmp_path, launch):
     """Start every role with `aiorl run --role`, as one would on separate hosts."""
     import json
     import subprocess
@@ -249,52 +236,46 @@ def test_one_role_per_process_deployment_and_config_hash_refusal(tmp_path):
     env = {**os.environ, "AIORL_TOKEN": generate_token().decode()}
 
     def role(kind, index, *extra):
-        return subprocess.Popen(
-            [sys.executable, "-m", "aiorl", "run", str(path), "--role", kind, "--index", str(index), *extra],
-            env=env,
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        return launch.track(
+            subprocess.Popen(
+                [sys.executable, "-m", "aiorl", "run", str(path), "--role", kind, "--index", str(index), *extra],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         )
 
     procs = [role("memory", 0)]
-    try:
-        port = wait_for(
-            lambda: (
-                (run_dir / "coordinator.json").exists()
-                and json.loads((run_dir / "coordinator.json").read_text())["port"]
-            ),
-            60,
-            "coordinator",
-        )
-        at = f"cluster.port={port}"
-        intruder = role("actor", 0, "--set", at, "--set", "agent.batch_size=16")
-        assert intruder.wait(60) == 2
-        assert "config hash mismatch" in intruder.stdout.read()
-        procs += [role("memory", 1, "--set", at), role("learner", 0, "--set", at), role("actor", 0, "--set", at)]
-        codes = [p.wait(120) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    port = wait_for(
+        lambda: (
+            (run_dir / "coordinator.json").exists() and json.loads((run_dir / "coordinator.json").read_text())["port"]
+        ),
+        60,
+        "coordinator",
+    )
+    at = f"cluster.port={port}"
+    intruder = role("actor", 0, "--set", at, "--set", "agent.batch_size=16")
+    assert intruder.wait(60) == 2
+    assert "config hash mismatch" in intruder.stdout.read()
+    procs += [role("memory", 1, "--set", at), role("learner", 0, "--set", at), role("actor", 0, "--set", at)]
+    codes = [p.wait(120) for p in procs]
     assert codes == [0, 0, 0, 0], [p.stdout.read() for p in procs]
     assert read_json(run_dir / "summary.json")["ok"]
 
 
-def test_tls_cluster(tmp_path):
+def test_tls_cluster(tmp_path, launch):
     from aiorl.wire.tls import generate_self_signed
 
     cert, key = generate_self_signed(tmp_path / "tls", hosts=("127.0.0.1", "localhost"))
     config = cluster(1, 2, 1, scheduled_timesteps=10**9)
     config["cluster"].update(tls_cert=str(cert), tls_key=str(key), tls_ca=str(cert))
-    proc, run_dir = start(tmp_path, config)
-    try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 120, "learner steps")
-        check_tls_only(run_dir, cert, key)
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=60)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 120, "learner steps")
+    check_tls_only(run_dir, cert, key)
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=60)
     assert code == 130, out  # interrupted by our SIGINT, after a clean shutdown
     summary = read_json(run_dir / "summary.json")
     assert summary["ok"] and summary["learner_steps"] > 0

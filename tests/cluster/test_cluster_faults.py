@@ -25,7 +25,6 @@ from cluster_helpers import (
     last_metrics,
     pids,
     read_json,
-    start,
     wait_for,
     write_config,
 )
@@ -61,17 +60,14 @@ def none_left(started: dict[str, int]) -> bool:
 
 
 @pytest.mark.parametrize("victim", ["learner-0", "memory-1"])
-def test_losing_a_learner_or_memory_1_ends_the_run(tmp_path, victim):
+def test_losing_a_learner_or_memory_1_ends_the_run(launch, victim):
     config = cluster(1, 2, 1, scheduled_timesteps=10**9)
     config["cluster"].update(NO_RESTARTS)
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        running(run_dir)
-        os.kill(started[victim], signal.SIGKILL)
-        code, out = finish(proc, timeout_s=120)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    running(run_dir)
+    os.kill(started[victim], signal.SIGKILL)
+    code, out = finish(proc, timeout_s=120)
     summary = read_json(run_dir / "summary.json")
     # (Losing memory 1 also fails the actor that was sending to it; either may stop the run first.)
     # The launcher saw the exit and said so: the verdict came before any wait for a rejoin.
@@ -86,29 +82,24 @@ def test_losing_a_learner_or_memory_1_ends_the_run(tmp_path, victim):
     assert none_left(started)
 
 
-def test_losing_an_actor_in_synchronous_mode_leaves_the_others_iterating(tmp_path):
+def test_losing_an_actor_in_synchronous_mode_leaves_the_others_iterating(launch):
     # Memory 1 aggregates only actor 1: once it is gone, memory 1 hands out empty aggregates.
     config = cluster(3, 2, 1, scheduled_timesteps=10**9, sample_batch_size=8)
     config["model"] = {"synchronous": True}
     config["cluster"].update(NO_RESTARTS)
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        running(run_dir, "env_steps", 200)
-        os.kill(started["actor-1"], signal.SIGKILL)
-        lost_at = waited(
-            run_dir,
-            lambda: (
-                (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"] and last_metrics(run_dir)["env_steps"]
-            ),
-            60,
-            "actor-1 lost",
-        )
-        running(run_dir, "env_steps", lost_at + 2000)  # 2 actors x 16 env steps per iteration go on
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=120)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    running(run_dir, "env_steps", 200)
+    os.kill(started["actor-1"], signal.SIGKILL)
+    lost_at = waited(
+        run_dir,
+        lambda: (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"] and last_metrics(run_dir)["env_steps"],
+        60,
+        "actor-1 lost",
+    )
+    running(run_dir, "env_steps", lost_at + 2000)  # 2 actors x 16 env steps per iteration go on
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=120)
     summary = read_json(run_dir / "summary.json")
     assert summary["roles"]["actor-1"]["status"] == "lost"
     for name in ("actor-0", "actor-2"):
@@ -125,19 +116,16 @@ def test_losing_an_actor_in_synchronous_mode_leaves_the_others_iterating(tmp_pat
     assert none_left(started)
 
 
-def test_a_missed_phase_deadline_fails_the_run_and_names_the_role(tmp_path):
+def test_a_missed_phase_deadline_fails_the_run_and_names_the_role(launch):
     # Each learner step takes 4 s; the run stops by the clock during one, and DRAINING waits 1.5 s
     # for it (a step budget would not do: learners take no step past it).
     config = cluster(1, 1, 1)
     config["run"] = {"max_seconds": 2.0}
     config["model"]["learner_step_sleep_s"] = 4.0
     config["cluster"] = {**config["cluster"], "phase_timeout_s": 1.5, **NO_RESTARTS}
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        code, out = finish(proc, timeout_s=120)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    code, out = finish(proc, timeout_s=120)
     summary = read_json(run_dir / "summary.json")
     assert not summary["ok"] and [p["phase"] for p in summary["phases"]][-1] == "EXITED"
     assert summary["failures"] == ["learner-0 failed: missed the DRAINING deadline (1.5 s)"]
@@ -192,24 +180,21 @@ def test_start_timeout_ends_a_coordinator_alone_and_a_role_without_coordinator(t
     assert f"cannot reach the coordinator at 127.0.0.1:{nobody}" in outs[1]
 
 
-def test_a_silent_coordinator_ends_every_other_role(tmp_path):
+def test_a_silent_coordinator_ends_every_other_role(launch):
     """SIGSTOP memory 0: its connections stay open, it just never answers."""
     config = cluster(2, 2, 1, scheduled_timesteps=10**9)
     config["cluster"].update(NO_RESTARTS)
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    running(run_dir)
+    coordinator = started["memory-0"]
+    others = {n: p for n, p in started.items() if n != "memory-0"}
+    os.kill(coordinator, signal.SIGSTOP)
     try:
-        started = pids(run_dir)
-        running(run_dir)
-        coordinator = started["memory-0"]
-        others = {n: p for n, p in started.items() if n != "memory-0"}
-        os.kill(coordinator, signal.SIGSTOP)
-        try:
-            wait_for(lambda: none_left(others), 60, "every other role to exit", interval_s=0.2)
-        finally:
-            os.kill(coordinator, signal.SIGCONT)
-        code, out = finish(proc, timeout_s=120)
+        wait_for(lambda: none_left(others), 60, "every other role to exit", interval_s=0.2)
     finally:
-        proc.kill()
+        os.kill(coordinator, signal.SIGCONT)
+    code, out = finish(proc, timeout_s=120)
     exits = read_json(run_dir / "exits.json")
     assert {n: exits[n] for n in others} == {n: 3 for n in others}, exits  # EXIT_COORDINATOR_LOST
     for name in others:
@@ -219,43 +204,40 @@ def test_a_silent_coordinator_ends_every_other_role(tmp_path):
     assert none_left(started)
 
 
-def test_silence_is_judged_against_the_coordinators_own_stalls(tmp_path):
+def test_silence_is_judged_against_the_coordinators_own_stalls(launch):
     """A coordinator stopped for 1.4 s (heartbeat_timeout_s 1.0) loses nobody; an actor
     stopped as long is lost, and the run goes on without it."""
     config = cluster(3, 1, 1, scheduled_timesteps=10**9)
     config["cluster"] = {**config["cluster"], "heartbeat_timeout_s": 1.0, **NO_RESTARTS}
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        running(run_dir)
-        before = len(metrics_rows(run_dir))
-        os.kill(started["memory-0"], signal.SIGSTOP)
-        time.sleep(1.4)  # the stall itself, not a wait for a condition
-        os.kill(started["memory-0"], signal.SIGCONT)
-        # The coordinator saw its own stall; then 2 s of rows (10 at 0.2 s) lose nobody.
-        seen = waited(
-            run_dir,
-            lambda: next(
-                (i for i, r in enumerate(metrics_rows(run_dir)) if i >= before and r["loop_lag_max_s"] >= 1.0), None
-            ),
-            60,
-            "the stall",
-        )
-        waited(run_dir, lambda: len(metrics_rows(run_dir)) > seen + 10, 60, "rows after the stall")
-        after = metrics_rows(run_dir)[seen:]
-        assert all(r["phase"] == "RUNNING" and r["roles_lost"] == [] for r in after), after[-1]
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    running(run_dir)
+    before = len(metrics_rows(run_dir))
+    os.kill(started["memory-0"], signal.SIGSTOP)
+    time.sleep(1.4)  # the stall itself, not a wait for a condition
+    os.kill(started["memory-0"], signal.SIGCONT)
+    # The coordinator saw its own stall; then 2 s of rows (10 at 0.2 s) lose nobody.
+    seen = waited(
+        run_dir,
+        lambda: next(
+            (i for i, r in enumerate(metrics_rows(run_dir)) if i >= before and r["loop_lag_max_s"] >= 1.0), None
+        ),
+        60,
+        "the stall",
+    )
+    waited(run_dir, lambda: len(metrics_rows(run_dir)) > seen + 10, 60, "rows after the stall")
+    after = metrics_rows(run_dir)[seen:]
+    assert all(r["phase"] == "RUNNING" and r["roles_lost"] == [] for r in after), after[-1]
 
-        os.kill(started["actor-1"], signal.SIGSTOP)
-        try:
-            waited(run_dir, lambda: (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"], 60, "actor-1 lost")
-        finally:
-            os.kill(started["actor-1"], signal.SIGCONT)
-        env_steps = last_metrics(run_dir)["env_steps"]
-        running(run_dir, "env_steps", env_steps + 1000)  # the other actors go on
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=60)
+    os.kill(started["actor-1"], signal.SIGSTOP)
+    try:
+        waited(run_dir, lambda: (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"], 60, "actor-1 lost")
     finally:
-        proc.kill()
+        os.kill(started["actor-1"], signal.SIGCONT)
+    env_steps = last_metrics(run_dir)["env_steps"]
+    running(run_dir, "env_steps", env_steps + 1000)  # the other actors go on
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=60)
     summary = read_json(run_dir / "summary.json")
     actor = summary["roles"].pop("actor-1")
     assert actor["status"] == "lost" and actor["reason"].startswith("no heartbeat for ")
@@ -267,23 +249,20 @@ def test_silence_is_judged_against_the_coordinators_own_stalls(tmp_path):
     assert none_left(started)
 
 
-def test_a_second_ctrl_c_kills_every_role(tmp_path):
+def test_a_second_ctrl_c_kills_every_role(launch):
     config = cluster(2, 1, 1, scheduled_timesteps=10**9)
     config["model"]["learner_step_sleep_s"] = 1.0  # DRAINING waits for a step in flight
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        running(run_dir, above=0)
-        proc.send_signal(signal.SIGINT)
-        wait_for(
-            lambda: "stopping: interrupted by SIG" in (run_dir / "logs" / "memory-0.log").read_text(),
-            60,
-            "the clean stop to begin",
-        )
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=60)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    running(run_dir, above=0)
+    proc.send_signal(signal.SIGINT)
+    wait_for(
+        lambda: "stopping: interrupted by SIG" in (run_dir / "logs" / "memory-0.log").read_text(),
+        60,
+        "the clean stop to begin",
+    )
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=60)
     assert code != 0 and "killing every role" in out, out
     exits = read_json(run_dir / "exits.json")
     assert -signal.SIGKILL in exits.values(), exits  # killed, not finished

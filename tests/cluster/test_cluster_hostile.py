@@ -18,6 +18,7 @@ import time
 
 import pytest
 from cluster_helpers import finish, last_metrics, read_json, wait_for, write_config
+from configs import configured, random_cartpole
 
 from aiorl.cli.status import fetch_status
 from aiorl.experiment.loading import load_config
@@ -27,24 +28,18 @@ from aiorl.wire.codec import FrameType
 
 pytestmark = pytest.mark.cluster
 
-CONFIG = {
-    "algo": "random_agent",
-    "env": {"id": "CartPole-v1", "num_envs": 1},
-    "cluster": {"actors": 1, "memories": 1, "learners": 1},
-    "agent": {
-        "sample_batch_size": 16,
-        "batch_size": 32,
-        "buffer_size": 4000,
-        "learning_starts": 200,
-        "scheduled_timesteps": 10**9,
-    },
-    "model": {"learner_step_sleep_s": 0.002},
-    "run": {"tensorboard": False},
-}
+CONFIG = configured(
+    random_cartpole(1, 1, 1, scheduled_timesteps=10**9),
+    env={"num_envs": 1},
+    model={"learner_step_sleep_s": 0.002},
+    run={"tensorboard": False},
+)
 FORGED = "actor-0\n2026-01-01 00:00:00 memory-0 INFO aiorl.coordinator: all good\x1b[2J"
 
 
-def start_run(tmp_path, nofile: int | None = None, transport: str = "auto"):
+def start_run(launch, nofile: int | None = None, transport: str = "auto"):
+    """The run under attack, ended at the test's teardown by the `launch` fixture."""
+    tmp_path = launch.tmp_path
     path, run_dir = write_config(tmp_path, {**CONFIG, "cluster": {**CONFIG["cluster"], "transport": transport}})
 
     def limit():
@@ -59,7 +54,7 @@ def start_run(tmp_path, nofile: int | None = None, transport: str = "auto"):
         text=True,
         preexec_fn=limit,
     )
-    return proc, run_dir
+    return launch.track(proc, run_dir), run_dir
 
 
 def addresses(run_dir) -> tuple[bytes, tuple[str, int], tuple[str, int]]:
@@ -81,43 +76,40 @@ def stop(proc, run_dir) -> tuple[int, str, dict]:
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_phantom_duplicate_and_forged_names_never_join_a_running_cluster(tmp_path, transport):
-    proc, run_dir = start_run(tmp_path, transport=transport)
-    try:
-        wait_for(lambda: learner_steps(run_dir) > 5, 120, "learner steps")
-        token, coordinator, memory = addresses(run_dir)
-        config_hash = load_config(run_dir / "config.yaml").config_hash()
+def test_phantom_duplicate_and_forged_names_never_join_a_running_cluster(launch, transport):
+    proc, run_dir = start_run(launch, transport=transport)
+    wait_for(lambda: learner_steps(run_dir) > 5, 120, "learner steps")
+    token, coordinator, memory = addresses(run_dir)
+    config_hash = load_config(run_dir / "config.yaml").config_hash()
 
-        async def attacks() -> list[str]:
-            refusals = []
-            for name in ("actor-99", "actor-0", "learner-0"):  # a phantom, then two live names
-                conn = await connect(*coordinator, token=token, name=name)
-                try:  # a name the run lacks is an error; a live name's other process is not admitted
-                    reply = await conn.request("register", {"role": name, "config_hash": config_hash}, timeout_s=30)
-                    assert reply.meta.get("admitted") is False, reply.meta
-                    refusals.append(str(reply.meta["reason"]))
-                except RemoteError as exc:
-                    refusals.append(str(exc))
-                conn.abort()
-            for name in ("actor-99", "learner-9", "actor-0", "learner-0"):  # memory: guessed sessions
-                conn = await connect(*memory, token=token, name=name)
-                with pytest.raises(RemoteError) as info:
-                    await conn.request("attach", {"session": "0" * 32}, timeout_s=10)
-                refusals.append(str(info.value))
-                conn.abort()
-            for address in (coordinator, memory):  # a name forging a log line
-                reader, writer = await asyncio.open_connection(*address)
-                writer.write(handshake_frame(FrameType.HELLO, {"name": FORGED, "nonce": new_nonce()}))
-                assert b"bad peer name" in await reader.read()
-                writer.close()
-            return refusals
+    async def attacks() -> list[str]:
+        refusals = []
+        for name in ("actor-99", "actor-0", "learner-0"):  # a phantom, then two live names
+            conn = await connect(*coordinator, token=token, name=name)
+            try:  # a name the run lacks is an error; a live name's other process is not admitted
+                reply = await conn.request("register", {"role": name, "config_hash": config_hash}, timeout_s=30)
+                assert reply.meta.get("admitted") is False, reply.meta
+                refusals.append(str(reply.meta["reason"]))
+            except RemoteError as exc:
+                refusals.append(str(exc))
+            conn.abort()
+        for name in ("actor-99", "learner-9", "actor-0", "learner-0"):  # memory: guessed sessions
+            conn = await connect(*memory, token=token, name=name)
+            with pytest.raises(RemoteError) as info:
+                await conn.request("attach", {"session": "0" * 32}, timeout_s=10)
+            refusals.append(str(info.value))
+            conn.abort()
+        for address in (coordinator, memory):  # a name forging a log line
+            reader, writer = await asyncio.open_connection(*address)
+            writer.write(handshake_frame(FrameType.HELLO, {"name": FORGED, "nonce": new_nonce()}))
+            assert b"bad peer name" in await reader.read()
+            writer.close()
+        return refusals
 
-        refusals = asyncio.run(attacks())
-        steps = learner_steps(run_dir)
-        wait_for(lambda: learner_steps(run_dir) > steps, 60, "the run to go on after the attacks")
-        code, out, summary = stop(proc, run_dir)
-    finally:
-        proc.kill()
+    refusals = asyncio.run(attacks())
+    steps = learner_steps(run_dir)
+    wait_for(lambda: learner_steps(run_dir) > steps, 60, "the run to go on after the attacks")
+    code, out, summary = stop(proc, run_dir)
     assert "unknown role 'actor-99'" in refusals[0] and "already registered" in refusals[1]
     assert all("refused" in r for r in refusals[3:])
     assert code == 130, out  # interrupted by our SIGINT, after a clean shutdown
@@ -132,12 +124,12 @@ def test_phantom_duplicate_and_forged_names_never_join_a_running_cluster(tmp_pat
     assert ("over shared memory" in logs) == (transport == "shm")  # the run's own data path
 
 
-def test_connection_flood_under_a_low_open_file_limit(tmp_path):
+def test_connection_flood_under_a_low_open_file_limit(launch):
     """Bare connections (no byte sent) to both ports, three times the role processes' fd limit."""
     nofile = 256
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))  # room for our own sockets
-    proc, run_dir = start_run(tmp_path, nofile=nofile)
+    proc, run_dir = start_run(launch, nofile=nofile)
     socks = []
     try:
         wait_for(lambda: learner_steps(run_dir) > 5, 120, "learner steps")
@@ -157,7 +149,6 @@ def test_connection_flood_under_a_low_open_file_limit(tmp_path):
     finally:
         for s in socks:
             s.close()
-        proc.kill()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert code == 130, out  # interrupted by our SIGINT, after a clean shutdown
     assert summary["ok"]

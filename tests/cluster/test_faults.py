@@ -29,35 +29,11 @@ from cluster_helpers import (
     wait_for,
     write_config,
 )
+from configs import APEX_CARTPOLE_TINY, RANDOM_CARTPOLE, configured
 
 from aiorl.io import checkpoint
 
 pytestmark = pytest.mark.cluster
-
-APEX = {
-    "algo": "apex_dqn",
-    "env": {"id": "CartPole-v1"},
-    "agent": {
-        "sample_batch_size": 16,
-        "batch_size": 32,
-        "buffer_size": 20_000,
-        "learning_starts": 300,
-        "publish_interval": 10,
-    },
-    "model": {"network": ["linear:32", "relu"], "n_step": 3, "learning_rate": 0.0005, "tau": 0.01},
-}
-RANDOM = {
-    "algo": "random_agent",
-    "env": {"id": "CartPole-v1", "num_envs": 2},
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "buffer_size": 4000, "learning_starts": 200},
-}
-
-
-def config(base: dict, **sections) -> dict:
-    out = json.loads(json.dumps(base))
-    for section, values in sections.items():
-        out.setdefault(section, {}).update(values)
-    return out
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:
@@ -114,10 +90,10 @@ def every_successor_back(run_dir, names: set[str]) -> bool:
     return True
 
 
-def test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_lost(tmp_path):
+def test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_lost(launch):
     seconds = 12.0  # how long the kills go on, from the first env steps
-    cfg = config(
-        APEX,
+    cfg = configured(
+        APEX_CARTPOLE_TINY,
         cluster={
             "actors": 2,
             "memories": 2,
@@ -129,44 +105,41 @@ def test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_
         agent={"scheduled_global_steps": 10**9},
         run={"snapshot_replay": True, "snapshot_interval_s": 1.0},
     )
-    proc, run_dir = start(tmp_path, cfg)
+    proc, run_dir = launch(cfg)
     rng = random.Random(12)
     budget = {"actor-0": 2, "actor-1": 2}
     victims = []
-    try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 1000, 120, "env steps")
-        running_since = time.monotonic()  # (about: RUNNING began a moment before the first env steps)
-        # memory-1 once, then every few seconds a random registered actor dies by SIGKILL; the run
-        # ends (SIGINT, through the same phases as a stop criterion) once every successor is back.
-        while len(victims) < 5 and proc.poll() is None and time.monotonic() - running_since < seconds:
-            running = pids(run_dir)
-            status = (live_status(run_dir) or {}).get("roles", {})
-            candidates = ["memory-1"] if not victims else [n for n, left in budget.items() if left]
-            ready = [
-                n
-                for n in candidates
-                if status.get(n, {}).get("pid") == running[n]
-                and status[n]["status"] == "running"
-                and (
-                    status[n]["counters"].get("env_steps", 0) > 0
-                    if n != "memory-1"  # stepping
-                    else (run_dir / "replay-memory-1.npz").exists()
-                )
-            ]  # it has a snapshot to come back to
-            if not ready:
-                time.sleep(0.2)
-                continue
-            victim = rng.choice(ready)
-            kill(running[victim])
-            budget[victim] = budget.get(victim, 1) - 1
-            victims.append(victim)
-            time.sleep(rng.uniform(1.0, 2.5))
-        wait_for(lambda: (live_status(run_dir) or {}).get("restarts", 0) == len(victims), 60, "every restart")
-        wait_for(lambda: every_successor_back(run_dir, set(victims)), 60, "every successor back")
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=240)
-    finally:
-        proc.kill()
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 1000, 120, "env steps")
+    running_since = time.monotonic()  # (about: RUNNING began a moment before the first env steps)
+    # memory-1 once, then every few seconds a random registered actor dies by SIGKILL; the run
+    # ends (SIGINT, through the same phases as a stop criterion) once every successor is back.
+    while len(victims) < 5 and proc.poll() is None and time.monotonic() - running_since < seconds:
+        running = pids(run_dir)
+        status = (live_status(run_dir) or {}).get("roles", {})
+        candidates = ["memory-1"] if not victims else [n for n, left in budget.items() if left]
+        ready = [
+            n
+            for n in candidates
+            if status.get(n, {}).get("pid") == running[n]
+            and status[n]["status"] == "running"
+            and (
+                status[n]["counters"].get("env_steps", 0) > 0
+                if n != "memory-1"  # stepping
+                else (run_dir / "replay-memory-1.npz").exists()
+            )
+        ]  # it has a snapshot to come back to
+        if not ready:
+            time.sleep(0.2)
+            continue
+        victim = rng.choice(ready)
+        kill(running[victim])
+        budget[victim] = budget.get(victim, 1) - 1
+        victims.append(victim)
+        time.sleep(rng.uniform(1.0, 2.5))
+    wait_for(lambda: (live_status(run_dir) or {}).get("restarts", 0) == len(victims), 60, "every restart")
+    wait_for(lambda: every_successor_back(run_dir, set(victims)), 60, "every successor back")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=240)
     kills = {name: victims.count(name) for name in ("actor-0", "actor-1", "memory-1")}
     assert len(victims) >= 3 and victims[0] == "memory-1", victims
     assert code == 130, out  # interrupted, after a clean shutdown
@@ -205,9 +178,9 @@ def test_chaos_sigkilled_actors_and_memory_host_restart_and_nothing_accepted_is_
     assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
 
 
-def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(tmp_path):
-    cfg = config(
-        APEX,
+def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(tmp_path, launch):
+    cfg = configured(
+        APEX_CARTPOLE_TINY,
         agent={"scheduled_global_steps": 400},
         run={
             "checkpoint_every": 50,
@@ -217,22 +190,19 @@ def test_sigkill_every_process_then_resume_continues_past_a_corrupt_checkpoint(t
             "snapshot_interval_s": 1.0,
         },
     )
-    proc, run_dir = start(tmp_path, cfg)
-    try:
-        started = pids(run_dir)
-        wait_for(
-            lambda: (
-                len(checkpoint.list_checkpoints(run_dir / "checkpoints")) >= 3
-                and (run_dir / "replay-memory-0.npz").exists()
-            ),
-            180,
-            "three checkpoints and a replay snapshot",
-        )
-        for pid in [*started.values(), proc.pid]:  # every process of the run, no clean shutdown anywhere
-            kill(pid)
-        proc.wait(30)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(cfg)
+    started = pids(run_dir)
+    wait_for(
+        lambda: (
+            len(checkpoint.list_checkpoints(run_dir / "checkpoints")) >= 3
+            and (run_dir / "replay-memory-0.npz").exists()
+        ),
+        180,
+        "three checkpoints and a replay snapshot",
+    )
+    for pid in [*started.values(), proc.pid]:  # every process of the run, no clean shutdown anywhere
+        kill(pid)
+    proc.wait(30)
     wait_for(lambda: not any(alive(pid) for pid in started.values()), 30, "every process gone")
     assert not (run_dir / "summary.json").exists()
     *_, previous, newest = checkpoint.list_checkpoints(run_dir / "checkpoints")
@@ -284,8 +254,8 @@ def stalled_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("stalled")
     proc, run_dir = start(
         tmp_path,
-        config(
-            RANDOM,
+        configured(
+            RANDOM_CARTPOLE,
             cluster={"actors": 1, "memories": 2, "learners": 1, **NO_RESTARTS},
             agent={"scheduled_timesteps": 10**9},
         ),
@@ -401,23 +371,27 @@ class CuttableProxy:
         self.cut()
 
 
-def test_a_role_started_by_hand_rejoins_after_its_connection_drops(tmp_path):
+def test_a_role_started_by_hand_rejoins_after_its_connection_drops(tmp_path, launch):
     from aiorl.wire import generate_token
 
     path, run_dir = write_config(
         tmp_path,
-        config(RANDOM, cluster={"actors": 1, "memories": 1, "learners": 1}, agent={"scheduled_timesteps": 10**9}),
+        configured(
+            RANDOM_CARTPOLE, cluster={"actors": 1, "memories": 1, "learners": 1}, agent={"scheduled_timesteps": 10**9}
+        ),
     )
     env = {**os.environ, "AIORL_TOKEN": generate_token().decode()}
 
     def role(kind, *extra):
-        return subprocess.Popen(
-            [sys.executable, "-m", "aiorl", "run", str(path), "--role", kind, "--index", "0", *extra],
-            env=env,
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        return launch.track(
+            subprocess.Popen(
+                [sys.executable, "-m", "aiorl", "run", str(path), "--role", kind, "--index", "0", *extra],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         )
 
     procs = [role("memory")]
@@ -447,8 +421,6 @@ def test_a_role_started_by_hand_rejoins_after_its_connection_drops(tmp_path):
         procs[0].send_signal(signal.SIGINT)
         codes = [p.wait(120) for p in procs]
     finally:
-        for p in procs:
-            p.kill()
         if proxy is not None:
             proxy.close()
     assert codes == [130, 130, 130], [p.stdout.read() for p in procs]  # interrupted, after a clean stop

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cluster_helpers import evaluated_mean, finish, last_metrics, pids, read_json, start, wait_for, write_config
+from cluster_helpers import evaluated_mean, finish, last_metrics, pids, read_json, wait_for, write_config
 
 pytestmark = pytest.mark.cluster
 
@@ -193,7 +193,7 @@ def frozen(run_dir: Path, key: str, count: int, since: int = 0):
 @pytest.mark.parametrize(
     "full, transport", [("throttle", "tcp"), ("throttle", "shm"), ("drop_oldest", "tcp"), ("drop_oldest", "shm")]
 )
-def test_a_full_queue_throttles_actors_or_drops_the_oldest(tmp_path, full, transport):
+def test_a_full_queue_throttles_actors_or_drops_the_oldest(launch, full, transport):
     """The learner is stopped (SIGSTOP) mid-run. throttle: the queue fills, every actor waits for a
     credit, env steps stop; nothing is dropped. drop_oldest: actors go on, the queue drops its
     oldest fragments. The learner resumes and the run ends cleanly either way."""
@@ -202,33 +202,28 @@ def test_a_full_queue_throttles_actors_or_drops_the_oldest(tmp_path, full, trans
     # The stopped learner is neither declared lost nor, once resumed, gives up on the coordinator.
     config["cluster"].update(heartbeat_timeout_s=30.0, coordinator_timeout_s=30.0)
     config["agent"]["scheduled_global_steps"] = 400
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = launch(config)
+    learner = pids(run_dir)["learner-0"]
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) >= 20, 120, "training")
+    stopped_at = len(rows(run_dir))  # the rows before it may show a start-up without steps
+    os.kill(learner, signal.SIGSTOP)
     try:
-        learner = pids(run_dir)["learner-0"]
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) >= 20, 120, "training")
-        stopped_at = len(rows(run_dir))  # the rows before it may show a start-up without steps
-        os.kill(learner, signal.SIGSTOP)
-        try:
-            if full == "throttle":
-                wait_for(lambda: frozen(run_dir, "env_steps", 8, stopped_at), 20, "actors to wait for credits")
-                row = rows(run_dir)[-1]
-                assert row["queue/dropped_full"] == 0 and row["queue/fragments"] <= 8
-                assert (row["actor_idle_fraction"] or 0) > 0, row
-            else:
-                wait_for(
-                    lambda: (last_metrics(run_dir) or {}).get("queue/dropped_full", 0) > 0,
-                    20,
-                    "the queue to drop its oldest fragments",
-                )
-                steps = rows(run_dir)[-1]["env_steps"]
-                wait_for(lambda: rows(run_dir)[-1]["env_steps"] > steps, 20, "actors to go on")
-        finally:
-            os.kill(learner, signal.SIGCONT)
-        code, out = finish(proc, 180)
+        if full == "throttle":
+            wait_for(lambda: frozen(run_dir, "env_steps", 8, stopped_at), 20, "actors to wait for credits")
+            row = rows(run_dir)[-1]
+            assert row["queue/dropped_full"] == 0 and row["queue/fragments"] <= 8
+            assert (row["actor_idle_fraction"] or 0) > 0, row
+        else:
+            wait_for(
+                lambda: (last_metrics(run_dir) or {}).get("queue/dropped_full", 0) > 0,
+                20,
+                "the queue to drop its oldest fragments",
+            )
+            steps = rows(run_dir)[-1]["env_steps"]
+            wait_for(lambda: rows(run_dir)[-1]["env_steps"] > steps, 20, "actors to go on")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        os.kill(learner, signal.SIGCONT)
+    code, out = finish(proc, 180)
     assert code == 0, out
     summary = read_json(run_dir / "summary.json")
     queue = summary["roles"]["memory-0"]["stats"]["queue"]
@@ -241,7 +236,7 @@ def test_a_full_queue_throttles_actors_or_drops_the_oldest(tmp_path, full, trans
 
 
 @pytest.mark.slow
-def test_ci_sized_run_learns(tmp_path):
+def test_ci_sized_run_learns(launch):
     """examples/impala_cartpole.yaml with 150k env steps (the example takes 200k), fixed seed, its
     evaluation during training kept: `aiorl eval` of the best policy over 20 episodes >= 400.
 
@@ -253,13 +248,13 @@ def test_ci_sized_run_learns(tmp_path):
     config = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "impala_cartpole.yaml").read_text())
     config["agent"]["scheduled_timesteps"] = 150_000
     config["run"]["seed"] = 0
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = launch(config)
     code, out = finish(proc, 300)
     assert code == 0, out
     assert evaluated_mean(run_dir) >= 400
 
 
-def test_pong_example_streams_frames_once_trains_and_evaluates(tmp_path, capsys):
+def test_pong_example_streams_frames_once_trains_and_evaluates(launch, capsys):
     """examples/impala_pong.yaml with a tiny budget and 2 memories: fragments travel in the frame
     layout (each frame sent once per memory), learners get stacks back, the run checkpoints,
     exports and `aiorl eval` plays a full game."""
@@ -273,7 +268,7 @@ def test_pong_example_streams_frames_once_trains_and_evaluates(tmp_path, capsys)
     config["agent"].update(batch_size=40, scheduled_global_steps=6, scheduled_timesteps=None, target_return=None)
     config["model"].update(device="cpu", queue_capacity=4, lr_annealing=False)
     config["run"] = {"checkpoint_every": 3}
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = launch(config)
     code, out = finish(proc, 240)
     assert code == 0, out
     summary = read_json(run_dir / "summary.json")
@@ -298,14 +293,14 @@ def test_pong_example_streams_frames_once_trains_and_evaluates(tmp_path, capsys)
     assert result["episodes"] == 1 and -21 <= result["returns"][0] <= 21
 
 
-def test_two_data_parallel_learners_take_the_same_steps(tmp_path):
+def test_two_data_parallel_learners_take_the_same_steps(launch):
     """2 learners (torch.distributed, gloo) and 2 memories: each learner trains on its own
     batches, gradients averaged every step; both take the same steps and end with the same
     weights."""
     config = impala_config()
     config["cluster"].update(memories=2, learners=2)
     config["agent"]["scheduled_global_steps"] = 80
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = launch(config)
     code, out = finish(proc, 180)
     assert code == 0, out
     roles = read_json(run_dir / "summary.json")["roles"]

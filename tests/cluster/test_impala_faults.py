@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, start, wait_for
+from cluster_helpers import alive, finish, last_metrics, live_status, pids, read_json, wait_for
 from test_faults import metrics_rows
 from test_impala_cluster import impala_config
 
@@ -36,34 +36,30 @@ def assert_every_fragment_accounted_for(memory: dict) -> None:
     assert all(c["seq_errors"] == 0 and c["next_seq"] == c["batches"] for c in connections), connections
 
 
-def test_a_sigkilled_actor_is_restarted_and_its_successor_gets_credits(tmp_path):
+def test_a_sigkilled_actor_is_restarted_and_its_successor_gets_credits(launch):
     """The run is stopped (SIGINT) once the successor has stepped: a restart that comes as a run
     ends is another matter (the launcher's)."""
     config = impala_config()
     config["cluster"].update(max_restarts=1, restart_backoff_s=0.2, restart_backoff_max_s=1.0)
-    proc, run_dir = start(tmp_path, config)
-    try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) >= 20, 120, "training")
-        first = pids(run_dir)["actor-0"]
-        kill(first)
-        wait_for(lambda: pids(run_dir)["actor-0"] != first, 60, "a successor")
-        successor = pids(run_dir)["actor-0"]
-        per_message = config["env"]["num_envs"] * config["agent"]["sample_batch_size"]
+    proc, run_dir = launch(config)
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) >= 20, 120, "training")
+    first = pids(run_dir)["actor-0"]
+    kill(first)
+    wait_for(lambda: pids(run_dir)["actor-0"] != first, 60, "a successor")
+    successor = pids(run_dir)["actor-0"]
+    per_message = config["env"]["num_envs"] * config["agent"]["sample_batch_size"]
 
-        def stepped() -> bool:
-            role = (live_status(run_dir) or {}).get("roles", {}).get("actor-0", {})
-            return (
-                role.get("pid") == successor
-                and role.get("status") == "running"
-                and role.get("counters", {}).get("env_steps", 0) >= 4 * per_message
-            )
+    def stepped() -> bool:
+        role = (live_status(run_dir) or {}).get("roles", {}).get("actor-0", {})
+        return (
+            role.get("pid") == successor
+            and role.get("status") == "running"
+            and role.get("counters", {}).get("env_steps", 0) >= 4 * per_message
+        )
 
-        wait_for(stepped, 60, "the successor stepping")
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, 120)
-    finally:
-        proc.kill()
-        proc.wait()
+    wait_for(stepped, 60, "the successor stepping")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, 120)
     assert code == 130, out
     summary = read_json(run_dir / "summary.json")
     assert summary["outcome"] == "interrupted" and summary["restarts"] == 1 and not summary["failures"]
@@ -84,21 +80,18 @@ def steps(run_dir) -> list[int]:
     return [int(checkpoint.CHECKPOINT_RE.match(p.name).group(1)) for p in found]
 
 
-def test_sigkill_every_process_then_resume_from_the_newest_checkpoint(tmp_path):
+def test_sigkill_every_process_then_resume_from_the_newest_checkpoint(tmp_path, launch):
     config = impala_config()
     config["agent"]["scheduled_global_steps"] = 400
     config["run"] = {"checkpoint_every": 50, "checkpoint_interval_s": None, "keep_checkpoints": 2}
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        # Two of every 50 steps: not the first one, written at the first publication (before the
-        # run's counters reached learner 0), which pruning then drops.
-        wait_for(lambda: steps(run_dir) and steps(run_dir)[0] >= 50 and len(steps(run_dir)) >= 2, 180, "2 checkpoints")
-        for pid in [*started.values(), proc.pid]:  # no clean shutdown anywhere
-            kill(pid)
-        proc.wait(30)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    # Two of every 50 steps: not the first one, written at the first publication (before the
+    # run's counters reached learner 0), which pruning then drops.
+    wait_for(lambda: steps(run_dir) and steps(run_dir)[0] >= 50 and len(steps(run_dir)) >= 2, 180, "2 checkpoints")
+    for pid in [*started.values(), proc.pid]:  # no clean shutdown anywhere
+        kill(pid)
+    proc.wait(30)
     wait_for(lambda: not any(alive(pid) for pid in started.values()), 30, "every process gone")
     newest, saved, _ = checkpoint.newest_good(run_dir / "checkpoints")
     assert saved["algo"] == "impala" and saved["run"]["env_steps"] > 0

@@ -11,7 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-from cluster_helpers import finish, pids, read_json, run, start, wait_for
+from cluster_helpers import finish, pids, read_json, run, wait_for
+from configs import configured, random_cartpole
 
 from aiorl.io.metrics import ROW_KEYS
 
@@ -19,19 +20,7 @@ pytestmark = pytest.mark.cluster
 
 # Tight: the running-mean learner alone would sample several times what actors insert.
 SAMPLES_PER_INSERT = 0.5
-CONFIG = {
-    "algo": "random_agent",
-    "env": {"id": "CartPole-v1", "num_envs": 2},
-    "cluster": {"actors": 2, "memories": 1, "learners": 1},
-    "agent": {
-        "sample_batch_size": 16,
-        "batch_size": 32,
-        "buffer_size": 4000,
-        "learning_starts": 200,
-        "samples_per_insert": SAMPLES_PER_INSERT,
-    },
-    "run": {"metrics_interval_s": 0.1},
-}
+CONFIG = configured(random_cartpole(2, 1, 1, samples_per_insert=SAMPLES_PER_INSERT), run={"metrics_interval_s": 0.1})
 
 
 @pytest.fixture(scope="module")
@@ -142,34 +131,31 @@ def test_plot_writes_a_png_of_the_requested_size(finished_run, tmp_path):
     assert proc.returncode == 2 and "--metric 'no_such_metric': no run has values of it" in proc.stderr
 
 
-def test_status_of_a_running_cluster_and_of_a_finished_run(tmp_path):
+def test_status_of_a_running_cluster_and_of_a_finished_run(launch):
     config = {**CONFIG, "agent": {**CONFIG["agent"], "scheduled_timesteps": 10**9}}
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        wait_for(lambda: (run_dir / "coordinator.json").exists(), 60, "coordinator.json")
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    wait_for(lambda: (run_dir / "coordinator.json").exists(), 60, "coordinator.json")
 
-        def live_status():
-            out = subprocess.run(
-                [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            status = json.loads(out.stdout) if out.returncode == 0 else None
-            return status if status and status["phase"] == "RUNNING" and status["env_steps"] > 0 else None
+    def live_status():
+        out = subprocess.run(
+            [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        status = json.loads(out.stdout) if out.returncode == 0 else None
+        return status if status and status["phase"] == "RUNNING" and status["env_steps"] > 0 else None
 
-        status = wait_for(live_status, 120, "a RUNNING status", interval_s=0.5)
-        assert set(status["roles"]) == set(started)
-        assert all(r["status"] == "running" and r["heartbeat_age_s"] is not None for r in status["roles"].values())
-        text = subprocess.run(
-            [sys.executable, "-m", "aiorl", "status", str(run_dir)], capture_output=True, text=True, timeout=60
-        ).stdout
-        assert "phase RUNNING" in text and "learner-0" in text
-        proc.send_signal(2)
-        code, out = finish(proc, 60)
-    finally:
-        proc.kill()
+    status = wait_for(live_status, 120, "a RUNNING status", interval_s=0.5)
+    assert set(status["roles"]) == set(started)
+    assert all(r["status"] == "running" and r["heartbeat_age_s"] is not None for r in status["roles"].values())
+    text = subprocess.run(
+        [sys.executable, "-m", "aiorl", "status", str(run_dir)], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "phase RUNNING" in text and "learner-0" in text
+    proc.send_signal(2)
+    code, out = finish(proc, 60)
     assert code == 130, out  # interrupted by SIGINT, cleanly
     (run_dir / "token").unlink()  # a finished run's summary is a file: no token, no coordinator needed
     final = subprocess.run(

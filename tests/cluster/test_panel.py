@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from configs import configured, random_cartpole
 from rich.console import Console
 
 from aiorl.core.console import aiorl_command
@@ -223,19 +224,10 @@ process.setup_logging = setup_then_warn
 def test_a_role_writing_to_stderr_goes_to_its_log_and_the_launcher_reports_it(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    config = {
-        "algo": "random_agent",
-        "env": {"id": "CartPole-v1", "num_envs": 2},
-        "cluster": {"actors": 1, "memories": 1, "learners": 1},
-        "agent": {
-            "sample_batch_size": 16,
-            "batch_size": 32,
-            "buffer_size": 4000,
-            "learning_starts": 200,
-            "scheduled_timesteps": 5000,
-        },
-        "run": {"dir": str(tmp_path / "run"), "metrics_interval_s": 0.1},
-    }
+    config = configured(
+        random_cartpole(1, 1, 1, scheduled_timesteps=5000),
+        run={"dir": str(tmp_path / "run"), "metrics_interval_s": 0.1},
+    )
     (tmp_path / "c.json").write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     proc = subprocess.run(

@@ -113,7 +113,9 @@ def node_of(placed: dict) -> str:
     return names[0]
 
 
-def start_ray(tmp_path: Path, ray_cluster, config: dict, *extra: str, env: dict | None = None):
+def start_ray(launch, ray_cluster, config: dict, *extra: str, env: dict | None = None):
+    """`aiorl run --launcher ray` of `config`, ended at the test's teardown by the `launch` fixture."""
+    tmp_path = launch.tmp_path
     path, run_dir = write_config(tmp_path, config)
     env = {**os.environ, **(env or {})}
     proc = subprocess.Popen(
@@ -136,7 +138,7 @@ def start_ray(tmp_path: Path, ray_cluster, config: dict, *extra: str, env: dict 
         text=True,
         env=env,
     )
-    return proc, run_dir
+    return launch.track(proc), run_dir
 
 
 def role_processes(run_dir: Path) -> list[psutil.Process]:
@@ -304,28 +306,25 @@ def check_secrets_and_addresses(run_dir: Path, seen: dict, token: str) -> None:
 
 
 @pytest.mark.slow
-def test_apex_dqn_cartpole_on_three_nodes_reaches_the_threshold(tmp_path, ray_cluster):
+def test_apex_dqn_cartpole_on_three_nodes_reaches_the_threshold(tmp_path, launch, ray_cluster):
     """The example with 2 actors, 2 memories, 1 learner: memories on different nodes, the token
     nowhere but the run directory's token file, only loopback sockets, and a run directory that
     `aiorl eval`, `plot` and `status` take as they take a local one."""
     config = yaml.safe_load((ROOT / "examples" / "apex_dqn_cartpole.yaml").read_text())
     config["cluster"].update(actors=2, memories=2, learners=1)
-    proc, run_dir = start_ray(tmp_path, ray_cluster, config, env={"AIORL_TOKEN": TOKEN})
+    proc, run_dir = start_ray(launch, ray_cluster, config, env={"AIORL_TOKEN": TOKEN})
     seen: dict = {}
-    try:
-        wait_for(lambda: watch_running(run_dir, seen), 300, "the run to be RUNNING with every role", 0.5)
-        status = subprocess.run(
-            [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "AIORL_TOKEN": TOKEN},
-        )
-        assert status.returncode == 0, status.stdout + status.stderr
-        assert json.loads(status.stdout)["phase"] == "RUNNING"
-        code, out = finish(proc, timeout_s=1500)
-    finally:
-        proc.kill()
+    wait_for(lambda: watch_running(run_dir, seen), 300, "the run to be RUNNING with every role", 0.5)
+    status = subprocess.run(
+        [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "AIORL_TOKEN": TOKEN},
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert json.loads(status.stdout)["phase"] == "RUNNING"
+    code, out = finish(proc, timeout_s=1500)
     assert code == 0, out
     placement = read_json(run_dir / "placement.json")
     assert set(placement) == {"memory-0", "memory-1", "learner-0", "actor-0", "actor-1"}
@@ -356,19 +355,16 @@ def test_apex_dqn_cartpole_on_three_nodes_reaches_the_threshold(tmp_path, ray_cl
     nothing_left(run_dir)
 
 
-def test_sigterm_to_the_driver_stops_the_run_cleanly_and_leaves_nothing(tmp_path, ray_cluster):
+def test_sigterm_to_the_driver_stops_the_run_cleanly_and_leaves_nothing(launch, ray_cluster):
     """Also: memories on different nodes, the learner where its custom resource is, the token only in the
     run directory's file (not the nodes' AIORL_TOKEN, not argv, not environ), only loopback sockets."""
     config = cluster(2, 2, 1, scheduled_timesteps=10**9)
     config["cluster"]["resources"] = {"learner": {"num_cpus": 1, "resources": {NODES[0]: 0.5}}}
-    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
+    proc, run_dir = start_ray(launch, ray_cluster, config)
     seen: dict = {}
-    try:
-        wait_for(lambda: watch_running(run_dir, seen), 300, "the run to be RUNNING with every role", 0.5)
-        proc.send_signal(signal.SIGTERM)
-        code, out = finish(proc, timeout_s=180)
-    finally:
-        proc.kill()
+    wait_for(lambda: watch_running(run_dir, seen), 300, "the run to be RUNNING with every role", 0.5)
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, timeout_s=180)
     assert code == 143, out
     summary = read_json(run_dir / "summary.json")
     assert summary["outcome"] == "interrupted" and summary["ok"], summary
@@ -386,21 +382,18 @@ def test_sigterm_to_the_driver_stops_the_run_cleanly_and_leaves_nothing(tmp_path
     nothing_left(run_dir)
 
 
-def test_tls_settings_apply_under_ray_as_locally(tmp_path, ray_cluster):
+def test_tls_settings_apply_under_ray_as_locally(tmp_path, launch, ray_cluster):
     """cluster.tls_* reach every placed role: the coordinator speaks only TLS, the run trains."""
     from aiorl.wire.tls import generate_self_signed
 
     cert, key = generate_self_signed(tmp_path / "tls", hosts=("127.0.0.1", "localhost"))
     config = cluster(1, 2, 1, scheduled_timesteps=10**9)
     config["cluster"].update(tls_cert=str(cert), tls_key=str(key), tls_ca=str(cert))
-    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
-    try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 300, "learner steps", 0.5)
-        check_tls_only(run_dir, cert, key)
-        proc.send_signal(signal.SIGTERM)
-        code, out = finish(proc, timeout_s=180)
-    finally:
-        proc.kill()
+    proc, run_dir = start_ray(launch, ray_cluster, config)
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 300, "learner steps", 0.5)
+    check_tls_only(run_dir, cert, key)
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, timeout_s=180)
     assert code == 143, out
     summary = read_json(run_dir / "summary.json")
     assert summary["ok"] and summary["learner_steps"] > 0, summary
@@ -408,22 +401,19 @@ def test_tls_settings_apply_under_ray_as_locally(tmp_path, ray_cluster):
     nothing_left(run_dir)
 
 
-def test_a_second_signal_kills_every_role_and_leaves_nothing(tmp_path, ray_cluster):
+def test_a_second_signal_kills_every_role_and_leaves_nothing(launch, ray_cluster):
     config = cluster(1, 1, 1, scheduled_timesteps=10**9)
     config["model"]["learner_step_sleep_s"] = 1.0  # DRAINING waits for a step in flight
-    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
-    try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 300, "the run to be RUNNING", 0.2)
-        proc.send_signal(signal.SIGINT)
-        wait_for(
-            lambda: "stopping: interrupted by SIG" in (run_dir / "logs" / "memory-0.log").read_text(),
-            60,
-            "the clean stop to begin",
-        )
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=120)
-    finally:
-        proc.kill()
+    proc, run_dir = start_ray(launch, ray_cluster, config)
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 300, "the run to be RUNNING", 0.2)
+    proc.send_signal(signal.SIGINT)
+    wait_for(
+        lambda: "stopping: interrupted by SIG" in (run_dir / "logs" / "memory-0.log").read_text(),
+        60,
+        "the clean stop to begin",
+    )
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=120)
     assert code != 0 and "killing every role" in out, out
     assert -signal.SIGKILL in read_json(run_dir / "exits.json").values()
     connect_state_api(ray_cluster)
@@ -460,7 +450,7 @@ def add_back(ray_cluster, name: str) -> None:
     ray_cluster.wait_for_nodes()
 
 
-def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(tmp_path, ray_cluster):
+def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(launch, ray_cluster):
     """With cluster.max_restarts, the actors of a node that goes are started again by aiorl's restart
     policy in new RoleHosts, which Ray places on the node left; they rejoin, and the run then stops
     cleanly (SIGTERM once they are back: a stop criterion could come before a slow restart rejoins)."""
@@ -475,7 +465,7 @@ def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(tmp_pa
         },
     )
     config["env"]["max_episode_steps"] = 50
-    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
+    proc, run_dir = start_ray(launch, ray_cluster, config)
     removed = None
     try:
         wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 5, 300, "the run to be RUNNING", 0.2)
@@ -511,19 +501,16 @@ def test_actors_of_a_removed_node_restart_on_another_and_the_run_finishes(tmp_pa
     nothing_left(run_dir)
 
 
-def test_a_lost_learner_restarts_the_whole_run_under_ray_as_locally(tmp_path, ray_cluster):
+def test_a_lost_learner_restarts_the_whole_run_under_ray_as_locally(launch, ray_cluster):
     """Learner 0 SIGKILLed mid-run: the driver ends the attempt and starts the run again from the
     newest checkpoint, its roles placed anew (the same attempts code as the local launcher)."""
     config = cluster(2, 1, 1, scheduled_timesteps=60_000)
     config["run"] = {"checkpoint_interval_s": 1.0}
-    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
-    try:
-        wait_for(lambda: list((run_dir / "checkpoints").glob("checkpoint-*.pt")), 300, "a checkpoint", 0.2)
-        first = read_json(run_dir / "placement.json")
-        os.kill(first["learner-0"]["pid"], signal.SIGKILL)
-        code, out = finish(proc, timeout_s=400)
-    finally:
-        proc.kill()
+    proc, run_dir = start_ray(launch, ray_cluster, config)
+    wait_for(lambda: list((run_dir / "checkpoints").glob("checkpoint-*.pt")), 300, "a checkpoint", 0.2)
+    first = read_json(run_dir / "placement.json")
+    os.kill(first["learner-0"]["pid"], signal.SIGKILL)
+    code, out = finish(proc, timeout_s=400)
     assert code == 0, out
     assert "run finished after 1 run restart(s) (attempt 1: learner-0 lost" in out, out
     summary = read_json(run_dir / "summary.json")
@@ -534,7 +521,7 @@ def test_a_lost_learner_restarts_the_whole_run_under_ray_as_locally(tmp_path, ra
     nothing_left(run_dir)
 
 
-def test_removing_a_worker_node_ends_the_run_naming_the_loss(tmp_path, ray_cluster):
+def test_removing_a_worker_node_ends_the_run_naming_the_loss(launch, ray_cluster):
     """The node holding memory 1 goes (roles there with it): memory 1 is lost, named, and the run
     ends failed; afterwards nothing of the run is left on any node. Runs last: it adds the node back."""
     # Both memories on the worker nodes (spread: one each), so memory 1's node never holds the
@@ -542,7 +529,7 @@ def test_removing_a_worker_node_ends_the_run_naming_the_loss(tmp_path, ray_clust
     config = cluster(2, 2, 1, scheduled_timesteps=10**9)
     config["cluster"]["resources"] = {"memory": {"num_cpus": 1, "resources": {ACTOR_SLOT: 1}}}
     config["cluster"].update(NO_RESTARTS)  # memory 1 would be restarted on the node left
-    proc, run_dir = start_ray(tmp_path, ray_cluster, config)
+    proc, run_dir = start_ray(launch, ray_cluster, config)
     seen: dict = {}
     removed = None
     try:

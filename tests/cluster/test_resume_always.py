@@ -12,27 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster_helpers import alive, finish, last_metrics, pids, read_json, run, start, wait_for
-from test_faults import APEX, RANDOM
+from cluster_helpers import alive, finish, last_metrics, pids, read_json, run, wait_for
+from configs import APEX_CARTPOLE_TINY, RANDOM_CARTPOLE, configured, dppo_cartpole
 
 from aiorl.io import checkpoint
 
 pytestmark = pytest.mark.cluster
 
-DPPO = {
-    "algo": "dppo",
-    "env": {"id": "CartPole-v1", "num_envs": 2},
-    "cluster": {"actors": 1, "memories": 1, "learners": 1},
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "scheduled_timesteps": 96},  # 3 iterations
-    "model": {"network": ["linear:16", "tanh"], "epochs": 1},
-}
-
-
-def config(base: dict, **sections) -> dict:
-    out = json.loads(json.dumps(base))
-    for section, values in sections.items():
-        out.setdefault(section, {}).update(values)
-    return out
+DPPO = dppo_cartpole(1, 1, 1, scheduled_timesteps=96)  # 3 iterations
 
 
 def resume(tmp_path: Path, run_dir: Path, *sets: str) -> subprocess.Popen:
@@ -62,8 +49,10 @@ def corrupt_copy(source: Path, target: Path, at: float = 0.5) -> Path:
     return target
 
 
-def test_resume_twice_past_corrupt_newer_files_with_one_checkpoint_kept(tmp_path):
-    code, out, run_dir = run(tmp_path, config(APEX, agent={"scheduled_global_steps": 100}, run={"keep_checkpoints": 1}))
+def test_resume_twice_past_corrupt_newer_files_with_one_checkpoint_kept(tmp_path, launch):
+    code, out, run_dir = run(
+        tmp_path, configured(APEX_CARTPOLE_TINY, agent={"scheduled_global_steps": 100}, run={"keep_checkpoints": 1})
+    )
     assert code == 0, out
     run_dir = run_dir.resolve()  # as the launcher names files
     checkpoints = run_dir / "checkpoints"
@@ -72,17 +61,14 @@ def test_resume_twice_past_corrupt_newer_files_with_one_checkpoint_kept(tmp_path
     assert good_checkpoint(run_dir) == first_run
 
     (run_dir / "pids.json").unlink()  # so that pids() below waits for the resumed launch's own
-    proc = resume(tmp_path, run_dir, "agent.scheduled_global_steps=300")
-    try:
-        pids(run_dir)
-        # Newer-named than anything this launch writes, planted while it runs: with one file kept,
-        # pruning by name alone deleted every checkpoint the launch wrote, and kept this one.
-        later = corrupt_copy(
-            stale.with_name(f"{stale.name}.bad"), checkpoints / checkpoint.checkpoint_name(999_999_998), at=0.75
-        )
-        code, out = finish(proc, 300)
-    finally:
-        proc.kill()
+    proc = launch.track(resume(tmp_path, run_dir, "agent.scheduled_global_steps=300"))
+    pids(run_dir)
+    # Newer-named than anything this launch writes, planted while it runs: with one file kept,
+    # pruning by name alone deleted every checkpoint the launch wrote, and kept this one.
+    later = corrupt_copy(
+        stale.with_name(f"{stale.name}.bad"), checkpoints / checkpoint.checkpoint_name(999_999_998), at=0.75
+    )
+    code, out = finish(proc, 300)
     assert code == 0, out
     assert f"{stale} is corrupt (SHA-256 mismatch); set aside as {stale.name}.bad" in out
     assert later.exists()  # a bad file is neither counted among those kept nor deleted
@@ -110,20 +96,17 @@ def kill_everything(proc: subprocess.Popen, run_dir: Path) -> None:
     wait_for(lambda: not any(alive(pid) for pid in started.values()), 30, "every process gone")
 
 
-def test_a_run_killed_before_its_first_checkpoint_starts_again_then_continues(tmp_path):
+def test_a_run_killed_before_its_first_checkpoint_starts_again_then_continues(tmp_path, launch):
     # Pre-empted before its first checkpoint (here: with checkpoints off until the end, which a
     # SIGKILL never reaches), a run must start again, not refuse.
-    cfg = config(
-        RANDOM,
+    cfg = configured(
+        RANDOM_CARTPOLE,
         agent={"scheduled_global_steps": 10**9},
         run={"checkpoint_interval_s": None, "checkpoint_every": None},
     )
-    proc, run_dir = start(tmp_path, cfg)
-    try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps"), 120, "the first launch learning")
-        kill_everything(proc, run_dir)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(cfg)
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps"), 120, "the first launch learning")
+    kill_everything(proc, run_dir)
     assert checkpoint.list_checkpoints(run_dir / "checkpoints") == []
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     garbage = run_dir / "checkpoints" / checkpoint.checkpoint_name(7)
@@ -158,12 +141,12 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_then_continues(tm
 
 @pytest.mark.parametrize(
     "base, first_step",
-    [(config(RANDOM, agent={"publish_interval": 5, "scheduled_global_steps": 60}), 5), (DPPO, 1)],
+    [(configured(RANDOM_CARTPOLE, agent={"publish_interval": 5, "scheduled_global_steps": 60}), 5), (DPPO, 1)],
     ids=["async: at learner step publish_interval", "synchronous: after the first iteration"],
 )
 def test_the_first_checkpoint_comes_with_the_first_weights_published(tmp_path, base, first_step):
     # An interval far longer than the run: only the early first checkpoint and the final one.
-    cfg = config(base, run={"checkpoint_interval_s": 3600, "keep_checkpoints": 10})
+    cfg = configured(base, run={"checkpoint_interval_s": 3600, "keep_checkpoints": 10})
     code, out, run_dir = run(tmp_path, cfg)
     assert code == 0, out
     metas = [checkpoint.verify(p) for p in checkpoint.list_checkpoints(run_dir / "checkpoints")]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_helpers import alive, cluster, finish, last_metrics, live_status, pids, read_json, start, stopped, wait_for
+from cluster_helpers import alive, cluster, finish, last_metrics, live_status, pids, read_json, stopped, wait_for
 from test_faults import assert_nothing_accepted_was_lost, metrics_rows
 from test_impala_faults import assert_every_fragment_accounted_for
 
@@ -125,7 +125,7 @@ def chaos(proc: subprocess.Popen, run_dir: Path, actors: list[str], rng: random.
 
 
 @pytest.mark.parametrize("algo", sorted(CHAOS))
-def test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_finishes(tmp_path, algo):
+def test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_finishes(launch, algo):
     name, agent = CHAOS[algo]
     config = example(
         name,
@@ -133,7 +133,7 @@ def test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_f
         cluster={"actors": 2, "restart_backoff_s": 0.2, "restart_backoff_max_s": 1.0},
     )
     actors = ["actor-0", "actor-1"]
-    proc, run_dir = start(tmp_path, config, env={ENV_HOLD: actors[-1]})
+    proc, run_dir = launch(config, env={ENV_HOLD: actors[-1]})
     held: list[int] = []
     try:
         victims = kill_in_starting(run_dir, actors, held)
@@ -143,9 +143,7 @@ def test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_f
         proc.send_signal(signal.SIGINT)
         code, out = finish(proc, timeout_s=240)
     finally:
-        proc.kill()
-        proc.wait()
-        for pid in held:
+        for pid in held:  # stopped, it cannot act on its parent-death signal; pids.json names its successor
             kill(pid)
     print(f"{algo}: kills {victims}; seconds from a kill to the successor stepping: {lost_s}")
     assert code == 130, out  # interrupted, after a clean shutdown
@@ -180,29 +178,25 @@ def test_chaos_actors_killed_in_starting_and_running_are_restarted_and_the_run_f
     assert not any(alive(pid) for pid in read_json(run_dir / "pids.json").values())
 
 
-def test_a_lone_synchronous_actor_killed_mid_run_comes_back_and_the_learner_steps_past_its_round(tmp_path):
+def test_a_lone_synchronous_actor_killed_mid_run_comes_back_and_the_learner_steps_past_its_round(launch):
     """DPPO with one actor: while it is away no round can complete; its successor joins the next
     iteration, the round it left closes empty, the learner skips it (no step) and the run goes on.
     The test ends the run (SIGINT, the phases of a stop criterion) once the learner stepped past."""
     config = example("dppo_cartpole", cluster={"actors": 1}, agent={"scheduled_timesteps": 10**8})
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = launch(config)
     learner_log = run_dir / "logs" / "learner-0.log"
-    try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 120, "learning")
-        old = pids(run_dir)["actor-0"]
-        kill(old)
-        new = successor(run_dir, "actor-0", old)
-        wait_for(lambda: stepping(run_dir, "actor-0", new), 60, "the successor stepping")
-        wait_for(lambda: "every actor was away (restarting); no step" in learner_log.read_text(), 60, "the skip")
-        # Two more steps, each on a round only the successor can have delivered.
-        steps = (live_status(run_dir) or {})["learner_steps"]
-        past = lambda: (live_status(run_dir) or {}).get("learner_steps", 0) >= steps + 2  # noqa: E731
-        wait_for(past, 120, "the learner stepping past it")
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=240)
-    finally:
-        proc.kill()
-        proc.wait()
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 120, "learning")
+    old = pids(run_dir)["actor-0"]
+    kill(old)
+    new = successor(run_dir, "actor-0", old)
+    wait_for(lambda: stepping(run_dir, "actor-0", new), 60, "the successor stepping")
+    wait_for(lambda: "every actor was away (restarting); no step" in learner_log.read_text(), 60, "the skip")
+    # Two more steps, each on a round only the successor can have delivered.
+    steps = (live_status(run_dir) or {})["learner_steps"]
+    past = lambda: (live_status(run_dir) or {}).get("learner_steps", 0) >= steps + 2  # noqa: E731
+    wait_for(past, 120, "the learner stepping past it")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=240)
     assert code == 130, out  # interrupted, after a clean shutdown
     summary = read_json(run_dir / "summary.json")
     assert summary["ok"] and summary["outcome"] == "interrupted", summary
@@ -212,21 +206,18 @@ def test_a_lone_synchronous_actor_killed_mid_run_comes_back_and_the_learner_step
     assert [e["iteration"] for e in log] == [e["weights_version"] for e in log]
 
 
-def test_every_process_sigkilled_10_s_after_launch_then_resume_completes_the_run(tmp_path):
+def test_every_process_sigkilled_10_s_after_launch_then_resume_completes_the_run(launch):
     """A pre-empted job: the launcher and every role SIGKILLed at once, 10 s after launch (before or
     after the first checkpoint, whichever the machine's speed gives); `--resume` completes the run."""
     config = example("dppo_cartpole")
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = launch(config)
     launched = time.monotonic()
-    try:
-        roles = pids(run_dir)
-        time.sleep(max(0.0, 10.0 - (time.monotonic() - launched)))
-        assert proc.poll() is None, "the run ended before it could be killed"
-        for pid in [proc.pid, *pids(run_dir).values(), *roles.values()]:
-            kill(pid)
-        proc.wait()
-    finally:
-        proc.kill()
+    roles = pids(run_dir)
+    time.sleep(max(0.0, 10.0 - (time.monotonic() - launched)))
+    assert proc.poll() is None, "the run ended before it could be killed"
+    for pid in [proc.pid, *pids(run_dir).values(), *roles.values()]:
+        kill(pid)
+    proc.wait()
     wait_for(lambda: not any(alive(pid) for pid in pids(run_dir).values()), 30, "every role gone")
     before = read_json(run_dir / "run.json")["run_id"]
     resumed = aiorl("run", "--resume", str(run_dir), "--quiet", timeout_s=400)
@@ -253,30 +244,26 @@ def aiorl(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     "victim, name, bar",
     [("learner-0", "dppo_cartpole", 475.0), ("memory-0", "apex_dqn_cartpole", 475.0)],
 )
-def test_a_lost_learner_0_or_memory_0_restarts_the_whole_run_from_its_checkpoint(tmp_path, victim, name, bar):
+def test_a_lost_learner_0_or_memory_0_restarts_the_whole_run_from_its_checkpoint(launch, victim, name, bar):
     config = example(name, run={"checkpoint_interval_s": 2.0})
-    proc, run_dir = start(tmp_path, config)
-    try:
-        # The first checkpoint comes at the first publication, the next one 2 s later, with counts.
-        wait_for(lambda: len(list((run_dir / "checkpoints").glob("checkpoint-*.pt"))) >= 2, 120, "2 checkpoints")
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 60, "learning")
-        first = pids(run_dir)
-        killed_at = time.monotonic()
-        kill(first[victim])
-        wait_for(lambda: pids(run_dir).get(victim) not in (None, first[victim]), 120, "the run started again")
-        back_s = wait_for(
-            lambda: (
-                (live_status(run_dir) or {}).get("phase") == "RUNNING"
-                and (last_metrics(run_dir) or {}).get("attempt") == 2
-                and time.monotonic() - killed_at
-            ),
-            120,
-            "attempt 2 RUNNING",
-        )
-        code, out = finish(proc, timeout_s=400)
-    finally:
-        proc.kill()
-        proc.wait()
+    proc, run_dir = launch(config)
+    # The first checkpoint comes at the first publication, the next one 2 s later, with counts.
+    wait_for(lambda: len(list((run_dir / "checkpoints").glob("checkpoint-*.pt"))) >= 2, 120, "2 checkpoints")
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("learner_steps", 0) > 0, 60, "learning")
+    first = pids(run_dir)
+    killed_at = time.monotonic()
+    kill(first[victim])
+    wait_for(lambda: pids(run_dir).get(victim) not in (None, first[victim]), 120, "the run started again")
+    back_s = wait_for(
+        lambda: (
+            (live_status(run_dir) or {}).get("phase") == "RUNNING"
+            and (last_metrics(run_dir) or {}).get("attempt") == 2
+            and time.monotonic() - killed_at
+        ),
+        120,
+        "attempt 2 RUNNING",
+    )
+    code, out = finish(proc, timeout_s=400)
     print(f"{name}: {victim} killed; attempt 2 RUNNING {back_s:.1f} s later")
     assert code == 0, out
     assert "run finished after 1 run restart(s)" in out and f"attempt 1: {victim}" in out, out
@@ -309,25 +296,21 @@ def learner_stepping(run_dir: Path) -> int | None:
     return pid if phase == "RUNNING" and role.get("pid") == pid and role.get("status") == "running" and steps else None
 
 
-def test_a_run_whose_restart_budget_is_spent_fails_naming_every_cause(tmp_path):
+def test_a_run_whose_restart_budget_is_spent_fails_naming_every_cause(launch):
     config = cluster(1, 1, 1, scheduled_timesteps=10**9)
     config["cluster"]["max_run_restarts"] = 1
     config["run"] = {"checkpoint_interval_s": 1.0}
-    proc, run_dir = start(tmp_path, config)
-    try:
-        for attempt in (1, 2):
-            wait_for(lambda: (last_metrics(run_dir) or {}).get("attempt") == attempt, 120, f"attempt {attempt}")
-            # This attempt's own learner, registered and stepping: the run's counters go on from the
-            # checkpoint (attempt 2's rows have learner steps at once), and a learner killed before it
-            # registers is another loss, found only after cluster.start_timeout_s.
-            learner = wait_for(lambda: learner_stepping(run_dir), 60, f"attempt {attempt}'s learner stepping")
-            kill(learner)
-            if attempt == 1:
-                wait_for(lambda: read_json(run_dir / "run.json")["attempts"][-1]["attempt"] == 2, 120, "attempt 2")
-        code, out = finish(proc, timeout_s=240)
-    finally:
-        proc.kill()
-        proc.wait()
+    proc, run_dir = launch(config)
+    for attempt in (1, 2):
+        wait_for(lambda: (last_metrics(run_dir) or {}).get("attempt") == attempt, 120, f"attempt {attempt}")
+        # This attempt's own learner, registered and stepping: the run's counters go on from the
+        # checkpoint (attempt 2's rows have learner steps at once), and a learner killed before it
+        # registers is another loss, found only after cluster.start_timeout_s.
+        learner = wait_for(lambda: learner_stepping(run_dir), 60, f"attempt {attempt}'s learner stepping")
+        kill(learner)
+        if attempt == 1:
+            wait_for(lambda: read_json(run_dir / "run.json")["attempts"][-1]["attempt"] == 2, 120, "attempt 2")
+    code, out = finish(proc, timeout_s=240)
     assert code == 1, out
     assert "its restart budget is spent (cluster.max_run_restarts=1)" in out, out
     summary = read_json(run_dir / "summary.json")

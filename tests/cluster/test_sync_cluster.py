@@ -10,7 +10,8 @@ import signal
 import time
 
 import pytest
-from cluster_helpers import NO_RESTARTS, alive, finish, last_metrics, pids, read_json, run, start, wait_for
+from cluster_helpers import NO_RESTARTS, alive, finish, last_metrics, pids, read_json, run, wait_for
+from configs import dppo_cartpole, es_tiny
 
 pytestmark = pytest.mark.cluster
 
@@ -18,13 +19,7 @@ ROLLOUT = 2 * 16  # rows per actor per iteration: num_envs x sample_batch_size
 
 
 def dppo(actors, memories, learners, **agent):
-    return {
-        "algo": "dppo",
-        "env": {"id": "CartPole-v1", "num_envs": 2},
-        "cluster": {"actors": actors, "memories": memories, "learners": learners},
-        "agent": {"sample_batch_size": 16, "batch_size": 32, **agent},
-        "model": {"network": ["linear:16", "tanh"], "epochs": 2},
-    }
+    return dppo_cartpole(actors, memories, learners, epochs=2, **agent)
 
 
 def learner_steps(run_dir):
@@ -95,11 +90,11 @@ def test_dppo_lockstep_with_two_memories_and_two_identical_data_parallel_learner
     assert len(list((run_dir / "checkpoints").glob("checkpoint-*.pt"))) >= iterations
 
 
-def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(tmp_path):
+def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(launch):
     config = dppo(3, 1, 1, scheduled_timesteps=10**9)
     config["cluster"]["heartbeat_timeout_s"] = 2.0
     config["cluster"].update(NO_RESTARTS)
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = launch(config)
     started = {}
     try:
         started = pids(run_dir)
@@ -138,15 +133,12 @@ def test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends(
     assert not any(alive(pid) for pid in started.values())
 
 
-def test_dppo_sigint_mid_iteration_trains_every_delivered_rollout_and_writes_the_outputs(tmp_path):
-    proc, run_dir = start(tmp_path, dppo(2, 1, 1, scheduled_timesteps=10**9, sample_batch_size=64))
-    try:
-        started = pids(run_dir)
-        wait_for(lambda: learner_steps(run_dir) >= 3, 120, "3 iterations")
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=120)
-    finally:
-        proc.kill()
+def test_dppo_sigint_mid_iteration_trains_every_delivered_rollout_and_writes_the_outputs(launch):
+    proc, run_dir = launch(dppo(2, 1, 1, scheduled_timesteps=10**9, sample_batch_size=64))
+    started = pids(run_dir)
+    wait_for(lambda: learner_steps(run_dir) >= 3, 120, "3 iterations")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=120)
     assert code == 130, out  # interrupted, after a clean shutdown
     summary = read_json(run_dir / "summary.json")
     assert summary["ok"] and summary["outcome"] == "interrupted" and summary["signal"] == "SIGINT"
@@ -162,16 +154,11 @@ def test_dppo_sigint_mid_iteration_trains_every_delivered_rollout_and_writes_the
     assert not any(alive(pid) for pid in started.values())
 
 
-def test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_redone(tmp_path):
+def test_es_items_per_iteration_whatever_the_actors_and_a_hung_actors_item_is_redone(launch):
     population = 5
-    config = {
-        "algo": "es",
-        "env": {"id": "Pendulum-v1"},
-        "cluster": {"actors": 3, "memories": 2, "learners": 1, "heartbeat_timeout_s": 2.0},
-        "agent": {"scheduled_timesteps": 10**9},
-        "model": {"network": ["linear:8", "tanh"], "population": population, "noise_table_size": 100_000},
-    }
-    proc, run_dir = start(tmp_path, config)
+    config = es_tiny(3, 2, 1, population=population, env="Pendulum-v1", scheduled_timesteps=10**9)
+    config["cluster"]["heartbeat_timeout_s"] = 2.0
+    proc, run_dir = launch(config)
     started = {}
     try:
         started = pids(run_dir)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 from cluster_helpers import read_json, run
+from configs import RANDOM_CARTPOLE_SMALL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -274,11 +275,7 @@ def test_a_learner_held_back_is_counted_by_its_bound():
     assert flow.held_metrics()["limiter/held_ratio_lower_s"] == 0.25
 
 
-BASE = {
-    "algo": "random_agent",
-    "env": {"id": "CartPole-v1"},
-    "agent": {"batch_size": 16, "buffer_size": 1000, "learning_starts": 100},
-}
+BASE = RANDOM_CARTPOLE_SMALL
 
 
 def test_a_memory_host_sizes_its_band_for_every_actor_and_learner_credit(tmp_path):

@@ -10,6 +10,7 @@ import json
 
 import pytest
 from cluster_helpers import cluster, run
+from configs import configured, es_tiny
 
 SLOW_BEATS = {"heartbeat_interval_s": 3.0, "heartbeat_timeout_s": 30.0, "coordinator_timeout_s": 30.0}
 
@@ -49,13 +50,7 @@ def test_a_learner_step_budget_is_met_exactly(tmp_path, learners):
 
 
 def test_an_es_iteration_budget_is_met_exactly(tmp_path):
-    config = {
-        "algo": "es",
-        "env": {"id": "CartPole-v1"},
-        "cluster": {"actors": 2, "memories": 1, "learners": 1, **SLOW_BEATS},
-        "agent": {"scheduled_global_steps": 3},
-        "model": {"network": ["linear:8", "tanh"], "population": 4, "noise_table_size": 100_000},
-    }
+    config = configured(es_tiny(2, 1, 1, population=4, scheduled_global_steps=3), cluster=SLOW_BEATS)
     code, out, run_dir = run(tmp_path, config)
     assert code == 0, out
     summary = summary_of(run_dir)

@@ -18,7 +18,7 @@ import signal
 import tempfile
 
 import pytest
-from cluster_helpers import NO_RESTARTS, cluster, finish, pids, read_json, start, wait_for
+from cluster_helpers import NO_RESTARTS, cluster, finish, pids, read_json, wait_for
 
 from aiorl.experiment.loading import load_config
 from aiorl.io.rundir import Identity
@@ -206,24 +206,21 @@ async def refused_notice(run_dir, name: str, fields: dict, unix: bool) -> str:
 
 
 @pytest.mark.cluster
-def test_a_sigkilled_actor_is_lost_at_once_with_its_exit_and_restarted(tmp_path):
+def test_a_sigkilled_actor_is_lost_at_once_with_its_exit_and_restarted(tmp_path, launch):
     config = cluster(2, 1, 1, scheduled_timesteps=10**9)
     config["cluster"] = {**config["cluster"], **SLOW, "max_restarts": 1, "restart_backoff_s": 0.2}
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        wait_for(lambda: "phase RUNNING" in coordinator_log(run_dir), 120, "the run to start")
-        # Another process than the launcher, under its name over the Unix socket or a role's over
-        # TCP, cannot make the coordinator give up a live role.
-        live = {"role": "actor-0", "pid": started["actor-0"], "signal": 9}
-        assert "is not the launcher of this launch" in asyncio.run(refused_notice(run_dir, "launcher", live, True))
-        assert "only the launcher reports exits" in asyncio.run(refused_notice(run_dir, "actor-0", live, False))
-        os.kill(started["actor-1"], signal.SIGKILL)
-        wait_for(lambda: "actor-1 restarted" in coordinator_log(run_dir), 120, "actor-1's restart")
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=120)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    wait_for(lambda: "phase RUNNING" in coordinator_log(run_dir), 120, "the run to start")
+    # Another process than the launcher, under its name over the Unix socket or a role's over
+    # TCP, cannot make the coordinator give up a live role.
+    live = {"role": "actor-0", "pid": started["actor-0"], "signal": 9}
+    assert "is not the launcher of this launch" in asyncio.run(refused_notice(run_dir, "launcher", live, True))
+    assert "only the launcher reports exits" in asyncio.run(refused_notice(run_dir, "actor-0", live, False))
+    os.kill(started["actor-1"], signal.SIGKILL)
+    wait_for(lambda: "actor-1 restarted" in coordinator_log(run_dir), 120, "actor-1's restart")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=120)
     text = coordinator_log(run_dir)
     connected, lost, restarted = order(text, "the launcher (pid", KILLED, "actor-1 restarted (restart 1 of 1")
     assert 0 <= connected < lost < restarted, text[-3000:]
@@ -235,24 +232,21 @@ def test_a_sigkilled_actor_is_lost_at_once_with_its_exit_and_restarted(tmp_path)
 
 
 @pytest.mark.cluster
-def test_a_sigkilled_actor_leaves_the_synchronous_barrier_at_once(tmp_path):
+def test_a_sigkilled_actor_leaves_the_synchronous_barrier_at_once(tmp_path, launch):
     config = cluster(3, 1, 1, scheduled_timesteps=10**9, sample_batch_size=8)
     config["model"] = {"synchronous": True}
     config["cluster"] = {**config["cluster"], **SLOW, **NO_RESTARTS}
-    proc, run_dir = start(tmp_path, config)
-    try:
-        started = pids(run_dir)
-        learner = run_dir / "logs" / "learner-0.log"
-        wait_for(lambda: learner.exists() and "iteration 3:" in learner.read_text(), 120, "3 iterations")
-        os.kill(started["actor-1"], signal.SIGKILL)
-        gone = "barrier 'iteration' goes on without actor-1"
-        wait_for(lambda: gone in coordinator_log(run_dir), 120, "the barrier to go on without actor-1")
-        before = len(re.findall(r"iteration \d+:", learner.read_text()))
-        wait_for(lambda: len(re.findall(r"iteration \d+:", learner.read_text())) >= before + 3, 120, "iterations")
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=120)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    started = pids(run_dir)
+    learner = run_dir / "logs" / "learner-0.log"
+    wait_for(lambda: learner.exists() and "iteration 3:" in learner.read_text(), 120, "3 iterations")
+    os.kill(started["actor-1"], signal.SIGKILL)
+    gone = "barrier 'iteration' goes on without actor-1"
+    wait_for(lambda: gone in coordinator_log(run_dir), 120, "the barrier to go on without actor-1")
+    before = len(re.findall(r"iteration \d+:", learner.read_text()))
+    wait_for(lambda: len(re.findall(r"iteration \d+:", learner.read_text())) >= before + 3, 120, "iterations")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=120)
     text = coordinator_log(run_dir)
     lost, left = order(text, KILLED, gone)
     assert 0 <= lost < left, text[-3000:]

@@ -153,6 +153,7 @@ def test_the_evaluation_process_dies_with_a_learner_killed_outright(tmp_path):
     script = f"""
 import sys, threading, time
 sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 from test_eval_during_training import acting, cartpole_cfg
 from aiorl.runtime.evaluator import Evaluator
 from pathlib import Path

@@ -64,7 +64,7 @@ def plant_code(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.cluster
-def test_a_run_started_beside_planted_code_never_runs_it(tmp_path):
+def test_a_run_started_beside_planted_code_never_runs_it(tmp_path, launch):
     """An aiorl/ package and a numpy.py in the directory `aiorl run` starts in (one another user
     could write): the roles, the evaluation worker and a restarted actor import none of them."""
     shared, ran = plant_code(tmp_path)
@@ -72,24 +72,24 @@ def test_a_run_started_beside_planted_code_never_runs_it(tmp_path):
     # restarted actor steps and the evaluation worker has evaluated: both started while it ran.
     config = {**APEX, "agent": {**APEX["agent"], "scheduled_global_steps": 10**9}}
     path, run_dir = write_config(tmp_path, config)
-    proc = subprocess.Popen(
-        [str(AIORL), "run", str(path), "--quiet"],
-        cwd=shared,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = launch.track(
+        subprocess.Popen(
+            [str(AIORL), "run", str(path), "--quiet"],
+            cwd=shared,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ),
+        run_dir,
     )
-    try:
-        wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 200, HANG_S, "env steps")
-        actor = pids(run_dir)["actor-0"]
-        subprocess.run(["kill", "-KILL", str(actor)], check=True)
-        wait_for(lambda: (live_status(run_dir) or {}).get("restarts", 0) == 1, HANG_S, "the actor's restart")
-        wait_for(lambda: restarted_actor_steps(run_dir, actor), HANG_S, "the restarted actor stepping")
-        wait_for(lambda: evaluated(run_dir), HANG_S, "an evaluation")
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=180)
-    finally:
-        proc.kill()
+    wait_for(lambda: (last_metrics(run_dir) or {}).get("env_steps", 0) > 200, HANG_S, "env steps")
+    actor = pids(run_dir)["actor-0"]
+    subprocess.run(["kill", "-KILL", str(actor)], check=True)
+    wait_for(lambda: (live_status(run_dir) or {}).get("restarts", 0) == 1, HANG_S, "the actor's restart")
+    wait_for(lambda: restarted_actor_steps(run_dir, actor), HANG_S, "the restarted actor stepping")
+    wait_for(lambda: evaluated(run_dir), HANG_S, "an evaluation")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=180)
     assert code == 130, out  # interrupted, after a clean shutdown
     assert not ran.exists(), f"planted code ran in: {ran.read_text()}"
     summary = read_json(run_dir / "summary.json")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_helpers import finish, start
+from cluster_helpers import finish
 
 pytestmark = pytest.mark.cluster
 
@@ -23,7 +23,7 @@ DYNAMO_IMPORTED = re.compile(r"^import time: .*\|\s+torch\._dynamo$")
     ("example", "env_steps", "model"),
     [("dppo_cartpole", 4096, {}), ("impala_cartpole", 8000, {"optimizer": "rmsprop"})],
 )
-def test_a_learner_trains_before_anything_imports_torch_dynamo(example, env_steps, model, tmp_path):
+def test_a_learner_trains_before_anything_imports_torch_dynamo(example, env_steps, model, launch):
     config = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
     config["agent"]["scheduled_timesteps"] = env_steps
     config["model"].update(model)
@@ -32,7 +32,7 @@ def test_a_learner_trains_before_anything_imports_torch_dynamo(example, env_step
     # server (which has torch._dynamo) from serving this launch, so its roles are forked from a
     # spawner of its own, and a learner's log shows what the learner imported after the fork.
     config["run"] = {"eval_every": None, "eval_interval_s": None}
-    proc, run_dir = start(tmp_path, config, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    proc, run_dir = launch(config, env={"PYTHONPROFILEIMPORTTIME": "1"})
     code, out = finish(proc)
     assert code == 0, out
     lines = (run_dir / "logs" / "learner-0.log").read_text().splitlines()

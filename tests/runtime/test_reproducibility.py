@@ -8,27 +8,15 @@ import json
 
 import pytest
 from cluster_helpers import run
+from configs import configured, dppo_cartpole, es_tiny
 
 from aiorl.config import ConfigError
 from aiorl.experiment.loading import load_config
 
-DPPO = {
-    "algo": "dppo",
-    "env": {"id": "CartPole-v1", "num_envs": 2},
-    # Two memory hosts: their shares of a round reach the learner in either order.
-    "cluster": {"actors": 2, "memories": 2, "learners": 1},
-    "agent": {"sample_batch_size": 16, "batch_size": 32, "scheduled_global_steps": 6},
-    "model": {"network": ["linear:16", "tanh"], "epochs": 2},
-    "run": {"seed": 5, "deterministic": True},
-}
-ES = {
-    "algo": "es",
-    "env": {"id": "CartPole-v1"},
-    "cluster": {"actors": 2, "memories": 1, "learners": 1},
-    "agent": {"scheduled_global_steps": 4},
-    "model": {"network": ["linear:8", "tanh"], "population": 6, "noise_table_size": 100_000},
-    "run": {"seed": 5, "deterministic": True},
-}
+SEEDED = {"seed": 5, "deterministic": True}
+# Two memory hosts: their shares of a round reach the learner in either order.
+DPPO = configured(dppo_cartpole(2, 2, 1, epochs=2, scheduled_global_steps=6), run=SEEDED)
+ES = configured(es_tiny(2, 1, 1, population=6, scheduled_global_steps=4), run=SEEDED)
 
 
 def digests(tmp_path, config) -> tuple[str, list[str]]:

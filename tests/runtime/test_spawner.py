@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from cluster_helpers import NO_RESTARTS, alive, cluster, finish, pids, start, wait_for
+from cluster_helpers import NO_RESTARTS, alive, cluster, finish, pids, wait_for
 from cluster_helpers import run as run_config
 
 from aiorl.launch.spawner import WarmSpawner, _env_diff, enabled, map_arrays, write_arrays
@@ -48,19 +48,17 @@ def no_forkserver(monkeypatch):
     monkeypatch.delenv(ENV_FORKSERVER, raising=False)
 
 
-def test_every_role_is_a_child_of_one_spawner_in_a_session_of_its_own(tmp_path):
-    proc, run_dir = start(tmp_path, _endless())
-    try:
-        roles = pids(run_dir)
-        spawners = {_spawner_pid(pid) for pid in roles.values()}
-        assert len(spawners) == 1, f"roles have several parents: {spawners}"
-        spawner = psutil.Process(spawners.pop())
-        assert spawner.ppid() == proc.pid  # the spawner is the launcher's child
-        assert "aiorl.cli.spawner" in " ".join(spawner.cmdline())
-        for name, pid in roles.items():
-            assert os.getsid(pid) == pid, f"{name} shares a session (terminal signals would reach it)"
-    finally:
-        code, out = _stop(proc)
+def test_every_role_is_a_child_of_one_spawner_in_a_session_of_its_own(launch):
+    proc, run_dir = launch(_endless())
+    roles = pids(run_dir)
+    spawners = {_spawner_pid(pid) for pid in roles.values()}
+    assert len(spawners) == 1, f"roles have several parents: {spawners}"
+    spawner = psutil.Process(spawners.pop())
+    assert spawner.ppid() == proc.pid  # the spawner is the launcher's child
+    assert "aiorl.cli.spawner" in " ".join(spawner.cmdline())
+    for name, pid in roles.items():
+        assert os.getsid(pid) == pid, f"{name} shares a session (terminal signals would reach it)"
+    code, out = _stop(proc)
     assert code == 130, out
 
 
@@ -144,8 +142,8 @@ def test_a_forked_child_collects_over_the_frozen_heap_the_spawner_shares(tmp_pat
     assert (tmp_path / "child.log").read_text().split() == ["True", "True"]
 
 
-def test_killing_the_launcher_outright_leaves_no_process(tmp_path):
-    proc, run_dir = start(tmp_path, _endless())
+def test_killing_the_launcher_outright_leaves_no_process(launch):
+    proc, run_dir = launch(_endless())
     roles = pids(run_dir)
     spawner = _spawner_pid(roles["memory-0"])
     proc.kill()  # no chance to clean up: the parent-death signals must do it
@@ -154,71 +152,60 @@ def test_killing_the_launcher_outright_leaves_no_process(tmp_path):
         wait_for(lambda: not alive(pid), 30, f"pid {pid} to end after the launcher was killed")
 
 
-def test_a_spawner_killed_outright_takes_every_role_with_it(tmp_path):
+def test_a_spawner_killed_outright_takes_every_role_with_it(launch):
     # No chance for the spawner to end its children: their own parent-death signal must, or
     # they would run on with nobody to reap them or report their exits.
-    proc, run_dir = start(tmp_path, _endless())
-    roles = {}
-    try:
-        roles = pids(run_dir)
-        os.kill(_spawner_pid(roles["memory-0"]), signal.SIGKILL)
-        for name, pid in roles.items():
-            wait_for(lambda pid=pid: not alive(pid), 30, f"{name} (pid {pid}) to end with its spawner")
-    finally:
-        try:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-            finish(proc, 60)
-        finally:
-            for pid in roles.values():  # orphans, if the behaviour under test is broken
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+    proc, run_dir = launch(_endless())
+    # (Orphans, if the behaviour under test is broken, are killed at the launch fixture's teardown.)
+    roles = pids(run_dir)
+    os.kill(_spawner_pid(roles["memory-0"]), signal.SIGKILL)
+    for name, pid in roles.items():
+        wait_for(lambda pid=pid: not alive(pid), 30, f"{name} (pid {pid}) to end with its spawner")
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    finish(proc, 60)
 
 
-def test_the_evaluation_worker_is_forked_and_dies_with_its_learner(tmp_path):
+def test_the_evaluation_worker_is_forked_and_dies_with_its_learner(launch):
     config = yaml.safe_load((ROOT / "examples" / "dppo_cartpole.yaml").read_text())
     config["agent"]["scheduled_timesteps"] = 10**9
     config["run"] = {"eval_every": 10**6, "eval_episodes": 1}
     config["cluster"].update(NO_RESTARTS)  # the run would start again without its learner
-    proc, run_dir = start(tmp_path, config)
-    try:
-        roles = pids(run_dir)
-        learner = roles["learner-0"]
-        spawner = _spawner_pid(learner)
-        log = run_dir / "logs" / "learner-0.log"
-        wait_for(lambda: log.exists() and "evaluation worker ready" in log.read_text(), 60, "the worker ready")
-        assert "evaluation worker started" in log.read_text() and "forked" in log.read_text()
-        workers = [p for p in psutil.Process(spawner).children() if p.pid not in roles.values()]
-        assert len(workers) == 1, workers
-        worker = workers[0].pid
-        os.kill(learner, signal.SIGKILL)
-        wait_for(lambda: not alive(worker), 30, "the evaluation worker to end with its learner")
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        finish(proc, 90)
+    proc, run_dir = launch(config)
+    roles = pids(run_dir)
+    learner = roles["learner-0"]
+    spawner = _spawner_pid(learner)
+    log = run_dir / "logs" / "learner-0.log"
+    wait_for(lambda: log.exists() and "evaluation worker ready" in log.read_text(), 60, "the worker ready")
+    assert "evaluation worker started" in log.read_text() and "forked" in log.read_text()
+    workers = [p for p in psutil.Process(spawner).children() if p.pid not in roles.values()]
+    assert len(workers) == 1, workers
+    worker = workers[0].pid
+    os.kill(learner, signal.SIGKILL)
+    wait_for(lambda: not alive(worker), 30, "the evaluation worker to end with its learner")
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    finish(proc, 90)
 
 
 @pytest.mark.parametrize("how", ["config", "environment"])
-def test_the_off_switch_starts_each_role_on_its_own(tmp_path, how, monkeypatch):
+def test_the_off_switch_starts_each_role_on_its_own(launch, how, monkeypatch):
     config = _endless()
     if how == "config":
         config["cluster"]["warm_spawner"] = False
     else:
         monkeypatch.setenv("AIORL_WARM_SPAWNER", "0")
-    proc, run_dir = start(tmp_path, config)
-    try:
-        roles = pids(run_dir)
-        assert {_spawner_pid(pid) for pid in roles.values()} == {proc.pid}
-        assert all("aiorl.cli.spawner" not in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children())
-    finally:
-        _stop(proc)
+    proc, run_dir = launch(config)
+    roles = pids(run_dir)
+    assert {_spawner_pid(pid) for pid in roles.values()} == {proc.pid}
+    assert all("aiorl.cli.spawner" not in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children())
+    _stop(proc)
 
 
-def test_a_killed_actor_is_forked_again_and_the_run_finishes(tmp_path):
+def test_a_killed_actor_is_forked_again_and_the_run_finishes(launch):
     config = cluster(2, 1, 1, scheduled_timesteps=20_000)
     config["cluster"] = {**config["cluster"], "max_restarts": 2, "restart_backoff_s": 0.1}
-    proc, run_dir = start(tmp_path, config)
+    proc, run_dir = launch(config)
     roles = pids(run_dir)
     spawner = _spawner_pid(roles["actor-0"])
     log = run_dir / "logs" / "memory-0.log"
@@ -313,16 +300,14 @@ def test_a_channel_whose_spawner_is_gone_says_so():
     assert channel.gone
 
 
-def test_a_role_started_without_the_unix_sockets_has_none_though_the_launcher_had_the_variable(tmp_path, monkeypatch):
+def test_a_role_started_without_the_unix_sockets_has_none_though_the_launcher_had_the_variable(launch, monkeypatch):
     # The spawner was started with the launcher's environment; the role's is the launcher's
     # choice for it, removals included (a role with the variable would serve a Unix socket).
     monkeypatch.setenv("AIORL_UNIX_SOCKETS", "1")
-    proc, run_dir = start(tmp_path, _endless(unix_sockets=False))
-    try:
-        log = run_dir / "logs" / "actor-0.log"
-        wait_for(lambda: log.exists() and "registered with the coordinator" in log.read_text(), 60, "actor-0")
-    finally:
-        _stop(proc)
+    proc, run_dir = launch(_endless(unix_sockets=False))
+    log = run_dir / "logs" / "actor-0.log"
+    wait_for(lambda: log.exists() and "registered with the coordinator" in log.read_text(), 60, "actor-0")
+    _stop(proc)
     logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
     assert "over unix" not in logs
     assert not (run_dir / "sock").exists()

@@ -12,24 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cluster_helpers import FAST_CLUSTER
+from configs import RANDOM_CARTPOLE, configured
 
 import aiorl
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 
-SMALL = {
-    "algo": "random_agent",
-    "env": {"id": "CartPole-v1", "num_envs": 2},
-    "cluster": dict(FAST_CLUSTER),
-    "agent": {
-        "sample_batch_size": 16,
-        "batch_size": 32,
-        "buffer_size": 4000,
-        "learning_starts": 200,
-        "scheduled_timesteps": 3000,
-    },
-    "run": {"metrics_interval_s": 0.2},
-}
+SMALL = configured(
+    RANDOM_CARTPOLE, cluster=FAST_CLUSTER, agent={"scheduled_timesteps": 3000}, run={"metrics_interval_s": 0.2}
+)
 
 
 def test_import_is_cheap_and_dir_shows_the_api():

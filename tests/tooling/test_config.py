@@ -5,16 +5,12 @@ import subprocess
 import sys
 
 import pytest
+from configs import RANDOM_CARTPOLE_SMALL, configured, roles
 
 from aiorl.config import ConfigError, apply_overrides
 from aiorl.experiment.loading import load_config
 
-BASE = {
-    "algo": "random_agent",
-    "env": {"id": "CartPole-v1"},
-    "cluster": {"actors": 2, "memories": 2, "learners": 1},
-    "agent": {"batch_size": 16, "buffer_size": 1000, "learning_starts": 100, "scheduled_timesteps": 500},
-}
+BASE = configured(RANDOM_CARTPOLE_SMALL, cluster=roles(2, 2, 1), agent={"scheduled_timesteps": 500})
 
 
 def with_(path: str, value):

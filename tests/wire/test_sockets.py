@@ -23,14 +23,16 @@ import threading
 import types
 
 import pytest
-from cluster_helpers import cluster, finish, live_status, read_json, start, wait_for
+from cluster_helpers import cluster, finish, live_status, read_json, wait_for
 from hostile_helpers import Memory0
 
 from aiorl.cli.status import fetch_status
 from aiorl.config import ConfigError
+from aiorl.config.checks import rings_supported
 from aiorl.experiment.loading import load_config
 from aiorl.launch.local import LocalLauncher
 from aiorl.runtime import local_sockets
+from aiorl.runtime.transport import transport_of
 from aiorl.wire import ConnectionClosed, ServerBusy, connect, generate_token, serve, unix, write_token_file
 from aiorl.wire.auth import handshake_frame, new_nonce
 from aiorl.wire.codec import FrameType
@@ -267,33 +269,30 @@ def coordinator_port(run_dir) -> int | None:
 
 
 @pytest.mark.cluster
-def test_a_run_with_40_silent_sockets_held_at_its_coordinator_starts_restarts_finishes_and_answers_status(tmp_path):
+def test_a_run_with_40_silent_sockets_held_at_its_coordinator_starts_restarts_finishes_and_answers_status(launch):
     """Issue 29's acceptance: every role connects from 127.0.0.1, where 40 silent sockets (more than
     max_handshakes_per_host) are held and re-opened from the coordinator's first moment on; the
     roles start, `aiorl status` answers, a SIGKILLed actor's restart registers, the run ends 0."""
     config = cluster(2, 2, 1, scheduled_timesteps=10**9)
     config["cluster"].update(max_restarts=1, restart_backoff_s=0.2)
-    proc, run_dir = start(tmp_path, config)
-    try:
-        port = wait_for(lambda: coordinator_port(run_dir), 60, "coordinator.json")
-        with SilentFlood(port, 40) as flood:
-            wait_for(lambda: flood.opened >= 40, 60, "40 silent sockets at the coordinator")
-            status = subprocess.run(
-                [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            actor = wait_for(lambda: stepping(run_dir, "actor-0"), 60, "actor-0 stepping")
-            os.kill(actor, signal.SIGKILL)
-            wait_for(lambda: stepping(run_dir, "actor-0") not in (None, actor), 60, "actor-0's restart stepping")
-            wait_for(lambda: flood.dropped > 40, 60, "the server dropping the silent sockets again and again")
-            # It ends when the test is done (SIGINT: the same phases as a stop criterion), still flooded.
-            proc.send_signal(signal.SIGINT)
-            code, out = finish(proc, timeout_s=240)
-            dropped = flood.dropped
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    port = wait_for(lambda: coordinator_port(run_dir), 60, "coordinator.json")
+    with SilentFlood(port, 40) as flood:
+        wait_for(lambda: flood.opened >= 40, 60, "40 silent sockets at the coordinator")
+        status = subprocess.run(
+            [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        actor = wait_for(lambda: stepping(run_dir, "actor-0"), 60, "actor-0 stepping")
+        os.kill(actor, signal.SIGKILL)
+        wait_for(lambda: stepping(run_dir, "actor-0") not in (None, actor), 60, "actor-0's restart stepping")
+        wait_for(lambda: flood.dropped > 40, 60, "the server dropping the silent sockets again and again")
+        # It ends when the test is done (SIGINT: the same phases as a stop criterion), still flooded.
+        proc.send_signal(signal.SIGINT)
+        code, out = finish(proc, timeout_s=240)
+        dropped = flood.dropped
     assert status.returncode == 0, status.stdout + status.stderr
     assert json.loads(status.stdout)["live"] is True  # the coordinator answered, during the run
     assert code == 130, out  # interrupted, after a clean shutdown
@@ -324,26 +323,23 @@ def log_of(run_dir, name: str) -> str:
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_a_local_runs_roles_and_restarts_connect_over_unix_sockets_and_status_answers_there(tmp_path, transport):
+def test_a_local_runs_roles_and_restarts_connect_over_unix_sockets_and_status_answers_there(launch, transport):
     config = cluster(1, 2, 1, scheduled_timesteps=10**9)
     config["cluster"].update(max_restarts=1, restart_backoff_s=0.2, transport=transport)
-    proc, run_dir = start(tmp_path, config)
-    try:
-        actor = wait_for(lambda: stepping(run_dir, "actor-0"), 60, "actor-0 stepping")
-        status = subprocess.run(
-            [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        os.kill(actor, signal.SIGKILL)
-        wait_for(lambda: (live_status(run_dir) or {}).get("restarts") == 1, 60, "actor-0's restart")
-        # It ends once the restart stepped (SIGINT: the same phases as a stop criterion).
-        wait_for(lambda: stepping(run_dir, "actor-0") not in (None, actor), 60, "actor-0's restart stepping")
-        proc.send_signal(signal.SIGINT)
-        code, out = finish(proc, timeout_s=240)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config)
+    actor = wait_for(lambda: stepping(run_dir, "actor-0"), 60, "actor-0 stepping")
+    status = subprocess.run(
+        [sys.executable, "-m", "aiorl", "status", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    os.kill(actor, signal.SIGKILL)
+    wait_for(lambda: (live_status(run_dir) or {}).get("restarts") == 1, 60, "actor-0's restart")
+    # It ends once the restart stepped (SIGINT: the same phases as a stop criterion).
+    wait_for(lambda: stepping(run_dir, "actor-0") not in (None, actor), 60, "actor-0's restart stepping")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout_s=240)
     assert code == 130, out  # interrupted, after a clean shutdown
     assert status.returncode == 0 and json.loads(status.stdout)["live"] is True, status.stdout + status.stderr
     address = read_json(run_dir / "coordinator.json")
@@ -456,16 +452,13 @@ async def test_aiorl_status_of_a_run_directory_asks_over_its_unix_socket_on_this
 
 
 @pytest.mark.cluster
-def test_a_run_directory_too_deep_for_a_socket_path_falls_back_to_tcp_and_says_so_once(tmp_path):
+def test_a_run_directory_too_deep_for_a_socket_path_falls_back_to_tcp_and_says_so_once(tmp_path, launch):
     deep = tmp_path / ("d" * 100)  # run/sock/coordinator under it is past sun_path's 107 bytes
     deep.mkdir()
     config = cluster(1, 1, 1, scheduled_timesteps=10**9)
     config["run"] = {"max_seconds": 3.0}
-    proc, run_dir = start(deep, config)
-    try:
-        code, out = finish(proc, timeout_s=240)
-    finally:
-        proc.kill()
+    proc, run_dir = launch(config, where=deep)
+    code, out = finish(proc, timeout_s=240)
     assert code == 0, out
     assert "unix" not in read_json(run_dir / "coordinator.json")
     summary = read_json(run_dir / "summary.json")
@@ -489,15 +482,14 @@ def test_only_the_local_launcher_turns_unix_sockets_on_and_cluster_unix_sockets_
     inherited = {
         local_sockets.ENV_ON: "1",
         local_sockets.ENV_COORDINATOR: "/elsewhere",
-        local_sockets.ENV_RINGS: "99",
         "PATH": "/bin",
     }
     env = LocalLauncher._unix_env(launcher, inherited)
     expected = {local_sockets.ENV_ON: "1", local_sockets.ENV_COORDINATOR: "/run/sock/coordinator"} if on else {}
-    if on and transport == "auto":  # shared memory on one host; 'tcp' keeps the sockets alone
-        expected[local_sockets.ENV_RINGS] = str(cfg.cluster.shm_ring_bytes)
-    assert (local_sockets.ring_bytes(env) is not None) == (on and transport == "auto")
     assert env == {"PATH": "/bin", **expected}
+    # Shared memory on one host (x86-64); 'tcp' keeps the sockets alone.
+    rings = transport_of(cfg, env).ring_bytes
+    assert rings == (cfg.cluster.shm_ring_bytes if on and transport == "auto" and rings_supported() else None)
     # A role started by hand (or by Ray) has neither: it serves and connects over TCP only.
     assert local_sockets.socket_path("/run", "memory-1", environ={}) is None
     assert local_sockets.usable("/", environ={}) is None and local_sockets.usable("/", environ=env) == (
