@@ -108,8 +108,8 @@ MUTANTS = [
     ),
     dict(
         name="a_hung_actor_is_never_dropped_by_the_memory",
-        path="aiorl/runtime/memory/ingest.py",
-        old="                link.conn.abort()  # its reader ends and finishes the actor\n        if self.synchronous:\n",
+        path="aiorl/runtime/memory/role.py",
+        old="                link.conn.abort()  # its reader ends and finishes the actor\n        if self.store is not None:\n",
         new="                pass\n        if False:\n",
         tests=[
             "tests/cluster/test_sync_cluster.py::test_dppo_lost_actors_leave_the_barrier_and_with_no_actor_left_the_run_ends"

@@ -46,16 +46,16 @@ MUTANTS = [
     ),
     dict(
         name="memory_host_queue_without_the_per_fragment_fields",
-        path="aiorl/runtime/memory/role.py",
-        old="                per_fragment=per_fragment,\n",
+        path="aiorl/runtime/memory/queue_store.py",
+        old="            per_fragment=algo.per_fragment_spec(),\n",
         new="",
         tests=[MEMORY],
     ),
     dict(
         name="memory_host_lets_a_non_finite_state_through",
-        path="aiorl/runtime/memory/role.py",
-        old="        self.rows = RowSpec({**wire, **per_fragment}, bounds=algo.value_bounds())",
-        new="        self.rows = RowSpec(wire, bounds=algo.value_bounds())",
+        path="aiorl/runtime/memory/build.py",
+        old="    rows = RowSpec({**wire, **algo.per_fragment_spec()}, bounds=algo.value_bounds())",
+        new="    rows = RowSpec(wire, bounds=algo.value_bounds())",
         tests=[MEMORY],
     ),
     dict(

@@ -69,20 +69,16 @@ MUTANTS = [
     ),
     dict(
         name="sampler-not-watched",
-        path="aiorl/runtime/memory/feed.py",
-        old=(
-            '        sampler = self.spawn(\n            self._sync_sampler(conn, link, index) if self.synchronous else self._sampler(conn, link),\n            f"sampler for {link.name}",\n'
-        ),
-        new=(
-            "        sampler = asyncio.ensure_future(\n            self._sync_sampler(conn, link, index) if self.synchronous else self._sampler(conn, link)\n"
-        ),
+        path="aiorl/runtime/memory/role.py",
+        old='        sampler = self.spawn(self.store.serve(conn, link, index), f"sampler for {link.name}")\n',
+        new="        sampler = asyncio.ensure_future(self.store.serve(conn, link, index))\n",
         tests=[
             "tests/runtime/test_memory_hostile.py::test_a_dead_sampler_fails_the_memory_host_and_the_run_through_the_phases",
         ],
     ),
     dict(
         name="non-finite-priority-rows-kept",
-        path="aiorl/runtime/memory/ingest.py",
+        path="aiorl/runtime/memory/replay_store.py",
         old="            if good is None or good.all():\n                raise  # not the priorities",
         new="            if True:\n                raise  # not the priorities",
         tests=[

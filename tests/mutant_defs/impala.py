@@ -105,15 +105,15 @@ MUTANTS = [
     ),
     dict(
         name="fragment_without_a_credit_accepted",
-        path="aiorl/runtime/memory/ingest.py",
+        path="aiorl/runtime/memory/queue_store.py",
         old='        if link.credits < 1:\n            raise BadMessage(f"{link.name} sent a fragment message without a credit")',
         new='        if False:\n            raise BadMessage(f"{link.name} sent a fragment message without a credit")',
         tests=[f"{MEMORY}::test_throttle_grants_credits_as_the_queue_has_room_and_refuses_a_message_without_one"],
     ),
     dict(
         name="memory_ignores_the_learners_version",
-        path="aiorl/runtime/memory/feed.py",
-        old='            self.fragments.saw_version(fields["version"])',
+        path="aiorl/runtime/memory/queue_store.py",
+        old='            self.hub.saw_version(fields["version"])',
         new="            pass",
         tests=[f"{CLUSTER}::test_fragments_are_whole_across_the_wire_and_batches_stay_unchanged"],
     ),

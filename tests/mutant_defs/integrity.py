@@ -24,7 +24,7 @@ MUTANTS = [
     dict(
         name="registration-takes-the-claimed-name",
         path="aiorl/runtime/coordinator/registration.py",
-        old="if reason is None and name != conn.peer_name:",
+        old="if reason is None and name != peer_name:",
         new="if False:",
         tests=[T + "test_a_role_registers_only_under_the_name_it_authenticated_with"],
     ),
@@ -51,14 +51,14 @@ MUTANTS = [
     ),
     dict(
         name="run-state-from-any-role",
-        path="aiorl/runtime/coordinator/service.py",
-        old='            if record.name != "learner-0":\n                await reply_error(conn, msg, f"only learner-0 checkpoints',
-        new='            if False:\n                await reply_error(conn, msg, f"only learner-0 checkpoints',
+        path="aiorl/runtime/coordinator/handlers.py",
+        old='        if record.name != "learner-0":\n            await reply_error(conn, msg, f"only learner-0 checkpoints',
+        new='        if False:\n            await reply_error(conn, msg, f"only learner-0 checkpoints',
         tests=[COUNTERS],
     ),
     dict(
         name="episodes-from-any-role",
-        path="aiorl/runtime/coordinator/service.py",
+        path="aiorl/runtime/coordinator/handlers.py",
         old='if returns and record.kind == "actor":',
         new="if returns:",
         tests=[COUNTERS],
@@ -135,9 +135,9 @@ MUTANTS = [
     ),
     dict(
         name="every-bad-message-logged",
-        path="aiorl/runtime/memory/role.py",
+        path="aiorl/runtime/memory/reading.py",
         old='            self._log_bad("closing connection of %s: bad message: %s", name, exc)',
-        new='            self.log.error("closing connection of %s: bad message: %s", name, exc)',
+        new='            self._log_bad.logger.error("closing connection of %s: bad message: %s", name, exc)',
         tests=[T + "test_bad_input_from_an_authenticated_peer_is_counted_every_time_and_logged_at_a_bounded_rate"],
     ),
 ]

@@ -87,9 +87,9 @@ MUTANTS = [
     ),
     dict(
         name="band_sized_for_one_learner_credit",
-        path="aiorl/runtime/memory/role.py",
-        old="                learner_credits=c.learners * c.learner_credits,",
-        new="                learner_credits=1,",
+        path="aiorl/runtime/memory/replay_store.py",
+        old="            learner_credits=c.learners * c.learner_credits,",
+        new="            learner_credits=1,",
         tests=[f"{LIMIT}::test_a_memory_host_sizes_its_band_for_every_actor_and_learner_credit"],
     ),
     dict(
@@ -115,7 +115,7 @@ MUTANTS = [
     ),
     dict(
         name="sample_blocked_counts_the_wrong_bound",
-        path="aiorl/runtime/memory/feed.py",
+        path="aiorl/runtime/memory/replay_store.py",
         old="                if bound == RATIO_LOWER:",
         new="                if bound != RATIO_LOWER:",
         tests=[RUN],

@@ -52,11 +52,11 @@ MUTANTS = [
     ),
     dict(
         name="memory-takes-an-actor-whose-connection-ended-for-gone",
-        path="aiorl/runtime/memory/ingest.py",
-        old="                elif not any(other.name == link.name and not other.closed for other in self.actor_links):\n"
-        "                    self._actor_away(index)\n",
-        new="                elif not any(other.name == link.name and not other.closed for other in self.actor_links):\n"
-        "                    self._actor_finished(index)\n",
+        path="aiorl/runtime/memory/rounds_store.py",
+        old="        elif not any(other.name == link.name and not other.closed for other in self.actor_links):\n"
+        "            self._actor_away(link.index)\n",
+        new="        elif not any(other.name == link.name and not other.closed for other in self.actor_links):\n"
+        "            self._actor_finished(link.index)\n",
         tests=[LONE],
     ),
     dict(

@@ -29,7 +29,7 @@ MUTANTS = [
     ),
     dict(
         name="memory_drops_generations",
-        path="aiorl/runtime/memory/feed.py",
+        path="aiorl/runtime/memory/replay_store.py",
         old='arrays.get("generations"))\n        except ValueError:',
         new="None)\n        except ValueError:",
         tests=["tests/runtime/test_memory_host.py", CLUSTER],
@@ -164,7 +164,7 @@ MUTANTS = [
     # ------------------------------------------------------------------ memories and learners
     dict(
         name="learning_starts_ignored",
-        path="aiorl/runtime/memory/feed.py",
+        path="aiorl/runtime/memory/replay_store.py",
         old="len(self.replay) >= self.threshold",
         new="len(self.replay) >= 1",
         tests=["tests/cluster/test_cluster_options.py::test_learning_starts_holds_learners_back"],
@@ -178,14 +178,18 @@ MUTANTS = [
     ),
     dict(
         name="memory_ignores_credits",
-        path="aiorl/runtime/memory/feed.py",
-        old="link.credits > 0 and len(self.replay) >= self.threshold",
-        new="len(self.replay) >= self.threshold",
+        path="aiorl/runtime/memory/replay_store.py",
+        # Both waits for a credit: with only the second one gone the first still holds the sampler.
+        old="link.credits > 0 and len(self.replay) >= self.threshold  # noqa: E731\n"
+        "            # First the learner's request, then what the limiter holds it by (the shard's size or\n"
+        "            # the ratio): a wait that began for want of a request is the learner's, not the limiter's.\n"
+        "            await self.changed.wait_for(lambda: draining() or link.credits > 0)",
+        new="len(self.replay) >= self.threshold  # noqa: E731\n            await self.changed.wait_for(lambda: True)",
         tests=[OPTIONS],
     ),
     dict(
         name="prioritized_replay_always_on",
-        path="aiorl/runtime/memory/role.py",
+        path="aiorl/runtime/memory/replay_store.py",
         old="elif a.prioritized_replay:",
         new="elif True:",
         tests=[OPTIONS],
@@ -193,7 +197,7 @@ MUTANTS = [
     dict(
         name="snapshot_replay_ignored",
         path="aiorl/runtime/memory/role.py",
-        old='            self.log.error("learners did not finish in time: %s", ", ".join(late))\n        if self.cfg.run.snapshot_replay and self.replay is not None:',
+        old='            self.log.error("learners did not finish in time: %s", ", ".join(late))\n        if self.cfg.run.snapshot_replay:',
         new='            self.log.error("learners did not finish in time: %s", ", ".join(late))\n        if False:',
         tests=[OPTIONS],
     ),
@@ -215,12 +219,12 @@ MUTANTS = [
         name="beta_never_anneals",
         path="aiorl/runtime/learner.py",
         old="        frac = self.schedule_progress()",
-        new="frac = 0.0",
+        new="        frac = 0.0",
         tests=[BETA],
     ),
     dict(
         name="memory_ignores_the_learners_beta",
-        path="aiorl/runtime/memory/feed.py",
+        path="aiorl/runtime/memory/role.py",
         old='link.beta = fields.get("beta", link.beta)',
         new="pass",
         tests=[BETA],
@@ -234,8 +238,8 @@ MUTANTS = [
     ),
     dict(
         name="sync_memory_waits_for_a_lost_actor",
-        path="aiorl/runtime/memory/ingest.py",
-        old="        if self.synchronous:\n            if returns:\n                self._actor_away(index)\n            else:\n                self._actor_finished(index)\n",
+        path="aiorl/runtime/memory/rounds_store.py",
+        old="        if returns:\n            self._actor_away(actor_index)\n        else:\n            self._actor_finished(actor_index)\n",
         new="        pass\n",
         tests=[
             "tests/cluster/test_cluster_faults.py::test_losing_an_actor_in_synchronous_mode_leaves_the_others_iterating"

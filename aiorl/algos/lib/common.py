@@ -413,6 +413,9 @@ class ActorCriticLearner(ApexLearner):
     annealed over the env steps trained on, checkpoints that count them, the greedy
     exported policy."""
 
+    # What a subclass builds in its constructor (declared here: this template reads them).
+    net: nn.Module  # an aiorl.algos.lib.actor_critic.ActorCritic
+    optimizer: Adam
     checkpoint_items = {"net": "net", "optimizer": "optimizer"}
     iterations = 0  # steps taken (one per `step` call)
     env_steps_trained = 0  # rows trained on by every learner, summed
