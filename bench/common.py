@@ -72,10 +72,11 @@ def machine(load_before: Sequence[float] | None = None) -> dict:
 
 
 def write_json(path: str | Path, result: Any, *, indent: int = 1, load_before: Sequence[float] | None = None) -> None:
-    """Write a bench's `result` to `path`. A dict gains a "machine" block (`machine()`); a list of rows
-    stays a list (readers index its rows). Values JSON does not know are written as their str()."""
-    if isinstance(result, dict):
-        result = {**result, "machine": machine(load_before)}
+    """Write a bench's `result` to `path` with a "machine" block (`machine()`): a dict gains the key, a
+    list of rows becomes ``{"rows": [...], "machine": {...}}``. Values JSON does not know are written
+    as their str()."""
+    result = {**result} if isinstance(result, dict) else {"rows": list(result)}
+    result["machine"] = machine(load_before)
     Path(path).write_text(json.dumps(result, indent=indent, default=str))
 
 

@@ -203,7 +203,7 @@ def test_bench_acting_writes_its_rows(tmp_path):
         env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = json.loads(path.read_text())
+    rows = json.loads(path.read_text())["rows"]
     dqn, es = rows
     assert dqn["example"] == "apex_dqn_cartpole" and dqn["num_envs"] == 8
     assert dqn["policy_steps_per_s"] > 0 and dqn["random_steps_per_s"] > 0 and dqn["torch_ratio"] > 0

@@ -15,9 +15,9 @@ MUTANTS = [
     dict(
         name="bench-json-without-machine-block",
         path="bench/common.py",
-        old='        result = {**result, "machine": machine(load_before)}\n',
-        new="        pass\n",
-        tests=[BENCH + "test_json_gains_the_machine_block_and_rows_stay_a_list"],
+        old='    result["machine"] = machine(load_before)\n',
+        new="    pass\n",
+        tests=[BENCH + "test_every_json_gains_the_machine_block_a_list_under_rows"],
     ),
     dict(
         name="bench-launch-left-running",
