@@ -18,6 +18,7 @@ from aiorl.experiment.loading import load_config
 from aiorl.runtime import local_sockets
 from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.memory import MemoryRole
+from aiorl.runtime.transport import transport_of
 from aiorl.wire import connect, generate_token
 
 HANG_S = 30.0  # only bounds a hang
@@ -66,7 +67,7 @@ class Memory0:
             self.cfg.cluster.shm_ring_bytes = 256 * 1024
             self._environ[local_sockets.ENV_ON] = os.environ.get(local_sockets.ENV_ON)
             os.environ[local_sockets.ENV_ON] = "1"
-            unix_path = local_sockets.socket_path(self.run_dir, "coordinator")
+            unix_path = transport_of(self.cfg).socket_path(self.run_dir, "coordinator")
         self.coordinator = Coordinator(self.cfg, self.run_dir, self.token)
         self.cfg.cluster.port = await self.coordinator.start("127.0.0.1", 0, unix_path)
         self.memory = MemoryRole(self.cfg, 0, self.run_dir, self.token, coordinator=self.coordinator)

@@ -31,12 +31,6 @@ def enabled(environ=os.environ) -> bool:
     return environ.get(ENV_ON) == "1"
 
 
-def socket_path(run_dir: str | Path, name: str, environ=os.environ) -> str | None:
-    """Where server `name` of this run listens besides TCP; None to serve TCP only (not a
-    local run, or a run directory so deep that the path would not fit: said once, here)."""
-    return path_in(run_dir, name) if enabled(environ) else None
-
-
 def path_in(run_dir: str | Path, name: str) -> str | None:
     """Where server `name` of the run in `run_dir` listens besides TCP; None when the path would
     not fit (said once per process, here)."""
@@ -54,11 +48,3 @@ def path_in(run_dir: str | Path, name: str) -> str | None:
         return None
     directory.mkdir(mode=0o700, exist_ok=True)
     return path
-
-
-def usable(path: object, environ=os.environ) -> str | None:
-    """`path` when this role should connect through it: started with Unix sockets on, and the
-    socket is there on this host; else None (TCP)."""
-    if not enabled(environ) or not isinstance(path, str) or not path:
-        return None
-    return path if os.path.exists(path) else None

@@ -491,7 +491,6 @@ def test_only_the_local_launcher_turns_unix_sockets_on_and_cluster_unix_sockets_
     rings = transport_of(cfg, env).ring_bytes
     assert rings == (cfg.cluster.shm_ring_bytes if on and transport == "auto" and rings_supported() else None)
     # A role started by hand (or by Ray) has neither: it serves and connects over TCP only.
-    assert local_sockets.socket_path("/run", "memory-1", environ={}) is None
-    assert local_sockets.usable("/", environ={}) is None and local_sockets.usable("/", environ=env) == (
-        "/" if on else None
-    )
+    assert transport_of(cfg, {}).socket_path("/run", "memory-1") is None
+    assert transport_of(cfg, {}).peer_socket("/") is None
+    assert transport_of(cfg, env).peer_socket("/") == ("/" if on else None)
