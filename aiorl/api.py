@@ -177,11 +177,16 @@ class Policy:
         return actions[0].reshape(action["shape"]) if "shape" in action else actions[0]
 
 
-def load_policy(run_dir_or_file: str | Path) -> Policy:
+def load_policy(run_dir_or_file: str | Path, trust_program: bool = False) -> Policy:
     """The exported policy of a run directory (or a policy file), loaded by
     `aiorl.evaluation.policies.load_policy`; raises `aiorl.evaluation.policies.EvalError` when there
-    is none or it is bad."""
+    is none or it is bad.
+
+    What is loaded is data: the network rebuilt by aiorl's own code from ``policy.json`` and its
+    weights read from ``policy.safetensors``. A program (``policy.pt2``, an older run's ``policy.pt``)
+    runs code from the file when loaded: only with ``trust_program=True``, and only for files you
+    trust."""
     path = Path(run_dir_or_file)
     if path.is_dir():
         path = policy_file(path / POLICY_DIR)
-    return Policy(load_checked(path), read_meta(path), path)
+    return Policy(load_checked(path, trust_program=trust_program), read_meta(path), path)

@@ -253,6 +253,9 @@ class ApexDDPG(ApexDDPGSettings, Algorithm):
     def actor_network(self) -> DeterministicActor:
         return DeterministicActor(self.env_spec.observation_space, self.env_spec.action_space, self.actor_layers)
 
+    def acting_module(self) -> DeterministicActor:
+        return self.actor_network()
+
     def critic_network(self) -> Critic:
         return Critic(self.env_spec.observation_space, self.env_spec.action_space, self.critic_layers)
 
@@ -293,6 +296,7 @@ class ApexDDPG(ApexDDPGSettings, Algorithm):
                 "high": action_space.high.reshape(-1).tolist(),
             },
             "signature": "obs[B, *observation_shape] -> float32 actions[B, prod(action_shape)]",
+            "rebuild": self.policy_record(),
         }
 
     def make_actor(self, actor_index, num_actors, seed):

@@ -238,6 +238,9 @@ class ApexDQN(ApexDQNSettings, Algorithm):
     def q_network(self) -> QNetwork:
         return QNetwork(self.env_spec.observation_space, self.num_actions, self.layers, self.cfg.model.dueling)
 
+    def acting_module(self) -> GreedyPolicy:
+        return GreedyPolicy(self.q_network())
+
     def transition_spec(self):
         space = self.env_spec.observation_space
         obs = (tuple(space.shape), np.dtype(space.dtype).str)
@@ -267,6 +270,7 @@ class ApexDQN(ApexDQNSettings, Algorithm):
             "observation_dtype": np.dtype(space.dtype).str,
             "action": {"kind": "discrete", "n": self.num_actions},
             "signature": "obs[B, *observation_shape] -> int64 actions[B]",
+            "rebuild": self.policy_record(),
         }
 
     def make_actor(self, actor_index, num_actors, seed):

@@ -56,6 +56,7 @@ from aiorl.algos.lib.actor_critic import (
     EnvStates,
     GaussianHead,
     SDEHead,
+    acting_module,
     batch_moments,
     check_action_space,
     obs_norm_size,
@@ -349,6 +350,9 @@ class DPPO(DPPOSettings, Algorithm):
             sde_sample_freq=m.sde_sample_freq if m.sde else None,
             recurrent=check_recurrent(m.recurrent),
         )
+
+    def acting_module(self) -> torch.nn.Module:
+        return acting_module(self.network())
 
     def weights_spec(self):
         return weights_spec_of_module(shapes_only(self.network), "net")

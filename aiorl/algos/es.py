@@ -374,7 +374,11 @@ class ESLearner(LearnerCore):
     def acting_policy(self):
         policy = DeterministicPolicy(copy.deepcopy(self._synced_net()))
         return policy, policy_meta(
-            self.algo.name, self.algo.env_spec, self.iterations, env_steps_trained=self.env_steps_trained
+            self.algo.name,
+            self.algo.env_spec,
+            self.iterations,
+            env_steps_trained=self.env_steps_trained,
+            rebuild=self.algo.policy_record(),
         )
 
 
@@ -420,6 +424,9 @@ class ES(ESSettings, Algorithm):
             obs_norm_std_floor=self.cfg.model.obs_norm_std_floor,
             learn_std=False,
         )
+
+    def acting_module(self) -> DeterministicPolicy:
+        return DeterministicPolicy(self.network())
 
     def noise_table(self) -> NoiseTable:
         table = NoiseTable(self.cfg.model.noise_seed, self.cfg.model.noise_table_size)

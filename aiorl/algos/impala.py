@@ -52,6 +52,7 @@ from aiorl.algos.lib.actor_critic import (
     CategoricalHead,
     EnvStates,
     GaussianHead,
+    acting_module,
     check_action_space,
 )
 from aiorl.algos.lib.checks import check_recurrent
@@ -375,6 +376,9 @@ class Impala(ImpalaSettings, Algorithm):
             log_std_init=m.log_std_init,
             recurrent=check_recurrent(m.recurrent),
         )
+
+    def acting_module(self) -> torch.nn.Module:
+        return acting_module(self.network())
 
     def weights_spec(self):
         return weights_spec_of_module(shapes_only(self.network), "net")

@@ -391,6 +391,9 @@ class R2D2(R2D2Settings, Algorithm):
             self.env_spec.observation_space, self.num_actions, self.layers, self.recurrent, m.dueling
         )
 
+    def acting_module(self) -> GreedySequencePolicy:
+        return GreedySequencePolicy(self.q_network())
+
     def lookback_steps(self) -> int:
         return self.cfg.model.sequence_length - 1
 
@@ -420,7 +423,7 @@ class R2D2(R2D2Settings, Algorithm):
         if self.recurrent is not None:
             kind, hidden = self.recurrent
             recurrent = {"type": kind, "hidden": hidden, "state_size": self.state_size}
-        return policy_meta(self.name, self.env_spec, learner_steps, recurrent=recurrent)
+        return policy_meta(self.name, self.env_spec, learner_steps, recurrent=recurrent, rebuild=self.policy_record())
 
     def make_actor(self, actor_index, num_actors, seed):
         return R2D2Actor(self, actor_index, num_actors, seed)

@@ -1,11 +1,12 @@
 """`aiorl eval RUN_DIR`: run a run's exported policy greedily and report its returns.
 
-The policy is a `torch.export` program mapping an observation batch to
-actions (see `aiorl.io.export`): by default the best one the evaluations during
-training kept (``RUN_DIR/policy/best/policy.pt2``, `aiorl.runtime.evaluator`)
-when the run has one, else the final one learner 0 exports at shutdown
-(``RUN_DIR/policy/policy.pt2``; an older run's TorchScript ``policy.pt``
-still loads). ``--best`` / ``--final`` choose; ``--policy FILE`` names a
+The policy is data: its network rebuilt by aiorl's own code from ``policy.json`` and its weights
+read from ``policy.safetensors`` (see `aiorl.io.policy_data`): by default the best one the
+evaluations during training kept (``RUN_DIR/policy/best/``, `aiorl.runtime.evaluator`) when the
+run has one, else the final one learner 0 exports at shutdown (``RUN_DIR/policy/``). A run written
+before policies were data holds only a program (``policy.pt2``, an older run's TorchScript
+``policy.pt``), which runs code from the file when loaded: ``--trust-program`` allows that, for
+files the user trusts. ``--best`` / ``--final`` choose; ``--policy FILE`` names a
 file; ``--checkpoint N`` rebuilds the policy of a checkpoint. The best is
 the default because it is the policy chosen by evaluation: the final one is
 whatever the last learner step left, and a DQN's greedy policy can swing
@@ -41,6 +42,7 @@ def evaluate_run(
     video_dir: str | None = None,
     render: bool = False,
     which: str | None = None,
+    trust_program: bool = False,
 ) -> dict:
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
@@ -70,7 +72,7 @@ def evaluate_run(
             path, which = Path(policy_path), "file"
         else:
             path, which, chosen_by = choose_policy(run_dir, which)
-        policy = load_checked(path, cfg.env)
+        policy = load_checked(path, cfg.env, trust_program)
     t0 = time.perf_counter()
     result = run_episodes(policy, cfg.env, episodes, seed, progress, video_dir, render)
     return {
@@ -130,6 +132,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.video,
             args.render,
             args.which,
+            args.trust_program,
         )
     except (EvalError, EvalOptionError, ConfigError) as exc:
         print(f"aiorl eval: {exc}", file=sys.stderr)
@@ -143,7 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("eval", help="run a run's exported policy greedily and report returns")
-    parser.add_argument("run_dir", help="run directory (holds config.yaml and policy/policy.pt2)")
+    parser.add_argument("run_dir", help="run directory (holds config.yaml and policy/)")
     parser.add_argument("--episodes", type=int, default=20, help="episodes to run (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="episode k is reset with seed SEED + k")
     chosen = parser.add_mutually_exclusive_group()
@@ -160,11 +163,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         dest="which",
         action="store_const",
         const="final",
-        help="the final policy, exported at shutdown (RUN_DIR/policy/policy.pt2)",
+        help="the final policy, exported at shutdown (RUN_DIR/policy/)",
     )
     parser.add_argument(
         "--policy",
-        help="policy file (.pt2, or an older run's TorchScript .pt) to use instead of the run's best or final policy",
+        help="policy file (policy.safetensors, with its policy.json beside it) to use instead of the run's "
+        "best or final policy",
+    )
+    parser.add_argument(
+        "--trust-program",
+        action="store_true",
+        help="allow loading a policy that is a program (a .pt2 or an older run's .pt) when there are no "
+        "weights (policy.safetensors) beside it: this RUNS CODE FROM THE FILE; use it only on files you trust",
     )
     parser.add_argument(
         "--checkpoint",

@@ -14,7 +14,9 @@ Writing (`write_file`): the payload is checked first (the payload check below),
 so learner 0 never leaves a file that a resume would refuse. The file is
 written to a temporary name in the same directory, flushed and fsynced,
 renamed over its final name, and the directory is fsynced: a reader (or a
-resume after a crash) sees either the whole new file or none of it.
+resume after a crash) sees either the whole new file or none of it. A write that
+fails (a full disk) leaves no temporary file and raises `WriteError`, one line
+naming the file and what was not written.
 
 Checking (`verify`; `newest_good` runs it on each file, newest first, and
 falls back past every file that fails, naming each):
@@ -24,8 +26,15 @@ falls back past every file that fails, naming each):
 2. its header (magic, version, the two declared lengths) is checked against
    the caps and against the file's size before anything else is read: a large
    file that is not a checkpoint is never read whole;
-3. its SHA-256, streamed in 1 MiB chunks;
-4. its payload: what ``torch.load(weights_only=True)`` accepts, checked
+3. its payload's sizes, from its own records (`aiorl.io.torch_archive.size_refusal`:
+   the zip's directories and ``data.pkl`` only): its members must take every
+   byte of it, and its pickle must name every tensor record it holds, so a
+   file far larger than what its pickle references (a crafted sparse file of
+   GiBs) is refused before it is hashed (`verify`) or read whole (`read`,
+   `load`: ``aiorl eval --checkpoint``); one of at most `HASHED_ANYWAY_BYTES`
+   is hashed first, so that a file damaged on disk is named corrupt;
+4. its SHA-256, streamed in 1 MiB chunks;
+5. its payload: what ``torch.load(weights_only=True)`` accepts, checked
    without torch (`aiorl.io.torch_archive`: the zip archive, and its pickle
    run through an abstract copy of torch's weights-only unpickler), because
    the launcher that chooses the checkpoint of a resume
@@ -50,6 +59,7 @@ neither counted nor deleted: the next resume names it and sets it aside
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -75,6 +85,9 @@ MAX_META_BYTES = 64 << 20
 MAX_PAYLOAD_BYTES = 1 << 40
 CHUNK_BYTES = 1 << 20
 HEAD_BYTES = len(MAGIC) + 12  # magic, version, meta length
+# A payload its records refuse is hashed first below this size only (cheap), so that a damaged
+# file is named corrupt; a larger one is refused unread (a crafted sparse file of GiBs).
+HASHED_ANYWAY_BYTES = 64 << 20
 
 
 class CheckpointError(ValueError):
@@ -90,13 +103,26 @@ class CheckpointUnreadable(CheckpointError):
     is known about its content."""
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+class WriteError(OSError):
+    """A file that could not be written (a full disk, a read-only or deleted directory): its
+    message is one line naming the file and what was not written; no temporary file is left."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], what: str | None = None) -> Path:
     """Write `path` through `write(file)` so that it appears whole or not at all.
 
     Temporary file in the same directory, fsync, rename over `path`, fsync of
-    the directory (so the rename itself survives a power cut).
+    the directory (so the rename itself survives a power cut). An OSError on the
+    way is a `WriteError` naming `path` and `what` (a checkpoint's learner step by default), the
+    temporary file removed.
     """
     path = Path(path)
+    if what is None:
+        named = CHECKPOINT_RE.match(path.name)
+        what = f"checkpoint at learner step {int(named.group(1))}" if named else "the file"
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -104,10 +130,13 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise WriteError(exc.errno, f"{path}: {what} not written ({reason}); no partial file left") from None
     finally:
-        if tmp.exists():
+        with contextlib.suppress(OSError):
             tmp.unlink()
-    fsync_dir(path.parent)
     return path
 
 
@@ -256,6 +285,20 @@ class Opened:
         if digest.digest() != self.read_at(parts.digest_offset, DIGEST_BYTES):
             raise CheckpointError(f"{self.name} is corrupt (SHA-256 mismatch)", self.name)
 
+    def check_sizes(self, parts: Layout) -> None:
+        """The payload against its own records, before it is hashed or read whole (docstring, 3)."""
+        end = parts.digest_offset
+
+        def read_at(offset: int, n: int) -> bytes:
+            return self.read_at(parts.payload_offset + offset, max(0, min(n, end - parts.payload_offset - offset)))
+
+        refused = torch_archive.size_refusal(read_at, parts.payload_len)
+        if refused is None:
+            return
+        if parts.payload_len <= HASHED_ANYWAY_BYTES:  # a file damaged on disk: its digest says so best
+            self.check_digest(parts)
+        raise CheckpointError(f"{self.name}: {refused}", self.name)
+
     def window(self, offset: int, length: int) -> io.BufferedReader:
         """A seekable file of the `length` bytes at `offset` (the payload, for `zipfile`)."""
         return io.BufferedReader(_Window(self, offset, length), CHUNK_BYTES)
@@ -292,7 +335,8 @@ class _Window(io.RawIOBase):
 def read(path: str | Path) -> tuple[dict, memoryview]:
     """(meta, payload) of the checkpoint at `path`, checked whole (its header before the rest is read)."""
     with Opened(path) as f:
-        f.layout()
+        parts = f.layout()
+        f.check_sizes(parts)
         data = f.read_at(0, f.size)
     return decode(data, str(path))
 
@@ -310,6 +354,7 @@ def verify(path: str | Path) -> dict:
     (type, header, SHA-256, payload); CheckpointError naming the file and the first check it fails."""
     with Opened(path) as f:
         parts = f.layout()
+        f.check_sizes(parts)
         f.check_digest(parts)
         meta = parse_meta(f.read_at(parts.meta_offset, parts.meta_len), f.name)
         check_payload(f.window(parts.payload_offset, parts.payload_len), f.name, path)

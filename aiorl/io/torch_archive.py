@@ -28,11 +28,19 @@ from __future__ import annotations
 import pickletools
 import struct
 import zipfile
+from collections.abc import Callable
 from typing import BinaryIO
+
+from aiorl.io.zip_members import ZipRefused, members, read_member
 
 # A learner state's pickle is a few KB (the tensors are other members of the archive).
 MAX_PICKLE_BYTES = 64 << 20
 SMALL_RECORD_BYTES = 64  # version, byteorder, .storage_alignment
+MAX_RECORDS = 1 << 16  # a learner state's tensors, each a record
+# Any other record torch writes (.data/serialization_id, .format_version, ...) is a few bytes; a
+# newer torch's may be larger, but never what makes a file far larger than its tensors.
+OTHER_RECORD_BYTES = 1 << 20
+MAX_DIRECTORY_BYTES = 16 << 20
 _STORAGES = (
     "Double:8 Float:4 Half:2 BFloat16:2 Long:8 Int:4 Short:2 Char:1 Byte:1 Bool:1 ComplexDouble:16 ComplexFloat:8"
 )
@@ -81,25 +89,61 @@ ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, Ru
 def refusal(file: BinaryIO) -> str | None:
     """None if ``torch.load(file, weights_only=True)`` would load `file` (a seekable binary file)
     into a dict; else why not, in a few words starting with "payload"."""
+
+    def read_at(offset: int, n: int) -> bytes:
+        file.seek(offset)
+        return file.read(n)
+
+    refused = size_refusal(read_at, file.seek(0, 2))
+    if refused is not None:
+        return refused
     try:
         with zipfile.ZipFile(file) as archive:
             records = archive_records(archive)
             if isinstance(records, str):
                 return records
-            if records.get("data.pkl", MAX_PICKLE_BYTES + 1) > MAX_PICKLE_BYTES:
-                return f"payload archive has no data.pkl of at most {MAX_PICKLE_BYTES} bytes"
             bad = archive.testzip()
             if bad is not None:
                 return f"payload archive member {bad} fails its CRC"
             prefix = archive.namelist()[0].split("/", 1)[0]
-            refused = small_records_refusal(archive, prefix, records)
-            if refused is not None:
-                return refused
-            pickle = archive.read(f"{prefix}/data.pkl")
+            return small_records_refusal(archive, prefix, records)
     except ZIP_ERRORS as exc:
         return f"payload is not a torch.save archive ({exc})"
-    refused = PickleCheck(records).run(pickle)
-    return None if refused is None else f"payload does not load with weights_only=True: {refused}"
+
+
+def size_refusal(read_at: Callable[[int, int], bytes], size: int) -> str | None:
+    """Why a payload of `size` bytes (read through `read_at(offset, n)`) is not what its own records
+    say, or None; it reads the zip's directories and ``data.pkl`` only, so that a file far larger
+    than what its pickle names is refused before it is hashed or read whole: the archive must be
+    one `aiorl.io.zip_members` takes (stored members tiling the file, each name once), and its
+    pickle must pass the weights-only check and name every tensor record the archive holds."""
+    try:
+        found = members(read_at, size, MAX_RECORDS, MAX_DIRECTORY_BYTES)
+    except ZipRefused as exc:
+        return f"payload is not a torch.save archive (it {exc})"
+    if not found:
+        return "payload is not a torch.save archive (it holds no entry)"
+    prefix = found[0].name.split("/", 1)[0]
+    by_record = {m.name.split("/", 1)[1]: m for m in found if "/" in m.name and m.name.split("/", 1)[0] == prefix}
+    if len(by_record) != len(found):
+        return "payload archive is not under one directory, as torch.save writes"
+    records = {record: m.size for record, m in by_record.items()}
+    if records.get("data.pkl", MAX_PICKLE_BYTES + 1) > MAX_PICKLE_BYTES:
+        return f"payload archive has no data.pkl of at most {MAX_PICKLE_BYTES} bytes"
+    try:
+        pickle = read_member(read_at, by_record["data.pkl"], MAX_PICKLE_BYTES, "a pickle")
+    except ZipRefused as exc:  # the file shrank since its directory was read
+        return f"payload is not a torch.save archive (it {exc})"
+    check = PickleCheck(records)
+    refused = check.run(pickle)
+    if refused is not None:
+        return f"payload does not load with weights_only=True: {refused}"
+    for record, nbytes in records.items():
+        if record.startswith("data/") and record not in check.storages:
+            return f"payload archive record {record} ({nbytes} bytes) holds no tensor of its pickle"
+        if not record.startswith("data/") and record != "data.pkl" and nbytes > OTHER_RECORD_BYTES:
+            return f"payload archive record {record} is {nbytes} bytes"
+    return None
 
 
 def archive_records(archive: zipfile.ZipFile) -> dict[str, int] | str:
@@ -179,6 +223,7 @@ class PickleCheck:
         self.stack: list = []
         self.metastack: list[list] = []
         self.memo: dict[int, object] = {}
+        self.storages: set[str] = set()  # the records its persistent ids name
 
     def run(self, pickle: bytes) -> str | None:
         """None if torch would load `pickle` into a dict; else why not."""
@@ -265,4 +310,5 @@ class PickleCheck:
             raise Refused(
                 f"storage {key} needs a record {record} of {nbytes} bytes; the archive has {self.records.get(record)}"
             )
+        self.storages.add(record)
         return Made(kind)

@@ -37,6 +37,7 @@ import numpy as np
 from aiorl.config import Config, ConfigError
 from aiorl.io import checkpoint
 from aiorl.io.export import save_policy
+from aiorl.io.policy_data import rebuild_record
 
 if TYPE_CHECKING:
     from aiorl.envs import EnvSpec
@@ -314,6 +315,17 @@ class Algorithm(AlgorithmSettings):
         None when the algorithm cannot say: weights frames then get the wire's default cap.
         """
         return None
+
+    def acting_module(self):
+        """A fresh module of the acting policy `LearnerCore.acting_policy` exports (the same class
+        and state dict names, freshly initialised), built on torch's current default device; None
+        for an algorithm that exports none. `aiorl.io.policy_data` rebuilds a policy with it."""
+        return None
+
+    def policy_record(self) -> dict:
+        """What policy.json records for `acting_module` to be rebuilt (``rebuild``: the config the
+        checks read, the spaces), as plain data (`aiorl.io.policy_data.rebuild_record`)."""
+        return rebuild_record(self.cfg, self.env_spec)
 
     def make_actor(self, actor_index: int, num_actors: int, seed: int) -> ActorPolicy:
         raise NotImplementedError

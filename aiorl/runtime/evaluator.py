@@ -23,9 +23,9 @@ its result was in). At a run's end by its criterion (not a signal), learner 0
 scores the copies waiting, then the final policy too (`LearnerOutputs.finish`).
 
 An evaluation whose mean return beats every earlier one (of this run,
-earlier launches included) has that policy exported (`torch.export`, in the
-evaluation process, once no evaluation waits for it, and before it ends) to
-``policy/best/``, with the evaluation in ``policy/best/policy.json``. That file is the record
+earlier launches included) has that policy exported (its weights as data and the
+`torch.export` program, in the evaluation process, once no evaluation waits for it, and before
+it ends) to ``policy/best/``, with the evaluation in ``policy/best/policy.json``. That file is the record
 a resumed run reads back, so a resume never replaces a better best with a
 worse one. The coordinator gets the evaluations with learner 0's heartbeats: each one
 until a heartbeat's reply says it arrived (two that end between two

@@ -157,7 +157,7 @@ def test_exported_policy_is_greedy_or_the_clipped_mean_and_loads_with_plain_torc
     path = save_policy(
         DeterministicPolicy(net), str(tmp_path), {"algo": "test", "observation_shape": [3], "observation_dtype": "<f4"}
     )
-    loaded = load_policy(path)
+    loaded = load_policy(path, trust_program=True)  # a bare module: no algorithm to rebuild it from
     obs = torch.randn(64, 3)
     out = loaded(obs)
     params = net.policy_params(obs).detach()

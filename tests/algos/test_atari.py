@@ -187,7 +187,8 @@ def test_eval_plays_full_games_with_raw_rewards(tmp_path, capsys):
     )
     cfg.dump(tmp_path / "config.yaml")
     write_fire_policy(tmp_path / "fire.pt")
-    assert main(["eval", str(tmp_path), "--policy", str(tmp_path / "fire.pt"), "--episodes", "1", "--json"]) == 0
+    fire = str(tmp_path / "fire.pt")  # a TorchScript program: loaded only when trusted
+    assert main(["eval", str(tmp_path), "--policy", fire, "--episodes", "1", "--json", "--trust-program"]) == 0
     result = json.loads(capsys.readouterr().out)
     # The same game by hand on the evaluation variant: every life, unclipped rewards.
     env = make_env(cfg.env, evaluation=True)

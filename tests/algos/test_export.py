@@ -1,5 +1,5 @@
 """The exported policy: torch.export (.pt2), loadable with plain torch and no aiorl, for every algorithm;
-older runs' TorchScript policy.pt still evaluates."""
+older runs' TorchScript policy.pt still evaluates when trusted (--trust-program)."""
 
 import json
 import subprocess
@@ -74,7 +74,7 @@ def test_every_algorithms_exported_policy_loads_with_plain_torch_and_no_aiorl(tm
 def test_a_re_export_replaces_an_older_torchscript_policy(tmp_path):
     (tmp_path / "policy.pt").write_bytes(b"old")
     make_algo("apex_dqn", "CartPole-v1").make_learner(0, 1, seed=0).export_policy(str(tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.json", "policy.pt2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.json", "policy.pt2", "policy.safetensors"]
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -86,7 +86,9 @@ def test_an_older_run_with_a_torchscript_policy_still_evaluates(tmp_path, capsys
     make_algo("apex_dqn", "CartPole-v1").cfg.dump(tmp_path / "config.yaml")
     (tmp_path / "policy").mkdir()
     torch.jit.script(Left()).save(str(tmp_path / "policy" / "policy.pt"))
-    assert main(["eval", str(tmp_path), "--episodes", "2", "--json"]) == 0
+    assert main(["eval", str(tmp_path), "--episodes", "2", "--json"]) == 2  # a program: only when trusted
+    assert "policy.pt is a TorchScript program, not data" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path), "--episodes", "2", "--json", "--trust-program"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["policy"].endswith("policy.pt") and result["episodes"] == 2
     assert max(result["lengths"]) < 30  # always pushing left topples the pole fast
@@ -94,8 +96,10 @@ def test_an_older_run_with_a_torchscript_policy_still_evaluates(tmp_path, capsys
 
 def test_a_garbage_pt2_is_named_not_a_traceback(tmp_path):
     (tmp_path / "policy.pt2").write_bytes(b"not a zip archive")
-    with pytest.raises(EvalError, match=r"policy.pt2 is not a torch.export policy"):
+    with pytest.raises(EvalError, match=r"policy.pt2 is a torch.export program, not data"):
         load_policy(tmp_path / "policy.pt2")
+    with pytest.raises(EvalError, match=r"policy.pt2 is not a torch.export policy"):
+        load_policy(tmp_path / "policy.pt2", trust_program=True)
 
 
 PLAIN_TORCH_RECURRENT = """
@@ -150,14 +154,17 @@ def test_a_recurrent_export_takes_and_returns_the_state_in_plain_torch(tmp_path,
     )
     assert out.returncode == 0, out.stderr
     plain = np.asarray(json.loads(out.stdout))
-    net, loaded = learner.net, load_policy(path)
-    assert loaded.state_size == 16
-    state, loaded_state = torch.zeros(3, net.state_size), torch.zeros(3, 16)
+    # aiorl's loader: the network rebuilt from the data beside the program, and the program trusted.
+    net, loaded, program = learner.net, load_policy(path), load_policy(path, trust_program=True)
+    assert loaded.state_size == 16 and program.state_size == 16
+    state, loaded_state, program_state = torch.zeros(3, net.state_size), torch.zeros(3, 16), torch.zeros(3, 16)
     with torch.no_grad():
         for t, obs in enumerate(steps):
             params, _, _, state = net.step(torch.from_numpy(obs), state)
             in_run = net.head.mode(params).numpy()
             action, loaded_state = loaded(torch.from_numpy(obs), loaded_state)
+            from_program, program_state = program(torch.from_numpy(obs), program_state)
             np.testing.assert_array_equal(plain[t], in_run)
             np.testing.assert_array_equal(action.numpy(), in_run)
+            np.testing.assert_array_equal(from_program.numpy(), in_run)
     assert len({tuple(a) for a in plain}) > 1  # the actions depend on the inputs (a live test)

@@ -118,6 +118,7 @@ MUTANTS = [
         new="",
         tests=[
             CK + "test_newest_good_falls_back_past_whole_files_whose_payload_would_not_load",
+            CK + "test_a_member_failing_its_crc_is_refused",
             RD + "test_resume_never_imports_torch",
         ],
     ),
@@ -205,8 +206,8 @@ MUTANTS = [
     dict(
         name="read_whole_before_the_sizes_are_checked",
         path=CKPT,
-        old="        f.layout()\n        data = f.read_at(0, f.size)\n",
-        new="        data = f.read_at(0, f.size)\n        f.layout()\n",
+        old="        parts = f.layout()\n        f.check_sizes(parts)\n        data = f.read_at(0, f.size)\n",
+        new="        data = f.read_at(0, f.size)\n        parts = f.layout()\n        f.check_sizes(parts)\n",
         tests=[CK + "test_a_huge_file_that_is_not_a_checkpoint_is_refused_without_reading_it"],
     ),
     dict(

@@ -47,7 +47,11 @@ def test_the_fixture_is_a_finished_run_of_the_old_layout():
 
 
 def test_aiorl_eval_of_an_old_run_directory(old_run, tmp_path):
+    # Its policies are programs only (policy.pt2): loading one runs code from the file, so only when told.
     proc = run_aiorl("eval", str(old_run), "--episodes", "2", "--json", cwd=tmp_path)
+    assert proc.returncode == 2 and "--trust-program" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    proc = run_aiorl("eval", str(old_run), "--episodes", "2", "--json", "--trust-program", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["episodes"] == 2 and result["which"] == "best" and result["env"] == "CartPole-v1"

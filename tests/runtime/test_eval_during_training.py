@@ -58,6 +58,7 @@ def acting(cfg, rule: str) -> tuple[torch.nn.Module, dict]:
 def test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it(tmp_path):
     cfg = cartpole_cfg(tmp_path)
     policy_dir = tmp_path / "run" / "policy"
+    policy_dir.parent.mkdir(mode=0o700)  # the run directory, which a run always has
     ev = Evaluator(cfg, policy_dir)
     try:
         assert ev.best is None
@@ -319,10 +320,10 @@ def test_a_run_evaluates_stops_on_the_evaluation_return_and_keeps_its_best(tmp_p
     # aiorl eval: the best by default, --final the final one, each named
     assert main(["eval", str(run_dir), "--episodes", "2", "--json"]) == 0
     default = json.loads(capsys.readouterr().out)
-    assert default["which"] == "best" and default["policy"].endswith("best/policy.pt2")
+    assert default["which"] == "best" and default["policy"].endswith("best/policy.safetensors")
     assert default["chosen_by"] == best
     assert main(["eval", str(run_dir), "--episodes", "2", "--final"]) == 0
-    assert f"with the final policy {run_dir / 'policy' / 'policy.pt2'}" in capsys.readouterr().out
+    assert f"with the final policy {run_dir / 'policy' / 'policy.safetensors'}" in capsys.readouterr().out
     assert main(["eval", str(run_dir), "--episodes", "2", "--best"]) == 0
     text = capsys.readouterr().out
     assert (

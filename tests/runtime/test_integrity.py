@@ -106,6 +106,7 @@ def test_an_evaluation_worker_started_without_a_spawner_never_runs_planted_code(
     monkeypatch.delenv(ENV_SPAWNER_FD, raising=False)
     cfg = load_config(data={**APEX, "run": {**APEX["run"], "dir": str(tmp_path / "run")}})
     policy, meta = cpu_learner(cfg).acting_policy()
+    (tmp_path / "run").mkdir(mode=0o700)  # the run directory, which a run always has
     worker = EvalWorker(cfg, tmp_path / "run" / "policy")
     try:
         assert not isinstance(worker.proc, ForkedProcess)
@@ -305,13 +306,14 @@ def test_a_doctored_policy_runs_nothing_and_is_refused_in_one_line(tmp_path, cap
     }
     for change, reason in cases.items():
         path = doctored(tmp_path, change)
-        assert main(["eval", str(run_dir), "--policy", str(path), "--episodes", "1"]) == 2
+        assert main(["eval", str(run_dir), "--policy", str(path), "--episodes", "1", "--trust-program"]) == 2
         err = capsys.readouterr().err
         assert reason in err and "refused, nothing of it was run" in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
         assert not marker.exists(), f"{reason}: the doctored policy ran its code"
     # The same archive undoctored loads and plays.
-    assert main(["eval", str(run_dir), "--policy", str(doctored(tmp_path, lambda e: None)), "--episodes", "1"]) == 0
+    undoctored = str(doctored(tmp_path, lambda e: None))
+    assert main(["eval", str(run_dir), "--policy", undoctored, "--episodes", "1", "--trust-program"]) == 0
 
 
 def test_torch_alone_would_have_run_the_doctored_sample_inputs(tmp_path):

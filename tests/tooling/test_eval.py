@@ -55,7 +55,7 @@ def test_text_output_and_same_seed_same_episodes(tmp_path, capsys):
     assert main(["eval", str(run_dir), "--episodes", "3", "--seed", "1"]) == 0
     text = capsys.readouterr().out
     assert text.startswith(
-        f"CartPole-v1: 3 episodes (seed 1) with the final policy {run_dir / 'policy' / 'policy.pt2'}"
+        f"CartPole-v1: 3 episodes (seed 1) with the final policy {run_dir / 'policy' / 'policy.safetensors'}"
     )
     assert "return mean " in text and " std " in text and " min " in text and " max " in text
     main(["eval", str(run_dir), "--episodes", "3", "--seed", "1", "--json"])
@@ -87,6 +87,7 @@ def test_errors_exit_2_with_a_reason(tmp_path, capsys):
     assert f"TARGET '{tmp_path / 'nope'}' does not exist" in capsys.readouterr().err
     run_dir, _ = make_run_dir(tmp_path)
     (run_dir / "policy" / "policy.pt2").unlink()
+    (run_dir / "policy" / "policy.safetensors").unlink()
     assert main(["eval", str(run_dir)]) == 2
     assert "no exported policy at" in capsys.readouterr().err
     assert main(["eval", str(run_dir), "--episodes", "0"]) == 2

@@ -457,6 +457,7 @@ class ActorCriticLearner(ApexLearner):
             self.iterations,
             recurrent=recurrent,
             env_steps_trained=self.env_steps_trained,
+            rebuild=self.algo.policy_record(),
         )
 
 
