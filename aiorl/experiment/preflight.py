@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 from aiorl.config import Config, ConfigError, check_stops
 from aiorl.io.loggers import check_installed
@@ -17,8 +18,14 @@ from aiorl.launch.placement import MISSING_RAY
 from aiorl.launch.spawner import WarmSpawner
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
+from aiorl.runtime.memory.build import replay_bytes
 from aiorl.wire import load_token
 from aiorl.wire.auth import TOKEN_ENV
+
+#: The share of this machine's memory a local run's replay may take once full.
+REPLAY_MEMORY_SHARE = 0.8
+# A container's memory limit (cgroup v2, then v1): tighter than the machine's RAM where set.
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def check_local_run(cfg: Config) -> None:
@@ -45,6 +52,49 @@ def check_algorithm(cfg: Config) -> None:
     frame_layout(cfg, algo)
     if cfg.cluster.launcher != "ray":  # under Ray, the node it places the learner on checks it
         algo.check_learner_host(cfg)
+        check_replay_fits(cfg, algo, machine_memory_bytes())
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's memory: its RAM, or less where a cgroup (a container's limit) holds its
+    processes to less; None if neither can be read."""
+    try:
+        limits = [os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
+    except (ValueError, OSError):
+        limits = []
+    for path in CGROUP_LIMITS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": no limit
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def check_replay_fits(cfg: Config, algo, memory: int | None) -> None:
+    """ConfigError if the replay cannot fit this machine's `memory` (bytes) once full: every memory
+    host of a local run is on this machine, so their shards add up. A replay may take
+    `REPLAY_MEMORY_SHARE` of it; the roles' processes and the system need the rest. The bytes per
+    row are a floor (`Store.bytes_per_row`), so a replay that fits is never refused."""
+    per_row, shard = replay_bytes(cfg, algo)
+    if memory is None or per_row == 0:
+        return
+    needed = shard * cfg.cluster.memories
+    allowed = int(memory * REPLAY_MEMORY_SHARE)
+    if needed <= allowed:
+        return
+    fit = allowed // per_row // cfg.cluster.memories * cfg.cluster.memories
+    hosts = f" over {cfg.cluster.memories} memory hosts" if cfg.cluster.memories > 1 else ""
+    raise ConfigError(
+        f"agent.buffer_size: {cfg.agent.buffer_size} rows of {per_row} bytes need at least "
+        f"{_gib(needed)}{hosts} and this machine has {_gib(memory)} of memory, of which a replay may take "
+        f"{REPLAY_MEMORY_SHARE:.0%} ({_gib(allowed)}): at most {fit} rows fit"
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
 
 def _check_ray() -> None:

@@ -29,6 +29,8 @@ import math
 import os
 from pathlib import Path
 
+from aiorl.io.rundir import make_subdir
+
 log = logging.getLogger("aiorl.loggers")
 
 # logger name -> (module that must import, extra that installs it)
@@ -89,7 +91,9 @@ class TensorBoardLogger:
         from torch.utils.tensorboard.summary import hparams as hparams_summary
 
         # A resumed run: TensorBoard hides the earlier launch's events past the checkpoint.
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step)
+        # Made here, owner-only and under the run directory only (SummaryWriter would make its
+        # parents too, a deleted run directory among them, with the default permissions).
+        self.writer = SummaryWriter(log_dir=str(make_subdir(run_dir, "tb")), purge_step=purge_step)
         # In this run's own event file (add_hparams would open a sub-run): the HPARAMS tab
         # lists the config beside the final return.
         for summary in hparams_summary(hparams, {"charts/return_mean_100": 0.0}):

@@ -66,6 +66,7 @@ import logging
 from pathlib import Path
 
 from aiorl.io.loggers import make_loggers
+from aiorl.io.rundir import RunDirWatch
 
 log = logging.getLogger("aiorl.metrics")
 
@@ -111,6 +112,8 @@ class MetricsWriter:
         loggers: list[str] | None = None,
         config: dict | None = None,
     ):
+        # A file kept open goes on taking rows after its directory is deleted: each row checks first.
+        self.watch = RunDirWatch(run_dir)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.file = open(self.path, "a", buffering=1)
         names = ["tensorboard"] if loggers is None else list(loggers)
@@ -121,7 +124,9 @@ class MetricsWriter:
     def write(self, row: dict, evaluations: list[dict] = ()) -> None:
         """One row; with `evaluations` (the ``eval/*`` keys of each evaluation heard of since the last
         row), one row per evaluation, the same but for them. The loggers get the row's numbers once,
-        at its env steps, and each evaluation's at the env steps of the policy it scored."""
+        at its env steps, and each evaluation's at the env steps of the policy it scored.
+        RunDirDeleted (an OSError) once the run directory is gone, and nothing written."""
+        self.watch.check()
         self.file.write("".join(json.dumps({**row, **e}) + "\n" for e in evaluations or [{}]))
         step = int(row.get("env_steps", 0))
         for logger in list(self.loggers):
@@ -138,6 +143,7 @@ class MetricsWriter:
 
     def close(self) -> None:
         self.file.close()
+        self.watch.close()
         for logger in self.loggers:
             try:
                 logger.close()

@@ -36,6 +36,7 @@ directory, by its owner alone).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -109,6 +110,67 @@ def make_run_dir(run_dir: str | Path) -> Path:
     return run_dir
 
 
+class RunDirDeleted(FileNotFoundError):
+    """The run directory went away while the run wrote into it. It is never made again: a
+    ``mkdir(parents=True)`` under it would bring it back with the default permissions (0755),
+    without its token or owner record, and checkpoints and the policy readable by others."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(errno.ENOENT, f"run directory {path} was deleted", str(path))
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return f"run directory {self.path} was deleted"
+
+
+def make_subdir(run_dir: str | Path, *parts: str) -> Path:
+    """`run_dir`/`parts`, each missing level made owner-only (0700), under an existing `run_dir`
+    only (RunDirDeleted if it is gone): what a writer inside a role calls instead of
+    ``mkdir(parents=True)``."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirDeleted(run_dir)
+    path = run_dir
+    for part in parts:
+        path = path / part
+        try:
+            path.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # deleted since the check above
+            raise RunDirDeleted(run_dir) from None
+    return path
+
+
+class RunDirWatch:
+    """Whether the run directory is still the one a writer started in (`check` raises
+    RunDirDeleted if it was deleted, or deleted and made again). It holds the directory open: a
+    deleted directory has no link left, whatever now has its path or its inode number."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir)
+        try:
+            self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise RunDirDeleted(self.path) from None
+
+    def check(self) -> None:
+        if self._fd is None:
+            return
+        held = os.fstat(self._fd)
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            raise RunDirDeleted(self.path) from None
+        if held.st_nlink == 0 or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise RunDirDeleted(self.path)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def read_json(path: str | Path) -> dict | None:
     """A JSON object from `path`, or None if it is missing or not a whole JSON object."""
     try:
@@ -116,6 +178,25 @@ def read_json(path: str | Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def run_learner_steps(own_steps: int, learners: int) -> int:
+    """The run's learner steps when learner 0 has taken `own_steps` over the whole run: its
+    `learners` are data-parallel and step together, each as many (and a resumed launch starts every
+    one of them from learner 0's count, `aiorl.runtime.learner_outputs.LearnerOutputs.resume`)."""
+    return int(own_steps) * int(learners)
+
+
+def resumed_counters(meta: dict, learners: int) -> dict:
+    """The run's counters a launch of `learners` learners that continues from a checkpoint (its
+    `meta`) starts from: those it recorded (``run``), but its learner steps from learner 0's own
+    count (the checkpoint's ``learner_steps``), where each of the launch's learners starts. What a
+    checkpoint recorded of the run may be older than that count (an abnormal end's, written with the
+    totals of learner 0's last heartbeat): a resumed coordinator that started from it waited for
+    ``agent.scheduled_global_steps`` short by the gap, for ever, its learners stopped at theirs."""
+    run = dict(meta.get("run") or {})
+    run["learner_steps"] = run_learner_steps(meta.get("learner_steps", 0), learners)
+    return run
 
 
 @dataclass(frozen=True)
@@ -187,9 +268,17 @@ def point_latest_at(path: Path) -> None:
 
 
 def role_run_dir(path: str | Path | None, algo: str, env_id: str) -> Path:
-    """The directory a role started by the launcher writes into (made if needed); a role started
-    by hand gets its own complete one (`aiorl.experiment.by_hand`)."""
-    return make_run_dir(Path(path) if path else default_path(algo, env_id))
+    """The directory a role started by the launcher writes into: the launcher made it, so one
+    that is missing was deleted (RunDirError; made only without a ``run.dir``); a role started by
+    hand gets its own complete one (`aiorl.experiment.by_hand`)."""
+    if not path:
+        return make_run_dir(default_path(algo, env_id))
+    path = Path(path)
+    if not path.is_dir():
+        raise RunDirError(str(RunDirDeleted(path)))
+    if os.stat(path).st_mode & 0o077:
+        os.chmod(path, DIR_MODE)  # as make_run_dir: tightened if others could read it
+    return path
 
 
 class RunDir:

@@ -40,6 +40,7 @@ from aiorl.io.rundir import Identity
 from aiorl.replay.frame_sender import FrameSender
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime import messages
+from aiorl.runtime.env_faults import EnvFaults, nonfinite_rows
 from aiorl.runtime.phase import Phase
 from aiorl.runtime.role import DivergedWeights, Offload, OwnInconsistency, Role
 from aiorl.wire import Connection, ConnectionClosed
@@ -111,6 +112,7 @@ class ActorRole(Role):
         self.fragment_flow = False  # IMPALA: fragment messages, each against a credit
         self.own_rows: messages.RowSpec | None = None  # the spec memories check rollouts against
         self.rows_checked: set[str] = set()  # message kinds whose first rows matched it
+        self.env_faults = EnvFaults(self.cfg.env.id, self.name)  # the env's NaN and inf, dropped and counted
 
     def heartbeat_extra(self) -> dict:
         returns, self.episode_returns = self.episode_returns, []
@@ -124,6 +126,7 @@ class ActorRole(Role):
             "weights_lag": max(0, self.weights_version_seen - version),
             "blocked_s": round(self.blocked_s, 3),
             "idle_fraction": self.idle.fraction(),
+            **self.env_faults.stats(),
         }
 
     async def cleanup(self) -> None:
@@ -280,7 +283,7 @@ class ActorRole(Role):
                 await self._fragment_loop()
             else:
                 await self._async_loop()
-            batch, priorities = self.policy.flush()
+            batch, priorities = self.env_faults.drop_rows(*self.policy.flush())
             if batch:
                 await self._send(batch, priorities, need_credit=False)
             self.idle.stop()
@@ -304,17 +307,22 @@ class ActorRole(Role):
             "loop_s": round(self.idle.wall_s, 3),
             "idle_fraction": self.idle.fraction(),
             "iterations": self.iterations[-1000:],
+            **self.env_faults.stats(),
         }
 
     async def _rollout(self):
         rollout = await self.offload(
             self.runner.rollout, self.policy.act, self.cfg.agent.sample_batch_size, self.policy.begin_episodes
         )
-        returns, lengths = self.runner.pop_episodes()
+        self.counters["env_steps"] = self.runner.env_steps
+        self._add_episodes(*self.runner.pop_episodes())
+        self.env_faults.check_rollout(rollout)
+        return rollout
+
+    def _add_episodes(self, returns: list[float], lengths: list[int]) -> None:
+        returns, lengths = self.env_faults.finite_episodes(returns, lengths)
         self.episode_returns.extend(returns)
         self.episode_lengths.extend(lengths)
-        self.counters["env_steps"] = self.runner.env_steps
-        return rollout
 
     async def _send(self, batch: dict, priorities, m: int | None = None, need_credit: bool = True) -> None:
         """Send to memory `m` (its credit already taken), or to the next one that can take it."""
@@ -345,9 +353,9 @@ class ActorRole(Role):
         non-finite priority of a finite row can only come from the weights."""
         bad = ~np.isfinite(priorities)
         if bad.any():
-            for value in batch.values():
-                if value.dtype.kind == "f" and len(value) == len(bad):
-                    bad &= np.isfinite(value.reshape(len(value), -1)).all(axis=1)
+            found = nonfinite_rows(batch, len(bad))
+            if found is not None:
+                bad &= ~found[0]
         if bad.any():
             bad = np.count_nonzero(bad)
             raise DivergedWeights(
@@ -377,7 +385,7 @@ class ActorRole(Role):
             with self.idle:
                 m = await self._acquire()  # with a rate limit: no stepping without a credit
             rollout = await self._rollout()
-            batch, priorities = self.policy.postprocess(rollout)
+            batch, priorities = self.env_faults.drop_rows(*self.policy.postprocess(rollout))
             if batch:
                 await self._send(batch, priorities, m)
             elif self.credits is not None:
@@ -545,8 +553,7 @@ class ActorRole(Role):
             started = time.monotonic()
             result = await self.offload(self.policy.run_work, iteration, item)
             self.counters["env_steps"] += result.env_steps
-            self.episode_returns.extend(result.episode_returns)
-            self.episode_lengths.extend(result.episode_lengths)
+            self._add_episodes(result.episode_returns, result.episode_lengths)
             m = item % len(self.memories)
             self._check_own_rows("rollout", result.batch)
             with self.idle:

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from aiorl.config import Config
+from aiorl.io.rundir import make_subdir
 from aiorl.runtime.warm_fork import ForkedProcess, SpawnerChannel
 
 STATE_FILE = "state.npz"
@@ -66,7 +67,7 @@ class EvalWorker:
 
     def __init__(self, cfg: Config, policy_dir: Path):
         # In the run directory, beside the checkpoints that hold the same weights (mkdtemp: 0700).
-        policy_dir.parent.mkdir(parents=True, exist_ok=True)
+        make_subdir(policy_dir.parent)  # the run directory, checked: a deleted one is never made again
         self.dir = Path(tempfile.mkdtemp(prefix=WORK_DIR_PREFIX, dir=policy_dir.parent))
         cfg.dump(self.dir / "config.yaml")
         args = [

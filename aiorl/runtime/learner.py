@@ -34,6 +34,7 @@ from aiorl.core.ratelog import RateLimitedLog
 from aiorl.io.rundir import Identity
 from aiorl.runtime import rendezvous
 from aiorl.runtime.algorithm import PeerNotFinite
+from aiorl.runtime.coordinator.counters import BUDGET_REACHED
 from aiorl.runtime.fragments import LagMeter
 from aiorl.runtime.learner_outputs import LearnerAccess, LearnerOutputs
 from aiorl.runtime.phase import Phase
@@ -172,6 +173,15 @@ class LearnerRole(Role):
         """This learner's share of the budget is done: it takes no more steps, so the run stops at
         its budget, not a heartbeat of steps past it."""
         return self.budget_share is not None and self.total_steps >= self.budget_share
+
+    def note_budget(self) -> bool:
+        """Whether this learner's share of the budget is done; if so its counters say it
+        (`BUDGET_REACHED`): the coordinator ends the run once every learner's do, whatever its
+        totals, which wait for no steps that can no longer come."""
+        if not self.budget_reached:
+            return False
+        self.counters[BUDGET_REACHED] = 1
+        return True
 
     def beta(self) -> float:
         """PER's beta, annealed linearly to ``prioritized_replay_beta_final`` over the run's schedule."""
@@ -354,7 +364,7 @@ class LearnerRole(Role):
             self.log.info("a data-parallel peer ran out of data; stopping after %d steps", step - 1)
             return False
         self.counters["learner_steps"] += 1
-        if self.budget_reached:
+        if self.note_budget():
             self.log.info("scheduled_global_steps reached: no more steps; waiting for the stop")
             self.beat_now()
         self.last_metrics = {k: float(v) for k, v in result.metrics.items()}

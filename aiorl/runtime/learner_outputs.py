@@ -13,9 +13,13 @@ steps (with both off, neither the first nor any other before the end), at shutdo
 when the role ends abnormally (coordinator lost, told to exit early, a second
 signal, its step failed because a data-parallel peer died) if it still can;
 weights holding NaN or infinities are never checkpointed. Each records the
-run's counters and return window from the coordinator, so that ``--resume``
-continues them. The state is serialized between two steps (training waits
-that long); the file is written in the background. A resumed run's learners
+run's counters and return window from the coordinator (its last heartbeat's when
+it is gone), so that ``--resume`` continues them; the run's learner steps are
+learner 0's own count for each learner (`aiorl.io.rundir.run_learner_steps`),
+never older totals: a resumed run's learners start from that count, and its
+coordinator from the same (`aiorl.io.rundir.resumed_counters`). The state is
+serialized between two steps (training waits that long); the file is written in
+the background. A resumed run's learners
 all load the checkpoint it continues from (`load_resume_checkpoint`).
 
 Evaluations (`aiorl.runtime.evaluator`): the policy is copied between the two
@@ -38,7 +42,7 @@ from pathlib import Path
 
 from aiorl.config import Config
 from aiorl.io import checkpoint
-from aiorl.io.rundir import Identity
+from aiorl.io.rundir import Identity, make_subdir, run_learner_steps
 from aiorl.runtime.evaluator import Evaluator, evaluation_on
 from aiorl.runtime.phase import last_checkpoint_budget_s
 
@@ -283,6 +287,10 @@ class LearnerOutputs:
             return
         if payload is None:
             return
+        steps, keep, directory = self.total_steps(), self.cfg.run.keep_checkpoints, self.run_dir / "checkpoints"
+        # The steps of the state serialized, not the run's totals as a heartbeat brought them (the
+        # last one's, once the coordinator is gone), older by the steps since.
+        run_state["learner_steps"] = run_learner_steps(steps, self.cfg.cluster.learners)
         meta = self.identity.stamp(
             {
                 "reason": reason,
@@ -292,7 +300,6 @@ class LearnerOutputs:
                 "time": time.time(),
             }
         )
-        steps, keep, directory = self.total_steps(), self.cfg.run.keep_checkpoints, self.run_dir / "checkpoints"
 
         async def write():
             try:
@@ -363,8 +370,7 @@ class LearnerOutputs:
         await self.access.publish()
         await self._checkpoint("final")
         await self._checkpoint_written()
-        directory = self.run_dir / "policy"
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = make_subdir(self.run_dir, "policy")  # RunDirDeleted: never made again
         path = await asyncio.to_thread(self.access.export, str(directory))
         if path:
             self.log.info("exported policy to %s", path)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiorl.config import Config
 from aiorl.core.console import CONSOLE, console_handler
-from aiorl.io.rundir import Identity, write_json_atomic
+from aiorl.io.rundir import Identity, make_subdir, write_json_atomic
 from aiorl.runtime.actor import ActorRole
 from aiorl.runtime.coordinator import Coordinator
 from aiorl.runtime.learner import LearnerRole
@@ -36,8 +36,7 @@ def setup_logging(run_dir: Path, name: str, level: str, console: bool = False) -
     Under the local launcher stderr already is that log file (aiorl.launch.local): then
     nothing more goes to it, or every warning would be in the log twice.
     """
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = make_subdir(run_dir, "logs")  # a deleted run directory is never made again
     fmt = logging.Formatter(f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.handlers.clear()

@@ -111,7 +111,8 @@ async def test_the_first_checkpoint_comes_at_the_first_publish_then_by_the_inter
     await asyncio.sleep(0.2)  # the file is written in the background
     assert written(tmp_path) == [(4, "first")]
     meta = checkpoint.read_meta(checkpoint.list_checkpoints(tmp_path / "checkpoints")[0])
-    assert meta["run"] == {"env_steps": 7, "returns": [1.0]} and meta["run_id"] == "run"  # the coordinator's
+    # The coordinator's, the run's learner steps learner 0's own count.
+    assert meta["run"] == {"env_steps": 7, "returns": [1.0], "learner_steps": 4} and meta["run_id"] == "run"
 
 
 async def test_a_synchronous_learner_checkpoints_after_its_first_iteration_and_none_with_both_off(tmp_path):
@@ -180,7 +181,9 @@ async def test_an_abnormal_end_checkpoints_the_last_heartbeats_counters_without_
     (path,) = checkpoint.list_checkpoints(tmp_path / "checkpoints")
     meta = checkpoint.read_meta(path)
     assert meta["reason"] == "abnormal end: lost the coordinator: gone" and meta["learner_steps"] == 6
-    assert meta["run"] == learner.run_counters and learner.asked == []  # not asked: it may be gone
+    assert (
+        meta["run"] == {**learner.run_counters, "learner_steps": 6} and learner.asked == []
+    )  # not asked: it may be gone
     learner.core = None  # an end before the core was built: nothing to save, and no error for it
     with caplog.at_level(logging.ERROR, "test.outputs"):
         await outputs.abnormal_end("failed")
@@ -195,7 +198,7 @@ async def test_a_checkpoint_without_the_coordinator_records_the_last_heartbeats_
         await steps(outputs, learner, 4)
         await asyncio.sleep(0.2)
     (path,) = checkpoint.list_checkpoints(tmp_path / "checkpoints")
-    assert checkpoint.read_meta(path)["run"] == learner.run_counters
+    assert checkpoint.read_meta(path)["run"] == {**learner.run_counters, "learner_steps": 4}
     assert learner.asked == [outputs.cfg.cluster.coordinator_timeout_s]
     assert any("without the coordinator's run state" in r.getMessage() for r in caplog.records)
 

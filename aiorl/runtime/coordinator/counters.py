@@ -3,7 +3,11 @@ incarnations included), the last 100 episodes' returns, learner 0's evaluations,
 run's clock, the stop criteria, and the stop once decided.
 
 A resumed run (``AIORL_RESUME_FROM``, see `aiorl.io.rundir`) starts its global
-counters, return window and clock from the checkpoint's.
+counters, return window and clock from the checkpoint's, its learner steps from learner
+0's own count (`aiorl.io.rundir.resumed_counters`), where its learners start. A learner
+that stopped on its share of ``agent.scheduled_global_steps`` says so with its counters
+(`BUDGET_REACHED`); once every learner has, the run has reached its budget, whatever its
+totals say: no more learner steps can come.
 """
 
 from __future__ import annotations
@@ -17,19 +21,23 @@ import numpy as np
 
 from aiorl.config import Config
 from aiorl.io import checkpoint
+from aiorl.io.rundir import resumed_counters
 from aiorl.runtime.coordinator.roster import RoleRecord
 from aiorl.runtime.evaluator import evaluation_on
 
 log = logging.getLogger("aiorl.coordinator")
 
 COUNTERS = ("env_steps", "learner_steps")
+# A learner's word, sent with its counters (1) once it stopped on its share of the step budget;
+# kept apart from them (`RunCounters.set_counters`), never summed.
+BUDGET_REACHED = "budget_reached"
 # Each counter comes only from the role kind that owns it.
-OWNERS = {"env_steps": "actor", "learner_steps": "learner"}
+OWNERS = {"env_steps": "actor", "learner_steps": "learner", BUDGET_REACHED: "learner"}
 # The most a role's counter can grow per second of the coordinator's time, plus a step's worth:
 # far above any real role (a vectorized ALE actor makes ~50k env steps/s, a small learner a few
 # thousand steps/s), far below a forged total (10**12 learner steps in one heartbeat).
-MAX_GROWTH_PER_S = {"env_steps": 10_000_000, "learner_steps": 100_000}
-MAX_GROWTH = {"env_steps": 1_000_000, "learner_steps": 10_000}
+MAX_GROWTH_PER_S = {"env_steps": 10_000_000, "learner_steps": 100_000, BUDGET_REACHED: 0}
+MAX_GROWTH = {"env_steps": 1_000_000, "learner_steps": 10_000, BUDGET_REACHED: 1}
 
 
 def owned_counters(record: RoleRecord, counters: dict, now: float) -> tuple[dict, list[str]]:
@@ -70,11 +78,12 @@ class RunCounters:
         self.t_start = time.time()
         self.t_running: float | None = None
         self.resumed_from: dict | None = None
+        self.at_budget: set[str] = set()  # the learners that said they reached their share of the budget
 
-    def resume(self, path: str) -> dict:
-        """Start counters, returns and clock where the checkpoint at `path` left them; return the
-        run state it recorded."""
-        run = checkpoint.read_meta(path).get("run") or {}
+    def resume(self, path: str, learners: int) -> dict:
+        """Start counters, returns and clock where the checkpoint at `path` left them, the learner
+        steps where this launch's `learners` start (`resumed_counters`); return that run state."""
+        run = resumed_counters(checkpoint.read_meta(path), learners)
         for key in self.base:
             self.base[key] = int(run.get(key, 0))
         self.episodes = self.base["episodes"]
@@ -106,7 +115,11 @@ class RunCounters:
         for each one made a heartbeat cost O(roles), a round of them O(roles^2)
         (a third of the coordinator's time at 512 actors, bench/scale.py).
         A restart moves counters to ``retired``, which leaves the totals as they are.
+        A learner's `BUDGET_REACHED` is taken out of them (summary.json lists a role's counters).
         """
+        counters = dict(counters)
+        if counters.pop(BUDGET_REACHED, 0) and record.kind == "learner":
+            self.at_budget.add(record.name)
         totals, old = self._totals, record.counters
         for key in COUNTERS:
             totals[key] += counters.get(key, 0) - old.get(key, 0)
@@ -161,6 +174,14 @@ def stop_criterion(cfg: Config, counters: RunCounters) -> tuple[str, str | None]
     if a.scheduled_global_steps is not None and counters.learner_steps >= a.scheduled_global_steps:
         return (
             f"reached scheduled_global_steps ({counters.learner_steps} >= {a.scheduled_global_steps})",
+            "learner_steps",
+        )
+    if a.scheduled_global_steps is not None and len(counters.at_budget) >= cfg.cluster.learners:
+        # Every learner stopped on its share: the totals may be short (a learner's counters refused,
+        # a resume's start), and waiting for the rest would be for ever.
+        return (
+            f"reached scheduled_global_steps (every learner took its share of {a.scheduled_global_steps}; "
+            f"the run counted {counters.learner_steps})",
             "learner_steps",
         )
     if a.target_return is not None and evaluation_on(cfg):

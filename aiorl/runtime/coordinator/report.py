@@ -6,6 +6,7 @@ the other parts; the rates between two rows are the one state it keeps.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from aiorl.runtime.coordinator.roster import Roster
 from aiorl.runtime.evaluator import evaluation_row
 from aiorl.runtime.phase import INTERRUPTED
 from aiorl.runtime.work import WorkQueue
+
+log = logging.getLogger("aiorl.coordinator")
 
 # Learner gauges the runtime itself reports; the rest are the algorithm's (learner/<name>).
 LEARNER_RUNTIME_KEYS = {"wait_s", "train_s", "loop_lag_s", "rss_bytes", "queue_depth"}
@@ -196,4 +199,7 @@ class Report:
                 for name, r in self.roster.roles.items()
             },
         }
-        write_json_atomic(run_dir / "summary.json", self.identity.stamp(summary), indent=1)
+        try:
+            write_json_atomic(run_dir / "summary.json", self.identity.stamp(summary), indent=1)
+        except OSError as exc:  # a full disk or a deleted run directory: the run still ends, and says why
+            log.error("could not write summary.json: %s", exc)

@@ -28,7 +28,7 @@ from pathlib import Path
 from aiorl.config import Config
 from aiorl.core.ratelog import RateLimitedLog
 from aiorl.io.metrics import MetricsWriter
-from aiorl.io.rundir import Identity, launcher_pid
+from aiorl.io.rundir import Identity, RunDirDeleted, launcher_pid
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.coordinator.counters import RunCounters, Stop
@@ -107,7 +107,7 @@ class Coordinator:
         self.pushes = Pushes(self.roster.roles)
         self.server: Server | None = None
         if self.identity.resume_from:
-            run = self.counters.resume(self.identity.resume_from)
+            run = self.counters.resume(self.identity.resume_from, cfg.cluster.learners)
             if not self.synchronous:  # synchronous iterations count versions from 0 in every launch
                 self.params.weights_version = int(run.get("weights_version", -1))
         self.report = Report(
@@ -623,6 +623,9 @@ class Coordinator:
         self.last_row = {**row, **evaluations[-1]} if evaluations else row
         try:
             self._metrics.write(row, evaluations)
+        except RunDirDeleted as exc:  # nothing the run writes has anywhere to go: it ends, failed
+            if str(exc) not in self.stop.failures:
+                self.begin_stop(str(exc), failed=True)
         except OSError as exc:  # a full disk or no file descriptor left must not end the run
             self._log_housekeeping("could not write a metrics row: %s", exc)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.memory.queue_store import QueueStore
-from aiorl.runtime.memory.replay_store import ReplayStore
+from aiorl.runtime.memory.replay_store import ReplayStore, shard_capacity
 from aiorl.runtime.memory.rounds_store import RoundsStore
 from aiorl.runtime.memory.store import Store, StoreParts
 from aiorl.runtime.messages import RowSpec
@@ -32,3 +32,10 @@ def build_store(cfg, algo, parts: StoreParts) -> Store:
     wire = layout.wire_spec(spec) if layout is not None else spec
     rows = RowSpec({**wire, **algo.per_fragment_spec()}, bounds=algo.value_bounds())
     return store_class(cfg).build(cfg, algo, parts, rows, layout)
+
+
+def replay_bytes(cfg, algo) -> tuple[int, int]:
+    """(bytes per row, bytes of one memory host's shard when full): what the configured store
+    takes at least for ``agent.buffer_size`` (0 for a store whose memory does not grow with it)."""
+    per_row = store_class(cfg).bytes_per_row(cfg, algo, frame_layout(cfg, algo))
+    return per_row, per_row * shard_capacity(cfg)

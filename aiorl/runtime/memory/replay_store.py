@@ -122,6 +122,24 @@ class ReplayStore(Store):
             frames=layout is not None,
         )
 
+    @classmethod
+    def bytes_per_row(cls, cfg, algo, layout) -> int:
+        """Each field of the transition spec, as the buffer stores it (one array per field,
+        ``capacity`` rows), plus the sum tree's leaf of a prioritized replay; in the frame layout,
+        a frame field's table of ids and at least one new frame per row (an env step makes one)."""
+        spec = algo.transition_spec()
+        frame_fields = () if layout is None else layout.fields
+        row = sum(
+            int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            for name, (shape, dtype) in spec.items()
+            if name not in frame_fields
+        )
+        if layout is not None:
+            row += layout.refs_per_row * np.dtype(np.int64).itemsize + layout.frame_bytes
+        if cfg.agent.prioritized_replay:
+            row += np.dtype(np.float64).itemsize
+        return row
+
     # ------------------------------------------------------------------ actors
 
     def actor_opened(self, link: ActorLink) -> None:

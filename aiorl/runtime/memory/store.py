@@ -78,6 +78,13 @@ class Store:
         """This store for `algo`'s run: `rows` checks what actors send, `layout` is the frame layout or None."""
         raise NotImplementedError
 
+    @classmethod
+    def bytes_per_row(cls, cfg, algo, layout) -> int:
+        """Bytes one row of ``agent.buffer_size`` takes at least once the store is full (0: its
+        memory does not grow with the capacity); the preflight holds the capacity to the machine's
+        memory by it (`aiorl.runtime.memory.build.replay_bytes`)."""
+        return 0
+
     # ------------------------------------------------------------------ the actor side
 
     def actor_opened(self, link: ActorLink) -> None:
