@@ -66,9 +66,13 @@ def run_attempts(
                 file=sys.stderr,
                 flush=True,
             )
-            run_dir.next_attempt(cause)
+            try:
+                run_dir.next_attempt(cause)
+                _metrics_row(run_dir, cause)
+            except OSError as exc:  # a full disk, the run directory gone: one line, no traceback
+                print(f"aiorl: cannot restart the run: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
+                return code
             _say_where_from(cfg, run_dir)
-            _metrics_row(run_dir, cause)
         return _conclude(cfg, run_dir, attempts, code)
     finally:
         if spawner is not None:
@@ -113,7 +117,10 @@ def _conclude(cfg: Config, run_dir: RunDir, attempts: list[dict], code: int) -> 
         summary["run_restart_budget_spent"] = spent
         if spent:
             summary["failures"] = [*summary.get("failures", []), *causes]
-        run_dir.write_owned("summary.json", summary)
+        try:
+            run_dir.write_owned("summary.json", summary)
+        except OSError as exc:
+            print(f"aiorl: could not write {run_dir.path / 'summary.json'}: {exc.strerror or exc}", file=sys.stderr)
     if unrestarted and budget == 0:
         print("aiorl: the run was not restarted: cluster.max_run_restarts is 0", file=sys.stderr, flush=True)
     elif spent:

@@ -7,7 +7,10 @@ With ``cluster.warm_spawner: false`` each role is a ``python -m aiorl`` process 
 own, started once memory 0 listens and pointed at it. Ctrl-C or SIGTERM is forwarded to the
 coordinator, which runs the shutdown phases; a second one kills every child.
 A role that exits abnormally is restarted under ``cluster.max_restarts``
-(`aiorl.runtime.restart`). Every wait is bounded: a coordinator that stops answering
+(`aiorl.runtime.restart`); one the coordinator declares lost while its process may still live
+(hung, SIGSTOPped) is ended, its process group with it, and restarted the same way. A role's
+environment is the launcher's less the internal ``AIORL_*`` variables a launcher sets itself
+(`aiorl.launch.child_env`), then this launch's. Every wait is bounded: a coordinator that stops answering
 (every other role lost it) or overstays its shutdown is killed, and the
 launcher then writes the summary itself, blaming the role that stalled.
 Whatever happens, no child outlives the launcher: each gets SIGTERM if the
@@ -20,7 +23,7 @@ scheduler can requeue it with ``--resume``), 1 when it failed.
 
 from __future__ import annotations
 
-import ctypes
+import errno
 import logging
 import os
 import signal
@@ -29,12 +32,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiorl.algos import get_settings
 from aiorl.config import Config
-from aiorl.io.rundir import RunDir, write_json_atomic
+from aiorl.io.rundir import RunDir, RunDirDeleted, RunDirWatch, write_json_atomic
+from aiorl.launch.child_env import inherited
+from aiorl.launch.children import Child, describe_exit, die_with_parent, end_group
 from aiorl.launch.notices import ExitNotices
 from aiorl.launch.panel import Progress, next_command, stopped_at_note
 from aiorl.launch.spawner import WarmSpawner
@@ -63,41 +67,6 @@ class LaunchError(RuntimeError):
     pass
 
 
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen
-    started: float = field(default_factory=time.monotonic)
-    handled: bool = False  # its exit was seen (and a restart decided)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    meaning = {
-        0: "ok",
-        1: "error",
-        2: "failed",
-        3: "lost the coordinator",
-        4: "refused by the coordinator",
-        130: "interrupted (SIGINT)",
-        143: "interrupted (SIGTERM)",
-    }
-    return f"exit code {code} ({meaning.get(code, 'error')})"
-
-
 class LocalLauncher:
     def __init__(
         self,
@@ -124,7 +93,12 @@ class LocalLauncher:
         self.port: int | None = None
         self.coordinator_unix: str | None = None  # the coordinator's Unix socket, once it listens
         self.progress: Progress | None = None
+        self.dir_watch: RunDirWatch | None = None  # the run directory this launch started in, held open
+        self.unwritten: list[str] = []  # files of its own the launcher could not write (a full disk)
         self.notices = ExitNotices(cfg, self.run_dir)  # each child's exit, told to the coordinator at once
+        # This launch is the run restarting itself (`aiorl.launch.attempts`), not one the user started.
+        attempts = run_dir.owner.get("attempts") or [{}]
+        self.whole_run_restart = bool(attempts[-1].get("run_restart_cause"))
 
     @property
     def coordinator(self) -> Child | None:
@@ -145,8 +119,8 @@ class LocalLauncher:
         warm spawner, a Ray-placed process)."""
         # The role's stdout and stderr (a stray print, a warning, a traceback) go into its log,
         # not the terminal, where they would tear the live panel; the panel counts them.
-        env = {**self._unix_env(os.environ), **self.rundir.identity.env()}
-        if restart:  # only a role's first process is held (`aiorl.runtime.hold`)
+        env = {**self._unix_env(inherited(os.environ)), **self.rundir.identity.env()}
+        if restart or self.whole_run_restart:  # only a first process of the launch the user started is held
             env.pop(ENV_HOLD, None)
         if self.spawner is not None:
             wait = None
@@ -161,7 +135,7 @@ class LocalLauncher:
                 stdout=log_file,
                 stderr=log_file,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 env=env,
             )
 
@@ -181,9 +155,14 @@ class LocalLauncher:
     def _spawn(self, kind: str, index: int, restart: bool = False) -> Child:
         name = role_name(kind, index)
         logs = self.run_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        proc = self._start(kind, index, logs / f"{name}.log", restart)
-        child = Child(name, proc)
+        log_path = logs / f"{name}.log"
+        try:
+            logs.mkdir(exist_ok=True)
+            log_from = log_path.stat().st_size if log_path.exists() else 0
+            proc = self._start(kind, index, log_path, restart)
+        except OSError as exc:  # the run directory gone, the disk full: the run cannot go on
+            raise LaunchError(f"cannot start {name}, its log {log_path}: {exc.strerror or exc}") from None
+        child = Child(name, proc, log=log_path, log_from=log_from)
         self.children[child.name] = child
         log.debug("started %s (pid %d)", child.name, proc.pid)
         return child
@@ -209,8 +188,7 @@ class LocalLauncher:
     def kill_all(self) -> None:
         self.restart_at.clear()
         for child in self.children.values():
-            if child.proc.poll() is None:
-                child.proc.kill()
+            end_group(child.proc)
 
     def _wait_coordinator_address(self, child: Child) -> int:
         deadline = time.monotonic() + self.cfg.cluster.start_timeout_s
@@ -223,7 +201,7 @@ class LocalLauncher:
             if child.proc.poll() is not None:
                 raise LaunchError(
                     f"memory-0 (the coordinator) exited before listening: "
-                    f"{describe_exit(child.proc.returncode)}; see {self.run_dir}/logs/memory-0.log"
+                    f"{describe_exit(child.proc.returncode)}{child.cause()}; see {self.run_dir}/logs/memory-0.log"
                 )
             self._idle(0.02)
         raise LaunchError(f"memory-0 did not start listening within {self.cfg.cluster.start_timeout_s:g} s")
@@ -240,14 +218,21 @@ class LocalLauncher:
         lets go of the run directory); its exit code."""
         try:
             return self._run()
+        except RunDirDeleted as exc:  # before the run started
+            print(f"aiorl: the {exc}", file=sys.stderr)
+            return 1
         finally:
             self.notices.close()
+            if self.dir_watch is not None:
+                self.dir_watch.close()
 
     def run_restart_cause(self) -> str | None:
         """Why the whole run should start again: a role that cannot restart in place (a learner,
         memory host 0) was lost or failed and the run failed with it; None for any other end."""
         if self.signals:
             return None  # interrupted on purpose
+        if self.unwritten:
+            return None  # the run directory takes no more (a full disk): see `_ends_for_a_full_disk`
         summary = self.rundir.read_owned("summary.json") or {}
         if summary.get("outcome") != FAILED:
             return None
@@ -259,7 +244,8 @@ class LocalLauncher:
             for name, role in roles.items():
                 kind, index = parse_role_name(name)
                 if not restartable(kind, index, self.policy.synchronous) and role.get("status") == status:
-                    return f"{name} {status}: {role.get('reason')}"
+                    cause = f"{name} {status}: {role.get('reason')}"
+                    return None if _ends_for_a_full_disk(cause) else cause
         return None
 
     def _run(self) -> int:
@@ -285,6 +271,7 @@ class LocalLauncher:
         progress.logs.skip_existing()
         supervised = False
         try:
+            self.dir_watch = RunDirWatch(self.run_dir)
             coordinator = self._spawn("memory", 0)
             if self.spawner is None:  # a process started on its own is told the port
                 self.port = self._wait_coordinator_address(coordinator)
@@ -315,7 +302,46 @@ class LocalLauncher:
         return self._report(progress)
 
     def _write_pids(self) -> None:
-        write_json_atomic(self.run_dir / "pids.json", {c.name: c.pid for c in self.children.values()})
+        path = self.run_dir / "pids.json"
+        try:
+            write_json_atomic(path, {c.name: c.pid for c in self.children.values()})
+        except OSError as exc:
+            raise LaunchError(f"cannot write {path}: {exc.strerror or exc}; ending the run") from None
+
+    def _check_run_dir(self) -> None:
+        """The run directory must stay the one this launch started in: deleted (or replaced)
+        mid-run, nothing the run writes has a place, so the run ends; nobody makes it again."""
+        try:
+            self.dir_watch.check()
+        except RunDirDeleted as exc:
+            raise LaunchError(f"the {exc} mid-run; ending the run") from None
+
+    def _save(self, name: str, data: dict, owned: bool = True) -> bool:
+        """Write one of the launcher's own files at the end; a failure (a full disk) is one line of
+        the report, naming the file, never a traceback. Whether it was written."""
+        try:
+            if owned:
+                self.rundir.write_owned(name, data)
+            else:
+                write_json_atomic(self.run_dir / name, data)
+        except OSError as exc:
+            self.unwritten.append(f"could not write {self.run_dir / name}: {exc.strerror or exc}")
+            return False
+        return True
+
+    def _end_given_up(self) -> None:
+        """End each process the coordinator gave up (lost, maybe alive: hung, stopped): it can never
+        rejoin, so it is killed now, its group with it, and restarted like a dead one."""
+        for name, pid, why in self.notices.given_up():
+            child = self.children.get(name)
+            if child is None or child.pid != pid or child.proc.poll() is not None:
+                continue  # gone already, or an earlier process of the role
+            print(
+                f"aiorl: {name} (pid {pid}) was declared lost by the coordinator ({why}); ending it",
+                file=sys.stderr,
+                flush=True,
+            )
+            end_group(child.proc)
 
     def _restart_due(self, now: float) -> None:
         """Decide on children that just exited; start those whose backoff has passed."""
@@ -329,7 +355,7 @@ class LocalLauncher:
             delay = None if self.signals else self.policy.decide(child.name, code, now - child.started)
             if delay is not None:
                 print(
-                    f"aiorl: {child.name} (pid {child.pid}) {describe_exit(code)}; restarting it in "
+                    f"aiorl: {child.name} (pid {child.pid}) {describe_exit(code)}{child.cause()}; restarting it in "
                     f"{delay:.1f} s (restart {self.policy.restarts[child.name]} of {self.policy.max_restarts})",
                     file=sys.stderr,
                     flush=True,
@@ -360,7 +386,9 @@ class LocalLauncher:
             if progress.on_row_error is not None and self.signals == 0:
                 error = progress.on_row_error
                 self._on_signal(signal.SIGINT, None, why=f"on_metrics raised {type(error).__name__}: {error}")
+            self._check_run_dir()
             now = time.monotonic()
+            self._end_given_up()
             self._restart_due(now)
             alive = [ch for ch in self.children.values() if ch.proc.poll() is None]
             if not alive and not self.restart_at:
@@ -423,15 +451,34 @@ class LocalLauncher:
 
     def failed_children(self, ok_codes: set[int]) -> list[Child]:
         """The current processes that ended badly. Not failures: a restart that came after the run
-        had left RUNNING and was turned away (exit 4), or that the run ended before it registered."""
+        had left RUNNING and was turned away (exit 4), or that the run ended before it registered;
+        nor a role restarted in place whose part the coordinator's summary of a run that ended well
+        accounts for (`_spent`)."""
         late = self._late_restarts()
+        spent = self._spent()
         return [
             c
             for c in self.children.values()
             if c.proc.returncode not in ok_codes
             and not (c.proc.returncode == EXIT_REFUSED and self.policy.restarts.get(c.name))
             and c.name not in late
+            and c.name not in spent
         ]
+
+    def _spent(self) -> set[str]:
+        """Roles restarted in place (actors, memory hosts past 0) that ended after giving all they
+        had: the coordinator's summary says the run ended well with each of them done, or lost
+        with its loss forgiven (after STOPPING; a restart it would have refused). Killed then, an
+        actor has nothing left to give, and the run's verdict is the summary's."""
+        summary = self.rundir.read_owned("summary.json") or {}
+        if not summary.get("ok") or summary.get("written_by") == "launcher":
+            return set()
+        spent = set()
+        for name, role in (summary.get("roles") or {}).items():
+            kind, index = parse_role_name(name)
+            if restartable(kind, index, self.policy.synchronous) and role.get("status") in ("done", "lost"):
+                spent.add(name)
+        return spent
 
     def _wait_rest(self, alive: list[Child], grace: float) -> None:
         deadline = time.monotonic() + grace
@@ -493,8 +540,8 @@ class LocalLauncher:
             "return_mean_100": row.get("return_mean_100"),
             "roles": roles,
         }
-        self.rundir.write_owned("summary.json", summary)
-        return self.rundir.read_owned("summary.json")
+        written = self._save("summary.json", summary)
+        return (self.rundir.read_owned("summary.json") if written else None) or self.rundir.identity.stamp(summary)
 
     def _report(self, progress: Progress) -> int:
         summary = self.rundir.read_owned("summary.json")
@@ -506,9 +553,9 @@ class LocalLauncher:
         if outcome == INTERRUPTED:
             ok_codes.add(interrupted_exit_code(summary.get("signal")))
         failed = self.failed_children(ok_codes)
-        write_json_atomic(self.run_dir / "exits.json", {c.name: c.proc.returncode for c in self.children.values()})
+        self._save("exits.json", {c.name: c.proc.returncode for c in self.children.values()}, owned=False)
         if self.policy.history:
-            self.rundir.write_owned("restarts.json", {"restarts": self.policy.history})
+            self._save("restarts.json", {"restarts": self.policy.history})
         counts = (
             f"env_steps {summary.get('env_steps')}, learner_steps {summary.get('learner_steps')}, "
             f"episodes {summary.get('episodes')}"
@@ -524,6 +571,7 @@ class LocalLauncher:
             lines.append(f"aiorl: {note}")
         for failure in summary.get("failures", []):
             lines.append(f"aiorl: {failure}")
+        lines += [f"aiorl: {line}" for line in self.unwritten]
         problems = progress.logs.summary()
         if problems:
             lines.append(f"aiorl: {problems}")
@@ -547,3 +595,11 @@ class LocalLauncher:
             lines.append(f"aiorl: {hint}")
         print("\n".join(lines), file=sys.stderr if code else sys.stdout, flush=True)
         return code
+
+
+def _ends_for_a_full_disk(cause: str) -> bool:
+    """Whether a role failed for a full disk (its checkpoint, its policy not written): a restart would
+    write to the same disk and fail the same way, from an older checkpoint; the run ends with what
+    it has. The writers name the cause in their one line (`aiorl.io.checkpoint.WriteError`,
+    `aiorl.io.export.PolicyWriteError`)."""
+    return os.strerror(errno.ENOSPC) in cause

@@ -11,6 +11,10 @@ token could pass for the launcher), retries with a bounded backoff, and gives ev
 bounded timeout. A coordinator it cannot reach, or one that refuses it, only leaves the
 notices unsent: the coordinator then finds the role lost by its silence, as without them.
 
+The connection also carries the coordinator's word the other way: ``end_role`` names a role's
+process the run gave up (lost while it may still live: hung, SIGSTOPped); `given_up` hands those
+to the launcher's loop, which ends the process and restarts it like a dead one.
+
 The thread starts once every first process of a role is started. With the warm spawner (the
 default) the launcher forks nothing itself; with ``cluster.warm_spawner: false`` it forks each
 restart while the thread runs, and `subprocess` runs Python code in the child before exec
@@ -28,6 +32,7 @@ import threading
 from pathlib import Path
 
 from aiorl.config import Config
+from aiorl.runtime.messages import BadMessage, integer, name, text
 from aiorl.runtime.restart import LAUNCHER_PEER, exit_notice
 from aiorl.runtime.transport import SOCKETS_ONLY
 from aiorl.wire import ConnectionClosed, RemoteError, WireError, connect, load_token
@@ -37,6 +42,15 @@ log = logging.getLogger("aiorl.launch")
 TIMEOUT_S = 2.0  # a handshake, or a notice's answer
 BACKOFF_S = (0.05, 2.0)  # first and longest wait between attempts to connect
 MAX_QUEUED = 1024  # notices waiting for a connection (beyond: the oldest go; heartbeats cover them)
+MAX_REASON = 500  # characters of the coordinator's reason for a role given up, as the launcher prints it
+
+
+def end_role_fields(meta: dict) -> tuple[str, int, str]:
+    """(role, pid, why) of an ``end_role`` message; BadMessage if it is not one."""
+    if type(meta) is not dict:
+        raise BadMessage(f"end_role must be a map, got {type(meta).__name__}")
+    why = text(10_000)(meta.get("reason", ""), "end_role[reason]")
+    return name(meta.get("role"), "end_role[role]"), integer(1, 1 << 31)(meta.get("pid"), "end_role[pid]"), why
 
 
 class ExitNotices:
@@ -48,6 +62,8 @@ class ExitNotices:
         self.queued: collections.deque[dict] = collections.deque(maxlen=MAX_QUEUED)
         self.answers: list[dict] = []  # (notice, the coordinator's outcome), for the launcher's log
         self.refused: str | None = None  # why the coordinator refused them: nothing more is sent
+        # (role, pid, why) of processes the coordinator gave up, for the launcher's loop (`given_up`)
+        self._given_up: collections.deque[tuple[str, int, str]] = collections.deque(maxlen=MAX_QUEUED)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -77,6 +93,13 @@ class ExitNotices:
             return
         self.queued.append(exit_notice(name, pid, returncode))
         self._poke()
+
+    def given_up(self) -> list[tuple[str, int, str]]:
+        """(role, pid, why) of each process the coordinator declared lost since the last call."""
+        out = []
+        while self._given_up:
+            out.append(self._given_up.popleft())
+        return out
 
     def close(self, timeout_s: float = 1.0) -> None:
         loop, self._loop = self._loop, None
@@ -108,13 +131,36 @@ class ExitNotices:
         finally:
             loop.close()
 
+    async def _read_pushes(self, conn) -> None:
+        """What the coordinator sends unasked on the connection: ``end_role`` (see the module)."""
+        try:
+            async for msg in conn:
+                if msg.kind != "end_role" or msg.request_id is not None:
+                    log.debug("exit notices: ignored %r from the coordinator", msg.kind)
+                    continue
+                try:
+                    role, pid, why = end_role_fields(msg.meta)
+                except BadMessage as exc:
+                    log.warning("exit notices: a bad end_role from the coordinator: %s", exc)
+                    continue
+                self._given_up.append((role, pid, why[:MAX_REASON]))
+        except (ConnectionClosed, WireError, OSError):
+            pass
+        finally:
+            self._wake.set()  # the loop finds the connection gone and makes another
+
     async def _main(self, token: bytes, unix_path: str) -> None:
-        conn = None
+        conn = reader = None
         # Grows while nothing gets an answer: a coordinator that keeps closing the connection
         # (or keeps refusing it) is not hammered.
         delay = BACKOFF_S[0]
         try:
             while self.refused is None:
+                if conn is not None and reader.done():  # the coordinator closed it
+                    conn.abort()
+                    conn = None
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, BACKOFF_S[1])
                 if conn is None:
                     try:
                         conn = await connect(
@@ -130,9 +176,10 @@ class ExitNotices:
                         await asyncio.sleep(delay)
                         delay = min(2 * delay, BACKOFF_S[1])
                         continue
+                    reader = asyncio.get_running_loop().create_task(self._read_pushes(conn))
                 if not self.queued:
                     self._wake.clear()
-                    if not self.queued:  # one queued between the check and the clear
+                    if not self.queued and not reader.done():  # one queued, or closed, meanwhile
                         await self._wake.wait()
                     continue
                 notice = self.queued[0]
@@ -156,3 +203,6 @@ class ExitNotices:
         finally:
             if conn is not None:
                 conn.abort()
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)

@@ -40,6 +40,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from aiorl.io.rundir import OWNER_FILE, RunDirError, read_json, write_json_atomic
+from aiorl.launch.child_env import inherited
 from aiorl.launch.local import LaunchError, LocalLauncher
 from aiorl.launch.placement import GROUP_STRATEGY, actor_options, role_resources
 from aiorl.runtime.phase import role_name
@@ -74,7 +75,7 @@ class RoleHost:
 
     async def start(self, args: list[str], identity_env: dict, log_path: str) -> int:
         env = {key: value for key, value in os.environ.items() if key != TOKEN_ENV}
-        env.update(identity_env)
+        env = {**inherited(env), **identity_env}  # a stale internal variable of the node's never reaches a role
         with open(log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [sys.executable, *args],

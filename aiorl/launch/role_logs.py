@@ -114,3 +114,35 @@ class RoleLogWatch:
             return None
         w, e = self.counts["warning"], self.counts["error"]
         return f"{w} warning(s), {e} error(s) in the role logs; latest: {self.latest.line()}"
+
+
+CAUSE_TAIL_BYTES = 1 << 20  # a cause is near a log's end: no more of it is read
+
+
+def failure_cause(path: Path, offset: int = 0) -> str | None:
+    """Why a role's process failed, as its log says from `offset` (where that process began
+    writing): the exception line of its last traceback, else its last error record; None when
+    the log says neither. What the launcher prints beside an exit, so that the cause of a start
+    failure (a port in use, a missing module) reaches the console, not only the log."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(offset, size - CAUSE_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    exception = record = None
+    in_traceback = False
+    for line in text.splitlines():
+        parsed = RECORD.match(line)
+        if parsed is not None:
+            in_traceback = False
+            if PROBLEM_LEVELS.get(parsed["level"]) == "error":
+                record = parsed["message"]
+        elif line == TRACEBACK:
+            in_traceback = True
+        elif in_traceback and line and not line[0].isspace():
+            in_traceback = False
+            exception = line
+    cause = exception or record
+    return None if cause is None else cause.strip()[:500]

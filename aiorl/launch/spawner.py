@@ -33,6 +33,7 @@ for debugging.
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import mmap
@@ -295,7 +296,10 @@ class Spawner:
         if op == "signal":
             pid = int(message["pid"])
             if self.children.get(pid) is sock:  # only its own, only before it was reaped
-                os.kill(pid, int(message["signal"]))
+                signum = int(message["signal"])
+                # A kill ends the child's whole process group (its session: `_child` calls
+                # setsid), whatever it started itself; other signals are the child's to handle.
+                (os.killpg if signum == signal.SIGKILL else os.kill)(pid, signum)
             return None
         raise ValueError(f"unknown request {op!r}")
 
@@ -339,7 +343,7 @@ class Spawner:
             if result is not None:
                 self.adopt(*result)
             return None
-        memfd = os.memfd_create("aiorl-prefork", os.MFD_CLOEXEC)
+        memfd = prefork_memfd()
 
         def work():
             result = self.prefork(config)
@@ -496,6 +500,13 @@ def _read_to_end(r: int, pid: int) -> tuple[bytes, int]:
 
 
 PREFORK_ALIGN = 64
+# Linux's values where fcntl lacks them (memfds are Linux's alone: elsewhere the spawner makes none).
+PREFORK_SEALS = (
+    getattr(fcntl, "F_SEAL_WRITE", 8)
+    | getattr(fcntl, "F_SEAL_SHRINK", 2)
+    | getattr(fcntl, "F_SEAL_GROW", 4)
+    | getattr(fcntl, "F_SEAL_SEAL", 1)
+)
 
 
 def write_arrays(fd: int, arrays: dict[str, np.ndarray]) -> list[dict]:
@@ -518,10 +529,25 @@ def write_arrays(fd: int, arrays: dict[str, np.ndarray]) -> list[dict]:
     return layout
 
 
+def prefork_memfd() -> int:
+    """The memfd the prefork child writes its arrays into, made to be sealed (`map_arrays`)."""
+    return os.memfd_create("aiorl-prefork", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+
+
+def seal(fd: int) -> None:
+    """Seal memfd `fd` as it is: no write, no resize, no seal removed, by any process holding it."""
+    fcntl.fcntl(fd, getattr(fcntl, "F_ADD_SEALS", 1033), PREFORK_SEALS)
+
+
 def map_arrays(fd: int, layout: list[dict]) -> dict[str, np.ndarray]:
-    """`write_arrays`'s arrays, as read-only views of one shared mapping of `fd` (it may be closed after)."""
+    """`write_arrays`'s arrays, as read-only views of one shared mapping of `fd` (it may be closed after).
+
+    The memfd is sealed first: a read-only mapping of a file opened for writing could still be made
+    writable (mprotect) by a role that holds it, and the file written or resized through any copy of
+    the descriptor; sealed, every role reads the same table the child drew, whatever one of them does."""
     import numpy as np
 
+    seal(fd)
     size = os.fstat(fd).st_size
     if size == 0:  # only empty arrays (a mapping cannot be empty), read-only as the others
         arrays = {entry["name"]: np.empty(entry["shape"], entry["dtype"]) for entry in layout}

@@ -6,8 +6,9 @@ the run stays in STARTING while one attaches a debugger or a profiler to that ro
 (``py-spy dump --pid PID``, ``gdb -p PID``), or, in the survival tests, kills roles in STARTING.
 ``kill -CONT PID`` lets it go on; a held role still counts against ``cluster.start_timeout_s``.
 
-The local launcher gives the variable to a role's first process only: a restarted role is never
-held, so killing a held role lets the run go on without it being held again.
+The local launcher gives the variable to a role's first process of the launch the user started
+only: a role restarted in place, or any role of a whole-run restart (`aiorl.launch.attempts`), is
+never held, so killing a held role lets the run go on without it being held again.
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ the run's state; losing one ends the attempt, and the launcher starts the whole
 run again from its newest checkpoint (``cluster.max_run_restarts``,
 `aiorl.launch.attempts`).
 Exits that are never restarted: 0 (finished), 3 (lost the coordinator: the
-run is ending) and 4 (refused by the coordinator).
+run is ending) and 4 (refused by the coordinator). A role the coordinator
+declares lost while its process still lives (hung past the heartbeat timeout)
+is killed by the local launcher, and so restarted like any killed role.
 
 The local launcher, as every role's parent, sees an exit at once and tells the
 coordinator (``child_exit``, `aiorl.launch.notices`), which then declares that

@@ -30,6 +30,7 @@ import psutil
 
 from aiorl.config import Config, connect_host
 from aiorl.core.console import CONSOLE
+from aiorl.io.rundir import Identity
 from aiorl.runtime import frame_limits, local_sockets, messages
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.control import ControlChannel, CoordinatorLost, NotAdmitted, Refused
@@ -45,6 +46,7 @@ from aiorl.runtime.phase import (
     interrupted_exit_code,
     role_name,
 )
+from aiorl.runtime.repeated_failure import repeats
 from aiorl.runtime.transport import Transport, transport_of
 from aiorl.wire import Connection, ConnectionClosed, Limits, RemoteError, ServerBusy, connect
 
@@ -457,8 +459,12 @@ class Role:
                 raise lost[0] from None
             self.log.exception("failed")
             cause = (_leaves(exc, Exception) or [exc])[0]  # the real error, not its TaskGroup wrapper
-            await self._report_failure(f"{type(cause).__name__}: {cause}", fatal=isinstance(cause, FatalToRun))
-            raise RoleFailed(f"{type(cause).__name__}: {cause}") from exc
+            again = repeats(self.run_dir, self.name, self.kind, cause, Identity.from_env())
+            if again is not None:
+                self.log.error("%s", again, extra={CONSOLE: True})
+            reason = again or f"{type(cause).__name__}: {cause}"
+            await self._report_failure(reason, fatal=isinstance(cause, FatalToRun) or again is not None)
+            raise RoleFailed(reason) from exc
         # The stats go packed: a memory host's per-actor accounts outgrow a frame header.
         await self._request_or_lost("done", self._heartbeat_meta(), arrays={"stats": messages.pack_table(stats)})
         self.log.info("reported done")

@@ -20,7 +20,7 @@ import yaml
 from cluster_helpers import NO_RESTARTS, alive, cluster, finish, pids, wait_for
 from cluster_helpers import run as run_config
 
-from aiorl.launch.spawner import WarmSpawner, _env_diff, enabled, map_arrays, write_arrays
+from aiorl.launch.spawner import WarmSpawner, _env_diff, enabled, map_arrays, prefork_memfd, write_arrays
 from aiorl.runtime.warm_fork import ENV_FORKSERVER, SpawnerChannel, seqpacket_pair
 
 pytestmark = pytest.mark.cluster
@@ -354,7 +354,7 @@ def test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared():
         "ids": np.arange(12, dtype=np.int64).reshape(3, 4),
         "odd": np.ones(3, np.uint8),
     }
-    fd = os.memfd_create("test-prefork")
+    fd = prefork_memfd()
     layout = write_arrays(fd, arrays)
     assert all(entry["offset"] % 64 == 0 for entry in layout)
     got = map_arrays(fd, layout)
@@ -367,13 +367,13 @@ def test_prefork_arrays_come_back_from_a_memfd_equal_read_only_and_shared():
     if pid == 0:
         os._exit(0 if np.array_equal(got["noise"], arrays["noise"]) else 1)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-    fd = os.memfd_create("test-prefork")
+    fd = prefork_memfd()
     layout = write_arrays(fd, {"a": np.zeros(16, np.float32)})
     layout[0]["shape"] = [17]
     with pytest.raises(ValueError, match="reaches past"):
         map_arrays(fd, layout)
     os.close(fd)
-    fd = os.memfd_create("test-prefork")  # only empty arrays: no mapping, read-only all the same
+    fd = prefork_memfd()  # only empty arrays: no mapping, read-only all the same
     empty = map_arrays(fd, write_arrays(fd, {"none": np.zeros((0, 3), np.float32)}))
     os.close(fd)
     assert empty["none"].shape == (0, 3) and not empty["none"].flags.writeable

@@ -28,6 +28,7 @@ kernel gave it again (pids wrap, at 32768 by default).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -37,9 +38,11 @@ from aiorl.runtime.coordinator.requests import reply_error
 from aiorl.runtime.coordinator.roster import RoleRecord
 from aiorl.runtime.messages import BadMessage, check
 from aiorl.runtime.restart import LAUNCHER_PEER, describe_notice
-from aiorl.wire import Connection, Message
+from aiorl.wire import Connection, ConnectionClosed, Message
 
 log = logging.getLogger("aiorl.coordinator")
+
+WATCH_S = 0.25  # how often the launcher's connection looks for roles newly given up
 
 
 class ExitNotices:
@@ -49,10 +52,12 @@ class ExitNotices:
         remember_s: float,
         clock=time.monotonic,
         log_refusal: RateLimitedLog | None = None,
+        watch_s: float = WATCH_S,
     ):
         self.launcher_pid = launcher_pid  # None: no local launcher started this launch
         self.remember_s = remember_s  # how long a pid that exited unregistered is remembered
         self.clock = clock
+        self.watch_s = watch_s
         self.accepted = 0
         self.refused = 0
         self.log_refusal = log_refusal or RateLimitedLog(log, logging.WARNING, burst=10, per_s=0.5)
@@ -75,15 +80,36 @@ class ExitNotices:
         """The launcher's connection: ``child_exit`` notices about `roles`, each answered with what
         it did; a verdict is the service's `lose` (its consequences, the dead process's connection cut)."""
         log.info("the launcher (pid %d) reports its children's exits on %s", conn.peer_pid, conn.peer)
-        async for msg in conn:
-            fields = check(msg.kind, msg.meta, {"child_exit"})
-            if msg.request_id is None:
-                raise BadMessage(f"{msg.kind} must be a request")
-            record = roles.get(fields["role"])
-            outcome, reason = self.heard(record, fields)
-            if reason is not None:
-                lose(record, reason, abort=True)
-            await conn.reply(msg, meta={"outcome": outcome})
+        telling = asyncio.get_running_loop().create_task(self.tell_given_up(conn, roles))
+        try:
+            async for msg in conn:
+                fields = check(msg.kind, msg.meta, {"child_exit"})
+                if msg.request_id is None:
+                    raise BadMessage(f"{msg.kind} must be a request")
+                record = roles.get(fields["role"])
+                outcome, reason = self.heard(record, fields)
+                if reason is not None:
+                    lose(record, reason, abort=True)
+                await conn.reply(msg, meta={"outcome": outcome})
+        finally:
+            telling.cancel()
+            await asyncio.gather(telling, return_exceptions=True)
+
+    async def tell_given_up(self, conn: Connection, roles: dict[str, RoleRecord]) -> None:
+        """Name to the launcher, once per connection, every registered process of `roles` declared lost."""
+        told: set[tuple[str, int]] = set()
+        try:
+            while True:
+                for record in list(roles.values()):
+                    key = (record.name, record.pid)
+                    if record.status != "lost" or type(record.pid) is not int or key in told:
+                        continue
+                    told.add(key)
+                    meta = {"role": record.name, "pid": record.pid, "reason": record.reason or "lost"}
+                    await conn.send("end_role", meta)
+                await asyncio.sleep(self.watch_s)
+        except ConnectionClosed:
+            pass
 
     async def refuse_request(self, conn: Connection, msg: Message, who: str, reason: str) -> None:
         """Refuse the notice `msg` from `who` (not the launcher) with `reason`, and count it."""
