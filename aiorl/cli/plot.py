@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from aiorl.cli.argtypes import non_negative
+from aiorl.config import ConfigError
+from aiorl.config.files import read_config_file
 from aiorl.core.suggest import did_you_mean
 
 # Axis labels with units for the metrics users plot most.
@@ -153,12 +155,10 @@ def numeric_metrics(rows: list[dict]) -> list[str]:
 
 def experiment_key(run_dir: Path) -> str:
     """What makes runs seeds of one experiment: their config.yaml without run.dir and run.seed."""
-    import yaml
-
     path = run_dir / "config.yaml"
     try:
-        config = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        config = read_config_file(path)  # capped and checked as every config aiorl reads
+    except (OSError, ConfigError):
         return f"run:{run_dir.resolve()}"  # no readable config: a group of its own
     for section, keys in NOT_THE_EXPERIMENT.items():
         for key in keys:

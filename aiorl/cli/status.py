@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -30,6 +31,21 @@ from aiorl.wire import ConnectionClosed, ProtocolError, ServerBusy, WireError, c
 
 class StatusError(RuntimeError):
     pass
+
+
+# Control characters other than newline and tab (C0, DEL, C1), and the bidirectional overrides: a
+# run directory (summary.json, coordinator.json) or a coordinator holding them could rewrite the
+# terminal that prints them (an OSC title, a cleared screen, text shown out of order).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal: its control characters escaped as Python writes them (``\\x1b``)."""
+    return _CONTROLS.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+def say(text: str, file=None) -> None:
+    print(printable(text), file=file or sys.stdout)
 
 
 def resolve_target(target: str, token_file: str | None) -> tuple[str, int, bytes | None, Path | None]:
@@ -174,12 +190,12 @@ def evaluation_line(evaluation: dict | None) -> str | None:
 def cmd_status(args: argparse.Namespace) -> int:
     final = finished_summary(Path(args.target)) if Path(args.target).is_dir() else None
     if final is not None:
-        print(json.dumps({"live": False, **final}) if args.json else render_final(final))
+        say(json.dumps({"live": False, **final}) if args.json else render_final(final))
         return 0
     try:
         host, port, token, run_dir = resolve_target(args.target, args.token_file)
     except (StatusError, WireError, OSError, ValueError) as exc:
-        print(f"aiorl status: {exc}", file=sys.stderr)
+        say(f"aiorl status: {exc}", sys.stderr)
         return 2
     try:
         unix_path = unix_socket_of(run_dir) if run_dir is not None else None
@@ -188,16 +204,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     except (OSError, TimeoutError, ConnectionClosed, WireError) as exc:
         final = read_json(run_dir / "summary.json") if run_dir is not None else None
         if final is not None:
-            print(
+            say(
                 f"aiorl status: cannot reach the coordinator at {host}:{port} ({exc}), and the latest launch "
                 f"of {run_dir} wrote no summary: it did not finish (the summary there is an earlier "
                 f"launch's, attempt {final.get('attempt')})",
-                file=sys.stderr,
+                sys.stderr,
             )
             return 1
-        print(f"aiorl status: cannot reach the coordinator at {host}:{port}: {exc}", file=sys.stderr)
+        say(f"aiorl status: cannot reach the coordinator at {host}:{port}: {exc}", sys.stderr)
         return 1
-    print(json.dumps(status) if args.json else render(status))
+    say(json.dumps(status) if args.json else render(status))
     return 0
 
 

@@ -25,6 +25,8 @@ import select
 import selectors
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -292,36 +294,96 @@ def forkserver_fingerprint(environ=os.environ) -> dict:
     }
 
 
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """The pid, uid and gid of the process at the other end of a connected Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)
+
+
+def forkserver_path_refusal(path: str, bound: bool = True) -> str | None:
+    """Why the fork server's socket `path` cannot be trusted, or None: the socket (when `bound`)
+    and the directory it is in must be this user's (the directory may be root's) and writable by
+    no group or other user. Another user who owns either could stand in for the server, or
+    connect to it, and a fork server's client hands it its environment (the run's token) and its
+    terminal."""
+    uid = os.getuid()
+    where = os.path.dirname(os.path.abspath(path))
+    checks = [(where, "its directory", (uid, 0))]
+    if bound:
+        checks.insert(0, (path, "the socket", (uid,)))
+    for name, what, owners in checks:
+        try:
+            st = os.lstat(name) if name == path else os.stat(name)  # the directory itself, not a link to it
+        except OSError as exc:
+            return f"cannot read {what} ({exc.strerror})"
+        if name == path and not stat.S_ISSOCK(st.st_mode):
+            return "not a socket"
+        if st.st_uid not in owners:
+            return f"{what} belongs to uid {st.st_uid}, not to this user (uid {uid})"
+        if st.st_mode & 0o022:
+            return f"{what} has mode {stat.S_IMODE(st.st_mode):04o}: group or others may write to it"
+    return None
+
+
 def spawner_from_forkserver(path: str) -> tuple[SpawnerChannel, ForkedSpawner] | None:
     """A spawner forked for this process by the fork server at `path`, serving our end of the
     connection; None where there is none, it refuses (another interpreter, environment or
-    sources) or this system has no pidfd: the caller then starts a spawner of its own."""
-    if not hasattr(os, "pidfd_open"):
+    sources) or this system has no pidfd: the caller then starts a spawner of its own.
+
+    Nothing is sent to a server this user does not own (the socket file's owner and mode, then
+    the connected peer's uid): another user's socket there is refused in one line on stderr."""
+    if not hasattr(os, "pidfd_open") or not os.path.lexists(path):
         return None
+    why = forkserver_path_refusal(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        sock.settimeout(FORKSERVER_TIMEOUT_S)
-        sock.connect(path)
-        umask = os.umask(0o22)
-        os.umask(umask)
-        request = {
-            "op": "spawner",
-            "env": dict(os.environ),
-            "cwd": os.getcwd(),
-            "umask": umask,
-            "fingerprint": forkserver_fingerprint(),
-        }
-        send(sock, request, [sys.stdout.fileno(), sys.stderr.fileno()])
-        reply, fds = receive(sock)
-        for fd in fds:
-            os.close(fd)
-        sock.settimeout(None)
-        if type(reply.get("pid")) is not int:
+        if why is None:
+            sock.settimeout(FORKSERVER_TIMEOUT_S)
+            sock.connect(path)
+            server_pid, server_uid, _ = peer_credentials(sock)
+            if server_uid != os.getuid():
+                why = f"its server runs as uid {server_uid}, not as this user (uid {os.getuid()})"
+        if why is not None:
+            print(f"aiorl: not using the fork server {path}: {why}; starting a spawner of its own", file=sys.stderr)
             sock.close()
             return None
-        return SpawnerChannel(sock), ForkedSpawner(reply["pid"])
+        return _ask_forkserver(sock, server_pid)
     except (OSError, ValueError, SpawnerGone):
         sock.close()
+        return None
+
+
+def _ask_forkserver(sock: socket.socket, server_pid: int) -> tuple[SpawnerChannel, ForkedSpawner] | None:
+    umask = os.umask(0o22)
+    os.umask(umask)
+    request = {
+        "op": "spawner",
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "umask": umask,
+        "fingerprint": forkserver_fingerprint(),
+    }
+    send(sock, request, [sys.stdout.fileno(), sys.stderr.fileno()])
+    reply, fds = receive(sock)
+    for fd in fds:
+        os.close(fd)
+    sock.settimeout(None)
+    if type(reply.get("pid")) is not int:
+        sock.close()
+        return None
+    forked = ForkedSpawner(reply["pid"])
+    if _parent_of(forked.pid) != server_pid:  # the server's own child, or no process we signal
+        forked.close()
+        sock.close()
+        return None
+    return SpawnerChannel(sock), forked
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
         return None
 
 
@@ -341,7 +403,12 @@ class ForkedSpawner:
 
     def _ended(self) -> None:
         self.returncode = -signal.SIGKILL if self._killed else 0
-        os.close(self._fd)
+        self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._fd], [], [], 0)[0]:
