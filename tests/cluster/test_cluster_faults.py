@@ -232,6 +232,8 @@ def test_silence_is_judged_against_the_coordinators_own_stalls(launch):
     os.kill(started["actor-1"], signal.SIGSTOP)
     try:
         waited(run_dir, lambda: (last_metrics(run_dir) or {}).get("roles_lost") == ["actor-1"], 60, "actor-1 lost")
+        # The launcher ends it: a SIGCONT sent before would let it wake and leave on its own.
+        wait_for(lambda: not alive(started["actor-1"]), 60, "the launcher to end actor-1")
     finally:
         try:
             os.kill(started["actor-1"], signal.SIGCONT)
