@@ -25,7 +25,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 # The extras `make setup` installs (`pip install -e '.[$(EXTRAS)]'`): every integration, so that the
 # suite tests them all.
-EXTRAS := test,tb,atari,video,wandb,mlflow,ray,docs
+EXTRAS := test,tb,atari,video,wandb,mlflow,ray,docs,offline
 
 # Everything but aiorl itself: the venv, the build requirements, torch, and the third-party
 # requirements of aiorl and of its extras (read from pyproject.toml). A target of its own so that

@@ -109,3 +109,13 @@ def replay_batch(rows: dict[str, np.ndarray], weights=None) -> dict[str, np.ndar
     for value in batch.values():
         value.flags.writeable = False
     return batch
+
+
+def build_example(cfg):
+    """The algorithm of an example's config, built for its env's spaces: an offline example's
+    dataset is one its comment says how to collect, not a file the tests have."""
+    from aiorl.envs import env_spec
+
+    if cfg.offline.dataset is not None and cfg.env.id is not None:
+        return cfg.algorithm(cfg, env_spec(cfg.env))
+    return build_algorithm(cfg)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from aiorl import __version__
-from aiorl.cli import plot, status
+from aiorl.cli import collect, ope, plot, status
 from aiorl.cli.help import add_examples
 from aiorl.config import ConfigError
 from aiorl.evaluation import evaluate
@@ -49,7 +49,7 @@ def _run_role(cfg, kind: str, index: int) -> int:
         by_hand.make_role_run_dir(cfg, run_dir, kind, index)
         return run_role(cfg, kind, index, run_dir, console=True)
 
-    run_dir = role_run_dir(cfg.run.dir, cfg.algo, cfg.env.id)
+    run_dir = role_run_dir(cfg.run.dir, cfg.algo, cfg.subject)
     by_hand.check_launched(run_dir)
     by_hand.check_role(cfg, kind, index, run_dir)
     return run_role(cfg, kind, index, run_dir)
@@ -96,7 +96,7 @@ def _cmd_run(args: argparse.Namespace, early) -> int:
         c = cfg.cluster
         what = f"resuming attempt {run_dir.identity.attempt}" if args.resume else "run directory"
         print(
-            f"aiorl: {cfg.algo} on {cfg.env.id}: {c.actors} actor(s), {c.memories} memory host(s), "
+            f"aiorl: {cfg.algo} on {cfg.subject}: {c.actors} actor(s), {c.memories} memory host(s), "
             f"{c.learners} learner(s); {what} {run_dir.path}",
             flush=True,
         )
@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parser(sub)
 
     evaluate.add_parser(sub)
+    collect.add_parser(sub)
+    ope.add_parser(sub)
 
     config_reference.add_parser(sub)
 

@@ -129,7 +129,7 @@ def render(status: dict) -> str:
         f"env_steps {status['env_steps']}  learner_steps {status['learner_steps']}  "
         f"episodes {status['episodes']}  return_mean_100 {status.get('return_mean_100')}  "
         f"weights_version {status.get('weights_version')}  attempt {status.get('attempt', 1)}  "
-        f"restarts {status.get('restarts', 0)}",
+        f"restarts {status.get('restarts', 0)}" + (f"  epochs {status['epochs']:.2f}" if "epochs" in status else ""),
         f"{'role':<12} {'status':<9} {'pid':>8} {'heartbeat':>10}  counters",
     ]
     for name, role in status["roles"].items():
@@ -161,7 +161,8 @@ def render_final(final: dict) -> str:
         f"run {final.get('outcome', 'finished')} ({'ok' if final['ok'] else 'FAILED'}): "
         f"{final.get('stop_detail') or final.get('stop_reason')}",
         f"env_steps {final['env_steps']}  learner_steps {final['learner_steps']}  "
-        f"episodes {final['episodes']}  return_mean_100 {final.get('return_mean_100')}",
+        f"episodes {final['episodes']}  return_mean_100 {final.get('return_mean_100')}"
+        + (f"  epochs {final['epochs']:.2f}" if "epochs" in final else ""),
     ]
     evaluation = evaluation_line(final.get("evaluation"))
     if evaluation:

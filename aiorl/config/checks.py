@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 
 from aiorl.config.schema import ConfigError
-from aiorl.config.sections import Config
+from aiorl.config.sections import OFFLINE_FORMATS, Config
 
 #: cluster.transport's values; the ring sizes aiorl.wire.shm accepts (config imports nothing above it).
 TRANSPORTS = ("auto", "tcp", "shm")
@@ -29,9 +29,15 @@ def _check(ok: bool, message: str) -> None:
 def check_cluster_and_env(cfg: Config) -> None:
     """Refuse cluster and env values that could never work, saying why."""
     c, e = cfg.cluster, cfg.env
+    offline = cfg.offline.dataset is not None
+    _check(
+        not offline or c.actors == 0,
+        f"cluster.actors: an offline run (offline.dataset) takes no actors, its data is the dataset; "
+        f"got {c.actors} (leave it out or set 0)",
+    )
     for name in ("actors", "memories", "learners"):
         value = getattr(c, name)
-        _check(value >= 1, f"cluster.{name}: must be at least 1, got {value}")
+        _check(value >= 1 or (offline and name == "actors"), f"cluster.{name}: must be at least 1, got {value}")
     _check(0 <= c.port <= 65535, f"cluster.port: expected 0..65535, got {c.port}")
     for name in (
         "heartbeat_interval_s",
@@ -87,7 +93,11 @@ def check_cluster_and_env(cfg: Config) -> None:
     )
     _check((c.tls_cert is None) == (c.tls_key is None), "cluster.tls_cert and cluster.tls_key must be given together")
     _check(e.num_envs >= 1, f"env.num_envs: must be at least 1, got {e.num_envs}")
-    _check(bool(e.id), "env.id: must name a Gymnasium environment")
+    _check(
+        bool(e.id) or (offline and e.id is None),
+        "env.id: must name a Gymnasium environment"
+        + (" (or be null in an offline run: no evaluation episodes)" if offline else ""),
+    )
     _check(
         e.max_episode_steps is None or e.max_episode_steps >= 1,
         f"env.max_episode_steps: must be at least 1 (or null: the env's own limit), got {e.max_episode_steps}",
@@ -218,11 +228,81 @@ def check_synchronous(cfg: Config) -> None:
     )
 
 
+def check_offline(cfg: Config, *, offline_only: bool, keeps_replay: bool) -> None:
+    """The offline section against the algorithm (`offline_only`: it learns from logged data only;
+    `keeps_replay`: its memory hosts sample a replay, which a dataset store stands in for) and the
+    keys an offline run has no use for."""
+    o, a = cfg.offline, cfg.agent
+    _check(
+        o.dataset is not None or not offline_only,
+        f"offline.dataset: {cfg.algo} learns from logged data only: set offline.dataset (a dataset path or Minari id)",
+    )
+    _check(
+        o.format is None or o.format in OFFLINE_FORMATS,
+        f"offline.format: expected one of {', '.join(map(repr, OFFLINE_FORMATS))} (or null: detected), "
+        f"got {o.format!r}",
+    )
+    _check(o.epochs is None or o.epochs > 0, f"offline.epochs: must be > 0, got {o.epochs}")
+    if o.dataset is None:
+        for key in ("format", "epochs"):  # eval_dataset scores an online run's policy as well
+            _check(
+                getattr(o, key) is None,
+                f"offline.{key}: set for an online run (offline.dataset is null); remove it or set offline.dataset",
+            )
+        return
+    _check(bool(o.dataset), "offline.dataset: must name a dataset (a path or a Minari id), got ''")
+    _check(
+        keeps_replay,
+        f"offline.dataset: {cfg.algo} learns from rollouts its actors make as it trains, not from a replay; "
+        "an offline run needs an algorithm that samples one (bc, bcq, cql, marwil, iql, apex_dqn, apex_ddpg)",
+    )
+    _check(
+        a.scheduled_timesteps is None,
+        "agent.scheduled_timesteps: an offline run takes no env steps; stop it by agent.scheduled_global_steps "
+        "or offline.epochs",
+    )
+    _check(
+        a.samples_per_insert is None,
+        "agent.samples_per_insert: an offline run inserts nothing (its dataset is loaded whole); remove it",
+    )
+    _check(
+        a.replay_layout != "frames",
+        "agent.replay_layout: 'frames' stores what actors send frame by frame; an offline run's memory hosts "
+        "keep the dataset's rows whole (set 'auto' or 'transitions')",
+    )
+
+
+def check_offline_episodes(cfg: Config) -> None:
+    """What an offline run needs episodes for has an env to run them in: checked where a run is
+    launched (a policy's rebuild record holds no run section)."""
+    o, r = cfg.offline, cfg.run
+    if o.dataset is None:
+        return
+    evaluates = r.eval_every is not None or r.eval_interval_s is not None
+    _check(
+        cfg.agent.target_return is None or (cfg.env.id is not None and evaluates),
+        "agent.target_return: an offline run's return comes from evaluation episodes only: set env.id and "
+        "run.eval_every or run.eval_interval_s, or remove it",
+    )
+    _check(
+        cfg.env.id is not None or not evaluates or o.eval_dataset is not None,
+        "run.eval_every / run.eval_interval_s: with env.id null an evaluation has no episodes to run; set env.id "
+        "(or offline.eval_dataset for off-policy evaluation), or remove them",
+    )
+
+
 def check_stops(cfg: Config) -> None:
     """Refuse a run that nothing would end but a signal: a budget of env steps, learner steps or
     seconds (a target return alone may never be reached). Checked where a run is launched, not
     where a config is read: a past run's config stays readable."""
     a, r = cfg.agent, cfg.run
+    if cfg.offline.dataset is not None:
+        _check(
+            a.scheduled_global_steps is not None or cfg.offline.epochs is not None or r.max_seconds is not None,
+            "the offline run has no stop criterion and would run until interrupted: set offline.epochs, "
+            "agent.scheduled_global_steps or run.max_seconds",
+        )
+        return
     _check(
         a.scheduled_timesteps is not None or a.scheduled_global_steps is not None or r.max_seconds is not None,
         "the run has no stop criterion and would run until interrupted: set agent.scheduled_timesteps, "

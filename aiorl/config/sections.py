@@ -1,7 +1,7 @@
 """Typed, validated run configuration.
 
 A run config is YAML (or JSON) with the sections ``algo``, ``env``,
-``cluster``, ``agent``, ``model`` and ``run``. Every section is a dataclass
+``cluster``, ``agent``, ``model``, ``run`` and ``offline``. Every section is a dataclass
 whose fields carry their documentation; loading checks every key and type
 and the values that could never work, so a bad config fails before any
 process starts, naming the key path (``agent.batch_size``) and, for an
@@ -28,7 +28,11 @@ from aiorl.config.schema import doc
 
 @dataclass
 class EnvConfig:
-    id: str = doc("Gymnasium environment id, e.g. CartPole-v1.", default="CartPole-v1")
+    id: str | None = doc(
+        "Gymnasium environment id, e.g. CartPole-v1. An offline run (offline.dataset) may leave it out "
+        "(null): its spaces come from the dataset and no evaluation episodes run.",
+        default="CartPole-v1",
+    )
     num_envs: int = doc("Environments stepped together by each actor.", default=1)
     kwargs: dict = doc("Keyword arguments passed to gymnasium.make.", default_factory=dict)
     max_episode_steps: int | None = doc(
@@ -291,6 +295,36 @@ class RunSection:
 
 
 @dataclass
+class OfflineConfig:
+    dataset: str | None = doc(
+        "Learn from this dataset of logged transitions instead of actors: a path (aiorl's own format, "
+        "EasyRL's line format, a Minari dataset's directory, an Ape-X replay snapshot) or a Minari dataset "
+        "id in the local Minari root (nothing is downloaded). Memory hosts each serve a shard of its rows "
+        "(row ranges: every row in exactly one; agent.buffer_size and learning_starts do not apply), no "
+        "actors start, env.id is optional (evaluation episodes only). null: an online run.",
+        default=None,
+    )
+    format: str | None = doc(
+        "The dataset's format: 'aiorl', 'easyrl', 'minari' or 'snapshot'; null: detected from the files.",
+        default=None,
+    )
+    epochs: float | None = doc(
+        "Stop after this many passes over the dataset: rows the learners sampled (the run's learner steps, "
+        "all learners together, x agent.batch_size) over the dataset's rows. null: no such stop.",
+        default=None,
+    )
+    eval_dataset: str | None = doc(
+        "Held-out logged data (same forms as dataset) that off-policy evaluation scores the current policy "
+        "on at each evaluation during training (run.eval_every, run.eval_interval_s). null: none.",
+        default=None,
+    )
+
+
+#: offline.format's values (aiorl.offline.formats reads each).
+OFFLINE_FORMATS = ("aiorl", "easyrl", "minari", "snapshot")
+
+
+@dataclass
 class Config:
     algo: str | None = doc("Algorithm name (a module in aiorl.algos); required.", default=None)
     env: EnvConfig = doc("Environment.", default_factory=EnvConfig)
@@ -298,6 +332,10 @@ class Config:
     agent: AgentConfig = doc("Data flow, replay and stop criteria.", default_factory=AgentConfig)
     model: Any = doc("Algorithm hyper-parameters (the algorithm's own dataclass).", default=None)
     run: RunSection = doc("Run directory, seed, logging.", default_factory=RunSection)
+    offline: OfflineConfig = doc(
+        "Learning from logged data: the dataset an offline run learns from instead of actors.",
+        default_factory=OfflineConfig,
+    )
 
     @property
     def algorithm(self) -> type:
@@ -315,6 +353,14 @@ class Config:
     def bind_algorithm(self, load: Callable[[], type]) -> None:
         """Bind ``algo``'s algorithm: `load()` returns its class, whenever the runtime asks."""
         self.__dict__["_algorithm"] = load
+
+    @property
+    def subject(self) -> str:
+        """What the run learns on, for names and titles: the env's id, or for an offline run
+        without an env, ``dataset-<the dataset's name>``."""
+        if self.env.id is not None or self.offline.dataset is None:
+            return str(self.env.id)
+        return f"dataset-{Path(self.offline.dataset.rstrip('/')).name or self.offline.dataset}"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -17,6 +17,11 @@ BACKENDS = ("gymnasium", "ale_vector")
 
 def check_env_config(env_cfg: EnvConfig) -> None:
     """Config-time checks of env.wrappers, env.preset, env.preset_options and env.backend."""
+    if env_cfg.id is None:  # an offline run without an env (aiorl.config.checks allows it only there)
+        for key in ("wrappers", "preset", "preset_options"):
+            if getattr(env_cfg, key):
+                raise ConfigError(f"env.{key}: set, but env.id is null (no env); set env.id or remove it")
+        return
     if env_cfg.wrappers:
         from aiorl.envs.mask_velocity import check_mask_velocity  # gymnasium
         from aiorl.envs.wrappers import parse_wrappers, wrapper_names

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from aiorl.config import EnvConfig
+from aiorl.config import ConfigError, EnvConfig
 from aiorl.envs import atari
 from aiorl.envs.gym import gym_make
 from aiorl.envs.wrappers import apply_wrappers
@@ -25,6 +25,8 @@ class EnvSpec:
 def make_env(env_cfg: EnvConfig, evaluation: bool = False) -> gym.Env:
     """The configured env (preset, then env.wrappers); `evaluation`: the preset's
     evaluation variant (for the Atari preset: full games, raw rewards)."""
+    if env_cfg.id is None:  # an offline run may have none (aiorl.config.checks)
+        raise ConfigError("env.id: null (an offline run without an env): no env to run episodes in; set env.id")
     if env_cfg.preset == "atari":
         env = atari.make_env(env_cfg, evaluation)
     else:

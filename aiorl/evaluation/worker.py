@@ -34,6 +34,7 @@ from aiorl.evaluation.episodes import run_episodes_together
 from aiorl.evaluation.options import cpu_learner
 from aiorl.experiment.loading import load_config
 from aiorl.io.export import example_inputs, save_policy
+from aiorl.ope.training import TrainingOpe
 from aiorl.runtime.evaluator import BEST_DIR, eval_seed
 
 
@@ -102,14 +103,17 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def score(policy, cfg: Config, request: dict, stop) -> dict:
+def score(policy, cfg: Config, request: dict, stop, ope: TrainingOpe | None = None) -> dict:
     """One evaluation of `policy` (its state loaded): the answer, and whether it is the best so far
-    (`keep` exports it)."""
+    (`keep` exports it). `ope` (with offline.eval_dataset) adds its off-policy estimates; an offline
+    run without an env has those alone (no episodes, no return, no best kept)."""
     t0 = time.perf_counter()
     seed = eval_seed(cfg)
-    result = run_episodes_together(policy, cfg.env, cfg.run.eval_episodes, seed, stop=stop)
-    if result is None:
-        return {"stopped": True}
+    result = {"mean": None, "std": None, "min": None, "episodes": 0, "length_mean": None}
+    if cfg.env.id is not None:
+        result = run_episodes_together(policy, cfg.env, cfg.run.eval_episodes, seed, stop=stop)
+        if result is None:
+            return {"stopped": True}
     evaluation = {
         "n": request["n"],
         "learner_steps": request["learner_steps"],
@@ -126,8 +130,10 @@ def score(policy, cfg: Config, request: dict, stop) -> dict:
         # this process's CPU so far, its start-up included: what evaluation has cost the run
         "worker_cpu_s": round(time.process_time(), 2),
     }
+    if ope is not None:
+        evaluation.update(ope.score(policy))
     best = request.get("best")
-    kept = best is None or evaluation["return_mean"] > best
+    kept = evaluation["return_mean"] is not None and (best is None or evaluation["return_mean"] > best)
     return {"evaluation": evaluation, "kept": kept}
 
 
@@ -174,7 +180,17 @@ def main(argv=None) -> int:
     log = logging.getLogger("aiorl.evaluation")
     log.setLevel(logging.INFO)
     log.info("evaluation worker ready (pid %d)", os.getpid())
-    serve(policy, cfg, _Requests(0), replies, Path(args.policy_dir), stop, lambda: _warm(policy, meta, args.nice, log))
+    ope = TrainingOpe.from_config(cfg)  # offline.eval_dataset read, its behaviour probabilities found, once
+    serve(
+        policy,
+        cfg,
+        _Requests(0),
+        replies,
+        Path(args.policy_dir),
+        stop,
+        lambda: _warm(policy, meta, args.nice, log),
+        ope,
+    )
     return 0
 
 
@@ -189,9 +205,18 @@ def _warm(policy, meta: dict, nice: int, log) -> None:
     log.info("evaluation worker warm (an export traced in %.2f s); nice %d from now", time.perf_counter() - t0, nice)
 
 
-def serve(policy, cfg: Config, requests: _Requests, replies, policy_dir: Path, stop: _Stop, warm) -> None:
-    """Answer each request in turn; when none waits, `warm()` once, then export the newest best (and
-    before the end)."""
+def serve(
+    policy,
+    cfg: Config,
+    requests: _Requests,
+    replies,
+    policy_dir: Path,
+    stop: _Stop,
+    warm,
+    ope: TrainingOpe | None = None,
+) -> None:
+    """Answer each request in turn (`ope`: off-policy estimates too); when none waits, `warm()` once,
+    then export the newest best (and before the end)."""
     import torch
 
     best = None  # (policy copy, request, reply) of a best not exported yet
@@ -218,7 +243,7 @@ def serve(policy, cfg: Config, requests: _Requests, replies, policy_dir: Path, s
             stop.evaluating = True
             with np.load(request["state"], allow_pickle=False) as arrays:
                 policy.load_state_dict({k: torch.from_numpy(arrays[k]) for k in arrays.files})
-            reply = score(policy, cfg, request, stop)
+            reply = score(policy, cfg, request, stop, ope)
             replies.write(json.dumps(reply) + "\n")  # the learner has its result before any export
             if reply.get("kept"):
                 best = (copy.deepcopy(policy), request, reply)

@@ -58,7 +58,7 @@ def run_dir_path(cfg: Config, kind: str, index: int) -> Path:
 
     if cfg.run.dir:
         return Path(cfg.run.dir)
-    base = default_path(cfg.algo, cfg.env.id)
+    base = default_path(cfg.algo, cfg.subject)
     return base.with_name(f"{base.name}-{role_name(kind, index)}")
 
 

@@ -21,6 +21,7 @@ from aiorl.config import (
     check_agent_and_run,
     check_cluster_and_env,
     check_deterministic,
+    check_offline,
     check_synchronous,
     coerce,
     read_config_file,
@@ -37,6 +38,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     raw = copy.deepcopy(dict(data)) if data is not None else read_config_file(path)
     raw = apply_overrides(raw, list(overrides or []))
     _agent_defaults(raw)
+    _offline_defaults(raw)
     model_raw = raw.pop("model", None)
     cfg = build_dataclass(Config, raw, "")
     if cfg.algo is None:
@@ -49,6 +51,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     cfg.model = coerce(model_raw, settings.model_config, "model")
     cfg.bind_algorithm(functools.partial(algos.get_algorithm, cfg.algo))
     check_config(cfg)
+    check_offline(cfg, offline_only=settings.offline_only, keeps_replay=settings.keeps_replay(cfg))
     settings.validate(cfg)
     synchronous = settings.is_synchronous(cfg)
     if synchronous:
@@ -85,6 +88,18 @@ def check_config(cfg: Config) -> None:
     bad_loggers = check_names(cfg.run.loggers)
     if bad_loggers is not None:
         raise ConfigError(bad_loggers)
+
+
+def _offline_defaults(raw: dict) -> None:
+    """An offline run (offline.dataset given) has no actors, and no env unless it names one:
+    ``cluster.actors`` and ``env.id`` it leaves out are 0 and null, not the online defaults."""
+    offline = raw.get("offline")
+    if not isinstance(offline, dict) or offline.get("dataset") is None:
+        return
+    for section, key, value in (("cluster", "actors", 0), ("env", "id", None)):
+        part = raw[section] = {} if raw.get(section) is None else raw[section]
+        if isinstance(part, dict):  # else the section's own check names it
+            part.setdefault(key, value)
 
 
 def _agent_defaults(raw: dict) -> None:

@@ -11,14 +11,16 @@ import os
 import tempfile
 from pathlib import Path
 
-from aiorl.config import Config, ConfigError, check_stops
+from aiorl.config import Config, ConfigError, check_offline_episodes, check_stops
 from aiorl.io.loggers import check_installed
 from aiorl.io.rundir import RunDir, claim
 from aiorl.launch.placement import MISSING_RAY
 from aiorl.launch.spawner import WarmSpawner
+from aiorl.offline.dataset import DatasetError
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.memory.build import replay_bytes
+from aiorl.runtime.memory.dataset_store import check_dataset
 from aiorl.wire import load_token
 from aiorl.wire.auth import TOKEN_ENV
 
@@ -45,9 +47,15 @@ def check_packages_and_token(cfg: Config) -> None:
 
 
 def check_algorithm(cfg: Config) -> None:
-    """The algorithm built on the env's spaces, and the learner's device (torch ops: a local run
-    does this in a child of the warm spawner)."""
-    algo = build_algorithm(cfg)
+    """The algorithm built on the env's spaces (an offline run's dataset read and checked, against
+    the env's spaces where it names one), and the learner's device (torch ops: a local run does
+    this in a child of the warm spawner)."""
+    try:
+        algo = build_algorithm(cfg)
+        if cfg.offline.dataset is not None:
+            check_dataset(cfg, algo)
+    except DatasetError as exc:
+        raise ConfigError(f"offline.dataset: {exc}") from None
     algo.transition_spec()
     frame_layout(cfg, algo)
     if cfg.cluster.launcher != "ray":  # under Ray, the node it places the learner on checks it
@@ -128,6 +136,7 @@ def prepare_local_run(
 ) -> RunDir:
     """Check `cfg` (in `spawner`'s child when the run has one), then claim its run directory
     (new, or `resume`d) and write the resolved config."""
+    check_offline_episodes(cfg)  # before a dataset is read
     if spawner is None:
         check_local_run(cfg)
     else:

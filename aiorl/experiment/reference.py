@@ -25,7 +25,7 @@ from aiorl.config import Config, ConfigError
 from aiorl.config import type_name as _type_name
 from aiorl.experiment.loading import load_config
 
-SECTIONS = ("env", "cluster", "agent", "run")  # then the algorithm's own `model`
+SECTIONS = ("env", "cluster", "agent", "run", "offline")  # then the algorithm's own `model`
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,8 @@ def default_yaml(algo: str) -> str:
     starter = get_settings(algo).starter
     cfg = load_config(data={"algo": algo}, overrides=[f"{key}={_flow(value)}" for key, value in starter.items()])
     return render(
-        {"agent": cfg.agent, "run": cfg.run, "env": cfg.env},
+        # An offline algorithm's starter names its dataset, and its run no actors (cluster.actors 0).
+        {"agent": cfg.agent, "run": cfg.run, "env": cfg.env, "cluster": cfg.cluster, "offline": cfg.offline},
         algo,
         f"aiorl run config for {algo}: every key with its default, type and documentation, and "
         f"a budget and evaluation to start from ({', '.join(f'{k}: {v}' for k, v in starter.items())}).\n"

@@ -47,6 +47,16 @@ eval/<name>                 only in rows written after an evaluation during trai
                             best_return_mean (best evaluation so far), lag_s (seconds from when it was
                             due until its result was in), skipped (evaluations due and not scored so
                             far in this launch)
+ope/<name>                  only in the rows of an evaluation during training of a run with
+                            offline.eval_dataset: the greedy policy's off-policy estimates on that
+                            held-out data (aiorl.ope.training): ips, sips, wips, swips (importance
+                            sampling; null when no episode has weight), dr (doubly robust), fqe
+                            (fitted Q evaluation), effective_episodes (Kish's size of the
+                            whole-episode weights), seconds (the time the estimates took)
+epochs                      offline runs only: the run's learner steps x agent.batch_size over the
+                            dataset's rows (env_steps stay 0)
+dataset/<name>              offline runs only, summed over memory hosts: shard_rows, rows_outside_shard
+                            (rows sampled outside a host's own shard: always 0)
 loop_lag_max_s              worst event-loop lag of any role (timer lateness)
 rss_bytes                   resident memory of all role processes together
 roles_alive                 roles registered and not lost or failed
@@ -120,6 +130,8 @@ class MetricsWriter:
         if not tensorboard:
             names = [n for n in names if n != "tensorboard"]
         self.loggers = make_loggers(names, Path(run_dir), config or {}, purge_step)
+        # An offline run takes no env step: its loggers step by learner steps.
+        self.step_key = "learner_steps" if ((config or {}).get("offline") or {}).get("dataset") else "env_steps"
 
     def write(self, row: dict, evaluations: list[dict] = ()) -> None:
         """One row; with `evaluations` (the ``eval/*`` keys of each evaluation heard of since the last
@@ -128,12 +140,12 @@ class MetricsWriter:
         RunDirDeleted (an OSError) once the run directory is gone, and nothing written."""
         self.watch.check()
         self.file.write("".join(json.dumps({**row, **e}) + "\n" for e in evaluations or [{}]))
-        step = int(row.get("env_steps", 0))
+        step = int(row.get(self.step_key) or 0)
         for logger in list(self.loggers):
             try:
                 logger.log_row(row, step)
                 for evaluation in evaluations:
-                    at = evaluation.get("eval/env_steps")
+                    at = evaluation.get(f"eval/{self.step_key}")
                     logger.log_evaluation(evaluation, step if at is None else int(at))
             except Exception as exc:  # a logging service must not end the run: drop it, say so once
                 log.warning(

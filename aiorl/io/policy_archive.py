@@ -67,7 +67,8 @@ ALLOWED_TARGETS = frozenset(
     detach.default elu.default exp.default flatten.using_ints gelu.default gru_cell.default
     layer_norm.default linear.default log.default lstm_cell.default matmul.default max.other mean.dim
     min.other mul.Tensor pow.Tensor_Scalar relu.default silu.default slice.Tensor sub.Tensor
-    tanh.default to.dtype sym_size.int permute.default one_hot.default reshape.default""".split()
+    tanh.default to.dtype sym_size.int permute.default one_hot.default reshape.default
+    masked_fill.Scalar le.Scalar amax.default""".split()
     ]
     + ["_operator.getitem"]
 )

@@ -27,7 +27,7 @@ MAX_SPACE_ELEMENTS = 1 << 22  # an observation's entries (an Atari frame stack: 
 MAX_RANK = 3  # what the networks take (vectors, 2-D and 3-D images)
 BOX_DTYPES = ("<f4", "<f8", "<f2", "|u1", "|i1", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8")
 #: The config sections the rebuild validates: what the algorithms' checks read beside the model.
-CONFIG_KEYS = {"env": ("num_envs",), "cluster": ("actors", "memories", "learners")}
+CONFIG_KEYS = {"env": ("num_envs",), "cluster": ("actors", "memories", "learners"), "offline": ("dataset",)}
 PLACEHOLDER_ENV = "aiorl-policy-file"  # the rebuild makes no env: the config's env.id is a name only
 
 

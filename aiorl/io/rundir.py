@@ -429,7 +429,7 @@ def claim(cfg, resume: str | None, overrides: list[str]) -> RunDir:
         if (run_dir.path.parent / LATEST).is_symlink():
             point_latest_at(run_dir.path)
     else:
-        run_dir = RunDir.create(cfg.run.dir or default_path(cfg.algo, cfg.env.id), overrides)
+        run_dir = RunDir.create(cfg.run.dir or default_path(cfg.algo, cfg.subject), overrides)
         if not cfg.run.dir:
             point_latest_at(run_dir.path)
     cfg.run.dir = str(run_dir.path.resolve())

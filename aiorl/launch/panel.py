@@ -119,8 +119,9 @@ class PanelState:
     final: dict | None = None  # summary.json, once the run has ended
     roles_alive: int | None = None  # the launcher's count at the end
     evaluation: dict | None = None  # the eval/* keys of the newest row that had them
-    # What the memory hosts hold: "replay" (its size and fill), "queue" (IMPALA's fragments) or
-    # None (the rounds of a synchronous algorithm: nothing worth a line).
+    # What the memory hosts hold: "replay" (its size and fill), "queue" (IMPALA's fragments),
+    # "dataset" (an offline run's rows) or None (the rounds of a synchronous algorithm: nothing
+    # worth a line).
     store: str | None = "replay"
     # Seconds since this launch started (the launcher's clock); None: the row's time_s. A resumed
     # run's rows count from its first launch.
@@ -133,8 +134,15 @@ class PanelState:
         own = f"elapsed {_clock(self.elapsed_s)}"
         return own if run_s <= self.elapsed_s + 1 else f"{own} (run {_clock(run_s)})"
 
+    @property
+    def offline(self) -> bool:
+        """An offline run: no actors, so epochs over its dataset where env steps would be."""
+        return self.store == "dataset"
+
     def store_text(self) -> str | None:
         row = self.row
+        if self.store == "dataset":
+            return f"{row.get('replay_size', 0) or 0:,} rows"
         if self.store == "replay":
             fill = row.get("replay_fill")
             return f"{row.get('replay_size', 0) or 0:,}" + ("" if fill is None else f" ({100 * fill:.0f}%)")
@@ -155,13 +163,16 @@ class PanelState:
     def counters(self) -> dict:
         """The counters to show: the summary's at the end (so they match summary.json), else the row's."""
         source = self.final if self.final is not None else self.row
-        return {k: source.get(k) for k in ("env_steps", "learner_steps", "episodes", "return_mean_100")}
+        return {k: source.get(k) for k in ("env_steps", "learner_steps", "episodes", "return_mean_100", "epochs")}
 
     def eta_s(self) -> float | None:
         if self.final is not None or self.interrupted or not self.goal:
             return None
         rate = self.env_rate if self.goal_key == "env_steps" else self.learner_rate
         done = self.counters()[self.goal_key] or 0
+        if self.goal_key == "epochs":  # passes grow with learner steps: at the same rate, in their unit
+            steps = self.counters()["learner_steps"] or 0
+            rate = rate * done / steps if rate and done and steps else None
         if not rate or rate <= 0 or done >= self.goal:
             return None
         return (self.goal - done) / rate
@@ -209,7 +220,7 @@ def render_panel(state: PanelState):
     bar_line.add_row(
         Text(state.goal_key, style="bold"),
         ProgressBar(total=state.goal or None, completed=min(done, state.goal) if state.goal else 0, width=30),
-        f"{done:,}" + (f"/{state.goal:,} ({100 * min(done / state.goal, 1):.0f}%)" if state.goal else ""),
+        _count(done) + (f"/{_count(state.goal)} ({100 * min(done / state.goal, 1):.0f}%)" if state.goal else ""),
         state.elapsed_text(),
         *([f"eta {_clock(state.eta_s())}"] if state.eta_s() is not None else []),
     )
@@ -219,8 +230,11 @@ def render_panel(state: PanelState):
         table.add_column()
     table.add_row("phase", f"[bold]{phase}", "roles alive", str(alive))
     table.add_row(
-        "env steps",
-        f"{counters['env_steps'] or 0:,} ({_fmt(state.env_rate, ',.0f')}/s)",
+        *(
+            ("epochs", _count(counters["epochs"] or 0))
+            if state.offline
+            else ("env steps", f"{counters['env_steps'] or 0:,} ({_fmt(state.env_rate, ',.0f')}/s)")
+        ),
         "learner steps",
         f"{counters['learner_steps'] or 0:,} ({_fmt(state.learner_rate, ',.0f')}/s)",
     )
@@ -253,13 +267,23 @@ def render_panel(state: PanelState):
     return Panel(Group(*lines), title=state.title, subtitle=str(state.run_dir), expand=False)
 
 
+def _count(value) -> str:
+    """A counter as the panel shows it: steps with thousands separators, epochs (a float) to 2 places."""
+    return f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"
+
+
 def summary_line(row: dict, env_rate=None, learner_rate=None, store: str | None = None) -> str:
-    """The plain line's counters; `store`: PanelState.store_text()'s words, with its name."""
+    """The plain line's counters; `store`: PanelState.store_text()'s words, with its name. An offline
+    run's row (it has ``epochs``) shows its passes over the dataset where env steps would be (0)."""
     env_rate = row.get("env_steps_per_s") if env_rate is None else env_rate
     learner_rate = row.get("learner_steps_per_s") if learner_rate is None else learner_rate
+    first = (
+        f"epochs {_fmt(row['epochs'], ',.2f')}  "
+        if "epochs" in row
+        else f"env {row.get('env_steps', 0):,} ({_fmt(env_rate, ',.0f')}/s)  "
+    )
     return (
-        f"env {row.get('env_steps', 0):,} ({_fmt(env_rate, ',.0f')}/s)  "
-        f"learner {row.get('learner_steps', 0):,} ({_fmt(learner_rate, ',.0f')}/s)  "
+        first + f"learner {row.get('learner_steps', 0):,} ({_fmt(learner_rate, ',.0f')}/s)  "
         f"return {_fmt(row.get('return_mean_100'))}" + (f"  {store}" if store else "")
     )
 
@@ -268,6 +292,19 @@ def role_problems(row: dict) -> list[str]:
     return [f"{name} is late (no heartbeat for 2 intervals)" for name in row.get("roles_late") or []] + [
         f"{name} is lost" for name in row.get("roles_lost") or []
     ]
+
+
+def _goal(cfg: Config) -> tuple[str, float | None]:
+    """The counter the bar runs toward and its budget: env steps, learner steps, or an offline
+    run's epochs over its dataset."""
+    a = cfg.agent
+    if a.scheduled_timesteps:
+        return "env_steps", a.scheduled_timesteps
+    if a.scheduled_global_steps:
+        return "learner_steps", a.scheduled_global_steps
+    if cfg.offline.dataset is not None:
+        return "epochs", cfg.offline.epochs
+    return "env_steps", None
 
 
 class Progress:
@@ -287,20 +324,16 @@ class Progress:
         self.last_plain = 0.0
         self.printed: dict | None = None
         self.plain_problems = 0
-        a = cfg.agent
-        if a.scheduled_timesteps:
-            goal_key, goal = "env_steps", a.scheduled_timesteps
-        elif a.scheduled_global_steps:
-            goal_key, goal = "learner_steps", a.scheduled_global_steps
-        else:
-            goal_key, goal = "env_steps", None
+        goal_key, goal = _goal(cfg)
         settings = get_settings(cfg.algo)
         if panel_metrics is None:
             panel_metrics = settings.panel_metrics
-        self.state = PanelState(f"aiorl {cfg.algo} on {cfg.env.id}", run_dir, goal_key, goal, tuple(panel_metrics))
+        self.state = PanelState(f"aiorl {cfg.algo} on {cfg.subject}", run_dir, goal_key, goal, tuple(panel_metrics))
         self.state.store = (
             "replay" if settings.keeps_replay(cfg) else "queue" if settings.fragment_queue(cfg) is not None else None
         )
+        if cfg.offline.dataset is not None:
+            self.state.store = "dataset"  # its memory hosts serve the rows of a dataset
         self.t0 = time.monotonic()
 
     @property
@@ -393,13 +426,14 @@ class Progress:
         if (now - self.last_plain >= PLAIN_INTERVAL_S and row is not self.printed) or final:
             self.last_plain = now
             self.printed = row
-            done = row.get(self.goal_key, 0)
-            goal = f"/{self.goal} ({100 * min(done / self.goal, 1):.0f}%)" if self.goal else ""
+            done = row.get(self.goal_key) or 0
+            total = _count(self.goal) if isinstance(self.goal, float) else self.goal
+            goal = f"/{total} ({100 * min(done / self.goal, 1):.0f}%)" if self.goal else ""
             problems = "; ".join(role_problems(row))
             store = self.state.store_text()
             store = store and f"{self.state.store} {store}"
             print(
-                f"[{self.state.elapsed_s:7.1f}s] {row.get('phase', '?'):<8} {self.goal_key} {done:,}{goal}  "
+                f"[{self.state.elapsed_s:7.1f}s] {row.get('phase', '?'):<8} {self.goal_key} {_count(done)}{goal}  "
                 f"{summary_line(row, self.state.env_rate, self.state.learner_rate, store)}"
                 + (f"  eval {self.state.eval_text()}" if self.state.eval_text() else "")
                 + (f"  !! {problems}" if problems else ""),

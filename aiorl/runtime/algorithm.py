@@ -38,6 +38,7 @@ from aiorl.config import Config, ConfigError
 from aiorl.io import checkpoint
 from aiorl.io.export import save_policy
 from aiorl.io.policy_data import rebuild_record
+from aiorl.runtime.dataset_source import dataset_env_spec
 
 if TYPE_CHECKING:
     from aiorl.envs import EnvSpec
@@ -189,6 +190,13 @@ class AlgorithmSettings:
     #: prints runs and stops: its example's budget and evaluation (and an env it can act in).
     starter: ClassVar[dict] = {}
     synchronous: ClassVar[bool] = False
+    #: It learns from logged data only (bc, bcq, cql, marwil, iql): a run without
+    #: offline.dataset is refused in one line naming the key.
+    offline_only: ClassVar[bool] = False
+    #: Transition-spec fields its learner does without when a dataset cannot give them (an
+    #: actor's diagnostics: the epsilon a row was acted with, which apex_dqn and r2d2 only average
+    #: into a metric). Any other field of the spec a dataset lacks refuses the offline run.
+    dataset_optional_fields: ClassVar[frozenset[str]] = frozenset({"epsilon"})
     # What the live panel shows beside the counters, as (label, metrics.jsonl key): the
     # learner's loss, the exploration as this algorithm defines it (epsilon, entropy) and
     # policy lag where it applies. Keys absent from a row show as "-".
@@ -342,7 +350,10 @@ class Algorithm(AlgorithmSettings):
 
 
 def build_algorithm(cfg: Config) -> Algorithm:
-    """The configured algorithm (`Config.algorithm`), built for the configured environment's spaces."""
+    """The configured algorithm (`Config.algorithm`), built for the configured environment's spaces
+    (an offline run's: the dataset's, checked against the env's where it names one)."""
+    if cfg.offline.dataset is not None:
+        return cfg.algorithm(cfg, dataset_env_spec(cfg))
     from aiorl.envs import env_spec
 
     return cfg.algorithm(cfg, env_spec(cfg.env))

@@ -22,6 +22,12 @@ Each evaluation records how late it was (``lag_s``: from when it was due until
 its result was in). At a run's end by its criterion (not a signal), learner 0
 scores the copies waiting, then the final policy too (`LearnerOutputs.finish`).
 
+With ``offline.eval_dataset`` the evaluation process also scores the policy by off-policy
+evaluation on that held-out dataset (`aiorl.ope.training`): the record gains its estimates as
+``ope_<name>`` keys (`OPE_PREFIX`), written as ``ope/<name>`` metrics beside ``eval/*``. An offline
+run without an env has no episodes to run: its evaluations are those estimates alone (no
+``return_mean``, and no best policy kept).
+
 An evaluation whose mean return beats every earlier one (of this run,
 earlier launches included) has that policy exported (its weights as data and the
 `torch.export` program, in the evaluation process, once no evaluation waits for it, and before
@@ -55,6 +61,8 @@ from aiorl.config import Config
 from aiorl.io.export import POLICY_META
 from aiorl.runtime.eval_worker import EvalWorker
 
+#: An evaluation record's off-policy estimates: ``ope_<name>`` (aiorl.ope.training), metrics ``ope/<name>``.
+OPE_PREFIX = "ope_"
 EVAL_SEED_BASE = 1_000_000_000  # actors seed from run.seed + 10_000 x (index + 1) + ...: far below
 BEST_DIR = "best"  # under the run's policy/ directory, beside the final policy
 
@@ -194,23 +202,12 @@ class Evaluator:
         with self.lock:  # a heartbeat (the loop's thread) sees all of it or none
             if reply["kept"]:
                 self.best = evaluation
-            record["best_return_mean"] = self.best["return_mean"]
+            record["best_return_mean"] = None if self.best is None else self.best["return_mean"]
             record["skipped"] = self.skipped
             self.last = record
             self.count += 1
             self.unreported = [*self.unreported, record][-MAX_UNREPORTED:]
-        log.info(
-            "evaluation %d at learner step %d: mean return %.2f (std %.2f, %d episodes, %.2f s, %.2f s after "
-            "it was due); best %.2f",
-            self.count,
-            evaluation["learner_steps"],
-            evaluation["return_mean"],
-            evaluation["return_std"],
-            evaluation["episodes"],
-            evaluation["seconds"],
-            record["lag_s"],
-            self.best["return_mean"],
-        )
+        log.info("evaluation %d at learner step %d: %s", self.count, evaluation["learner_steps"], describe(record))
         return record
 
     def skip(self) -> None:
@@ -251,6 +248,22 @@ class Evaluator:
             self.unreported = [e for e in self.unreported if e["n"] > arrived]
 
 
+def describe(record: dict) -> str:
+    """An evaluation's log line: its episodes' return (with an env), its off-policy estimates (with
+    offline.eval_dataset)."""
+    parts = []
+    if record.get("return_mean") is not None:
+        parts.append(
+            f"mean return {record['return_mean']:.2f} (std {record['return_std']:.2f}, {record['episodes']} "
+            f"episodes, {record['seconds']:.2f} s, {record['lag_s']:.2f} s after it was due); "
+            f"best {record['best_return_mean']:.2f}"
+        )
+    estimates = {k[len(OPE_PREFIX) :]: v for k, v in record.items() if k.startswith(OPE_PREFIX)}
+    if estimates:
+        parts.append("off-policy " + " ".join(f"{k} {'-' if v is None else f'{v:.2f}'}" for k, v in estimates.items()))
+    return "; ".join(parts) or "no episodes, no estimates"
+
+
 def evaluation_metrics(summary: dict) -> dict:
     """The metrics.jsonl keys of the last evaluation of a `summary()` (documented in aiorl.io.metrics)."""
     return evaluation_row(summary["last"], summary.get("best"))
@@ -273,4 +286,5 @@ def evaluation_row(evaluation: dict, best: dict | None = None, t_start: float | 
         "eval/best_return_mean": best_return,
         "eval/lag_s": evaluation.get("lag_s"),
         "eval/skipped": evaluation.get("skipped"),
+        **{f"ope/{k[len(OPE_PREFIX) :]}": v for k, v in evaluation.items() if k.startswith(OPE_PREFIX)},
     }

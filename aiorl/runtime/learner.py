@@ -35,6 +35,7 @@ from aiorl.io.rundir import Identity
 from aiorl.runtime import rendezvous
 from aiorl.runtime.algorithm import PeerNotFinite
 from aiorl.runtime.coordinator.counters import BUDGET_REACHED
+from aiorl.runtime.dataset_source import epoch_steps
 from aiorl.runtime.fragments import LagMeter
 from aiorl.runtime.learner_outputs import LearnerAccess, LearnerOutputs
 from aiorl.runtime.phase import Phase
@@ -166,6 +167,9 @@ class LearnerRole(Role):
         learners step together, so each stops at the same step (one waiting for another that
         stopped would hang); their sum is the budget rounded up to a multiple of the learners."""
         budget = self.cfg.agent.scheduled_global_steps
+        epochs = epoch_steps(self.cfg)
+        if epochs is not None:
+            budget = epochs if budget is None else min(budget, epochs)
         return None if budget is None else -(-budget // self.cfg.cluster.learners)
 
     @property

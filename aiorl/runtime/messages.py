@@ -139,7 +139,7 @@ _count = integer()
 def _evaluation_record(value, path):
     """One evaluation during training (aiorl.runtime.evaluator): gauges, with its return and step."""
     record = mapping(text(64), gauge, 64)(value, path)
-    number()(record.get("return_mean"), f"{path}[return_mean]")
+    nullable(number())(record.get("return_mean"), f"{path}[return_mean]")
     _count(record.get("learner_steps"), f"{path}[learner_steps]")
     _count(record.get("n"), f"{path}[n]")
     return record

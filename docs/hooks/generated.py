@@ -215,8 +215,12 @@ def algorithms() -> str:
     rows = []
     for algo in available_algorithms():
         first = module_docstring(f"aiorl/algos/{algo}.py").split("\n\n")[0]
-        settings, cfg = get_settings(algo), load_config(data={"algo": algo})  # its defaults
-        if settings.is_synchronous(cfg):
+        settings = get_settings(algo)
+        data = {"algo": algo, "offline": {"dataset": "x"}} if settings.offline_only else {"algo": algo}
+        cfg = load_config(data=data)  # its defaults (an offline algorithm's with a dataset named)
+        if settings.offline_only:
+            flow = "offline: a dataset, no actors"
+        elif settings.is_synchronous(cfg):
             flow = "synchronous: work items" if settings.work_items(cfg) else "synchronous: rollouts, barrier"
         else:
             flow = "asynchronous: trajectory queue" if settings.fragment_queue(cfg) else "asynchronous: replay"

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from apex_helpers import build_example
 
 from aiorl.algos.lib.common import state_to_numpy, weights_spec_of
 from aiorl.experiment.loading import load_config
-from aiorl.runtime.algorithm import build_algorithm
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml"))
@@ -44,7 +44,7 @@ def real_qr_calls(monkeypatch):
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_building_an_algorithm_and_its_weights_spec_initializes_no_weight(example, real_qr_calls):
     cfg = load_config(ROOT / "examples" / example)
-    algo = build_algorithm(cfg)
+    algo = build_example(cfg)
     spec = algo.weights_spec()
     assert spec and not real_qr_calls, f"{example}: {len(real_qr_calls)} QR call(s) on real weights"
     real = {}

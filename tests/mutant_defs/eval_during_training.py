@@ -14,8 +14,8 @@ MUTANTS = [
     dict(
         name="best-is-the-last-evaluation",
         path="aiorl/evaluation/worker.py",
-        old='kept = best is None or evaluation["return_mean"] > best',
-        new="kept = True",
+        old='kept = evaluation["return_mean"] is not None and (best is None or evaluation["return_mean"] > best)',
+        new='kept = evaluation["return_mean"] is not None',
         tests=[T + "test_the_best_evaluation_is_kept_not_the_last_and_a_resume_keeps_it"],
     ),
     dict(

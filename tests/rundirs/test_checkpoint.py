@@ -14,11 +14,11 @@ from unittest import mock
 
 import pytest
 import torch
+from apex_helpers import build_example
 
 from aiorl.experiment.loading import load_config
 from aiorl.io import checkpoint, torch_archive
 from aiorl.io.checkpoint import CheckpointError
-from aiorl.runtime.algorithm import build_algorithm
 
 
 def state(value: float) -> dict:
@@ -256,7 +256,7 @@ def test_every_examples_learner_state_passes_the_payload_check(example):
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / example)
     if hasattr(cfg.model, "device"):
         cfg.model.device = "cpu"
-    payload = checkpoint.serialize(build_algorithm(cfg).make_learner(0, 1, seed=0).state_dict())
+    payload = checkpoint.serialize(build_example(cfg).make_learner(0, 1, seed=0).state_dict())
     assert torch_archive.refusal(io.BytesIO(payload)) is None and not torch_refuses(payload)
 
 

@@ -8,13 +8,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from apex_helpers import DISCRETE_OBS_ENV, IMAGE_ENV, register_test_envs
+from apex_helpers import DISCRETE_OBS_ENV, IMAGE_ENV, build_example, register_test_envs
 
 from aiorl.algos import available_algorithms
 from aiorl.experiment.loading import load_config
 from aiorl.io.export import save_policy
 from aiorl.io.policy_archive import ALLOWED_TARGETS, check_policy_archive
-from aiorl.runtime.algorithm import build_algorithm
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EVERY_LAYER = "[linear:8, layernorm, elu, linear:8, gelu, silu, tanh, relu]"
@@ -60,7 +59,7 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
         cfg = load_config(EXAMPLES / example, overrides)
         if hasattr(cfg.model, "device"):
             cfg.model.device = "cpu"
-        policy = build_algorithm(cfg).make_learner(0, 1, seed=0).acting_policy()
+        policy = build_example(cfg).make_learner(0, 1, seed=0).acting_policy()
         if policy is None:
             continue
         path = save_policy(policy[0], tmp_path_factory.mktemp(f"policy{i}"), policy[1])

@@ -6,6 +6,8 @@ import dataclasses
 import subprocess
 import sys
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import yaml
 
@@ -14,6 +16,8 @@ from aiorl.cli.main import main
 from aiorl.config import check_stops
 from aiorl.experiment import reference as config_reference
 from aiorl.experiment.loading import load_config
+from aiorl.offline.dataset import Dataset
+from aiorl.offline.formats import write_dataset
 from aiorl.runtime.algorithm import Algorithm
 from aiorl.runtime.evaluator import evaluation_on
 
@@ -47,18 +51,55 @@ def test_config_algo_prints_every_key_with_its_doc_and_loads_back(algo, tmp_path
 @pytest.mark.parametrize("algo", available_algorithms())
 def test_a_loaded_config_binds_the_whole_algorithm_on_its_settings(algo):
     # Loading reads the settings only (no torch); the runtime gets the algorithm built on them.
-    algorithm = load_config(data={"algo": algo}).algorithm
+    data = {"algo": algo}
+    if get_settings(algo).offline_only:  # it learns from a dataset: a config names one
+        data["offline"] = {"dataset": "x"}
+    algorithm = load_config(data=data).algorithm
     assert issubclass(algorithm, Algorithm) and issubclass(algorithm, get_settings(algo))
     assert algorithm.make_learner is not Algorithm.make_learner and algorithm.name == algo
 
 
 @pytest.mark.parametrize("algo", available_algorithms())
-def test_config_algo_output_passes_the_checks_aiorl_run_makes(algo, tmp_path, capsys):
+def test_config_algo_output_passes_the_checks_aiorl_run_makes(algo, tmp_path, capsys, monkeypatch):
     from aiorl.experiment.preflight import check_local_run
 
     assert main(["config", algo]) == 0
     (tmp_path / "cfg.yaml").write_text(capsys.readouterr().out)
-    check_local_run(load_config(tmp_path / "cfg.yaml"))
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(tmp_path / "cfg.yaml")
+    if cfg.offline.dataset is not None:  # the starter names the dataset its example collects: make one there
+        write_dataset(random_episodes(cfg.env.id, 3), tmp_path / cfg.offline.dataset)
+    check_local_run(cfg)
+
+
+def random_episodes(env_id: str, episodes: int) -> Dataset:
+    """A few episodes of uniform random actions on `env_id`."""
+    env = gym.make(env_id)
+    rows = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+    for e in range(episodes):
+        obs, _ = env.reset(seed=e)
+        done = False
+        while not done:
+            action = env.action_space.sample()
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+            for key, value in zip(
+                rows, (obs, action, reward, next_obs, terminated, truncated or len(rows["obs"]) > 300)
+            ):
+                rows[key].append(value)
+            done = rows["terminated"][-1] or rows["truncated"][-1]
+            obs = next_obs
+    arrays = {k: np.asarray(v) for k, v in rows.items()}
+    return Dataset(
+        obs=arrays["obs"].astype(np.float32),
+        action=arrays["action"].astype(np.int64 if env.action_space.shape == () else np.float32),
+        reward=arrays["reward"].astype(np.float32),
+        next_obs=arrays["next_obs"].astype(np.float32),
+        terminated=arrays["terminated"].astype(bool),
+        truncated=arrays["truncated"].astype(bool),
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+        env_id=env_id,
+    )
 
 
 def test_a_generated_config_runs_and_stops_by_itself_and_one_without_a_budget_is_refused(tmp_path, capsys):

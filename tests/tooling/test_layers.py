@@ -41,13 +41,13 @@ PACKAGE = ROOT / "aiorl"
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("aiorl.core", "aiorl._ext"),
     ("aiorl.config",),
-    ("aiorl.io", "aiorl.wire", "aiorl.envs"),
+    ("aiorl.io", "aiorl.wire", "aiorl.envs", "aiorl.offline"),
     ("aiorl.replay",),
     ("aiorl.runtime",),
     ("aiorl.algos",),
     ("aiorl.launch",),
     ("aiorl.experiment",),
-    ("aiorl.evaluation",),
+    ("aiorl.evaluation", "aiorl.ope"),
     ("aiorl.cli", "aiorl.api", "aiorl.__main__", "aiorl"),
 )
 MAX_LOOSE_MODULES = 8  # modules directly in aiorl/, __init__ included

@@ -23,6 +23,7 @@ from aiorl.config import Config
 from aiorl.io import checkpoint
 from aiorl.io.rundir import resumed_counters
 from aiorl.runtime.coordinator.roster import RoleRecord
+from aiorl.runtime.dataset_source import run_dataset
 from aiorl.runtime.evaluator import evaluation_on
 
 log = logging.getLogger("aiorl.coordinator")
@@ -140,7 +141,8 @@ class RunCounters:
             if evaluation["n"] > self.evaluations_seen:
                 self.evaluations_seen = evaluation["n"]
                 self.evaluation_rows.append(evaluation)
-                if self.top is None or evaluation["return_mean"] > self.top["return_mean"]:
+                scored = evaluation["return_mean"] is not None  # an offline run's estimates alone: no return
+                if scored and (self.top is None or evaluation["return_mean"] > self.top["return_mean"]):
                     self.top = evaluation
         self.evaluation = {k: v for k, v in summary.items() if k != "new"}
 
@@ -148,6 +150,13 @@ class RunCounters:
         """The evaluations taken since the last call, oldest first."""
         rows, self.evaluation_rows = self.evaluation_rows, []
         return rows
+
+    def epochs(self, cfg: Config) -> float | None:
+        """An offline run's passes over its dataset so far: rows the learners sampled (every learner
+        step one batch) over the dataset's rows (read by memory host 0 already); None online."""
+        if cfg.offline.dataset is None:
+            return None
+        return self.learner_steps * cfg.agent.batch_size / len(run_dataset(cfg))
 
     def return_mean(self) -> float | None:
         return float(np.mean(self.returns)) if self.returns else None
@@ -165,6 +174,12 @@ class RunCounters:
         }
 
 
+def metrics_step(cfg: Config) -> str:
+    """The counter metrics rows are logged at (TensorBoard's step): env steps, or an offline run's
+    learner steps (it takes no env step)."""
+    return "env_steps" if cfg.offline.dataset is None else "learner_steps"
+
+
 def stop_criterion(cfg: Config, counters: RunCounters) -> tuple[str, str | None] | None:
     """Why the run should stop now by its criteria (`agent.*`), with the counter that reached its
     budget (None: a return reached its target); None: go on."""
@@ -174,6 +189,13 @@ def stop_criterion(cfg: Config, counters: RunCounters) -> tuple[str, str | None]
     if a.scheduled_global_steps is not None and counters.learner_steps >= a.scheduled_global_steps:
         return (
             f"reached scheduled_global_steps ({counters.learner_steps} >= {a.scheduled_global_steps})",
+            "learner_steps",
+        )
+    epochs = counters.epochs(cfg)
+    if cfg.offline.epochs is not None and epochs is not None and epochs >= cfg.offline.epochs:
+        return (
+            f"reached offline.epochs ({epochs:.3g} passes over the dataset's {len(run_dataset(cfg))} rows: "
+            f"{counters.learner_steps} learner steps x agent.batch_size {a.batch_size} >= {cfg.offline.epochs})",
             "learner_steps",
         )
     if a.scheduled_global_steps is not None and len(counters.at_budget) >= cfg.cluster.learners:

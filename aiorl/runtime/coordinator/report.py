@@ -81,7 +81,13 @@ class Report:
             },
             "metrics": metrics,
             "roles": {name: r.public(now) for name, r in self.roster.roles.items()},
+            **self._epochs(),
         }
+
+    def _epochs(self) -> dict:
+        """An offline run's passes over its dataset (``epochs``; its env steps stay 0); {} online."""
+        epochs = self.counters.epochs(self.cfg)
+        return {} if epochs is None else {"epochs": round(epochs, 6)}
 
     def metrics_row(self) -> dict:
         """One row of metrics.jsonl (keys documented in aiorl.io.metrics)."""
@@ -135,6 +141,9 @@ class Report:
             ],
             "roles_lost": [r.name for r in roles if r.status in ("lost", "failed")],
         }
+        row.update(self._epochs())
+        for key in sorted({k for m in memories for k in m if k.startswith("dataset/")}):
+            row[key] = sum(m.get(key, 0) for m in memories)
         idle = [m["idle_fraction"] for m in actors if isinstance(m.get("idle_fraction"), (int, float))]
         row["actor_idle_fraction"] = mean_or_none(idle)
         for key in sorted({k for m in memories for k in m if k.startswith(("queue/", "limiter/"))}):
@@ -181,6 +190,7 @@ class Report:
             "learner_steps": counters.learner_steps,
             "episodes": counters.episodes,
             "return_mean_100": counters.return_mean(),
+            **self._epochs(),
             "evaluation": counters.evaluation,
             "weights_version": self.params.weights_version,
             "weights_published_monotonic": self.params.weights_published,

@@ -31,7 +31,7 @@ from aiorl.io.metrics import MetricsWriter
 from aiorl.io.rundir import Identity, RunDirDeleted, launcher_pid
 from aiorl.runtime import frame_limits
 from aiorl.runtime.algorithm import build_algorithm
-from aiorl.runtime.coordinator.counters import RunCounters, Stop
+from aiorl.runtime.coordinator.counters import RunCounters, Stop, metrics_step
 from aiorl.runtime.coordinator.handlers import RoleRequests
 from aiorl.runtime.coordinator.liveness import Liveness
 from aiorl.runtime.coordinator.notices import ExitNotices
@@ -125,7 +125,7 @@ class Coordinator:
         self._metrics = MetricsWriter(
             self.run_dir,
             tensorboard=cfg.run.tensorboard,
-            purge_step=self.counters.base["env_steps"] if self.counters.resumed_from else None,
+            purge_step=self.counters.base[metrics_step(cfg)] if self.counters.resumed_from else None,
             loggers=cfg.run.loggers,
             config=cfg.to_dict(),
         )

@@ -1,6 +1,6 @@
-"""Which store a memory host keeps, from what the algorithm declares
-(`aiorl.runtime.algorithm.Algorithm`: ``is_synchronous``, ``fragment_queue``,
-the frame layout, ``agent.prioritized_replay``), built once.
+"""Which store a memory host keeps, from what the run declares (``offline.dataset``) and
+what the algorithm does (`aiorl.runtime.algorithm.Algorithm`: ``is_synchronous``,
+``fragment_queue``, the frame layout, ``agent.prioritized_replay``), built once.
 
 `STORES` is asked in order: the first store class whose `wanted` holds is the
 run's. A new kind of data is one more class there, never a branch in the role.
@@ -9,13 +9,14 @@ run's. A new kind of data is one more class there, never a branch in the role.
 from __future__ import annotations
 
 from aiorl.replay.frames import frame_layout
+from aiorl.runtime.memory.dataset_store import DatasetStore
 from aiorl.runtime.memory.queue_store import QueueStore
 from aiorl.runtime.memory.replay_store import ReplayStore, shard_capacity
 from aiorl.runtime.memory.rounds_store import RoundsStore
 from aiorl.runtime.memory.store import Store, StoreParts
 from aiorl.runtime.messages import RowSpec
 
-STORES: list[type[Store]] = [RoundsStore, QueueStore, ReplayStore]
+STORES: list[type[Store]] = [DatasetStore, RoundsStore, QueueStore, ReplayStore]
 
 
 def store_class(cfg) -> type[Store]:

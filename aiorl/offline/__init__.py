@@ -1,0 +1,1 @@
+"""Learning from logged data: datasets, their formats, and off-policy evaluation."""
