@@ -17,6 +17,7 @@ from aiorl.io.rundir import RunDir, claim
 from aiorl.launch.placement import MISSING_RAY
 from aiorl.launch.spawner import WarmSpawner
 from aiorl.offline.dataset import DatasetError
+from aiorl.offline.formats import load_dataset
 from aiorl.replay.frames import frame_layout
 from aiorl.runtime.algorithm import build_algorithm
 from aiorl.runtime.memory.build import replay_bytes
@@ -46,6 +47,24 @@ def check_packages_and_token(cfg: Config) -> None:
         load_token(cfg.run.token_file)  # else the launcher makes one
 
 
+def check_eval_dataset(cfg: Config, algo) -> None:
+    """offline.eval_dataset, read as the evaluation process will read it: a dataset of the run's
+    spaces with Discrete actions (the estimators sum over them), else one line before any start."""
+    if cfg.offline.eval_dataset is None:
+        return
+    from gymnasium.spaces import Discrete  # gymnasium: the algorithm is built already, it is loaded
+
+    spec = algo.env_spec
+    if not isinstance(spec.action_space, Discrete):
+        raise ConfigError(
+            f"offline.eval_dataset: off-policy evaluation takes Discrete actions; this run's are {spec.action_space}"
+        )
+    try:
+        load_dataset(cfg.offline.eval_dataset, observation_space=spec.observation_space, action_space=spec.action_space)
+    except DatasetError as exc:
+        raise ConfigError(f"offline.eval_dataset: {exc}") from None
+
+
 def check_algorithm(cfg: Config) -> None:
     """The algorithm built on the env's spaces (an offline run's dataset read and checked, against
     the env's spaces where it names one), and the learner's device (torch ops: a local run does
@@ -56,6 +75,7 @@ def check_algorithm(cfg: Config) -> None:
             check_dataset(cfg, algo)
     except DatasetError as exc:
         raise ConfigError(f"offline.dataset: {exc}") from None
+    check_eval_dataset(cfg, algo)
     algo.transition_spec()
     frame_layout(cfg, algo)
     if cfg.cluster.launcher != "ray":  # under Ray, the node it places the learner on checks it

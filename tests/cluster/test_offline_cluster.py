@@ -220,3 +220,39 @@ def test_a_bad_dataset_is_one_line_exit_2_and_no_run_directory(tmp_path, dataset
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("aiorl: config error: offline.dataset: "), result.stderr
     assert not run_dir.exists()
+
+
+def test_a_bad_eval_dataset_is_one_line_exit_2_and_no_run_directory(tmp_path, dataset_path):
+    """offline.eval_dataset is read before anything starts, as offline.dataset is: a bad one
+    would otherwise end the evaluation process after the run had begun."""
+    bad = tmp_path / "held-out"
+    bad.mkdir()
+    config = offline_config(dataset_path, learners=1, memories=1, scheduled_global_steps=10)
+    config["offline"]["eval_dataset"] = str(bad)
+    config["run"]["dir"] = str(tmp_path / "run")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = subprocess.run(
+        [sys.executable, "-m", "aiorl", "run", str(path), "--quiet"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aiorl: config error: offline.eval_dataset: "), result.stderr
+    assert str(bad) in lines[0] and not (tmp_path / "run").exists()
+
+
+def test_an_offline_run_without_an_env_logs_its_off_policy_estimates(launch, dataset_path):
+    """No env: each evaluation is the greedy policy's estimates on offline.eval_dataset alone
+    (metrics ope/*), no return and no best policy kept."""
+    config = offline_config(dataset_path, learners=1, memories=1, scheduled_global_steps=300)
+    config["offline"]["eval_dataset"] = str(dataset_path)
+    config["run"]["eval_every"] = 100
+    proc, run_dir = launch(config)
+    code, out = finish(proc)
+    assert code == 0, out
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in rows if "ope/dr" in r]
+    assert scored, rows[-1]
+    assert all(np.isfinite(r["ope/dr"]) and np.isfinite(r["ope/fqe"]) for r in scored), scored
+    assert all(r["eval/return_mean"] is None for r in scored), scored[0]
+    assert not (run_dir / "policy" / "best").exists()

@@ -200,4 +200,22 @@ MUTANTS = [
         new='        return "env_steps", None\n',
         tests=[f"{UNIT}::test_the_panel_shows_epochs_where_an_offline_run_has_no_env_steps"],
     ),
+    dict(
+        name="eval-dataset-not-checked-before-start",
+        path="aiorl/experiment/preflight.py",
+        old="    check_eval_dataset(cfg, algo)\n",
+        new="    pass\n",
+        tests=[
+            "tests/cluster/test_offline_cluster.py::test_a_bad_eval_dataset_is_one_line_exit_2_and_no_run_directory"
+        ],
+    ),
+    dict(
+        name="evaluations-drop-the-off-policy-estimates",
+        path="aiorl/evaluation/worker.py",
+        old="        evaluation.update(ope.score(policy))\n",
+        new="        pass\n",
+        tests=[
+            "tests/cluster/test_offline_cluster.py::test_an_offline_run_without_an_env_logs_its_off_policy_estimates"
+        ],
+    ),
 ]
