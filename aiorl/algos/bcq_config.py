@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from aiorl.algos.lib.checks import check_common, check_positive
 from aiorl.algos.lib.layers import parse_network
+from aiorl.algos.lib.offline_starter import CARTPOLE_DATASET_STARTER
 from aiorl.config import ConfigError, doc
 from aiorl.runtime.algorithm import AlgorithmSettings
 
@@ -70,13 +71,7 @@ class BCQSettings(AlgorithmSettings):
     offline_only = True
     # The dataset's rows uniformly, as Fujimoto et al. and d3rlpy sample them.
     agent_defaults = {"batch_size": 256, "prioritized_replay": False}
-    starter = {
-        "env.id": "CartPole-v1",
-        "offline.dataset": "datasets/cartpole_dqn_200",
-        "agent.scheduled_global_steps": 3000,
-        "run.eval_every": 1000,
-        "run.eval_episodes": 10,
-    }
+    starter = dict(CARTPOLE_DATASET_STARTER)
     model_config = BCQConfig
     panel_metrics = (
         ("td loss", "learner/losses/td_loss"),

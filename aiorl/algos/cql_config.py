@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiorl.algos.bcq_config import check_offline_q
+from aiorl.algos.lib.offline_starter import CARTPOLE_DATASET_STARTER
 from aiorl.config import ConfigError, doc
 from aiorl.runtime.algorithm import AlgorithmSettings
 
@@ -45,13 +46,7 @@ class CQLSettings(AlgorithmSettings):
     offline_only = True
     # The dataset's rows uniformly, as Kumar et al. and d3rlpy sample them.
     agent_defaults = {"batch_size": 256, "prioritized_replay": False}
-    starter = {
-        "env.id": "CartPole-v1",
-        "offline.dataset": "datasets/cartpole_dqn_200",
-        "agent.scheduled_global_steps": 3000,
-        "run.eval_every": 1000,
-        "run.eval_episodes": 10,
-    }
+    starter = dict(CARTPOLE_DATASET_STARTER)
     model_config = CQLConfig
     panel_metrics = (
         ("td loss", "learner/losses/td_loss"),

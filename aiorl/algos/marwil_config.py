@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from aiorl.algos.bc_config import check_policy_model
 from aiorl.algos.lib.checks import check_positive
 from aiorl.algos.lib.layers import parse_network
+from aiorl.algos.lib.offline_starter import CARTPOLE_DATASET_STARTER
 from aiorl.config import ConfigError, doc
 from aiorl.runtime.algorithm import AlgorithmSettings
 
@@ -52,13 +53,7 @@ class MARWILSettings(AlgorithmSettings):
     offline_only = True
     # A dataset's rows are sampled uniformly: marwil gives no priorities back.
     agent_defaults = {"batch_size": 256, "prioritized_replay": False}
-    starter = {
-        "env.id": "CartPole-v1",
-        "offline.dataset": "datasets/cartpole_dqn_200",
-        "agent.scheduled_global_steps": 3000,
-        "run.eval_every": 1000,
-        "run.eval_episodes": 10,
-    }
+    starter = dict(CARTPOLE_DATASET_STARTER)
     model_config = MARWILConfig
     panel_metrics = (
         ("policy loss", "learner/losses/policy_loss"),
